@@ -1,0 +1,68 @@
+"""The shape of one job: which node and GPU each rank runs on, and its parallel groups.
+
+Built from a `job` record; every per-job detector reads it. Arrays are indexed by
+rank so that batch paths can use numpy over all ranks of a step.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from schemas import Job, RankInfo
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Rank placement of one job; `ranks[i]` describes rank i (ranks are dense 0..n-1)."""
+
+    job: str
+    heartbeat_s: float
+    ranks: tuple[RankInfo, ...]
+    ts: float = 0.0  # event time of the `job` record this topology came from
+    nodes: tuple[str, ...] = field(init=False)
+    node_index: np.ndarray = field(init=False, repr=False)  # rank -> index into `nodes`
+    pp: np.ndarray = field(init=False, repr=False)  # rank -> pipeline stage
+    shard: np.ndarray = field(init=False, repr=False)  # rank -> id of its (tp, pp) shard
+    node_ranks: dict[str, tuple[int, ...]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        nodes = sorted({r.node for r in self.ranks})
+        index = {n: i for i, n in enumerate(nodes)}
+        by_node: dict[str, list[int]] = defaultdict(list)
+        for r in self.ranks:
+            by_node[r.node].append(r.rank)
+        shards = {k: i for i, k in enumerate(sorted({(r.tp, r.pp) for r in self.ranks}))}
+        set_ = object.__setattr__
+        set_(self, "nodes", tuple(nodes))
+        set_(self, "node_index", np.array([index[r.node] for r in self.ranks], dtype=np.int32))
+        set_(self, "pp", np.array([r.pp for r in self.ranks], dtype=np.int32))
+        set_(self, "shard", np.array([shards[(r.tp, r.pp)] for r in self.ranks], dtype=np.int32))
+        set_(self, "node_ranks", {n: tuple(rs) for n, rs in by_node.items()})
+
+    @classmethod
+    def from_job(cls, rec: Job) -> "Topology":
+        """Topology of a `job` record; ranks must be exactly 0..n-1, each once."""
+        ordered = sorted(rec.ranks, key=lambda r: r.rank)
+        if [r.rank for r in ordered] != list(range(len(ordered))):
+            raise ValueError(f"job {rec.job}: ranks must be 0..{len(ordered) - 1}, each exactly once")
+        return cls(rec.job, rec.heartbeat_s, tuple(ordered), rec.ts)
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def node_of(self, rank: int) -> str | None:
+        return self.ranks[rank].node if 0 <= rank < len(self.ranks) else None
+
+    def gpu_of(self, rank: int) -> int | None:
+        return self.ranks[rank].gpu if 0 <= rank < len(self.ranks) else None
+
+    def rank_on(self, node: str, gpu: int) -> int | None:
+        """The rank running on one GPU of one node, if any."""
+        for r in self.node_ranks.get(node, ()):
+            if self.ranks[r].gpu == gpu:
+                return r
+        return None

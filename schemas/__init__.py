@@ -1,0 +1,13 @@
+"""Wire contract v1: typed records, decode/encode, JSON Schema export. No I/O, no logic."""
+
+from schemas.codec import DecodeError, decode, decode_obj, encode, encode_batch, to_dict
+from schemas.records import (
+    INPUT_KINDS, KINDS, OUTPUT_KINDS, Action, Finding, FlightEntry, FlightGroup, Flight, Frame, Framework, Gpu,
+    Heartbeat, Hw, Incident, Job, Ops, RankInfo, Record, Recovery, Stack, Step,
+)
+
+__all__ = [
+    "DecodeError", "decode", "decode_obj", "encode", "encode_batch", "to_dict",
+    "INPUT_KINDS", "KINDS", "OUTPUT_KINDS", "Action", "Finding", "FlightEntry", "FlightGroup", "Flight", "Frame",
+    "Framework", "Gpu", "Heartbeat", "Hw", "Incident", "Job", "Ops", "RankInfo", "Record", "Recovery", "Stack", "Step",
+]

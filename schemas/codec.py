@@ -1,0 +1,375 @@
+"""Decode and encode wire-contract v1 messages.
+
+`decode(data)` takes one message (bytes or str: a Kafka value or a JSONL line) and
+returns a list: one record, or one per item of a `batch`, and a `DecodeError` value
+in place of every part that fails validation. It never raises on bad input and
+never drops anything silently: every item is either a record or an error.
+
+Validators are compiled once per kind from the dataclass annotations in
+`schemas.records`, so the contract is written down in exactly one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import orjson
+
+from schemas.records import KINDS, VERSION, WIRE_NAMES, Meta, Record
+
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+MAX_BATCH_ITEMS = 1_000_000
+_RAW_KEEP = 4096  # characters of the offending message kept in an error
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
+_NONFINITE = {"nan": math.nan, "infinity": math.inf, "inf": math.inf, "-infinity": -math.inf, "-inf": -math.inf}
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeError:
+    """Why one message (or one item of a batch) was rejected.
+
+    `field` is a dotted path into the message (e.g. ``items[3].rank``), empty when the
+    whole message is at fault; `raw` is the offending text, cut to a few KiB.
+    """
+
+    reason: str
+    field: str = ""
+    kind: str | None = None
+    index: int | None = None
+    raw: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reason": self.reason, "field": self.field, "kind": self.kind, "index": self.index, "raw": self.raw}
+
+    def __str__(self) -> str:
+        where = f" at {self.field}" if self.field else ""
+        return f"{self.kind or 'message'}{where}: {self.reason}"
+
+
+class _Invalid(Exception):
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+
+
+Check = Callable[[Any, str], Any]
+
+
+# --- compiling validators from annotations -----------------------------------------
+
+
+def unwrap(tp: Any) -> tuple[Any, Meta, bool]:
+    """Split an annotation into (base type, constraints, optional?)."""
+    optional = False
+    meta = Meta()
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(tp))
+        tp = args[0]
+        origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        tp, *extras = typing.get_args(tp)
+        meta = next((e for e in extras if isinstance(e, Meta)), meta)
+    return tp, meta, optional
+
+
+def _type_name(v: Any) -> str:
+    return "null" if v is None else {dict: "object", list: "array", str: "string", bool: "boolean"}.get(
+        type(v), "number")
+
+
+def _compile(tp: Any) -> Check:
+    base, meta, optional = unwrap(tp)
+    check = _compile_base(base, meta)
+    if not optional:
+        return check
+
+    def opt(v: Any, path: str) -> Any:
+        return None if v is None else check(v, path)
+
+    return opt
+
+
+def _compile_base(base: Any, meta: Meta) -> Check:  # noqa: C901 - one branch per JSON type
+    if base is float:
+        lo, nonfinite = meta.minimum, meta.allow_nonfinite
+
+        def check_float(v: Any, path: str) -> float:
+            t = type(v)
+            if t is float or t is int:
+                f = float(v)
+            elif nonfinite and t is str and v.lower() in _NONFINITE:
+                return _NONFINITE[v.lower()]
+            else:
+                raise _Invalid(path, f"expected a number, got {_type_name(v)}")
+            if not math.isfinite(f):
+                if nonfinite:
+                    return f
+                raise _Invalid(path, "NaN or infinity is not allowed here")
+            if lo is not None and f < lo:
+                raise _Invalid(path, f"must be >= {lo:g}, got {f:g}")
+            return f
+
+        return check_float
+    if base is int:
+        lo = meta.minimum
+
+        def check_int(v: Any, path: str) -> int:
+            if type(v) is not int:
+                if type(v) is float and v.is_integer() and math.isfinite(v):
+                    v = int(v)
+                else:
+                    raise _Invalid(path, f"expected an integer, got {_type_name(v)}")
+            if not _INT_MIN <= v <= _INT_MAX:
+                raise _Invalid(path, "integer out of the 64-bit range")
+            if lo is not None and v < lo:
+                raise _Invalid(path, f"must be >= {lo:g}, got {v}")
+            return v
+
+        return check_int
+    if base is str:
+        enum, max_len = (frozenset(meta.enum) if meta.enum else None), meta.max_len
+
+        def check_str(v: Any, path: str) -> str:
+            if type(v) is not str:
+                raise _Invalid(path, f"expected a string, got {_type_name(v)}")
+            if len(v) > max_len:
+                raise _Invalid(path, f"string longer than {max_len} characters ({len(v)})")
+            if enum is not None and v not in enum:
+                raise _Invalid(path, f"must be one of {sorted(enum)}, got {v[:64]!r}")
+            return v
+
+        return check_str
+    if base is bool:
+
+        def check_bool(v: Any, path: str) -> bool:
+            if type(v) is not bool:
+                raise _Invalid(path, f"expected true or false, got {_type_name(v)}")
+            return v
+
+        return check_bool
+    origin = typing.get_origin(base)
+    if origin is list:
+        item = _compile(typing.get_args(base)[0])
+        max_len = meta.max_len
+
+        def check_list(v: Any, path: str) -> list:
+            if type(v) is not list:
+                raise _Invalid(path, f"expected an array, got {_type_name(v)}")
+            if len(v) > max_len:
+                raise _Invalid(path, f"array longer than {max_len} items ({len(v)})")
+            return [item(x, f"{path}[{i}]") for i, x in enumerate(v)]
+
+        return check_list
+    if origin is dict:
+        value_type = typing.get_args(base)[1]
+        value = None if value_type is Any else _compile(value_type)
+
+        def check_dict(v: Any, path: str) -> dict:
+            if type(v) is not dict:
+                raise _Invalid(path, f"expected an object, got {_type_name(v)}")
+            return v if value is None else {k: value(x, f"{path}.{k}") for k, x in v.items()}
+
+        return check_dict
+    if dataclasses.is_dataclass(base):
+        build = _compile_record(base)
+
+        def check_obj(v: Any, path: str) -> Any:
+            if type(v) is not dict:
+                raise _Invalid(path, f"expected an object, got {_type_name(v)}")
+            return build(v, path)
+
+        return check_obj
+    raise TypeError(f"unsupported annotation {base!r}")  # a bug in records.py, not bad input
+
+
+def _compile_record(cls: type) -> Callable[[dict, str], Any]:
+    hints = typing.get_type_hints(cls, include_extras=True)
+    specs = []  # (attr, wire name, required, check)
+    for f in dataclasses.fields(cls):
+        if f.name in ("extra", "kind"):
+            continue
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        specs.append((f.name, WIRE_NAMES.get(f.name, f.name), required, _compile(hints[f.name])))
+    known = frozenset(w for _, w, _, _ in specs) | {"kind", "v"}
+
+    def build(obj: dict, path: str) -> Any:
+        kwargs = {}
+        for attr, wire, required, check in specs:
+            v = obj.get(wire, _ABSENT)
+            if v is _ABSENT or (v is None and not required):
+                if required:
+                    raise _Invalid(_join(path, wire), "required field is missing")
+                continue
+            kwargs[attr] = check(v, _join(path, wire))
+        if len(obj) > len(kwargs):
+            extra = {k: v for k, v in obj.items() if k not in known}
+            if extra:
+                kwargs["extra"] = extra
+        return cls(**kwargs)
+
+    return build
+
+
+_ABSENT = object()
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+_BUILDERS: dict[str, Callable[[dict, str], Any]] = {kind: _compile_record(cls) for kind, cls in KINDS.items()}
+
+
+# --- decode ------------------------------------------------------------------------
+
+
+def _raw_text(data: bytes | str) -> str:
+    text = data if isinstance(data, str) else data.decode("utf-8", "replace")
+    return text[:_RAW_KEEP]
+
+
+def _loads(data: bytes | str) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        # orjson rejects the NaN / Infinity tokens that Python's json writes; accept them
+        # here and let field validation decide where non-finite numbers are allowed.
+        return json.loads(data)
+
+
+def decode(data: bytes | str) -> list[Record | DecodeError]:
+    """Decode one message into records; errors come back as `DecodeError` values, in place."""
+    if len(data) > MAX_MESSAGE_BYTES:
+        return [DecodeError(f"message larger than {MAX_MESSAGE_BYTES} bytes ({len(data)})", raw=_raw_text(data))]
+    try:
+        obj = _loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        return [DecodeError(f"not valid JSON: {str(e)[:200]}", raw=_raw_text(data))]
+    if type(obj) is not dict:
+        return [DecodeError(f"expected a JSON object, got {_type_name(obj)}", raw=_raw_text(data))]
+    if obj.get("kind") != "batch":
+        return [decode_obj(obj)]
+    head = _check_envelope(obj, "", batch=True)
+    if head is not None:
+        return [dataclasses.replace(head, raw=_raw_text(data))]
+    items = obj.get("items")
+    if type(items) is not list:
+        return [DecodeError("a batch needs an `items` array", "items", "batch", raw=_raw_text(data))]
+    if len(items) > MAX_BATCH_ITEMS:
+        return [DecodeError(f"batch larger than {MAX_BATCH_ITEMS} items", "items", "batch", raw=_raw_text(data))]
+    out: list[Record | DecodeError] = []
+    for i, item in enumerate(items):
+        if type(item) is not dict:
+            out.append(DecodeError(f"expected an object, got {_type_name(item)}", f"items[{i}]", index=i,
+                                   raw=_raw_text(orjson.dumps(item, option=orjson.OPT_SERIALIZE_NUMPY))))
+            continue
+        rec = decode_obj(item, index=i)
+        if item.get("kind") == "batch" and not isinstance(rec, DecodeError):
+            rec = DecodeError("a batch cannot contain a batch", f"items[{i}].kind", "batch", i)
+        out.append(rec)
+    return out
+
+
+def _check_envelope(obj: dict, path: str, batch: bool = False) -> DecodeError | None:
+    kind = obj.get("kind")
+    if type(kind) is not str:
+        return DecodeError("missing or non-string `kind`", _join(path, "kind"))
+    if not batch and kind not in _BUILDERS:
+        return DecodeError(f"unknown kind {kind[:64]!r}", _join(path, "kind"))
+    v = obj.get("v")
+    if type(v) is not int or v != VERSION:
+        return DecodeError(f"unsupported version {v!r:.32}; this reader speaks v{VERSION}", _join(path, "v"), kind)
+    ts = obj.get("ts")
+    if batch and ts is not None and (type(ts) not in (int, float) or not math.isfinite(ts)):
+        return DecodeError("`ts` must be a finite number", _join(path, "ts"), kind)
+    return None
+
+
+def decode_obj(obj: dict, index: int | None = None) -> Record | DecodeError:
+    """Validate one already-parsed JSON object (one record, not a batch)."""
+    head = _check_envelope(obj, "")
+    if head is not None:
+        return dataclasses.replace(head, index=index, raw=_raw_obj(obj))
+    kind = obj["kind"]
+    try:
+        return _BUILDERS[kind](obj, "")
+    except _Invalid as e:
+        path = f"items[{index}].{e.path}" if index is not None else e.path
+        return DecodeError(e.reason, path, kind, index, _raw_obj(obj))
+    except RecursionError:
+        return DecodeError("nested too deeply", "", kind, index, "")
+
+
+def _raw_obj(obj: dict) -> str:
+    try:
+        return orjson.dumps(obj).decode()[:_RAW_KEEP]
+    except (TypeError, orjson.JSONEncodeError):
+        return repr(obj)[:_RAW_KEEP]
+
+
+# --- encode ------------------------------------------------------------------------
+
+
+def _encoder(cls: type) -> Callable[[Any], dict]:
+    plan = []  # (attr, wire, omit when None)
+    for f in dataclasses.fields(cls):
+        if f.name in ("extra", "kind"):
+            continue
+        plan.append((f.name, WIRE_NAMES.get(f.name, f.name), f.default is None))
+    kind = getattr(cls, "__dataclass_fields__")["kind"].default if "kind" in cls.__dataclass_fields__ else None
+
+    def to_dict(rec: Any) -> dict:
+        out: dict[str, Any] = {"kind": kind, "v": VERSION} if kind else {}
+        for attr, wire, omit_none in plan:
+            v = getattr(rec, attr)
+            if v is None and omit_none:
+                continue
+            out[wire] = _plain(v)
+        if rec.extra:
+            for k, v in rec.extra.items():
+                out.setdefault(k, v)
+        return out
+
+    return to_dict
+
+
+def _plain(v: Any) -> Any:
+    t = type(v)
+    if t is float:
+        return v if math.isfinite(v) else ("NaN" if v != v else ("Infinity" if v > 0 else "-Infinity"))
+    if t is list:
+        return [_plain(x) for x in v]
+    if dataclasses.is_dataclass(v):
+        return _ENCODERS[t](v)
+    return v
+
+
+_ENCODERS: dict[type, Callable[[Any], dict]] = {}
+for _cls in list(KINDS.values()):
+    _ENCODERS[_cls] = _encoder(_cls)
+    for _hint in typing.get_type_hints(_cls, include_extras=True).values():
+        _inner = typing.get_args(unwrap(_hint)[0])
+        if _inner and dataclasses.is_dataclass(unwrap(_inner[0])[0]):
+            _ENCODERS[unwrap(_inner[0])[0]] = _encoder(unwrap(_inner[0])[0])
+
+
+def to_dict(rec: Record) -> dict[str, Any]:
+    """The wire form of a record as a plain dict (kind and v first)."""
+    return _ENCODERS[type(rec)](rec)
+
+
+def encode(rec: Record) -> bytes:
+    """One record as one compact JSON message (no trailing newline)."""
+    return orjson.dumps(to_dict(rec))
+
+
+def encode_batch(recs: list[Record], ts: float) -> bytes:
+    """Several records packed in one `batch` message."""
+    return orjson.dumps({"kind": "batch", "v": VERSION, "ts": ts, "items": [to_dict(r) for r in recs]})

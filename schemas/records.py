@@ -1,0 +1,331 @@
+"""Typed records of wire contract v1 (see docs: contract.md).
+
+One frozen dataclass per kind. Field annotations are the contract: the codec
+(`schemas.codec`) compiles its validators from them and the JSON Schema export
+(`schemas.jsonschema`) is generated from them, so the three never drift apart.
+
+Conventions:
+- `str | None = None` marks an optional field; a field without a default is required.
+- `Annotated[..., Meta(...)]` adds constraints: allowed values, string length,
+  whether NaN/Inf is allowed (never, unless said), minimum value.
+- Unknown fields of an incoming message are kept in `extra` and written back on encode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    """Constraints on one field, beyond its Python type."""
+
+    enum: tuple[str, ...] | None = None
+    max_len: int = 256  # strings: characters; lists: items
+    allow_nonfinite: bool = False  # floats: accept NaN / +-Inf (encoded as "NaN", "Infinity", "-Infinity")
+    minimum: float | None = None
+
+
+ID = Annotated[str, Meta(max_len=256)]
+TEXT = Annotated[str, Meta(max_len=65_536)]
+SECONDS = Annotated[float, Meta(minimum=0.0)]
+RANK = Annotated[int, Meta(minimum=0)]
+NUMBER = Annotated[float, Meta(allow_nonfinite=True)]
+
+HW_SOURCES = ("xid", "ecc", "nic", "kernel", "bmc", "pcie", "nvlink", "thermal")
+FRAMEWORK_TYPES = ("nccl_timeout", "nccl_error", "barrier_timeout", "exception", "oom", "exit")
+STACK_FORMATS = ("py-spy", "frames")
+FLIGHT_STATES = ("scheduled", "started", "completed")
+RECOVERY_PHASES = ("accepted", "replaced", "ckpt_loaded", "comm_ready", "resumed", "failed")
+FINDING_TYPES = (
+    "fail_stop", "fail_slow", "hang", "sdc_suspect", "hw_fault", "job_slowdown", "comm_error", "stack_outlier",
+)
+ACTION_TYPES = (
+    "replace", "evict_group", "rollback", "isolate", "dual_run", "degrade",
+    "restart_in_process", "requeue", "collect_stacks", "escalate",
+)
+INCIDENT_CLASSES = ("fail_stop", "fail_slow", "hang", "sdc", "planned", "unknown")
+RECOVERY_PATHS = ("hot", "cold", "in_process", "non_stop", "manual")
+
+
+# --- nested values -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RankInfo:
+    """Where one rank of a job runs and which parallel groups it belongs to."""
+
+    rank: RANK
+    node: ID
+    gpu: Annotated[int, Meta(minimum=0)] | None = None
+    tp: Annotated[int, Meta(minimum=0)] = 0
+    pp: Annotated[int, Meta(minimum=0)] = 0
+    dp: Annotated[int, Meta(minimum=0)] = 0
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One stack frame of a `frames`-format stack dump."""
+
+    func: TEXT
+    file: TEXT | None = None
+    line: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class FlightGroup:
+    """One process group in a flight-recorder summary; -1 means unknown."""
+
+    pg: ID
+    ranks: Annotated[list[RANK], Meta(max_len=1_000_000)]
+    desc: ID | None = None
+    last_enqueued: int = -1
+    last_started: int = -1
+    last_completed: int = -1
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class FlightEntry:
+    """One recent collective of a flight-recorder summary."""
+
+    seq: int
+    op: ID
+    pg: ID
+    state: Annotated[str, Meta(enum=FLIGHT_STATES)]
+    size: int | None = None
+    dtype: ID | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+# --- inputs ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """Topology of a job, sent when it (re)starts; replaces any earlier topology."""
+
+    ts: float
+    job: ID
+    ranks: Annotated[list[RankInfo], Meta(max_len=1_000_000)]
+    heartbeat_s: Annotated[float, Meta(minimum=0.001)] = 5.0
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    kind: str = field(default="job", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One rank finished one training step."""
+
+    ts: float
+    job: ID
+    rank: RANK
+    step: Annotated[int, Meta(minimum=0)]
+    step_s: SECONDS
+    compute_s: SECONDS | None = None
+    comm_wait_s: SECONDS | None = None
+    data_wait_s: SECONDS | None = None
+    loss: NUMBER | None = None
+    grad_norm: NUMBER | None = None
+    replica_digest: ID | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    kind: str = field(default="step", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """The rank process is alive."""
+
+    ts: float
+    job: ID
+    rank: RANK
+    step: Annotated[int, Meta(minimum=0)] | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    kind: str = field(default="heartbeat", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Hw:
+    """A hardware or OS event on a node (Xid, ECC, NIC, PCIe, ...); `message` is the raw line."""
+
+    ts: float
+    node: ID
+    source: Annotated[str, Meta(enum=HW_SOURCES)]
+    message: TEXT = ""
+    gpu: Annotated[int, Meta(minimum=0)] | None = None
+    code: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    kind: str = field(default="hw", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """A periodic NVML sample of one GPU."""
+
+    ts: float
+    node: ID
+    gpu: Annotated[int, Meta(minimum=0)]
+    temp_c: float | None = None
+    power_w: Annotated[float, Meta(minimum=0.0)] | None = None
+    sm_clock_mhz: Annotated[float, Meta(minimum=0.0)] | None = None
+    util_pct: Annotated[float, Meta(minimum=0.0)] | None = None
+    throttle: Annotated[list[ID], Meta(max_len=64)] | None = None
+    ecc_sbe: Annotated[int, Meta(minimum=0)] | None = None
+    ecc_dbe: Annotated[int, Meta(minimum=0)] | None = None
+    remap_pending: bool | None = None
+    pcie_replay: Annotated[int, Meta(minimum=0)] | None = None
+    nvlink_crc: Annotated[int, Meta(minimum=0)] | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    kind: str = field(default="gpu", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Framework:
+    """What the training framework itself reported (NCCL timeout, exception, exit, ...)."""
+
+    ts: float
+    job: ID
+    rank: RANK
+    type: Annotated[str, Meta(enum=FRAMEWORK_TYPES)]
+    op: ID | None = None
+    seq: int | None = None
+    pg: ID | None = None
+    peer: RANK | None = None
+    message: TEXT | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    kind: str = field(default="framework", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Stack:
+    """One rank's stack dump; a sweep of a job shares one `snapshot` id."""
+
+    ts: float
+    job: ID
+    rank: RANK
+    snapshot: ID
+    format: Annotated[str, Meta(enum=STACK_FORMATS)]
+    dump: Annotated[str, Meta(max_len=4_194_304)] | None = None
+    frames: Annotated[list[Frame], Meta(max_len=10_000)] | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    kind: str = field(default="stack", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Flight:
+    """One rank's NCCL flight-recorder summary."""
+
+    ts: float
+    job: ID
+    rank: RANK
+    snapshot: ID
+    entries: Annotated[list[FlightEntry], Meta(max_len=100_000)]
+    groups: Annotated[list[FlightGroup], Meta(max_len=100_000)] | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    kind: str = field(default="flight", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Ops:
+    """An operator's or scheduler's annotation (maintenance, silence, ...)."""
+
+    ts: float
+    type: ID
+    job: ID | None = None
+    node: ID | None = None
+    planned: bool = False
+    until_ts: float | None = None
+    note: TEXT | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    kind: str = field(default="ops", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """The job controller reports progress on an action."""
+
+    ts: float
+    job: ID
+    action: ID
+    phase: Annotated[str, Meta(enum=RECOVERY_PHASES)]
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    kind: str = field(default="recovery", init=False)
+
+
+# --- outputs ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One detector's judgement; `ts` is when the pipeline could first have known it."""
+
+    id: ID
+    ts: float
+    job: ID
+    type: Annotated[str, Meta(enum=FINDING_TYPES)]
+    detector: ID
+    rank: RANK | None = None
+    node: ID | None = None
+    gpu: Annotated[int, Meta(minimum=0)] | None = None
+    score: float | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    kind: str = field(default="finding", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """What the job controller is asked to do; `id` is an idempotency key."""
+
+    id: ID
+    ts: float
+    job: ID
+    incident: ID
+    type: Annotated[str, Meta(enum=ACTION_TYPES)]
+    nodes: Annotated[list[ID], Meta(max_len=100_000)] = field(default_factory=list)
+    reason: TEXT = ""
+    evidence: Annotated[list[ID], Meta(max_len=100_000)] = field(default_factory=list)
+    path: Annotated[str, Meta(enum=RECOVERY_PATHS)] | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    kind: str = field(default="action", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    """One interruption from onset to recovery, re-emitted as it moves."""
+
+    id: ID
+    ts: float
+    job: ID
+    # `class` is a Python keyword: the attribute is `cls`, the wire name is "class".
+    cls: Annotated[str, Meta(enum=INCIDENT_CLASSES)]
+    planned: bool = False
+    onset_ts: float | None = None
+    detected_ts: float | None = None
+    localized_ts: float | None = None
+    decided_ts: float | None = None
+    recovered_ts: float | None = None
+    culprit_nodes: Annotated[list[ID], Meta(max_len=100_000)] = field(default_factory=list)
+    evicted_nodes: Annotated[list[ID], Meta(max_len=100_000)] = field(default_factory=list)
+    path: Annotated[str, Meta(enum=RECOVERY_PATHS)] | None = None
+    stage_s: dict[str, float] = field(default_factory=dict)
+    over_budget: Annotated[list[ID], Meta(max_len=64)] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    kind: str = field(default="incident", init=False)
+
+
+INPUT_KINDS: dict[str, type] = {
+    "job": Job, "step": Step, "heartbeat": Heartbeat, "hw": Hw, "gpu": Gpu, "framework": Framework,
+    "stack": Stack, "flight": Flight, "ops": Ops, "recovery": Recovery,
+}
+OUTPUT_KINDS: dict[str, type] = {"finding": Finding, "action": Action, "incident": Incident}
+KINDS: dict[str, type] = {**INPUT_KINDS, **OUTPUT_KINDS}
+# Python attribute name -> wire name, where they differ.
+WIRE_NAMES = {"cls": "class"}
+
+Record = Job | Step | Heartbeat | Hw | Gpu | Framework | Stack | Flight | Ops | Recovery | Finding | Action | Incident

@@ -1,0 +1,1 @@
+"""Outputs: ClickHouse (server or embedded chDB), JSONL files, the alert topic, the job controller."""

@@ -1,0 +1,119 @@
+"""The ClickHouse store behind one small interface, with two adapters.
+
+- `ChdbStore`: embedded ClickHouse (chDB) in this process; the default of
+  `gangwatch replay`. Data persists under a directory.
+- `ClickHouseStore`: a ClickHouse server over the native protocol
+  (clickhouse-driver), as used in production and integration tests.
+
+Both run the DDL of `sinks.tables` and take rows as dicts.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+from typing import Any, Iterable, Protocol
+
+import orjson
+
+from sinks.tables import ddl
+
+
+class Store(Protocol):
+    def create_tables(self) -> None: ...
+
+    def insert(self, table: str, rows: list[dict[str, Any]]) -> None: ...
+
+    def query(self, sql: str) -> list[dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+class ChdbStore:
+    """Embedded ClickHouse via chDB; one store directory per process."""
+
+    def __init__(self, path: str | Path) -> None:
+        from chdb import session  # imported here: chDB loads a large library
+
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._session = session.Session(str(self.path))
+
+    def create_tables(self) -> None:
+        for stmt in ddl():
+            self._session.query(stmt)
+
+    def insert(self, table: str, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        body = b"\n".join(orjson.dumps(r) for r in rows).decode()
+        self._session.query(f"INSERT INTO {table} FORMAT JSONEachRow\n{body}\n")
+
+    def query(self, sql: str) -> list[dict[str, Any]]:
+        res = self._session.query(sql, "JSONEachRow")
+        data = res.bytes() if hasattr(res, "bytes") else bytes(res)
+        return [orjson.loads(line) for line in data.splitlines() if line.strip()]
+
+    def close(self) -> None:
+        self._session.close()
+
+
+class ClickHouseStore:
+    """A ClickHouse server over the native TCP protocol."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 9000, database: str = "default",
+                 **client_kwargs: Any) -> None:
+        from clickhouse_driver import Client
+
+        self.database = database
+        if database != "default":
+            Client(host=host, port=port).execute(f"CREATE DATABASE IF NOT EXISTS {database}")
+        self._client = Client(host=host, port=port, database=database, **client_kwargs)
+
+    def create_tables(self) -> None:
+        for stmt in ddl():
+            self._client.execute(stmt)
+
+    def insert(self, table: str, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        cols = list(rows[0])
+        self._client.execute(f"INSERT INTO {table} ({', '.join(cols)}) VALUES",
+                             [_server_row(r, cols) for r in rows])
+
+    def query(self, sql: str) -> list[dict[str, Any]]:
+        rows, columns = self._client.execute(sql, with_column_types=True)
+        names = [c[0] for c in columns]
+        return [{n: _plain(v) for n, v in zip(names, row)} for row in rows]
+
+    def close(self) -> None:
+        self._client.disconnect()
+
+
+def _server_row(row: dict[str, Any], cols: Iterable[str]) -> tuple:
+    out = []
+    for c in cols:
+        v = row[c]
+        if c == "event_time":
+            v = _dt.datetime.fromtimestamp(v, _dt.timezone.utc).replace(tzinfo=None)
+        out.append(v)
+    return tuple(out)
+
+
+def _plain(v: Any) -> Any:
+    """Server values in the shape chDB's JSONEachRow gives (DateTime as 'YYYY-MM-DD hh:mm:ss')."""
+    if isinstance(v, _dt.datetime):
+        return v.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(v, tuple):
+        return list(v)
+    return v
+
+
+def open_store(url: str) -> Store:
+    """`chdb:PATH` (embedded) or `clickhouse://HOST:PORT[/DB]` (server)."""
+    if url.startswith("clickhouse://"):
+        rest = url[len("clickhouse://"):]
+        hostport, _, db = rest.partition("/")
+        host, _, port = hostport.partition(":")
+        return ClickHouseStore(host or "127.0.0.1", int(port or 9000), db or "default")
+    return ChdbStore(url[len("chdb:"):] if url.startswith("chdb:") else url)

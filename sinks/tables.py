@@ -1,0 +1,112 @@
+"""ClickHouse tables of gangwatch: DDL and the mapping of records to rows.
+
+The same DDL runs on the Debian ClickHouse 18.16 server and on chDB, so it
+keeps to what 18.16 accepts: MergeTree family, `PARTITION BY` / `ORDER BY`,
+DateTime, Nullable, Array; no TTL, DateTime64, LowCardinality, Map or JSON.
+
+Every table has `ts Float64` (event time, exact) and `event_time DateTime`
+(the same instant, for date functions and partitions). Tables of outputs are
+ReplacingMergeTree keyed by the record id, so a retried insert of the same
+rows collapses to one row (`SELECT ... FINAL` to read the deduplicated view).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import orjson
+
+from schemas import Action, DecodeError, Finding, Incident, Record, to_dict
+
+DDL: dict[str, str] = {
+    "gw_findings": """
+CREATE TABLE IF NOT EXISTS {db}gw_findings (
+    id String, ts Float64, event_time DateTime, job String, type String, detector String,
+    rank Nullable(Int64), node String, gpu Nullable(Int32), score Nullable(Float64), evidence String
+) ENGINE = ReplacingMergeTree PARTITION BY toYYYYMM(event_time) ORDER BY (job, id)""",
+    "gw_actions": """
+CREATE TABLE IF NOT EXISTS {db}gw_actions (
+    id String, ts Float64, event_time DateTime, job String, incident String, type String,
+    nodes Array(String), reason String, evidence Array(String), path String
+) ENGINE = ReplacingMergeTree PARTITION BY toYYYYMM(event_time) ORDER BY (job, id)""",
+    "gw_incidents": """
+CREATE TABLE IF NOT EXISTS {db}gw_incidents (
+    id String, ts Float64, event_time DateTime, version UInt64, job String, class String, planned UInt8,
+    onset_ts Nullable(Float64), detected_ts Nullable(Float64), localized_ts Nullable(Float64),
+    decided_ts Nullable(Float64), recovered_ts Nullable(Float64),
+    culprit_nodes Array(String), evicted_nodes Array(String), path String,
+    stage_names Array(String), stage_seconds Array(Float64), over_budget Array(String)
+) ENGINE = ReplacingMergeTree(version) PARTITION BY toYYYYMM(event_time) ORDER BY (job, id)""",
+    "gw_telemetry": """
+CREATE TABLE IF NOT EXISTS {db}gw_telemetry (
+    ts Float64, event_time DateTime, kind String, job String, node String, rank Nullable(Int64),
+    step Nullable(Int64), step_s Nullable(Float64), compute_s Nullable(Float64),
+    comm_wait_s Nullable(Float64), data_wait_s Nullable(Float64), loss Nullable(Float64),
+    grad_norm Nullable(Float64), payload String
+) ENGINE = MergeTree PARTITION BY toYYYYMMDD(event_time) ORDER BY (job, kind, event_time)""",
+    "gw_rejected": """
+CREATE TABLE IF NOT EXISTS {db}gw_rejected (
+    event_time DateTime, source String, reason String, field String, kind String, raw String
+) ENGINE = MergeTree PARTITION BY toYYYYMM(event_time) ORDER BY (event_time, source)""",
+}
+
+TABLES = tuple(DDL)
+
+
+def ddl(db: str = "") -> list[str]:
+    """The CREATE statements, optionally qualified with a database name."""
+    prefix = f"{db}." if db else ""
+    return [s.format(db=prefix).strip() for s in DDL.values()]
+
+
+def _num(x: float | None) -> float | None:
+    return x if x is None or math.isfinite(x) else None
+
+
+def _dt(ts: float) -> int:
+    return int(ts)
+
+
+def finding_row(f: Finding) -> dict[str, Any]:
+    return {"id": f.id, "ts": f.ts, "event_time": _dt(f.ts), "job": f.job, "type": f.type, "detector": f.detector,
+            "rank": f.rank, "node": f.node or "", "gpu": f.gpu, "score": _num(f.score),
+            "evidence": orjson.dumps(f.evidence, option=orjson.OPT_SORT_KEYS).decode()}
+
+
+def action_row(a: Action) -> dict[str, Any]:
+    return {"id": a.id, "ts": a.ts, "event_time": _dt(a.ts), "job": a.job, "incident": a.incident, "type": a.type,
+            "nodes": list(a.nodes), "reason": a.reason, "evidence": list(a.evidence), "path": a.path or ""}
+
+
+def incident_row(i: Incident) -> dict[str, Any]:
+    stages = sorted(i.stage_s.items())
+    return {"id": i.id, "ts": i.ts, "event_time": _dt(i.ts), "version": int(round(i.ts * 1e6)), "job": i.job,
+            "class": i.cls, "planned": int(i.planned), "onset_ts": i.onset_ts, "detected_ts": i.detected_ts,
+            "localized_ts": i.localized_ts, "decided_ts": i.decided_ts, "recovered_ts": i.recovered_ts,
+            "culprit_nodes": list(i.culprit_nodes), "evicted_nodes": list(i.evicted_nodes), "path": i.path or "",
+            "stage_names": [k for k, _ in stages], "stage_seconds": [float(v) for _, v in stages],
+            "over_budget": list(i.over_budget)}
+
+
+def telemetry_row(r: Record) -> dict[str, Any]:
+    """A raw input record: common columns pulled out, the whole record kept as JSON in `payload`."""
+    get = r.__class__.__dataclass_fields__.__contains__
+    val = (lambda name: getattr(r, name) if get(name) else None)  # noqa: E731
+    return {"ts": r.ts, "event_time": _dt(r.ts), "kind": r.kind, "job": val("job") or "", "node": val("node") or "",
+            "rank": val("rank"), "step": val("step"), "step_s": _num(val("step_s")),
+            "compute_s": _num(val("compute_s")), "comm_wait_s": _num(val("comm_wait_s")),
+            "data_wait_s": _num(val("data_wait_s")), "loss": _num(val("loss")), "grad_norm": _num(val("grad_norm")),
+            "payload": orjson.dumps(to_dict(r)).decode()}
+
+
+def rejected_row(e: DecodeError, source: str, ts: float) -> dict[str, Any]:
+    return {"event_time": _dt(ts), "source": source, "reason": e.reason, "field": e.field, "kind": e.kind or "",
+            "raw": e.raw}
+
+
+ROW_OF: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
+    "finding": ("gw_findings", finding_row),
+    "action": ("gw_actions", action_row),
+    "incident": ("gw_incidents", incident_row),
+}

@@ -1,0 +1,1 @@
+"""Triage: fuse findings per node, localize the culprit, decide, and keep the incident record. Pure."""

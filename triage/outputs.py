@@ -1,0 +1,26 @@
+"""`Outputs`: what one call into the pure core produced, in emission order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schemas import Action, DecodeError, Finding, Incident
+
+
+@dataclass
+class Outputs:
+    """What one call into the core produced, in emission order."""
+
+    findings: list[Finding] = field(default_factory=list)
+    actions: list[Action] = field(default_factory=list)
+    incidents: list[Incident] = field(default_factory=list)
+    rejected: list[DecodeError] = field(default_factory=list)
+
+    def extend(self, other: "Outputs") -> None:
+        self.findings += other.findings
+        self.actions += other.actions
+        self.incidents += other.incidents
+        self.rejected += other.rejected
+
+    def __bool__(self) -> bool:
+        return bool(self.findings or self.actions or self.incidents or self.rejected)
