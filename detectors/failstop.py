@@ -123,7 +123,8 @@ class FailStopDetector:
                 key=(node, silent_since), score=len(new) / len(ranks),
                 rank=int(new[0]) if len(new) == 1 else None, topo=self.topo,
                 evidence={"cause": "heartbeat", "ranks": new.tolist(), "node_ranks": len(ranks),
-                          "whole_node": all_gone, "last_seen_ts": round(silent_since, 6),
+                          "whole_node": all_gone, "first_silent_ts": round(silent_since, 6),
+                          "last_seen_ts": round(float(self.last_seen[new].max()), 6),
                           "timeout_s": self.timeout},
             ))
         return out

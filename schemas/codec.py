@@ -203,9 +203,9 @@ def _compile_record(cls: type) -> Callable[[dict, str], Any]:
         kwargs = {}
         for attr, wire, required, check in specs:
             v = obj.get(wire, _ABSENT)
-            if v is _ABSENT or (v is None and not required):
+            if v is _ABSENT or v is None:
                 if required:
-                    raise _Invalid(_join(path, wire), "required field is missing")
+                    raise _Invalid(_join(path, wire), "required field is " + ("null" if v is None else "missing"))
                 continue
             kwargs[attr] = check(v, _join(path, wire))
         if len(obj) > len(kwargs):

@@ -1,0 +1,252 @@
+"""The NVIDIA Xid catalog as code: name, fatal flag and category of every Xid 1-162.
+
+The fatal flag and name are NVIDIA's catalog (NVSentinel's mapping, mirrored in
+``shared/data/xid/xid-catalog.csv``; a unit test checks the two agree code by code).
+The table was generated once from that CSV and is kept here as reviewed source; it
+is never read at runtime. ``category`` is ours and decides how much an Xid weighs:
+
+* ``hardware``    GPU, firmware or driver fault; a fatal one is a verdict at once.
+* ``memory``      ECC, page retirement, row remapping (48, 63, 64, 92, 94, 95, 140, ...).
+* ``nvlink``      NVLink / NVLink-C2C / NVSwitch fabric errors (74, 136, 137, 144-150, 155).
+* ``application`` the catalog's recommended action is to restart the application
+                  (13, 31, 43, 45, copy/video engine errors, ...): evidence only.
+* ``other``       informational or ignorable codes (fake errors, test messages, ...).
+
+Rule used to assign categories: the explicit ``memory`` and ``nvlink`` sets first;
+then ``application`` for action ``RESTART_APP`` plus 43 and 45; then ``hardware``
+for every remaining FATAL code; ``other`` for the rest.  A verdict is a fatal code
+that is not application-side (``is_verdict``).
+
+Codes outside the table (a newer driver) look up as ``UNKNOWN``: category
+``hardware`` but ``fatal=False``, so they are evidence for the node profile and
+never evict a node on their own; a GPU that really died is still caught by the
+heartbeat and progress detectors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal, Mapping
+
+Category = Literal["hardware", "application", "nvlink", "memory", "other"]
+
+
+@dataclass(frozen=True, slots=True)
+class XidInfo:
+    """What the catalog says about one Xid code.
+
+    ``action`` is the catalog's recommended remedy (``RESET_GPU``, ``RESTART_APP``,
+    ``RESTART_BM``, ...), kept for triage and operator messages.
+    """
+
+    name: str
+    fatal: bool
+    category: Category
+    action: str
+
+
+UNKNOWN = XidInfo(name="UNKNOWN", fatal=False, category="hardware", action="UNKNOWN")
+
+FATAL, NONFATAL = True, False
+HW: Category = "hardware"
+APP: Category = "application"
+NVL: Category = "nvlink"
+MEM: Category = "memory"
+OTHER: Category = "other"
+_REPORT = "UNEXPECTED_ERR_REPORT_ISSUE"
+
+
+def _x(name: str, fatal: bool, category: Category, action: str) -> XidInfo:
+    return XidInfo(name=name, fatal=fatal, category=category, action=action)
+
+
+# code -> XidInfo, generated from xid-catalog.csv and reviewed.  Code 162 has no
+# name in the catalog; it is kept empty here to agree with it.
+_TABLE: dict[int, XidInfo] = {
+    1: _x("ROBUST_CHANNEL_FIFO_ERROR_FIFO_METHOD", FATAL, HW, _REPORT),
+    2: _x("ROBUST_CHANNEL_FIFO_ERROR_SW_METHOD", FATAL, HW, _REPORT),
+    3: _x("ROBUST_CHANNEL_FIFO_ERROR_UNK_METHOD", FATAL, HW, _REPORT),
+    4: _x("ROBUST_CHANNEL_FIFO_ERROR_CHANNEL_BUSY", FATAL, HW, _REPORT),
+    5: _x("ROBUST_CHANNEL_FIFO_ERROR_RUNOUT_OVERFLOW", FATAL, HW, _REPORT),
+    6: _x("ROBUST_CHANNEL_FIFO_ERROR_PARSE_ERR", FATAL, HW, _REPORT),
+    7: _x("ROBUST_CHANNEL_FIFO_ERROR_PTE_ERR", FATAL, HW, _REPORT),
+    8: _x("ROBUST_CHANNEL_FIFO_ERROR_IDLE_TIMEOUT", NONFATAL, APP, "RESTART_APP"),
+    9: _x("ROBUST_CHANNEL_GR_ERROR_INSTANCE", FATAL, HW, _REPORT),
+    10: _x("ROBUST_CHANNEL_GR_ERROR_SINGLE_STEP", FATAL, HW, _REPORT),
+    11: _x("ROBUST_CHANNEL_GR_ERROR_MISSING_HW", NONFATAL, APP, "RESTART_APP"),
+    12: _x("ROBUST_CHANNEL_GR_ERROR_SW_METHOD", FATAL, HW, _REPORT),
+    13: _x(
+        "ROBUST_CHANNEL_GR_EXCEPTION / ROBUST_CHANNEL_GR_ERROR_SW_NOTIFY",
+        NONFATAL,
+        APP,
+        "RESTART_APP",
+    ),
+    14: _x("ROBUST_CHANNEL_FAKE_ERROR", NONFATAL, OTHER, "IGNORE"),
+    15: _x("ROBUST_CHANNEL_SCANLINE_TIMEOUT", FATAL, HW, _REPORT),
+    16: _x("ROBUST_CHANNEL_VBLANK_CALLBACK_TIMEOUT", FATAL, HW, _REPORT),
+    17: _x("ROBUST_CHANNEL_PARAMETER_ERROR", FATAL, HW, _REPORT),
+    18: _x("ROBUST_CHANNEL_BUS_MASTER_TIMEOUT_ERROR", FATAL, HW, _REPORT),
+    19: _x("ROBUST_CHANNEL_DISP_MISSED_NOTIFIER", FATAL, HW, _REPORT),
+    20: _x("ROBUST_CHANNEL_MPEG_ERROR_SW_METHOD", FATAL, HW, _REPORT),
+    21: _x("ROBUST_CHANNEL_ME_ERROR_SW_METHOD", FATAL, HW, _REPORT),
+    22: _x("ROBUST_CHANNEL_VP_ERROR_SW_METHOD", FATAL, HW, _REPORT),
+    23: _x("ROBUST_CHANNEL_RC_LOGGING_ENABLED", FATAL, HW, _REPORT),
+    24: _x("ROBUST_CHANNEL_GR_SEMAPHORE_TIMEOUT", FATAL, HW, _REPORT),
+    25: _x("ROBUST_CHANNEL_GR_ILLEGAL_NOTIFY", NONFATAL, APP, "RESTART_APP"),
+    26: _x("ROBUST_CHANNEL_FIFO_ERROR_FBISTATE_TIMEOUT", FATAL, HW, _REPORT),
+    27: _x("ROBUST_CHANNEL_VP_ERROR", FATAL, HW, _REPORT),
+    28: _x("ROBUST_CHANNEL_VP2_ERROR", FATAL, HW, _REPORT),
+    29: _x("ROBUST_CHANNEL_BSP_ERROR", FATAL, HW, _REPORT),
+    30: _x("ROBUST_CHANNEL_BAD_ADDR_ACCESS", FATAL, HW, _REPORT),
+    31: _x("ROBUST_CHANNEL_FIFO_ERROR_MMU_ERR_FLT", NONFATAL, APP, "RESTART_APP"),
+    32: _x("ROBUST_CHANNEL_PBDMA_ERROR", NONFATAL, APP, "RESTART_APP"),
+    33: _x("ROBUST_CHANNEL_SEC_ERROR", FATAL, HW, _REPORT),
+    34: _x("ROBUST_CHANNEL_MSVLD_ERROR", FATAL, HW, _REPORT),
+    35: _x("ROBUST_CHANNEL_MSPDEC_ERROR", FATAL, HW, _REPORT),
+    36: _x("ROBUST_CHANNEL_MSPPP_ERROR", FATAL, HW, _REPORT),
+    37: _x("ROBUST_CHANNEL_FECS_ERR_UNIMP_FIRMWARE_METHOD", NONFATAL, OTHER, "IGNORE"),
+    38: _x("ROBUST_CHANNEL_FECS_ERR_WATCHDOG_TIMEOUT", NONFATAL, OTHER, "IGNORE"),
+    39: _x("ROBUST_CHANNEL_CE0_ERROR", NONFATAL, APP, "RESTART_APP"),
+    40: _x("ROBUST_CHANNEL_CE1_ERROR", NONFATAL, APP, "RESTART_APP"),
+    41: _x("ROBUST_CHANNEL_CE2_ERROR", NONFATAL, APP, "RESTART_APP"),
+    42: _x("ROBUST_CHANNEL_VIC_ERROR", FATAL, HW, _REPORT),
+    43: _x("ROBUST_CHANNEL_RESETCHANNEL_VERIF_ERROR", NONFATAL, APP, "IGNORE"),
+    44: _x("ROBUST_CHANNEL_GR_FAULT_DURING_CTXSW", NONFATAL, OTHER, "IGNORE"),
+    45: _x("ROBUST_CHANNEL_PREEMPTIVE_REMOVAL", NONFATAL, APP, "WORKFLOW_XID_45"),
+    46: _x("ROBUST_CHANNEL_GPU_TIMEOUT_ERROR", FATAL, HW, "RESET_GPU"),
+    47: _x("ROBUST_CHANNEL_NVENC0_ERROR", FATAL, HW, _REPORT),
+    48: _x("ROBUST_CHANNEL_GPU_ECC_DBE", FATAL, MEM, "WORKFLOW_XID_48"),
+    49: _x("SILENT_RUNNING_CONSTANT_LEVEL_SET_BY_REGISTRY", FATAL, HW, _REPORT),
+    50: _x("SILENT_RUNNING_LEVEL_TRANSITION_DUE_TO_RC_ERROR", FATAL, HW, _REPORT),
+    51: _x("SILENT_RUNNING_STRESS_TEST_FAILURE", FATAL, HW, _REPORT),
+    52: _x("SILENT_RUNNING_LEVEL_TRANS_DUE_TO_TEMP_RISE", FATAL, HW, _REPORT),
+    53: _x("SILENT_RUNNING_TEMP_REDUCED_CLOCKING", FATAL, HW, _REPORT),
+    54: _x("SILENT_RUNNING_PWR_REDUCED_CLOCKING", FATAL, HW, "CHECK_MECHANICALS"),
+    55: _x("SILENT_RUNNING_TEMPERATURE_READ_ERROR", FATAL, HW, _REPORT),
+    56: _x("DISPLAY_CHANNEL_EXCEPTION", FATAL, HW, _REPORT),
+    57: _x("FB_LINK_TRAINING_FAILURE_ERROR", FATAL, HW, _REPORT),
+    58: _x("FB_MEMORY_ERROR", FATAL, MEM, _REPORT),
+    59: _x("PMU_ERROR", FATAL, HW, _REPORT),
+    60: _x("ROBUST_CHANNEL_SEC2_ERROR", NONFATAL, APP, "RESTART_APP"),
+    61: _x("PMU_BREAKPOINT", FATAL, HW, _REPORT),
+    62: _x("PMU_HALT_ERROR", FATAL, HW, "RESET_GPU"),
+    63: _x("INFOROM_DRAM_RETIREMENT_EVENT", NONFATAL, MEM, "IGNORE"),
+    64: _x("INFOROM_DRAM_RETIREMENT_FAILURE", FATAL, MEM, "RESET_GPU"),
+    65: _x("ROBUST_CHANNEL_NVENC1_ERROR", FATAL, HW, _REPORT),
+    66: _x("ROBUST_CHANNEL_FECS_ERR_REG_ACCESS_VIOLATION", NONFATAL, OTHER, "IGNORE"),
+    67: _x("ROBUST_CHANNEL_FECS_ERR_VERIF_VIOLATION", NONFATAL, OTHER, "IGNORE"),
+    68: _x("ROBUST_CHANNEL_NVDEC0_ERROR", NONFATAL, APP, "RESTART_APP"),
+    69: _x("ROBUST_CHANNEL_GR_CLASS_ERROR", NONFATAL, APP, "RESTART_APP"),
+    70: _x("ROBUST_CHANNEL_CE3_ERROR", NONFATAL, APP, "RESTART_APP"),
+    71: _x("ROBUST_CHANNEL_CE4_ERROR", NONFATAL, APP, "RESTART_APP"),
+    72: _x("ROBUST_CHANNEL_CE5_ERROR", NONFATAL, APP, "RESTART_APP"),
+    73: _x("ROBUST_CHANNEL_NVENC2_ERROR", FATAL, HW, _REPORT),
+    74: _x("NVLINK_ERROR", FATAL, NVL, "WORKFLOW_NVLINK_ERR"),
+    75: _x("ROBUST_CHANNEL_CE6_ERROR", NONFATAL, APP, "RESTART_APP"),
+    76: _x("ROBUST_CHANNEL_CE7_ERROR", NONFATAL, APP, "RESTART_APP"),
+    77: _x("ROBUST_CHANNEL_CE8_ERROR", NONFATAL, APP, "RESTART_APP"),
+    78: _x("VGPU_START_ERROR", FATAL, HW, "UPDATE_SWFW"),
+    79: _x("ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", FATAL, HW, "RESTART_BM"),
+    80: _x("PBDMA_PUSHBUFFER_CRC_MISMATCH", NONFATAL, APP, "RESTART_APP"),
+    81: _x("ROBUST_CHANNEL_VGA_SUBSYSTEM_ERROR", FATAL, HW, _REPORT),
+    82: _x("ROBUST_CHANNEL_NVJPG0_ERROR", NONFATAL, APP, "RESTART_APP"),
+    83: _x("ROBUST_CHANNEL_NVDEC1_ERROR", NONFATAL, APP, "RESTART_APP"),
+    84: _x("ROBUST_CHANNEL_NVDEC2_ERROR", NONFATAL, APP, "RESTART_APP"),
+    85: _x("ROBUST_CHANNEL_CE9_ERROR", NONFATAL, APP, "RESTART_APP"),
+    86: _x("ROBUST_CHANNEL_OFA0_ERROR", NONFATAL, APP, "RESTART_APP"),
+    87: _x("NVTELEMETRY_DRIVER_REPORT", FATAL, HW, _REPORT),
+    88: _x("ROBUST_CHANNEL_NVDEC3_ERROR", NONFATAL, APP, "RESTART_APP"),
+    89: _x("ROBUST_CHANNEL_NVDEC4_ERROR", NONFATAL, APP, "RESTART_APP"),
+    90: _x("LTC_ERROR", FATAL, HW, _REPORT),
+    91: _x("RESERVED_XID", FATAL, HW, _REPORT),
+    92: _x("EXCESSIVE_SBE_INTERRUPTS", NONFATAL, MEM, "IGNORE"),
+    93: _x("INFOROM_ERASE_LIMIT_EXCEEDED", NONFATAL, OTHER, "IGNORE"),
+    94: _x("ROBUST_CHANNEL_CONTAINED_ERROR", NONFATAL, MEM, "RESTART_APP"),
+    95: _x("ROBUST_CHANNEL_UNCONTAINED_ERROR", FATAL, MEM, "RESET_GPU"),
+    96: _x("ROBUST_CHANNEL_NVDEC5_ERROR", NONFATAL, APP, "RESTART_APP"),
+    97: _x("ROBUST_CHANNEL_NVDEC6_ERROR", NONFATAL, APP, "RESTART_APP"),
+    98: _x("ROBUST_CHANNEL_NVDEC7_ERROR", NONFATAL, APP, "RESTART_APP"),
+    99: _x("ROBUST_CHANNEL_NVJPG1_ERROR", NONFATAL, APP, "RESTART_APP"),
+    100: _x("ROBUST_CHANNEL_NVJPG2_ERROR", NONFATAL, APP, "RESTART_APP"),
+    101: _x("ROBUST_CHANNEL_NVJPG3_ERROR", NONFATAL, APP, "RESTART_APP"),
+    102: _x("ROBUST_CHANNEL_NVJPG4_ERROR", NONFATAL, APP, "RESTART_APP"),
+    103: _x("ROBUST_CHANNEL_NVJPG5_ERROR", NONFATAL, APP, "RESTART_APP"),
+    104: _x("ROBUST_CHANNEL_NVJPG6_ERROR", NONFATAL, APP, "RESTART_APP"),
+    105: _x("ROBUST_CHANNEL_NVJPG7_ERROR", NONFATAL, APP, "RESTART_APP"),
+    106: _x("SMBPBI_TEST_MESSAGE", NONFATAL, OTHER, "IGNORE"),
+    107: _x("SMBPBI_TEST_MESSAGE_SILENT", NONFATAL, OTHER, "IGNORE"),
+    108: _x("DESTINATION_FLA_TRANSLATION_ERROR", FATAL, HW, _REPORT),
+    109: _x("ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR", FATAL, HW, "RESET_GPU"),
+    110: _x("SEC_FAULT_ERROR", FATAL, HW, "RESET_GPU"),
+    111: _x("BUNDLE_ERROR_EVENT", FATAL, HW, _REPORT),
+    112: _x("DISP_SUPERVISOR_ERROR", FATAL, HW, _REPORT),
+    113: _x("DP_LT_FAILURE", FATAL, HW, _REPORT),
+    114: _x("HEAD_RG_UNDERFLOW", FATAL, HW, _REPORT),
+    115: _x("CORE_CHANNEL_REGS", FATAL, HW, _REPORT),
+    116: _x("WINDOW_CHANNEL_REGS", FATAL, HW, _REPORT),
+    117: _x("CURSOR_CHANNEL_REGS", FATAL, HW, _REPORT),
+    118: _x("HEAD_REGS", FATAL, HW, _REPORT),
+    119: _x("GSP_RPC_TIMEOUT", FATAL, HW, "RESET_GPU"),
+    120: _x("GSP_ERROR", FATAL, HW, "RESET_GPU"),
+    121: _x("C2C_ERROR", NONFATAL, NVL, "IGNORE"),
+    122: _x("SPI_PMU_RPC_READ_FAIL", FATAL, HW, _REPORT),
+    123: _x("SPI_PMU_RPC_WRITE_FAIL", FATAL, HW, _REPORT),
+    124: _x("SPI_PMU_RPC_ERASE_FAIL", FATAL, HW, _REPORT),
+    125: _x("INFOROM_FS_ERROR", FATAL, HW, _REPORT),
+    126: _x("ROBUST_CHANNEL_CE10_ERROR", NONFATAL, APP, "RESTART_APP"),
+    127: _x("ROBUST_CHANNEL_CE11_ERROR", NONFATAL, APP, "RESTART_APP"),
+    128: _x("ROBUST_CHANNEL_CE12_ERROR", NONFATAL, APP, "RESTART_APP"),
+    129: _x("ROBUST_CHANNEL_CE13_ERROR", NONFATAL, APP, "RESTART_APP"),
+    130: _x("ROBUST_CHANNEL_CE14_ERROR", NONFATAL, APP, "RESTART_APP"),
+    131: _x("ROBUST_CHANNEL_CE15_ERROR", NONFATAL, APP, "RESTART_APP"),
+    132: _x("ROBUST_CHANNEL_CE16_ERROR", NONFATAL, APP, "RESTART_APP"),
+    133: _x("ROBUST_CHANNEL_CE17_ERROR", NONFATAL, APP, "RESTART_APP"),
+    134: _x("ROBUST_CHANNEL_CE18_ERROR", NONFATAL, APP, "RESTART_APP"),
+    135: _x("ROBUST_CHANNEL_CE19_ERROR", NONFATAL, APP, "RESTART_APP"),
+    136: _x("ALI_TRAINING_FAIL", FATAL, NVL, "RESET_GPU"),
+    137: _x("NVLINK_FLA_PRIV_ERR", NONFATAL, NVL, "IGNORE"),
+    138: _x("ROBUST_CHANNEL_DLA_ERROR", FATAL, HW, _REPORT),
+    139: _x("ROBUST_CHANNEL_OFA1_ERROR", NONFATAL, APP, "RESTART_APP"),
+    140: _x("UNRECOVERABLE_ECC_ERROR_ESCAPE", FATAL, MEM, "RESET_GPU"),
+    141: _x("ROBUST_CHANNEL_FAST_PATH_ERROR", NONFATAL, OTHER, "IGNORE"),
+    142: _x("ROBUST_CHANNEL_NVENC3_ERROR", FATAL, HW, _REPORT),
+    143: _x("GPU_INIT_ERROR", FATAL, HW, "RESET_GPU"),
+    144: _x("NVLINK_SAW_ERROR", FATAL, NVL, "WORKFLOW_NVLINK5_ERR"),
+    145: _x("NVLINK_RLW_ERROR", FATAL, NVL, "WORKFLOW_NVLINK5_ERR"),
+    146: _x("NVLINK_TLW_ERROR", FATAL, NVL, "WORKFLOW_NVLINK5_ERR"),
+    147: _x("NVLINK_TREX_ERROR", FATAL, NVL, "WORKFLOW_NVLINK5_ERR"),
+    148: _x("NVLINK_NVLPW_CTRL_ERROR", FATAL, NVL, "WORKFLOW_NVLINK5_ERR"),
+    149: _x("NVLINK_NETIR_ERROR", FATAL, NVL, "WORKFLOW_NVLINK5_ERR"),
+    150: _x("NVLINK_MSE_ERROR", FATAL, NVL, "WORKFLOW_NVLINK5_ERR"),
+    151: _x("ROBUST_CHANNEL_KEY_ROTATION_ERROR", FATAL, HW, "RESTART_VM"),
+    152: _x("ROBUST_CHANNEL_DLA_SMMU_ERROR", NONFATAL, OTHER, "IGNORE"),
+    153: _x("ROBUST_CHANNEL_DLA_TIMEOUT", NONFATAL, OTHER, "IGNORE"),
+    154: _x("GPU_RECOVERY_ACTION_CHANGED", NONFATAL, OTHER, "FOLLOW_OTHER_XID"),
+    155: _x("NVLINK_SW_DEFINED_ERROR", FATAL, NVL, "RESET_GPU"),
+    156: _x("RESOURCE_RETIREMENT_EVENT", FATAL, MEM, "RESET_GPU"),
+    157: _x("RESOURCE_RETIREMENT_FAILURE", NONFATAL, MEM, "IGNORE"),
+    158: _x("GPU_FATAL_TIMEOUT", FATAL, HW, "RESET_GPU"),
+    159: _x("ROBUST_CHANNEL_CHI_NON_DATA_ERROR", NONFATAL, OTHER, "CHECK_UVM"),
+    160: _x("CHANNEL_RETIREMENT_EVENT", FATAL, HW, "RESTART_BM"),
+    161: _x("CHANNEL_RETIREMENT_FAILURE", NONFATAL, OTHER, "IGNORE"),
+    162: _x("", FATAL, HW, "RESET_GPU"),
+}
+
+CATALOG: Mapping[int, XidInfo] = MappingProxyType(_TABLE)
+"""Read-only view of the table, for reports and tests."""
+
+
+def lookup(code: int) -> XidInfo:
+    """Return the catalog entry of Xid ``code``, or ``UNKNOWN`` when it has none."""
+    return _TABLE.get(code, UNKNOWN)
+
+
+def is_verdict(code: int) -> bool:
+    """True when Xid ``code`` alone proves a GPU fault: fatal and not application-side.
+
+    Application-side codes (13, 31, 43, 45, ...) and non-fatal ones (63, 92, 94,
+    ...) are evidence that other signals must corroborate; unknown codes are too.
+    """
+    info = lookup(code)
+    return info.fatal and info.category != "application"

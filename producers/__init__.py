@@ -1,0 +1,1 @@
+"""Node sidecars that turn a node's raw signals into contract-v1 records."""

@@ -1,0 +1,18 @@
+"""Shared test fixtures: where the real test material lives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The real test material (`../shared/data` beside the repository), read in place."""
+    if not SHARED_DATA.is_dir():
+        pytest.fail(f"real test material not found at {SHARED_DATA}: it lives beside the repository as ../shared/data")
+    return SHARED_DATA
