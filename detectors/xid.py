@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Literal, Mapping
+from collections.abc import Mapping
+from typing import Literal
 
 Category = Literal["hardware", "application", "nvlink", "memory", "other"]
 
@@ -76,12 +77,7 @@ _TABLE: dict[int, XidInfo] = {
     10: _x("ROBUST_CHANNEL_GR_ERROR_SINGLE_STEP", FATAL, HW, _REPORT),
     11: _x("ROBUST_CHANNEL_GR_ERROR_MISSING_HW", NONFATAL, APP, "RESTART_APP"),
     12: _x("ROBUST_CHANNEL_GR_ERROR_SW_METHOD", FATAL, HW, _REPORT),
-    13: _x(
-        "ROBUST_CHANNEL_GR_EXCEPTION / ROBUST_CHANNEL_GR_ERROR_SW_NOTIFY",
-        NONFATAL,
-        APP,
-        "RESTART_APP",
-    ),
+    13: _x("ROBUST_CHANNEL_GR_EXCEPTION / ROBUST_CHANNEL_GR_ERROR_SW_NOTIFY", NONFATAL, APP, "RESTART_APP"),
     14: _x("ROBUST_CHANNEL_FAKE_ERROR", NONFATAL, OTHER, "IGNORE"),
     15: _x("ROBUST_CHANNEL_SCANLINE_TIMEOUT", FATAL, HW, _REPORT),
     16: _x("ROBUST_CHANNEL_VBLANK_CALLBACK_TIMEOUT", FATAL, HW, _REPORT),

@@ -1,0 +1,54 @@
+"""Real services for integration tests: a Kafka broker and a ClickHouse server on 127.0.0.1.
+
+Start them with `deploy/dev.sh up` (CI's `.ci/run` does). Where they are not
+running, the tests skip with the reason, except when GANGWATCH_REQUIRE_SERVICES=1
+(as in CI), where a missing service fails the run instead of hiding it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+import pytest
+
+KAFKA = os.environ.get("GANGWATCH_KAFKA", "127.0.0.1:9092")
+CLICKHOUSE = os.environ.get("GANGWATCH_CLICKHOUSE", "127.0.0.1:9000")
+
+
+def _reachable(addr: str) -> bool:
+    host, _, port = addr.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _require(addr: str, what: str, how: str) -> None:
+    if _reachable(addr):
+        return
+    msg = f"{what} is not reachable at {addr}; start it with `{how}`"
+    if os.environ.get("GANGWATCH_REQUIRE_SERVICES") == "1":
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    _require(KAFKA, "Kafka", "deploy/kafka/broker.sh start")
+    return KAFKA
+
+
+@pytest.fixture(scope="session")
+def clickhouse_addr() -> tuple[str, int]:
+    _require(CLICKHOUSE, "ClickHouse", "deploy/clickhouse/server.sh start")
+    host, _, port = CLICKHOUSE.rpartition(":")
+    return host, int(port)
+
+
+@pytest.fixture
+def unique() -> str:
+    """A fresh name for a topic, group or database of one test."""
+    return f"t{uuid.uuid4().hex[:12]}"

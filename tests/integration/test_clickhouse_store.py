@@ -1,0 +1,83 @@
+"""The store's DDL and rows on the real ClickHouse server (native protocol) and on chDB, side by side."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from schemas import decode
+from sinks.store import ChdbStore, ClickHouseStore
+from sinks.tables import ROW_OF, TABLES, telemetry_row
+from tests.contract.samples import SAMPLES
+
+pytestmark = pytest.mark.integration
+
+
+def _records():
+    f = decode(orjson.dumps(SAMPLES["finding"]))[0]
+    a = decode(orjson.dumps(SAMPLES["action"]))[0]
+    i = decode(orjson.dumps(SAMPLES["incident"]))[0]
+    return f, a, i
+
+
+def _fill(store):
+    store.create_tables()
+    store.create_tables()  # idempotent
+    for rec in _records():
+        table, row = ROW_OF[rec.kind]
+        store.insert(table, [row(rec)])
+        store.insert(table, [row(rec)])  # a retried insert: deduplicated by id
+    step = decode(orjson.dumps({**SAMPLES["step"], "loss": "NaN"}))[0]
+    store.insert("gw_telemetry", [telemetry_row(step)])
+
+
+QUERIES = [
+    "SELECT id, job, type, node, rank, gpu, score, evidence FROM gw_findings FINAL ORDER BY id",
+    "SELECT id, type, nodes, evidence, path FROM gw_actions FINAL ORDER BY id",
+    "SELECT id, class, culprit_nodes, stage_names, stage_seconds, recovered_ts FROM gw_incidents FINAL",
+    "SELECT kind, job, rank, step, step_s, loss, toYYYYMMDD(event_time) AS day FROM gw_telemetry",
+    "SELECT count() AS n FROM gw_findings FINAL",
+]
+
+
+@pytest.fixture
+def server_store(clickhouse_addr, unique):
+    host, port = clickhouse_addr
+    store = ClickHouseStore(host, port, database=unique)
+    yield store
+    store._client.execute(f"DROP DATABASE IF EXISTS {unique}")
+    store.close()
+
+
+def test_server_runs_the_ddl_and_returns_the_rows(server_store):
+    _fill(server_store)
+    version = server_store.query("SELECT version() AS v")[0]["v"]
+    assert version.split(".")[0].isdigit()
+    tables = {r["name"] for r in server_store.query(f"SELECT name FROM system.tables WHERE database = "
+                                                    f"'{server_store.database}'")}
+    assert set(TABLES) <= tables
+    [finding] = server_store.query(QUERIES[0])
+    assert finding["id"] == "f-1" and finding["rank"] == 5 and orjson.loads(finding["evidence"]) == {"relative": 0.4}
+    [incident] = server_store.query(QUERIES[2])
+    assert incident["culprit_nodes"] == ["n003"] and incident["recovered_ts"] is None
+    assert server_store.query(QUERIES[4]) == [{"n": 1}]
+
+
+def test_chdb_and_server_agree(server_store, tmp_path):
+    _fill(server_store)
+    local = ChdbStore(tmp_path / "store")
+    _fill(local)
+    try:
+        for sql in QUERIES:
+            assert _normalize(local.query(sql)) == _normalize(server_store.query(sql)), sql
+    finally:
+        local.close()
+
+
+def _normalize(rows):
+    """chDB's JSONEachRow quotes 64-bit integers; the driver gives ints."""
+    out = []
+    for row in rows:
+        out.append({k: (int(v) if isinstance(v, str) and v.isdigit() and k in ("n", "day") else v)
+                    for k, v in row.items()})
+    return out
