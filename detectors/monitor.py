@@ -10,7 +10,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from detectors.base import Detector
+from detectors.comm import CommDetector
 from detectors.failstop import FailStopDetector
+from detectors.hang import HangDetector
+from detectors.hardware import HardwareDetector
 from detectors.topology import Topology
 from schemas import Finding, Job, Record, to_dict
 from schemas.codec import decode_obj
@@ -18,7 +21,7 @@ from schemas.codec import decode_obj
 DetectorFactory = Callable[[Topology], Detector]
 
 # The detectors every job gets, in the order their findings are emitted.
-DEFAULT_DETECTORS: tuple[type, ...] = (FailStopDetector,)
+DEFAULT_DETECTORS: tuple[type, ...] = (FailStopDetector, HangDetector, CommDetector, HardwareDetector)
 
 
 class JobMonitor:

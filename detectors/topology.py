@@ -24,7 +24,9 @@ class Topology:
     ts: float = 0.0  # event time of the `job` record this topology came from
     nodes: tuple[str, ...] = field(init=False)
     node_index: np.ndarray = field(init=False, repr=False)  # rank -> index into `nodes`
+    tp: np.ndarray = field(init=False, repr=False)  # rank -> tensor-parallel index
     pp: np.ndarray = field(init=False, repr=False)  # rank -> pipeline stage
+    dp: np.ndarray = field(init=False, repr=False)  # rank -> data-parallel replica
     shard: np.ndarray = field(init=False, repr=False)  # rank -> id of its (tp, pp) shard
     node_ranks: dict[str, tuple[int, ...]] = field(init=False, repr=False)
 
@@ -38,7 +40,9 @@ class Topology:
         set_ = object.__setattr__
         set_(self, "nodes", tuple(nodes))
         set_(self, "node_index", np.array([index[r.node] for r in self.ranks], dtype=np.int32))
+        set_(self, "tp", np.array([r.tp for r in self.ranks], dtype=np.int32))
         set_(self, "pp", np.array([r.pp for r in self.ranks], dtype=np.int32))
+        set_(self, "dp", np.array([r.dp for r in self.ranks], dtype=np.int32))
         set_(self, "shard", np.array([shards[(r.tp, r.pp)] for r in self.ranks], dtype=np.int32))
         set_(self, "node_ranks", {n: tuple(rs) for n, rs in by_node.items()})
 
@@ -66,3 +70,25 @@ class Topology:
             if self.ranks[r].gpu == gpu:
                 return r
         return None
+
+    def group_ranks(self, group: str, rank: int) -> np.ndarray:
+        """Ranks of one parallel group of `rank`.
+
+        `tp`: the tensor-parallel group (same pp and dp), usually one node;
+        `pp`: the pipeline-stage group (same pp across all dp replicas: ByteRobust's horizontal group);
+        `dp`: the data-parallel replicas of its shard (same tp and pp).
+        """
+        if group == "tp":
+            mask = (self.pp == self.pp[rank]) & (self.dp == self.dp[rank])
+        elif group == "pp":
+            mask = self.pp == self.pp[rank]
+        elif group == "dp":
+            mask = (self.tp == self.tp[rank]) & (self.pp == self.pp[rank])
+        else:
+            raise ValueError(f"unknown group {group!r}; one of tp, pp, dp")
+        return np.flatnonzero(mask)
+
+    def nodes_of(self, ranks) -> list[str]:
+        """The sorted distinct nodes hosting `ranks`."""
+        idx = np.unique(self.node_index[np.asarray(ranks, dtype=np.int64)])
+        return [self.nodes[i] for i in idx]

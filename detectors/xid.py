@@ -25,9 +25,9 @@ heartbeat and progress detectors.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from collections.abc import Mapping
 from typing import Literal
 
 Category = Literal["hardware", "application", "nvlink", "memory", "other"]

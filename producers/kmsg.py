@@ -203,8 +203,9 @@ def parse_message(message: str) -> KmsgEvent | None:
         if s is None:
             return None
         sev = "fatal" if s.group("sev").lower() == "fatal" else "nonfatal"
-        return KmsgEvent(source="nvlink", message=message, code=int(s.group("code")), pci=s.group("pci").lower(),
-                         severity_hint=sev)
+        return KmsgEvent(
+            source="nvlink", message=message, code=int(s.group("code")), pci=s.group("pci").lower(), severity_hint=sev
+        )
     if "AER" in message or "PCIe Bus Error" in message:
         return _pcie(message)
     if "ink" in message or "NETDEV WATCHDOG" in message:

@@ -17,7 +17,8 @@ import orjson
 
 from detectors.monitor import JobMonitor
 from schemas import DecodeError, Job, Record, to_dict
-from triage.job import Triage, TriageConfig
+from triage.config import TriageConfig
+from triage.job import Triage
 from triage.outputs import Outputs
 
 _JOB_KEYED = frozenset({"step", "heartbeat", "framework", "stack", "flight", "recovery"})

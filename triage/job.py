@@ -1,49 +1,53 @@
-"""Triage of one job: findings become incidents, incidents get decisions.
+"""Triage of one job: findings become incidents, incidents get decisions, recovery closes them.
 
-Skeleton version: a fail-stop finding opens (or joins) the job's open
-incident, names the node as culprit and asks for a hot replacement; steps
-resuming close the incident. The full decision tree lives in `triage.decide`.
+Flow, all on event time:
+1. Every finding updates its node's profile. Precursors, job-wide slowdowns and
+   numeric blips stop there.
+2. A finding that signals an interruption opens the job's incident (or joins the
+   open one, possibly raising its class: a hang explained by a dead node is a
+   fail-stop). A hang also asks the sidecars for a stack sweep at once.
+3. The decision waits a class-specific time for the rest of the evidence: a few
+   seconds for a fail-stop, the stack sweep for a hang, the hysteresis hold for
+   a straggler. Then findings are fused (`triage.localize`), the decision tree
+   runs (`triage.decide`) and the guards review it (`triage.safety`).
+4. `recovery` records and steps resuming past the stall close the incident.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from detectors.base import stable_id
 from detectors.topology import Topology
-from schemas import Action, Finding, Incident, Record, decode_obj, to_dict
+from schemas import Action, Finding, Record, decode_obj, to_dict
+from triage.config import TriageConfig
+from triage.decide import Decision, Situation, decide
+from triage.incident import Timeline
+from triage.localize import localize
 from triage.outputs import Outputs
+from triage.profile import NodeProfile
+from triage.safety import Guards
 
-
-@dataclass(frozen=True)
-class Budgets:
-    """Stage budgets in seconds (domain.md)."""
-
-    detect: float = 60.0
-    localize: float = 300.0
-    replace: float = 120.0
-    rollback: float = 120.0
-    comm_rebuild: float = 60.0
-    total: float = 600.0
-
-
-@dataclass(frozen=True)
-class TriageConfig:
-    budgets: Budgets = field(default_factory=Budgets)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TriageConfig":
-        return cls(budgets=Budgets(**d.get("budgets", {})))
+_OPENS = {"fail_stop": "fail_stop", "hang": "hang", "fail_slow": "fail_slow", "sdc_suspect": "sdc",
+          "comm_error": "hang"}
 
 
 class Triage:
+    """Incidents and decisions of one job."""
+
     def __init__(self, job: str, config: TriageConfig, topo: Topology | None = None) -> None:
         self.job = job
         self.config = config
         self.topo = topo
-        self.incident: Incident | None = None
-        self.findings: list[str] = []
+        self.profiles: dict[str, NodeProfile] = {}
+        self.guards = Guards(config.safety)
+        self.incident: Timeline | None = None
+        self.evidence: list[Finding] = []  # findings of the open incident
+        self.spares_used = 0
+        self.max_step = -1
+        self.degraded: dict[str, float] = {}  # node -> when it was last left running as a straggler
+
+    # --- inputs ---------------------------------------------------------------
 
     def on_topology(self, topo: Topology) -> Outputs:
         self.topo = topo
@@ -52,39 +56,201 @@ class Triage:
     def on_findings(self, findings: list[Finding]) -> Outputs:
         out = Outputs(findings=list(findings))
         for f in findings:
-            if f.type != "fail_stop" or f.node is None:
-                continue
-            inc = self.incident
-            if inc is None:
-                inc = Incident(id=stable_id("i", self.job, f.id), ts=f.ts, job=self.job, cls="fail_stop",
-                               onset_ts=f.evidence.get("last_seen_ts", f.ts), detected_ts=f.ts)
-            nodes = sorted(set(inc.culprit_nodes) | {f.node})
-            action = Action(id=stable_id("a", inc.id, "replace", *nodes), ts=f.ts, job=self.job, incident=inc.id,
-                            type="replace", nodes=nodes, path="hot",
-                            reason=f"ranks {f.evidence.get('ranks')} on {f.node} stopped heartbeating",
-                            evidence=[f.id])
-            inc = Incident(**{**_fields(inc), "ts": f.ts, "culprit_nodes": nodes, "evicted_nodes": nodes,
-                              "localized_ts": f.ts, "decided_ts": f.ts, "path": "hot"})
-            self.incident = inc
-            out.actions.append(action)
-            out.incidents.append(inc)
+            if f.node is not None:
+                self._profile(f.node).add(f, self.config.risk_half_life_s)
+            self._consider(f, out)
         return out
 
     def on_record(self, rec: Record) -> Outputs:
-        return Outputs()
+        out = Outputs()
+        inc = self.incident
+        if rec.kind == "step":
+            if rec.step > self.max_step:
+                self.max_step = rec.step
+                if inc and inc.decided_ts is not None and rec.step > inc.stall_step and rec.ts > inc.decided_ts:
+                    inc.recovered_ts = rec.ts
+                    self._close(rec.ts, out)
+        elif rec.kind == "recovery" and inc is not None and rec.action in inc.actions:
+            if inc.on_phase(rec.phase, rec.ts):
+                if rec.phase == "resumed":
+                    self._close(rec.ts, out)
+                else:
+                    out.incidents.append(inc.record(rec.ts, self.config.budgets))
+        elif rec.kind == "ops":
+            self.guards.on_ops(rec, self.config.planned_window_s)
+        return out
 
     def advance(self, now: float) -> Outputs:
-        return Outputs()
+        out = Outputs()
+        inc = self.incident
+        if inc is not None and inc.decided_ts is None and now >= inc.decide_at:
+            self._decide(inc.decide_at, out)
+        return out
+
+    # --- incidents --------------------------------------------------------------
+
+    def _consider(self, f: Finding, out: Outputs) -> None:
+        cls = _OPENS.get(f.type)
+        severity = f.evidence.get("severity")
+        if f.type == "hw_fault" and severity == "fatal":
+            cls = "fail_stop"
+        if f.type == "sdc_suspect" and f.rank is None and not _numeric_fault(f):
+            cls = None
+        if f.type == "fail_slow" and f.node in self.degraded and \
+                f.ts - self.degraded[f.node] < self.config.safety.failslow_cooldown_s:
+            return  # already decided to live with this straggler: no flapping
+        inc = self.incident
+        if inc is None:
+            if cls is None:
+                return
+            inc = self._open(f, cls)
+            if cls == "hang":
+                self._collect_stacks(f, out)
+        else:
+            changed = cls is not None and inc.promote(cls)
+            if changed and inc.decided_ts is None:
+                inc.decide_at = min(inc.decide_at, f.ts + self.config.settle_s)
+        inc.findings.append(f.id)
+        self.evidence.append(f)
+        if inc.decided_ts is not None and f.type in ("fail_stop", "hw_fault", "sdc_suspect") and weighty(f) \
+                and f.node not in inc.culprit_nodes:
+            self._decide(f.ts, out)  # a new culprit after the decision: decide again for it
+
+    def _open(self, f: Finding, cls: str) -> Timeline:
+        onset = _onset(f)
+        nodes = [f.node] if f.node else []
+        planned = self.guards.is_planned(nodes, f.ts) or (self.guards.is_planned([], f.ts))
+        wait = {"hang": self.config.hang_collect_s, "fail_slow": self.config.safety.failslow_hold_s}.get(
+            cls, self.config.settle_s)
+        inc = Timeline(id=stable_id("i", self.job, f.id), job=self.job, cls="planned" if planned else cls,
+                       onset_ts=onset, detected_ts=f.ts, planned=planned, decide_at=f.ts + wait)
+        self.incident = inc
+        self.evidence = []
+        return inc
+
+    def _collect_stacks(self, f: Finding, out: Outputs) -> None:
+        inc = self.incident
+        a = Action(id=stable_id("a", inc.id, "collect_stacks"), ts=f.ts, job=self.job, incident=inc.id,
+                   type="collect_stacks", nodes=[], path=None, evidence=[f.id],
+                   reason=f"no step progress for {f.evidence.get('threshold_s', '?')} s after step "
+                          f"{f.evidence.get('last_step', '?')}: sweep stacks and flight-recorder dumps")
+        inc.actions.append(a.id)
+        out.actions.append(a)
+        out.incidents.append(inc.record(f.ts, self.config.budgets))
+
+    def _decide(self, now: float, out: Outputs) -> None:
+        inc = self.incident
+        topo = self.topo
+        loc = localize(self.evidence, topo, self.config.confidence)
+        if inc.localized_ts is None and (loc.culprits or loc.group):
+            inc.localized_ts = now
+        situation = Situation(
+            cls=inc.cls, loc=loc, threshold=self.config.confidence,
+            spares_left=None if self.config.spares is None else self.config.spares - self.spares_used,
+            replace_cost_s=self.config.replace_cost_s, failslow_horizon_s=self.config.failslow_horizon_s,
+            slowdown_frac=max((f.evidence.get("slowdown_frac", 0.0) for f in self.evidence
+                               if f.type == "fail_slow" and f.node in loc.culprits), default=0.0),
+            software_ranks=tuple(f.rank for f in self.evidence if f.type == "fail_stop" and f.rank is not None
+                                 and f.evidence.get("cause") in ("exit", "exception", "oom")),
+            numeric_only=not loc.culprits and any(f.type == "sdc_suspect" for f in self.evidence),
+            summary=self._summary(),
+        )
+        already = set(inc.evicted_nodes)
+        decisions = [d for d in decide(situation) if not (d.nodes and set(d.nodes) <= already)]
+        decisions = self.guards.review(decisions, now, len(topo.nodes))
+        first = inc.decided_ts is None
+        if first:
+            inc.decided_ts = now
+            inc.stall_step = self.max_step
+        inc.culprit_nodes = sorted(set(inc.culprit_nodes) | set(loc.culprits) | set(loc.group_nodes))
+        for d in decisions:
+            self._act(d, now, loc.evidence or [f.id for f in self.evidence[:16]], out)
+        if first and inc.path in ("non_stop", None) and not any(d.type == "escalate" for d in decisions):
+            inc.recovered_ts = now  # kept running: nothing to recover from
+            self._close(now, out)
+            return
+        out.incidents.append(inc.record(now, self.config.budgets))
+
+    def _act(self, d: Decision, now: float, evidence: list[str], out: Outputs) -> None:
+        inc = self.incident
+        a = Action(id=stable_id("a", inc.id, d.type, *d.nodes), ts=round(now, 6), job=self.job, incident=inc.id,
+                   type=d.type, nodes=list(d.nodes), reason=d.reason, evidence=sorted(evidence), path=d.path)
+        if a.id in inc.actions:
+            return
+        inc.actions.append(a.id)
+        out.actions.append(a)
+        if inc.path is None or d.type != "escalate":
+            inc.path = d.path if inc.path in (None, "non_stop") or d.type in ("replace", "evict_group") else inc.path
+        if d.type in ("replace", "evict_group", "requeue", "isolate"):
+            new = [n for n in d.nodes if n not in inc.evicted_nodes]
+            inc.evicted_nodes = sorted(set(inc.evicted_nodes) | set(new))
+            for n in new:
+                self._profile(n).evicted(now)
+            if d.type != "requeue" and d.path == "hot":
+                self.spares_used += len(new)
+        if d.type == "degrade":
+            for n in d.nodes:
+                self.degraded[n] = now
+
+    def _close(self, ts: float, out: Outputs) -> None:
+        inc = self.incident
+        out.incidents.append(inc.record(ts, self.config.budgets))
+        self.incident = None
+        self.evidence = []
+
+    def _summary(self) -> str:
+        kinds: dict[str, int] = {}
+        for f in self.evidence:
+            label = f.type if f.type != "hw_fault" else f"{f.evidence.get('name', 'hw')}"
+            kinds[label] = kinds.get(label, 0) + 1
+        return ", ".join(f"{k} x{v}" if v > 1 else k for k, v in sorted(kinds.items())) or "no findings"
+
+    def _profile(self, node: str) -> NodeProfile:
+        p = self.profiles.get(node)
+        if p is None:
+            p = self.profiles[node] = NodeProfile(node)
+        return p
+
+    # --- state ---------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
-        return {"incident": to_dict(self.incident) if self.incident else None}
+        return {"incident": self.incident.to_dict() if self.incident else None,
+                "evidence": [to_dict(f) for f in self.evidence],
+                "profiles": {n: p.to_dict() for n, p in sorted(self.profiles.items())},
+                "guards": self.guards.to_dict(), "spares_used": self.spares_used, "max_step": self.max_step,
+                "degraded": dict(self.degraded)}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], config: TriageConfig, topo: Topology) -> "Triage":
         tri = cls(topo.job, config, topo)
-        tri.incident = decode_obj(state["incident"]) if state["incident"] else None
+        tri.incident = Timeline.from_dict(state["incident"]) if state["incident"] else None
+        tri.evidence = [decode_obj(f) for f in state["evidence"]]
+        tri.profiles = {n: NodeProfile.from_dict(p) for n, p in state["profiles"].items()}
+        tri.guards = Guards.from_dict(state["guards"], config.safety)
+        tri.spares_used = state["spares_used"]
+        tri.max_step = state["max_step"]
+        tri.degraded = dict(state["degraded"])
         return tri
 
 
-def _fields(inc: Incident) -> dict[str, Any]:
-    return {k: getattr(inc, k) for k in inc.__dataclass_fields__ if k != "kind"}
+def weighty(f: Finding) -> bool:
+    """A finding strong enough to name a new culprit after the incident was decided."""
+    if f.type == "hw_fault":
+        return f.evidence.get("severity") == "fatal"
+    if f.type == "fail_stop":
+        return f.evidence.get("cause") == "heartbeat"
+    return f.rank is not None
+
+
+def _numeric_fault(f: Finding) -> bool:
+    """Loss / grad-norm corroboration strong enough to be a fault: NaN / Inf or a 5x jump."""
+    ev = f.evidence
+    return bool(ev.get("nonfinite")) or (ev.get("ratio") or 0) >= 5.0
+
+
+def _onset(f: Finding) -> float:
+    ev = f.evidence
+    for key in ("last_seen_ts", "last_progress_ts", "first_ts", "onset_ts"):
+        if isinstance(ev.get(key), (int, float)):
+            return min(float(ev[key]), f.ts)
+    return f.ts

@@ -1,0 +1,326 @@
+"""Flight-recorder localization: who never reached the collective the others wait in.
+
+Every process group numbers its collectives (a per-group sequence id). In a
+hang, the ranks of a group that did reach collective W wait in it; a rank that
+never enqueued W (stuck in its data loader, in another group, in a driver call)
+or enqueued it but never started it (its GPU stream is stuck) is the suspect.
+For each process group of one snapshot, across the ranks that reported:
+
+- W, the group's frontier, is the highest sequence id that at least half of its
+  members enqueued; the group is stalled at W when some of them have not
+  completed it;
+- members whose `last_enqueued` is below W never enqueued it (``never_enqueued``);
+  failing that, members that enqueued W but whose known `last_started` is below
+  it while others started it never started it (``never_started``); suspects are
+  at most `max_suspect_fraction` of the group;
+- the op / size / dtype recorded at each sequence id must agree; a minority that
+  differs from a strict majority is reported (``op_mismatch``, ``size_mismatch``,
+  ``dtype_mismatch``);
+- a rank behind in one group because it is itself waiting in another stalled
+  group that has suspects of its own is a victim, not a root cause, and is not
+  reported (a TP-group hang leaves its ranks behind in their DP groups).
+
+`FlightDetector` collects `flight` records per snapshot and analyses a snapshot
+once every rank of the topology reported, or `window_s` after its first record.
+One ``stack_outlier`` finding (detector ``flight``) per suspect rank.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, ClassVar, Mapping
+
+from detectors.base import finding
+from detectors.topology import Topology
+from schemas import Finding, Flight, Record
+
+_REASON_ORDER = {"never_enqueued": 0, "never_started": 1, "op_mismatch": 2, "size_mismatch": 3, "dtype_mismatch": 4}
+_EVIDENCE_REASONS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class GroupView:
+    """One rank's view of one process group; -1 means unknown."""
+
+    desc: str | None
+    ranks: tuple[int, ...]
+    enqueued: int
+    started: int
+    completed: int
+
+
+@dataclass(frozen=True, slots=True)
+class RankView:
+    """What one rank's `flight` record says, reduced to what the analysis needs."""
+
+    has_groups: bool  # the record listed its groups: a group it does not list is one it never used
+    groups: dict[str, GroupView]
+    entries: dict[str, dict[int, tuple[str, int | None, str | None]]]  # pg -> seq -> (op, size, dtype)
+
+
+def rank_view(rec: Flight, entries_per_pg: int = 64) -> RankView:
+    """Reduce a `flight` record: per group the last enqueued / started / completed ids (the
+    larger of the group's counters and what its entries show) and its last `entries_per_pg`
+    collectives. Point-to-point entries (``"p2p": true``) are left out: their ids are per pair."""
+    ents: dict[str, dict[int, tuple[str, int | None, str | None]]] = {}
+    derived: dict[str, list[int]] = {}  # pg -> [enqueued, started, completed]
+    for e in rec.entries:
+        if e.extra.get("p2p"):
+            continue
+        ents.setdefault(e.pg, {})[e.seq] = (e.op, e.size, e.dtype)
+        d = derived.setdefault(e.pg, [-1, -1, -1])
+        d[0] = max(d[0], e.seq)
+        if e.state != "scheduled":
+            d[1] = max(d[1], e.seq)
+        if e.state == "completed":
+            d[2] = max(d[2], e.seq)
+    for pg, seqs in ents.items():
+        if len(seqs) > entries_per_pg:
+            ents[pg] = {s: seqs[s] for s in sorted(seqs)[-entries_per_pg:]}
+    groups: dict[str, GroupView] = {}
+    for g in rec.groups or ():
+        d = derived.get(g.pg, [-1, -1, -1])
+        groups[g.pg] = GroupView(g.desc, tuple(g.ranks), max(g.last_enqueued, d[0]), max(g.last_started, d[1]),
+                                 max(g.last_completed, d[2]))
+    for pg, d in derived.items():
+        if pg not in groups:
+            groups[pg] = GroupView(None, (), d[0], d[1], d[2])
+    return RankView(rec.groups is not None, groups, ents)
+
+
+@dataclass(frozen=True, slots=True)
+class Suspect:
+    """One reason to suspect one rank in one process group."""
+
+    rank: int
+    pg: str
+    desc: str | None
+    seq: int
+    reason: str
+    score: float
+    op: str | None = None
+    size: int | None = None
+    dtype: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def _majority(values: list[Any]) -> tuple[Any, int] | None:
+    """The value held by a strict majority of `values` (Nones ignored), with its count."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    (top, count), *_ = Counter(vals).most_common(1)
+    return (top, count) if count * 2 > len(vals) else None
+
+
+def localize(views: Mapping[int, RankView], *, max_suspect_fraction: float = 0.5) -> list[Suspect]:
+    """Root-cause suspects of one snapshot (rank -> its view), sorted by rank, reason, pg."""
+    behind: list[Suspect] = []
+    mismatched: list[Suspect] = []
+    stalled: dict[str, set[int]] = {}  # pg -> ranks waiting in its frontier collective
+    pgs = sorted({pg for v in views.values() for pg in v.groups})
+    for pg in pgs:
+        declared = sorted({r for v in views.values() if pg in v.groups for r in v.groups[pg].ranks})
+        members = declared or sorted(r for r, v in views.items() if pg in v.groups)
+        rows: list[tuple[int, GroupView]] = []
+        for r in members:
+            v = views.get(r)
+            if v is not None and pg in v.groups:
+                rows.append((r, v.groups[pg]))
+            elif v is not None and v.has_groups:
+                rows.append((r, GroupView(None, (), -1, -1, -1)))  # a member that never used the group
+        desc = next((g.desc for _, g in rows if g.desc), None)
+        found, waiting = _behind(pg, desc, rows, views, max_suspect_fraction)
+        if waiting:
+            stalled[pg] = waiting
+        behind += found
+        mismatched += _mismatches(pg, desc, [r for r, _ in rows], views)
+    suspects_in = Counter(s.pg for s in behind)
+    roots = []
+    for s in behind:
+        blocked_in = sorted(pg for pg, ranks in stalled.items()
+                            if pg != s.pg and s.rank in ranks and suspects_in[pg] > 0)
+        if not blocked_in:
+            roots.append(s)
+    if behind and not roots:  # everyone waits on everyone: keep them all, with less confidence
+        roots = [replace(s, score=round(s.score / 2, 4), detail={**s.detail, "cycle": True}) for s in behind]
+    out = roots + mismatched
+    return sorted(out, key=lambda s: (s.rank, _REASON_ORDER.get(s.reason, 9), s.pg, s.seq))
+
+
+def _behind(pg: str, desc: str | None, rows: list[tuple[int, GroupView]], views: Mapping[int, RankView],
+            max_fraction: float) -> tuple[list[Suspect], set[int]]:
+    n = len(rows)
+    if n < 2:
+        return [], set()
+    frontier = sorted((g.enqueued for _, g in rows), reverse=True)[(n + 1) // 2 - 1]
+    if frontier < 0:
+        return [], set()
+    ahead = [(r, g) for r, g in rows if g.enqueued >= frontier]
+    waiting = {r for r, g in ahead if g.completed < frontier}
+    if not waiting:
+        return [], set()
+    late = [(r, g) for r, g in rows if g.enqueued < frontier]
+    reason = "never_enqueued"
+    if not late:
+        started = [r for r, g in ahead if g.started >= frontier]
+        late = [(r, g) for r, g in ahead if 0 <= g.started < frontier and g.completed < frontier]
+        reason = "never_started"
+        if len(started) * 2 < n:
+            late = []
+    if not late or len(late) > max_fraction * n:
+        return [], waiting
+    seen = [views[r].entries.get(pg, {}).get(frontier) for r, _ in ahead]
+    op = _majority([x[0] for x in seen if x])
+    size = _majority([x[1] for x in seen if x])
+    dtype = _majority([x[2] for x in seen if x])
+    score = round(len(waiting) / n, 4)
+    out = [Suspect(r, pg, desc, frontier, reason, score, op and op[0], size and size[0], dtype and dtype[0],
+                   {"last_enqueued": g.enqueued, "last_started": g.started, "last_completed": g.completed,
+                    "group_size": n, "ranks_waiting": len(waiting)})
+           for r, g in late]
+    return out, waiting - {r for r, _ in late}
+
+
+def _mismatches(pg: str, desc: str | None, ranks: list[int], views: Mapping[int, RankView]) -> list[Suspect]:
+    by_seq: dict[int, dict[int, tuple[str, int | None, str | None]]] = {}
+    for r in ranks:
+        for seq, ent in views[r].entries.get(pg, {}).items() if r in views else ():
+            by_seq.setdefault(seq, {})[r] = ent
+    first: dict[tuple[int, str], Suspect] = {}
+    for seq in sorted(by_seq):
+        at = by_seq[seq]
+        if len(at) < 3:
+            continue
+        for i, attr in enumerate(("op", "size", "dtype")):
+            major = _majority([ent[i] for ent in at.values()])
+            if major is None:
+                continue
+            value, count = major
+            for r, ent in at.items():
+                if ent[i] is not None and ent[i] != value and (r, attr) not in first:
+                    first[(r, attr)] = Suspect(
+                        r, pg, desc, seq, f"{attr}_mismatch", round(count / len(at), 4), ent[0], ent[1], ent[2],
+                        {"expected": value, "got": ent[i], "ranks_agreeing": count, "ranks_compared": len(at)})
+    return list(first.values())
+
+
+# --- detector ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FlightConfig:
+    window_s: float = 30.0  # analyse a partial snapshot this long after its first record
+    max_suspect_fraction: float = 0.5  # more ranks behind than this share: no verdict for the group
+    min_ranks: int = 2  # fewer dumps than this: nothing to compare
+    entries_per_pg: int = 64  # recent collectives kept per rank and group
+    max_pending: int = 16  # snapshots collected at once; beyond, the oldest is analysed early
+    remember_done: int = 256  # analysed snapshot ids remembered, to drop their late records
+
+
+@dataclass
+class _Snapshot:
+    first_ts: float
+    last_ts: float
+    views: dict[int, RankView]
+
+
+class FlightDetector:
+    """Ranks that hold up a process group, from flight-recorder sweeps of one job."""
+
+    name: ClassVar[str] = "flight"
+    kinds: ClassVar[frozenset[str]] = frozenset({"flight"})
+
+    def __init__(self, topo: Topology, config: FlightConfig | None = None) -> None:
+        self.config = config or FlightConfig()
+        self.topo = topo
+        self.pending: dict[str, _Snapshot] = {}
+        self.done: deque[str] = deque(maxlen=self.config.remember_done)
+
+    def set_topology(self, topo: Topology) -> None:
+        self.topo = topo
+        for snap in self.pending.values():
+            snap.views = {r: v for r, v in snap.views.items() if r < topo.size}
+
+    def observe(self, rec: Record) -> list[Finding]:
+        if rec.kind != "flight" or rec.rank >= self.topo.size or rec.snapshot in self.done:
+            return []
+        snap = self.pending.get(rec.snapshot)
+        if snap is None:
+            snap = self.pending[rec.snapshot] = _Snapshot(rec.ts, rec.ts, {})
+        elif rec.ts > snap.first_ts + self.config.window_s:
+            return []  # late: the window closed (advance may not have run yet)
+        snap.views[rec.rank] = rank_view(rec, self.config.entries_per_pg)
+        snap.last_ts = max(snap.last_ts, rec.ts)
+        out: list[Finding] = []
+        if len(snap.views) >= self.topo.size:
+            out += self._close(rec.snapshot, snap.last_ts)
+        while len(self.pending) > self.config.max_pending:
+            sid = min(self.pending, key=lambda s: (self.pending[s].first_ts, s))
+            out += self._close(sid, self.pending[sid].last_ts)
+        return out
+
+    def advance(self, now: float) -> list[Finding]:
+        window = self.config.window_s
+        due = sorted((s.first_ts + window, sid) for sid, s in self.pending.items() if s.first_ts + window <= now)
+        out: list[Finding] = []
+        for deadline, sid in due:
+            out += self._close(sid, deadline)
+        return out
+
+    def _close(self, sid: str, ts: float) -> list[Finding]:
+        snap = self.pending.pop(sid)
+        self.done.append(sid)
+        return self.analyse(sid, snap.views, ts)
+
+    def analyse(self, snapshot: str, views: Mapping[int, RankView], ts: float) -> list[Finding]:
+        """Findings for one snapshot (rank -> view), stamped `ts`: one per suspect rank."""
+        if len(views) < self.config.min_ranks:
+            return []
+        by_rank: dict[int, list[Suspect]] = {}
+        for s in localize(views, max_suspect_fraction=self.config.max_suspect_fraction):
+            by_rank.setdefault(s.rank, []).append(s)
+        out = []
+        for rank, reasons in sorted(by_rank.items()):
+            top = reasons[0]
+            evidence = {"snapshot": snapshot, "pg": top.pg, "desc": top.desc, "seq": top.seq, "op": top.op,
+                        "reason": top.reason, "size": top.size, "dtype": top.dtype, **top.detail,
+                        "ranks_reported": len(views),
+                        "reasons": [{"pg": s.pg, "seq": s.seq, "op": s.op, "reason": s.reason}
+                                    for s in reasons[:_EVIDENCE_REASONS]]}
+            out.append(finding(
+                ts=ts, job=self.topo.job, type="stack_outlier", detector="flight", topo=self.topo,
+                rank=rank if rank < self.topo.size else None, key=(snapshot, rank),
+                score=max(s.score for s in reasons), evidence=evidence,
+            ))
+        return out
+
+    # --- state ---------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        return {"config": asdict(self.config), "done": list(self.done),
+                "pending": {sid: {"first_ts": s.first_ts, "last_ts": s.last_ts,
+                                  "views": [[r, _view_state(v)] for r, v in sorted(s.views.items())]}
+                            for sid, s in self.pending.items()}}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], topo: Topology) -> "FlightDetector":
+        det = cls(topo, FlightConfig(**state["config"]))
+        for sid, s in state["pending"].items():
+            views = {int(r): _view_from_state(v) for r, v in s["views"]}
+            det.pending[sid] = _Snapshot(float(s["first_ts"]), float(s["last_ts"]), views)
+        det.done.extend(state["done"])
+        return det
+
+
+def _view_state(v: RankView) -> dict[str, Any]:
+    return {"has_groups": v.has_groups,
+            "groups": {pg: [g.desc, list(g.ranks), g.enqueued, g.started, g.completed] for pg, g in v.groups.items()},
+            "entries": {pg: [[seq, *ent] for seq, ent in ents.items()] for pg, ents in v.entries.items()}}
+
+
+def _view_from_state(s: dict[str, Any]) -> RankView:
+    groups = {pg: GroupView(d, tuple(ranks), e, st, c) for pg, (d, ranks, e, st, c) in s["groups"].items()}
+    entries = {pg: {seq: (op, size, dtype) for seq, op, size, dtype in ents} for pg, ents in s["entries"].items()}
+    return RankView(bool(s["has_groups"]), groups, entries)

@@ -1,0 +1,113 @@
+"""Hang: heartbeats alive but no step progress for longer than the job's own rhythm allows.
+
+The stall threshold comes from the job's step-time baseline, not a fixed ten
+minutes: `max(min_stall_s, stall_factor x median step interval, spike_factor x
+longest recent step)`, so checkpoint saves (long but finishing steps) do not
+look like a hang while a 1 s/step job is declared hung within tens of seconds.
+
+The finding names no culprit (every rank looks the same from outside); it
+lists the ranks lagging behind the newest step when they are a small minority,
+as a hint. Triage answers a hang with a stack and flight-recorder sweep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from detectors.base import finding
+from detectors.topology import Topology
+from schemas import Finding, Record
+
+
+@dataclass(frozen=True)
+class HangConfig:
+    min_stall_s: float = 20.0
+    stall_factor: float = 10.0  # x the median step interval
+    spike_factor: float = 1.5  # x the longest step interval in the recent window
+    window: int = 64  # recent step intervals kept
+    warmup_steps: int = 5  # first intervals are not part of the baseline
+    max_lagging_frac: float = 0.1  # lagging ranks are reported only when they are this small a minority
+
+
+class HangDetector:
+    """Job-wide step progress of one job."""
+
+    name: ClassVar[str] = "hang"
+    kinds: ClassVar[frozenset[str]] = frozenset({"step"})
+
+    def __init__(self, topo: Topology, config: HangConfig | None = None) -> None:
+        self.config = config or HangConfig()
+        self._reset(topo)
+
+    def _reset(self, topo: Topology) -> None:
+        self.topo = topo
+        self.last_step = np.full(topo.size, -1, dtype=np.int64)
+        self.max_step = -1
+        self.progress_ts = topo.ts  # when the newest step was first seen
+        self.intervals: list[float] = []
+        self.seen_intervals = 0
+        self.reported = False
+
+    def set_topology(self, topo: Topology) -> None:
+        self._reset(topo)
+
+    def observe(self, rec: Record) -> list[Finding]:
+        if rec.rank >= self.topo.size:
+            return []
+        if rec.step > self.last_step[rec.rank]:
+            self.last_step[rec.rank] = rec.step
+        if rec.step > self.max_step:
+            if self.max_step >= 0 and rec.ts > self.progress_ts:
+                self.seen_intervals += 1
+                if self.seen_intervals > self.config.warmup_steps:
+                    gap = (rec.ts - self.progress_ts) / (rec.step - self.max_step)
+                    self.intervals = [*self.intervals[-(self.config.window - 1):], round(gap, 6)]
+            self.max_step = rec.step
+            self.progress_ts = max(self.progress_ts, rec.ts)
+            self.reported = False
+        return []
+
+    def threshold_s(self) -> float:
+        """Seconds without progress that count as a hang, from the job's recent rhythm."""
+        cfg = self.config
+        if not self.intervals:
+            return cfg.min_stall_s * 3  # no baseline yet: be patient
+        return max(cfg.min_stall_s, cfg.stall_factor * float(np.median(self.intervals)),
+                   cfg.spike_factor * max(self.intervals))
+
+    def advance(self, now: float) -> list[Finding]:
+        if self.reported or self.max_step < 0:
+            return []
+        threshold = self.threshold_s()
+        if now < self.progress_ts + threshold:
+            return []
+        self.reported = True
+        lagging = np.flatnonzero(self.last_step < self.max_step)
+        hint = lagging.tolist() if 0 < len(lagging) <= self.config.max_lagging_frac * self.topo.size else []
+        return [finding(
+            ts=self.progress_ts + threshold, job=self.topo.job, type="hang", detector="hang.progress",
+            key=(self.max_step, self.progress_ts), score=1.0,
+            evidence={"last_step": int(self.max_step), "last_progress_ts": round(self.progress_ts, 6),
+                      "threshold_s": round(threshold, 3),
+                      "baseline_s": round(float(np.median(self.intervals)), 6) if self.intervals else None,
+                      "lagging_ranks": hint},
+        )]
+
+    def state(self) -> dict[str, Any]:
+        return {"config": asdict(self.config), "last_step": self.last_step.tolist(), "max_step": self.max_step,
+                "progress_ts": self.progress_ts, "intervals": list(self.intervals),
+                "seen_intervals": self.seen_intervals, "reported": self.reported}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], topo: Topology) -> "HangDetector":
+        det = cls(topo, HangConfig(**state["config"]))
+        det.last_step = np.asarray(state["last_step"], dtype=np.int64)
+        det.max_step = state["max_step"]
+        det.progress_ts = state["progress_ts"]
+        det.intervals = list(state["intervals"])
+        det.seen_intervals = state["seen_intervals"]
+        det.reported = state["reported"]
+        return det

@@ -1,0 +1,214 @@
+"""Hardware and OS events of a job's nodes: kernel-log `hw` records and NVML `gpu` samples.
+
+Each event gets a severity that tells triage how much it weighs:
+
+- `fatal`     a verdict on its own (fatal hardware Xid, uncorrectable ECC, NIC down for good,
+              uncorrected PCIe error): the node is the culprit of a fail-stop.
+- `degraded`  the GPU runs but slower or unsafely (thermal/power throttling, pending row
+              remap): corroborates a straggler on that GPU.
+- `evidence`  application-side Xids (13, 31, 43, 45) and other non-fatal codes: support for
+              localizing a hang or crash to the node, never a verdict.
+- `precursor` raises the node's risk only (correctable-ECC bursts, a NIC flap that
+              recovered, corrected PCIe errors, high temperature, link CRC surges).
+
+Storms: copies of one (node, gpu, source, code) are collected for `storm_window_s`
+and reported as one finding with a count; copies keep being absorbed until the
+storm has been quiet for `quiet_s`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+from detectors.base import finding
+from detectors.topology import Topology
+from detectors.xid import is_verdict, lookup
+from schemas import Finding, Gpu, Hw, Record
+
+_THROTTLE_DEGRADED = frozenset({"hw_thermal", "sw_thermal", "hw_slowdown", "hw_power_brake", "power_brake"})
+
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    storm_window_s: float = 2.0  # collect copies of one event this long before reporting it
+    quiet_s: float = 60.0  # a storm ends after this much silence
+    nic_flap_s: float = 30.0  # a NIC link down that comes back within this is a flap, else fatal
+    temp_precursor_c: float = 87.0
+    sbe_burst: int = 100  # correctable ECC errors between two samples
+    pcie_replay_surge: int = 100
+    nvlink_crc_surge: int = 100
+    clean_samples: int = 3  # samples without the condition before a GPU condition re-arms
+
+
+class HardwareDetector:
+    """Kernel-log events and NVML samples of the nodes of one job."""
+
+    name: ClassVar[str] = "hardware"
+    kinds: ClassVar[frozenset[str]] = frozenset({"hw", "gpu"})
+
+    def __init__(self, topo: Topology, config: HardwareConfig | None = None) -> None:
+        self.config = config or HardwareConfig()
+        self.topo = topo
+        # key "node|gpu|source|code" -> open storm {first, last, count, severity, message, reported}
+        self.storms: dict[str, dict[str, Any]] = {}
+        self.nic_down: dict[str, dict[str, Any]] = {}  # "node|iface" -> {ts, message}
+        self.gpu_last: dict[str, dict[str, Any]] = {}  # "node|gpu" -> last counters + active conditions
+
+    def set_topology(self, topo: Topology) -> None:
+        self.topo = topo
+
+    # --- observe ----------------------------------------------------------------
+
+    def observe(self, rec: Record) -> list[Finding]:
+        return self._hw(rec) if rec.kind == "hw" else self._gpu(rec)
+
+    def _hw(self, rec: Hw) -> list[Finding]:
+        if rec.source == "nic":
+            return self._nic(rec)
+        severity, name = self._severity(rec)
+        if severity is None:
+            return []
+        self._count(rec.ts, rec.node, rec.gpu, rec.source, rec.code, severity, name, rec.message)
+        return []
+
+    def _severity(self, rec: Hw) -> tuple[str | None, str]:
+        msg = rec.message.lower()
+        if rec.source == "xid" and rec.code is not None:
+            info = lookup(rec.code)
+            if is_verdict(rec.code):
+                return "fatal", info.name
+            if info.category == "other":
+                return None, info.name
+            return "evidence", info.name
+        if rec.source == "ecc":
+            fatal = any(w in msg for w in ("dbe", "double bit", "uncorrectable", "uncorrected"))
+            return ("fatal" if fatal else "precursor"), "ECC"
+        if rec.source == "pcie":
+            return ("fatal" if "uncorrected" in msg or "fatal" in msg else "precursor"), "PCIE_AER"
+        if rec.source == "nvlink":
+            return "evidence", "NVLINK"
+        if rec.source == "thermal":
+            return "degraded", "THERMAL"
+        if rec.source in ("kernel", "bmc"):
+            return "evidence", rec.source.upper()
+        return None, ""
+
+    def _nic(self, rec: Hw) -> list[Finding]:
+        iface = str(rec.extra.get("iface", "")) or _iface(rec.message)
+        key = f"{rec.node}|{iface}"
+        up = rec.extra.get("link_up")
+        if up is None:
+            up = "up" in rec.message.lower().split("link", 1)[-1][:12]
+        if not up:
+            self.nic_down.setdefault(key, {"ts": rec.ts, "message": rec.message})
+            return []
+        down = self.nic_down.pop(key, None)
+        if down is None:
+            return []
+        return [self._finding(rec.ts, rec.node, None, "nic", None, "precursor", "NIC_FLAP", 1, down["message"],
+                              key=(key, down["ts"]), extra={"down_s": round(rec.ts - down["ts"], 3)})]
+
+    def _gpu(self, rec: Gpu) -> list[Finding]:
+        cfg = self.config
+        key = f"{rec.node}|{rec.gpu}"
+        last = self.gpu_last.setdefault(key, {"active": {}, "counters": {}})
+        conditions: dict[str, tuple[str, str]] = {}
+        throttle = sorted(set(rec.throttle or ()) & _THROTTLE_DEGRADED)
+        if throttle:
+            conditions["throttle"] = ("degraded", "THROTTLE:" + ",".join(throttle))
+        if rec.remap_pending:
+            conditions["remap"] = ("degraded", "ROW_REMAP_PENDING")
+        if rec.temp_c is not None and rec.temp_c >= cfg.temp_precursor_c:
+            conditions["temp"] = ("precursor", "HIGH_TEMPERATURE")
+        counters = last["counters"]
+        for field, limit, sev, name in (("ecc_dbe", 1, "fatal", "ECC_DBE"), ("ecc_sbe", cfg.sbe_burst, "precursor",
+                                        "ECC_SBE_BURST"), ("pcie_replay", cfg.pcie_replay_surge, "precursor",
+                                        "PCIE_REPLAY_SURGE"), ("nvlink_crc", cfg.nvlink_crc_surge, "precursor",
+                                        "NVLINK_CRC_SURGE")):
+            value = getattr(rec, field)
+            if value is None:
+                continue
+            prev = counters.get(field)
+            counters[field] = value
+            if prev is not None and value - prev >= limit:
+                conditions[field] = (sev, name)
+        out = []
+        active = last["active"]
+        for cond, (sev, name) in conditions.items():
+            if cond not in active:
+                out.append(self._finding(rec.ts, rec.node, rec.gpu, "nvml", None, sev, name, 1, "",
+                                         key=(key, cond, rec.ts), extra={"temp_c": rec.temp_c,
+                                                                          "sm_clock_mhz": rec.sm_clock_mhz}))
+            active[cond] = 0
+        for cond in list(active):
+            if cond not in conditions:
+                active[cond] += 1
+                if active[cond] >= cfg.clean_samples:
+                    del active[cond]
+        return out
+
+    # --- storms -------------------------------------------------------------------
+
+    def _count(self, ts: float, node: str, gpu: int | None, source: str, code: int | None, severity: str, name: str,
+               message: str) -> None:
+        key = f"{node}|{gpu}|{source}|{code}"
+        storm = self.storms.get(key)
+        if storm is None or ts - storm["last"] > self.config.quiet_s:
+            self.storms[key] = {"first": ts, "last": ts, "count": 1, "severity": severity, "name": name,
+                                "message": message[:500], "reported": False}
+        else:
+            storm["last"] = max(storm["last"], ts)
+            storm["count"] += 1
+
+    def advance(self, now: float) -> list[Finding]:
+        cfg = self.config
+        out = []
+        for key in sorted(self.storms):
+            s = self.storms[key]
+            if not s["reported"] and now >= s["first"] + cfg.storm_window_s:
+                s["reported"] = True
+                node, gpu, source, code = key.split("|")
+                out.append(self._finding(s["first"] + cfg.storm_window_s, node, None if gpu == "None" else int(gpu),
+                                         source, None if code == "None" else int(code), s["severity"], s["name"],
+                                         s["count"], s["message"], key=(key, s["first"])))
+            elif s["reported"] and now - s["last"] > cfg.quiet_s:
+                del self.storms[key]
+        for key in sorted(self.nic_down):
+            down = self.nic_down[key]
+            if now >= down["ts"] + cfg.nic_flap_s and not down.get("reported"):
+                down["reported"] = True
+                node = key.split("|")[0]
+                out.append(self._finding(down["ts"] + cfg.nic_flap_s, node, None, "nic", None, "fatal", "NIC_DOWN", 1,
+                                         down["message"], key=(key, down["ts"])))
+        return out
+
+    def _finding(self, ts: float, node: str, gpu: int | None, source: str, code: int | None, severity: str,
+                 name: str, count: int, message: str, *, key: object, extra: dict | None = None) -> Finding:
+        rank = self.topo.rank_on(node, gpu) if gpu is not None else None
+        score = {"fatal": 1.0, "degraded": 0.6, "evidence": 0.3, "precursor": 0.1}[severity]
+        evidence = {"severity": severity, "source": source, "code": code, "name": name, "count": count,
+                    "message": message[:500], **(extra or {})}
+        return finding(ts=ts, job=self.topo.job, type="hw_fault", detector=f"hardware.{source}", key=key,
+                       topo=self.topo, rank=rank, node=node, gpu=gpu, score=score, evidence=evidence)
+
+    # --- state --------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        return {"config": asdict(self.config), "storms": self.storms, "nic_down": self.nic_down,
+                "gpu_last": self.gpu_last}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], topo: Topology) -> "HardwareDetector":
+        det = cls(topo, HardwareConfig(**state["config"]))
+        det.storms = copy.deepcopy(state["storms"])
+        det.nic_down = copy.deepcopy(state["nic_down"])
+        det.gpu_last = copy.deepcopy(state["gpu_last"])
+        return det
+
+
+def _iface(message: str) -> str:
+    """The interface a NIC line is about: the first token before a colon (e.g. `eth0`, `mlx5_0`)."""
+    head = message.split(":", 1)[0].strip().split()
+    return head[-1] if head else ""

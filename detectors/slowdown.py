@@ -1,0 +1,479 @@
+"""Job-wide slowdown, and the per-step buffer every step-scoring detector shares.
+
+`JobSlowdownDetector` answers "is the whole job slower than it usually is?".
+It keeps a robust baseline of the job's step time (per step: the median of
+`step_s` over ranks; baseline: the median of the last `history` normal steps,
+warm-up excluded) and reports one `job_slowdown` finding per episode when the
+job's step time stays at or above `factor` x baseline for `min_steps` steps.
+Nobody is guilty when everybody is slow, so the finding names no rank and no
+node. `baseline_s()` is the current baseline, for a hang detector's stall
+threshold.
+
+`StepBuffer` (used by this module, `detectors.failslow` and `detectors.sdc`)
+collects the per-rank records of each training step into numpy arrays and
+hands a step over (`Closed`) once it is complete, once most ranks are `lag`
+steps further on, once more than `max_open` steps are open, or `lateness_s`
+of event time after its first record (`expire`). `StepColumns` is the batch
+path: a list of records turned into columns once and shared by detectors;
+feeding a batch gives exactly what feeding its records one by one gives.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from operator import attrgetter
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from detectors.base import finding
+from detectors.topology import Topology
+from schemas import Finding, Record
+
+_NONFINITE_NAMES = {"NaN", "Infinity", "-Infinity"}
+_BATCH_MIN_RUN = 16  # shorter runs of one step go through the per-record path (cheaper, same result)
+
+
+@dataclass(frozen=True)
+class BufferConfig:
+    lag: int = 2  # close step s once most ranks have reported step s + lag
+    close_frac: float = 0.5  # "most ranks": this fraction of the job
+    max_open: int = 8  # steps buffered at once; opening one more closes the oldest
+    lateness_s: float = 10.0  # event seconds after its first record that a step closes regardless
+
+
+def finite_or_none(x: float) -> float | None:
+    """A float for evidence/state: rounded, None when not finite."""
+    return round(float(x), 6) if math.isfinite(x) else None
+
+
+def encode_floats(a: np.ndarray, present: np.ndarray | None = None) -> list[Any]:
+    """JSON-safe list: missing -> None; with `present`, non-finite values -> "NaN"/"Infinity"/"-Infinity"."""
+    out = a.tolist()
+    bad = np.flatnonzero(~np.isfinite(a))
+    for i in bad.tolist():
+        v = out[i]
+        out[i] = None if present is None or not present[i] else (
+            "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity"))
+    return out
+
+
+def decode_floats(xs: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of `encode_floats`: (values, present)."""
+    present = np.array([x is not None for x in xs], dtype=bool)
+    vals = np.array([math.nan if x is None else float(x) for x in xs], dtype=np.float64)
+    return vals, present
+
+
+# --- columns: the batch path --------------------------------------------------------------------
+
+
+class StepColumns:
+    """`step` records as columns; fields are extracted lazily, once, and shared by detectors."""
+
+    def __init__(self, recs: Sequence[Record]) -> None:
+        self.recs = [r for r in recs if r.kind == "step"]
+        self.ts = np.array([r.ts for r in self.recs], dtype=np.float64)
+        self.step = np.array([r.step for r in self.recs], dtype=np.int64)
+        self.rank = np.array([r.rank for r in self.recs], dtype=np.int64)
+        self._floats: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._objects: dict[str, list[Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self.recs)
+
+    def floats(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(values, present) of a numeric field; a missing value is NaN and not present."""
+        if name not in self._floats:
+            raw = [getattr(r, name) for r in self.recs]
+            present = np.array([v is not None for v in raw], dtype=bool)
+            self._floats[name] = (np.array(raw, dtype=np.float64), present)
+        return self._floats[name]
+
+    def objects(self, name: str) -> list[Any]:
+        if name not in self._objects:
+            self._objects[name] = [getattr(r, name) for r in self.recs]
+        return self._objects[name]
+
+
+# --- the step buffer ----------------------------------------------------------------------------
+
+
+@dataclass
+class Closed:
+    """One step handed over for scoring: per-rank arrays (index = rank)."""
+
+    step: int
+    ts: float  # event time at which the step closed
+    epoch: int  # bumped by a rewind (the job went back to an earlier step)
+    seen: np.ndarray
+    vals: dict[str, np.ndarray] = field(default_factory=dict)  # "f"/"nf" fields; NaN where missing
+    present: dict[str, np.ndarray] = field(default_factory=dict)  # "nf" fields: a value was reported
+    codes: dict[str, np.ndarray] = field(default_factory=dict)  # "c" fields: index into vocab, -1 missing
+    vocab: dict[str, list[str]] = field(default_factory=dict)
+
+
+class _Slot:
+    __slots__ = ("step", "first_ts", "count", "seen", "vals", "present", "codes", "vocab", "index")
+
+    def __init__(self, step: int, first_ts: float, size: int, fields: dict[str, str]) -> None:
+        self.step, self.first_ts, self.count = step, first_ts, 0
+        self.seen = np.zeros(size, dtype=bool)
+        self.vals = {n: np.full(size, np.nan) for n, k in fields.items() if k != "c"}
+        self.present = {n: np.zeros(size, dtype=bool) for n, k in fields.items() if k == "nf"}
+        self.codes = {n: np.full(size, -1, dtype=np.int32) for n, k in fields.items() if k == "c"}
+        self.vocab: dict[str, list[str]] = {n: [] for n in self.codes}
+        self.index: dict[str, dict[str, int]] = {n: {} for n in self.codes}
+
+    def code(self, name: str, v: str) -> int:
+        idx = self.index[name]
+        c = idx.get(v)
+        if c is None:
+            c = idx[v] = len(self.vocab[name])
+            self.vocab[name].append(v)
+        return c
+
+
+class StepBuffer:
+    """Per-step arrays of selected `step` fields until each step can be scored.
+
+    `fields` maps a Step attribute to its kind: "f" (float, None -> NaN), "nf"
+    (float that may be NaN/Inf on purpose; kept apart from "missing") or "c"
+    (a string such as a digest, stored as codes into a per-step vocabulary).
+    A record for a step already closed is dropped; if most ranks send records
+    for a step far behind (more than `max_open` steps), the job was rewound
+    (restarted from a checkpoint): open steps are discarded and `epoch` bumps.
+    """
+
+    def __init__(self, size: int, fields: dict[str, str], config: BufferConfig | None = None) -> None:
+        self.size, self.fields, self.config = size, dict(fields), config or BufferConfig()
+        self.names = tuple(self.fields)
+        self._get = attrgetter(*self.names)
+        self.need = max(1, math.ceil(self.config.close_frac * size))
+        self.open: dict[int, _Slot] = {}
+        self.closed_upto: int | None = None
+        self.epoch = 0
+        self.dropped = 0
+        self.votes: dict[int, int] = {}
+
+    # --- one record ---
+
+    def _row(self, rec: Record) -> tuple[Any, ...]:
+        row = self._get(rec)
+        return row if len(self.names) > 1 else (row,)
+
+    def add_record(self, rec: Record) -> list[Closed]:
+        return self.add(rec.step, rec.rank, rec.ts, self._row(rec))
+
+    def add(self, step: int, rank: int, ts: float, row: tuple[Any, ...]) -> list[Closed]:
+        """Buffer one rank's values of one step (aligned with `fields`); return the steps this closed."""
+        out: list[Closed] = []
+        if rank >= self.size:
+            self.dropped += 1
+            return out
+        if self.closed_upto is not None and step <= self.closed_upto:
+            self._late(step)
+            return out
+        slot = self.open.get(step)
+        if slot is None:
+            if len(self.open) >= self.config.max_open:
+                out += self._close_through(min(self.open), ts)
+                if step <= self.closed_upto:  # type: ignore[operator]
+                    self._late(step)
+                    return out
+            slot = self.open[step] = _Slot(step, ts, self.size, self.fields)
+        if slot.seen[rank]:
+            self.dropped += 1
+            return out
+        slot.seen[rank] = True
+        for name, v in zip(self.names, row):
+            kind = self.fields[name]
+            if kind == "c":
+                if v is not None:
+                    slot.codes[name][rank] = slot.code(name, v)
+            elif v is not None:
+                slot.vals[name][rank] = v
+                if kind == "nf":
+                    slot.present[name][rank] = True
+        slot.count += 1
+        if slot.count == self.need:
+            out += self._close_through(step - self.config.lag, ts)
+        if slot.count == self.size:
+            out += self._close_through(step, ts)
+        return out
+
+    def _late(self, step: int) -> None:
+        self.dropped += 1
+        if self.closed_upto is None or self.closed_upto - step <= self.config.max_open:
+            return
+        n = self.votes[step] = self.votes.get(step, 0) + 1
+        if len(self.votes) > 64:
+            self.votes = {step: n}
+        if n >= self.need:  # most ranks are back at an earlier step: a rewind
+            self.open.clear()
+            self.votes.clear()
+            self.closed_upto = step
+            self.epoch += 1
+
+    def _close_through(self, target: int, ts: float) -> list[Closed]:
+        if self.closed_upto is None or target > self.closed_upto:
+            self.closed_upto = target
+        out = []
+        for s in sorted(s for s in self.open if s <= target):
+            sl = self.open.pop(s)
+            out.append(Closed(s, ts, self.epoch, sl.seen, sl.vals, sl.present, sl.codes, sl.vocab))
+        return out
+
+    # --- a batch ---
+
+    def add_columns(self, cols: StepColumns) -> list[Closed]:
+        """Buffer a batch; the same result as `add` for each record in order, vectorized per run of a step."""
+        out: list[Closed] = []
+        n = len(cols)
+        if n == 0:
+            return out
+        steps, ranks, ts = cols.step, cols.rank, cols.ts
+        cuts = np.flatnonzero(steps[1:] != steps[:-1]) + 1
+        bounds = zip([0, *cuts.tolist()], [*cuts.tolist(), n])
+        cached = {name: (cols.objects(name) if k == "c" else cols.floats(name)) for name, k in self.fields.items()}
+        for a, e in bounds:
+            s = int(steps[a])
+            late = self.closed_upto is not None and s <= self.closed_upto
+            crowded = s not in self.open and len(self.open) >= self.config.max_open
+            if late or crowded or e - a < _BATCH_MIN_RUN:
+                for i in range(a, e):
+                    out += self.add(s, int(ranks[i]), float(ts[i]), self._row(cols.recs[i]))
+                continue
+            out += self._add_run(s, a, e, ranks, ts, cached)
+        return out
+
+    def _add_run(self, s: int, a: int, e: int, ranks: np.ndarray, ts: np.ndarray,
+                 cached: dict[str, Any]) -> list[Closed]:
+        r = ranks[a:e]
+        pos = np.flatnonzero(r < self.size)
+        if pos.size == 0:
+            self.dropped += e - a
+            return []
+        slot = self.open.get(s)
+        if slot is None:
+            slot = self.open[s] = _Slot(s, float(ts[a + pos[0]]), self.size, self.fields)
+        uniq, first = np.unique(r[pos], return_index=True)
+        firstpos = pos[first]
+        fresh = ~slot.seen[uniq]
+        new_r, new_p = uniq[fresh], firstpos[fresh]
+        order = np.argsort(new_p, kind="stable")
+        new_r, new_p = new_r[order], new_p[order]
+        self.dropped += (e - a) - new_r.size
+        src = a + new_p
+        slot.seen[new_r] = True
+        for name, kind in self.fields.items():
+            if kind == "c":
+                col, codes = cached[name], slot.codes[name]
+                for rk, i in zip(new_r.tolist(), src.tolist()):
+                    v = col[i]
+                    if v is not None:
+                        codes[rk] = slot.code(name, v)
+            else:
+                vals, present = cached[name]
+                slot.vals[name][new_r] = vals[src]
+                if kind == "nf":
+                    slot.present[name][new_r] = present[src]
+        out: list[Closed] = []
+        c0, c1 = slot.count, slot.count + new_r.size
+        slot.count = c1
+        if c0 < self.need <= c1:
+            out += self._close_through(s - self.config.lag, float(ts[src[self.need - c0 - 1]]))
+        if c0 < self.size == c1:
+            out += self._close_through(s, float(ts[src[self.size - c0 - 1]]))
+        return out
+
+    # --- time ---
+
+    def expire(self, now: float) -> list[Closed]:
+        """Close, oldest first, steps whose first record is `lateness_s` old (and all before them)."""
+        out: list[Closed] = []
+        deadline = -math.inf
+        for s in sorted(self.open):
+            deadline = max(deadline, self.open[s].first_ts + self.config.lateness_s)
+            if deadline > now:
+                break
+            out += self._close_through(s, deadline)
+        return out
+
+    # --- state ---
+
+    def state(self) -> dict[str, Any]:
+        slots = []
+        for s in sorted(self.open):
+            sl = self.open[s]
+            rk = np.flatnonzero(sl.seen)
+            d: dict[str, Any] = {"step": s, "first_ts": sl.first_ts, "count": sl.count, "ranks": rk.tolist()}
+            for name, kind in self.fields.items():
+                if kind == "c":
+                    d[name] = {"vocab": list(sl.vocab[name]), "codes": sl.codes[name][rk].tolist()}
+                else:
+                    d[name] = encode_floats(sl.vals[name][rk], sl.present[name][rk] if kind == "nf" else None)
+            slots.append(d)
+        return {"size": self.size, "closed_upto": self.closed_upto, "epoch": self.epoch, "dropped": self.dropped,
+                "votes": [[k, v] for k, v in self.votes.items()], "open": slots}
+
+    def load(self, st: dict[str, Any]) -> None:
+        """Restore `state()` into this (empty) buffer of the same size and fields."""
+        self.closed_upto, self.epoch, self.dropped = st["closed_upto"], st["epoch"], st["dropped"]
+        self.votes = {int(k): int(v) for k, v in st["votes"]}
+        for d in st["open"]:
+            sl = _Slot(int(d["step"]), float(d["first_ts"]), self.size, self.fields)
+            rk = np.asarray(d["ranks"], dtype=np.int64)
+            sl.count = int(d["count"])
+            sl.seen[rk] = True
+            for name, kind in self.fields.items():
+                if kind == "c":
+                    for v in d[name]["vocab"]:
+                        sl.code(name, v)
+                    sl.codes[name][rk] = np.asarray(d[name]["codes"], dtype=np.int32)
+                else:
+                    vals, present = decode_floats(d[name])
+                    sl.vals[name][rk] = vals
+                    if kind == "nf":
+                        sl.present[name][rk] = present
+            self.open[sl.step] = sl
+
+
+# --- the job-slowdown detector ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SlowdownConfig:
+    factor: float = 1.5  # job step time / baseline at or above which a step is slow
+    min_steps: int = 3  # consecutive slow steps before a finding (one checkpoint step is not an episode)
+    rearm_steps: int = 5  # consecutive normal steps that end an episode
+    history: int = 50  # the baseline is the median of this many recent normal job step times
+    min_history: int = 5  # normal steps needed before there is a baseline
+    warmup_steps: int = 10  # steps after a (re)start that are ignored (compilation, cold caches)
+    rebaseline_steps: int = 300  # a slowdown this long is the new normal: the baseline restarts from it
+    buffer: BufferConfig = BufferConfig()
+
+
+class JobSlowdownDetector:
+    """The whole job is slower than its own recent past; nobody in particular is to blame."""
+
+    name: ClassVar[str] = "slowdown"
+    kinds: ClassVar[frozenset[str]] = frozenset({"step"})
+
+    def __init__(self, topo: Topology, config: SlowdownConfig | None = None) -> None:
+        self.config = config or SlowdownConfig()
+        self.topo = topo
+        self.healthy: deque[float] = deque(maxlen=self.config.history)
+        self.recent: deque[float] = deque(maxlen=self.config.history)
+        self._reset(topo)
+
+    def _reset(self, topo: Topology) -> None:
+        if topo.size != self.topo.size:  # another job shape: its step time is another baseline
+            self.healthy.clear()
+            self.recent.clear()
+        self.topo = topo
+        self.buf = StepBuffer(topo.size, {"step_s": "f"}, self.config.buffer)
+        self.epoch = 0
+        self.warm = 0  # steps of warm-up seen since the last (re)start
+        self.slow_run = 0
+        self.normal_run = 0
+        self.first_slow: int | None = None
+        self.in_episode = False
+
+    def set_topology(self, topo: Topology) -> None:
+        """New `job` record: restart warm-up; keep the baseline when the job kept its size."""
+        self._reset(topo)
+
+    def baseline_s(self) -> float | None:
+        """The job's normal step time in seconds (median of recent normal steps), or None while unknown."""
+        if len(self.healthy) < self.config.min_history:
+            return None
+        return float(np.median(np.fromiter(self.healthy, dtype=np.float64)))
+
+    # --- feeding ---
+
+    def observe(self, rec: Record) -> list[Finding]:
+        if rec.kind != "step":
+            return []
+        return self._score(self.buf.add_record(rec))
+
+    def observe_many(self, recs: Sequence[Record] | StepColumns) -> list[Finding]:
+        """Batch path: the same findings as `observe` on each record in turn."""
+        cols = recs if isinstance(recs, StepColumns) else StepColumns(recs)
+        return self._score(self.buf.add_columns(cols))
+
+    def advance(self, now: float) -> list[Finding]:
+        return self._score(self.buf.expire(now))
+
+    def _score(self, closed: list[Closed]) -> list[Finding]:
+        out: list[Finding] = []
+        for c in closed:
+            out += self._score_step(c)
+        return out
+
+    def _score_step(self, c: Closed) -> list[Finding]:
+        cfg = self.config
+        if c.epoch != self.epoch:  # rewound: warm up again
+            self.epoch, self.warm, self.slow_run, self.normal_run = c.epoch, 0, 0, 0
+        v = c.vals["step_s"]
+        v = v[np.isfinite(v)]
+        if v.size == 0:
+            return []
+        if self.warm < cfg.warmup_steps:
+            self.warm += 1
+            return []
+        job_s = float(np.median(v))
+        base = self.baseline_s()
+        self.recent.append(job_s)
+        if base is None or base <= 0:
+            self.healthy.append(job_s)
+            return []
+        ratio = job_s / base
+        out: list[Finding] = []
+        if ratio >= cfg.factor:
+            self.normal_run = 0
+            self.slow_run += 1
+            if self.slow_run == 1:
+                self.first_slow = c.step
+            if not self.in_episode and self.slow_run >= cfg.min_steps:
+                self.in_episode = True
+                out.append(finding(
+                    ts=c.ts, job=self.topo.job, type="job_slowdown", detector="slowdown.step_time",
+                    key=("slowdown", self.first_slow), score=ratio,
+                    evidence={"step_s": finite_or_none(job_s), "baseline_s": finite_or_none(base),
+                              "ratio": round(ratio, 4), "steps": self.slow_run, "step": c.step,
+                              "first_step": self.first_slow},
+                ))
+            if self.slow_run >= cfg.rebaseline_steps:  # the new normal
+                self.healthy = deque(self.recent, maxlen=cfg.history)
+                self.slow_run = 0
+        else:
+            self.slow_run = 0
+            self.normal_run += 1
+            self.healthy.append(job_s)
+            if self.in_episode and self.normal_run >= cfg.rearm_steps:
+                self.in_episode = False
+        return out
+
+    # --- state ---
+
+    def state(self) -> dict[str, Any]:
+        return {"config": asdict(self.config), "buffer": self.buf.state(), "epoch": self.epoch, "warm": self.warm,
+                "healthy": list(self.healthy), "recent": list(self.recent), "slow_run": self.slow_run,
+                "normal_run": self.normal_run, "first_slow": self.first_slow, "in_episode": self.in_episode}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], topo: Topology) -> "JobSlowdownDetector":
+        conf = dict(state["config"])
+        det = cls(topo, SlowdownConfig(**{**conf, "buffer": BufferConfig(**conf["buffer"])}))
+        if state["buffer"]["size"] != topo.size:
+            return det
+        det.buf.load(state["buffer"])
+        det.healthy.extend(state["healthy"])
+        det.recent.extend(state["recent"])
+        det.epoch, det.warm = state["epoch"], state["warm"]
+        det.slow_run, det.normal_run = state["slow_run"], state["normal_run"]
+        det.first_slow, det.in_episode = state["first_slow"], state["in_episode"]
+        return det

@@ -1,0 +1,240 @@
+"""Read PyTorch NCCL/Gloo flight-recorder dumps safely and map them onto `flight` records.
+
+A dump (``torch._C._distributed_c10d._dump_nccl_trace()`` / ``_dump_fr_trace()``,
+pickle format 2.x) is a plain dict::
+
+    {"version": "2.10", "comm_lib_version": "...",
+     "pg_config": {pg_name: {"name": .., "desc": .., "ranks": "[0, 1, 2, 3]"}},
+     "pg_status": {pg_name: {"last_enqueued_collective": 13, "last_started_collective": -1,
+                             "last_completed_collective": 12}},
+     "entries": [{"collective_seq_id": 13, "p2p_seq_id": 0, "is_p2p": False,
+                  "process_group": (pg_name, pg_desc), "profiling_name": "nccl:all_reduce",
+                  "state": "scheduled", "input_sizes": [[18696]], "input_dtypes": ["Float"], ...}]}
+
+Only plain data: the pickles hold dicts, lists, tuples, strings, ints, bools and
+None, and never refer to a class or function. So the unpickler admits *no*
+global at all: a pickle that names any callable (``os.system``, ``builtins.open``,
+a custom class) is rejected before anything is called.
+
+Real dumps do not always key `pg_config` and `pg_status` alike (Gloo's default
+group has an empty name in `pg_config` and "0" in `pg_status`); the mapping
+pairs them, and takes a group's description from its entries when the config
+has none.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import re
+from typing import Any
+
+MAX_DUMP_BYTES = 256 * 1024 * 1024
+FLIGHT_STATES = frozenset({"scheduled", "started", "completed"})
+_INT_RE = re.compile(r"-?\d+")
+_ID_MAX = 256  # the contract's limit on ids (pg, desc, op)
+
+
+class FlightDumpError(ValueError):
+    """The bytes are not a usable flight-recorder dump."""
+
+
+class UnsafePickleError(pickle.UnpicklingError):
+    """The pickle refers to a class or function; refused without calling anything."""
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    """An unpickler that builds only builtin containers and scalars.
+
+    `find_class` is the single door through which a pickle reaches code
+    (GLOBAL, STACK_GLOBAL, INST and EXT opcodes all go through it; REDUCE, OBJ
+    and NEWOBJ need what it returns), so refusing every name here means a
+    pickle cannot call anything.
+    """
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise UnsafePickleError(
+            f"refused: the dump refers to {module[:100]}.{name[:100]}; a flight-recorder dump holds only "
+            "plain data (dict, list, tuple, str, int, float, bool, None)")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise UnsafePickleError("refused: the dump uses persistent ids")
+
+
+def load_dump(src: str | os.PathLike[str] | bytes | bytearray | memoryview) -> dict[str, Any]:
+    """Parse a flight-recorder dump (the pickle bytes, or a path to them) into its dict.
+
+    Raises `UnsafePickleError` for a pickle that names any class or function
+    (nothing is executed), and `FlightDumpError` for anything else that is not
+    a dump: not a pickle, not a dict, no `entries` list, larger than
+    `MAX_DUMP_BYTES`.
+    """
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        data = bytes(src)
+    else:
+        with open(src, "rb") as f:
+            data = f.read(MAX_DUMP_BYTES + 1)
+    if len(data) > MAX_DUMP_BYTES:
+        raise FlightDumpError(f"dump larger than {MAX_DUMP_BYTES} bytes")
+    try:
+        obj = _PlainDataUnpickler(io.BytesIO(data)).load()
+    except UnsafePickleError:
+        raise
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, KeyError, IndexError,
+            MemoryError, RecursionError, UnicodeDecodeError) as e:
+        raise FlightDumpError(f"not a readable flight-recorder pickle: {type(e).__name__}: {str(e)[:200]}") from e
+    if not isinstance(obj, dict):
+        raise FlightDumpError(f"a flight-recorder dump is a dict, got {type(obj).__name__}")
+    if not isinstance(obj.get("entries", []), list):
+        raise FlightDumpError("a flight-recorder dump needs an `entries` list")
+    return obj
+
+
+# --- mapping onto the contract ------------------------------------------------------------
+
+
+def op_name(profiling_name: str) -> str:
+    """Collective name without backend prefix or decoration: ``nccl:all_reduce`` -> ``allreduce``.
+
+    ``gloo:broadcast`` -> ``broadcast``; ``nccl:_allgather_base`` -> ``allgather``;
+    ``nccl:send 0->1`` -> ``send``.
+    """
+    name = profiling_name.split(":", 1)[-1].strip().split(" ", 1)[0].strip("_")
+    if name.endswith("_base"):
+        name = name[: -len("_base")]
+    return name.replace("_", "")[:_ID_MAX] or "unknown"
+
+
+def _int(v: Any, default: int = -1) -> int:
+    return v if type(v) is int else default
+
+
+def _ranks(v: Any) -> list[int]:
+    """Member ranks from a config value: a list, or its string form ``"[0, 1, 2, 3]"``."""
+    if isinstance(v, (list, tuple)):
+        return [x for x in v if type(x) is int and x >= 0]
+    if isinstance(v, str):
+        return [int(x) for x in _INT_RE.findall(v) if int(x) >= 0]
+    return []
+
+
+def _numel(sizes: Any) -> int | None:
+    """Total elements over all input tensors; None when the sizes are not readable."""
+    if not isinstance(sizes, (list, tuple)):
+        return None
+    total = 0
+    for shape in sizes:
+        if not isinstance(shape, (list, tuple)) or not all(type(d) is int for d in shape):
+            return None
+        n = 1
+        for d in shape:
+            n *= d
+        total += n
+    return total
+
+
+def _pg_of(entry: dict[str, Any]) -> tuple[str, str | None]:
+    """(pg name, pg desc) of an entry: its `process_group` pair, else its `pg_id`."""
+    pg = entry.get("process_group")
+    if isinstance(pg, (list, tuple)) and pg:
+        desc = pg[1] if len(pg) > 1 and isinstance(pg[1], str) and pg[1] else None
+        return str(pg[0])[:_ID_MAX], desc
+    return str(entry.get("pg_id", "?"))[:_ID_MAX], None
+
+
+def _entry(e: dict[str, Any]) -> dict[str, Any] | None:
+    if not isinstance(e, dict):
+        return None
+    pg, _ = _pg_of(e)
+    p2p = e.get("is_p2p") is True
+    seq = _int(e.get("p2p_seq_id") if p2p else e.get("collective_seq_id"), default=None)
+    if seq is None:
+        return None
+    raw_name = e.get("profiling_name")
+    raw_name = raw_name if isinstance(raw_name, str) else "unknown"
+    state = e.get("state")
+    out: dict[str, Any] = {"seq": seq, "op": op_name(raw_name), "pg": pg,
+                           "state": state if state in FLIGHT_STATES else "scheduled"}
+    size = _numel(e.get("input_sizes"))
+    if size is not None:
+        out["size"] = size
+    dtypes = e.get("input_dtypes")
+    if isinstance(dtypes, (list, tuple)) and dtypes:
+        out["dtype"] = ",".join(dict.fromkeys(str(d) for d in dtypes))[:_ID_MAX]
+    out["profiling_name"] = raw_name[:_ID_MAX]
+    if p2p:
+        out["p2p"] = True
+    if state not in FLIGHT_STATES:
+        out["raw_state"] = str(state)[:_ID_MAX]
+    return out
+
+
+def _groups(dump: dict[str, Any], entry_desc: dict[str, str]) -> list[dict[str, Any]]:
+    status = dump.get("pg_status") if isinstance(dump.get("pg_status"), dict) else {}
+    config = dump.get("pg_config") if isinstance(dump.get("pg_config"), dict) else {}
+    status = {str(k): v for k, v in status.items() if isinstance(v, dict)}
+    # pair each config item with a pg name: its key or its `name`, else the one status name left
+    configs: dict[str, dict[str, Any]] = {}
+    unnamed: list[dict[str, Any]] = []
+    for key, cfg in config.items():
+        if not isinstance(cfg, dict):
+            continue
+        names = [str(n) for n in (key, cfg.get("name")) if n not in (None, "")]
+        hit = next((n for n in names if n in status), None) or (names[0] if names else None)
+        if hit is None:
+            unnamed.append(cfg)
+        else:
+            configs[hit] = cfg
+    left = [k for k in status if k not in configs]
+    if len(unnamed) == 1 and len(left) == 1:
+        configs[left[0]] = unnamed[0]
+    out = []
+    for pg in sorted(set(status) | set(configs) | set(entry_desc), key=lambda p: (len(p), p)):
+        cfg, st = configs.get(pg, {}), status.get(pg, {})
+        desc = cfg.get("desc") if isinstance(cfg.get("desc"), str) and cfg.get("desc") else entry_desc.get(pg)
+        group: dict[str, Any] = {
+            "pg": pg[:_ID_MAX], "ranks": _ranks(cfg.get("ranks")),
+            "last_enqueued": _int(st.get("last_enqueued_collective")),
+            "last_started": _int(st.get("last_started_collective")),
+            "last_completed": _int(st.get("last_completed_collective")),
+        }
+        if desc:
+            group["desc"] = desc[:_ID_MAX]
+        out.append(group)
+    return out
+
+
+def to_flight_record(
+    dump: dict[str, Any], *, job: str, rank: int, snapshot: str, ts: float, max_entries: int = 4096,
+) -> dict[str, Any]:
+    """The contract `flight` record (a JSON-able dict) of one rank's flight-recorder dump.
+
+    `groups` come from `pg_status` (last enqueued / started / completed collective
+    sequence ids, -1 when unknown) and `pg_config` (member ranks, description);
+    `entries` keep the last `max_entries` recorded operations with their
+    per-group sequence id (`p2p_seq_id` for point-to-point ones, marked
+    ``"p2p": true``), normalized op name, process group, state, total input
+    elements (`size`) and input dtypes. `ts` is the event time in seconds.
+    """
+    raw_entries = dump.get("entries") or []
+    if not isinstance(raw_entries, list):
+        raise FlightDumpError("a flight-recorder dump needs an `entries` list")
+    entry_desc: dict[str, str] = {}
+    for e in raw_entries:
+        if isinstance(e, dict):
+            pg, desc = _pg_of(e)
+            if desc:
+                entry_desc.setdefault(pg, desc)
+    entries = [x for x in map(_entry, raw_entries[-max_entries:] if max_entries > 0 else []) if x is not None]
+    rec: dict[str, Any] = {
+        "kind": "flight", "v": 1, "ts": float(ts), "job": job, "rank": int(rank), "snapshot": snapshot,
+        "groups": _groups(dump, entry_desc), "entries": entries,
+    }
+    version = dump.get("version")
+    if isinstance(version, str):
+        rec["fr_version"] = version[:64]
+    lib = dump.get("comm_lib_version")
+    if isinstance(lib, str) and lib:
+        rec["comm_lib_version"] = lib[:64]
+    return rec

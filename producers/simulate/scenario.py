@@ -1,0 +1,182 @@
+"""What to simulate: a `Scenario` (one synchronous training job), its benign `Noise`, its `Fault`s.
+
+Everything here is a frozen value; the simulator is a pure function of it, so a
+scenario and its seed pin down the generated stream byte for byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+FAULT_KINDS = (
+    "xid79", "node_loss", "thermal_straggler", "nic_degradation", "intermittent_straggler",
+    "dataloader_hang", "pp_deadlock", "sdc", "planned_maintenance",
+)
+# fault kind -> incident class (contract: incident.class)
+FAULT_CLASS = {
+    "xid79": "fail_stop", "node_loss": "fail_stop",
+    "thermal_straggler": "fail_slow", "nic_degradation": "fail_slow", "intermittent_straggler": "fail_slow",
+    "dataloader_hang": "hang", "pp_deadlock": "hang",
+    "sdc": "sdc",
+    "planned_maintenance": "planned",
+}
+# kinds after which the job makes no more step progress (until a restart)
+STALL_KINDS = frozenset({"xid79", "node_loss", "dataloader_hang", "pp_deadlock"})
+# kinds that act on a whole node; the others act on one rank (one GPU)
+NODE_KINDS = frozenset({"node_loss", "nic_degradation", "planned_maintenance"})
+DEFAULT_MAGNITUDE = {
+    "thermal_straggler": 0.10,  # compute 10% slower at full throttle
+    "intermittent_straggler": 0.15,  # compute 15% slower in the affected steps
+    "nic_degradation": 0.30,  # collectives through the node 30% slower
+}
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault.
+
+    `at_s`: onset, seconds after the scenario start. Give `node` (``"n003"``) and/or
+    `rank`; for a per-GPU kind given only a node, ``params["gpu"]`` picks the GPU
+    (else one is drawn from the seed). `magnitude` is the slowdown fraction of the
+    straggler kinds (0.10 = 10%; 0 means the kind's default).
+
+    Params by kind (all optional):
+      thermal_straggler: ramp_s (60: seconds to full throttle), bmc (True: a BMC SEL event)
+      intermittent_straggler: prob (0.3: share of steps that are slow)
+      nic_degradation: event_every_s (30: cadence of NIC error-counter kernel lines)
+      xid79: pid (kernel-log pid), exception_after_s (1.5: the rank's CUDA error, then it exits)
+      sdc: anomaly_after_s (60: loss / grad-norm anomaly after onset; None: never)
+      planned_maintenance: lead_s (120: ops notice ahead of the stop), note, restart_after_s
+        (60: downtime before the job restarts with a spare node; None: no restart), load_s (15)
+    """
+
+    kind: str
+    at_s: float
+    node: str | None = None
+    rank: int | None = None
+    magnitude: float = 0.0
+    params: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {self.kind!r}; one of {', '.join(FAULT_KINDS)}")
+        if self.at_s < 0:
+            raise ValueError(f"{self.kind}: at_s must be >= 0")
+        if self.node is None and self.rank is None:
+            raise ValueError(f"{self.kind}: give a node or a rank")
+        if self.magnitude < 0:
+            raise ValueError(f"{self.kind}: magnitude must be >= 0")
+
+    @property
+    def cls(self) -> str:
+        return FAULT_CLASS[self.kind]
+
+    @property
+    def effective_magnitude(self) -> float:
+        return self.magnitude or DEFAULT_MAGNITUDE.get(self.kind, 0.0)
+
+
+@dataclass(frozen=True)
+class Noise:
+    """Benign noise a healthy job shows; none of it is a fault.
+
+    - warm-up: the first steps after (re)start are slower, step 0 by `warmup_extra` (2.0 = 3x);
+    - checkpoint saves every `ckpt_every_s`: every rank's step grows by about `ckpt_s`;
+    - per-rank, per-step gaussian compute jitter (`jitter`, relative);
+    - rare job-wide loss / grad-norm spikes (`loss_spike_prob` per step);
+    - correctable ECC (`ecc_sbe`) ticking up on a share of GPUs (`ecc_gpu_frac`);
+    - `nic_flaps` NIC link flaps (down, then up within `flap_s` seconds) on random nodes;
+    - small input waits (`data_wait_mean_s`, exponential).
+    """
+
+    enabled: bool = True
+    warmup_steps: int = 10
+    warmup_extra: float = 2.0
+    jitter: float = 0.015
+    ckpt_every_s: float = 120.0
+    ckpt_s: float = 6.0
+    loss_spike_prob: float = 0.002
+    ecc_gpu_frac: float = 0.02
+    nic_flaps: int = 1
+    flap_s: tuple[float, float] = (1.5, 6.0)
+    data_wait_mean_s: float = 0.004
+
+    @classmethod
+    def off(cls) -> "Noise":
+        """No benign noise at all (exactly regular steps)."""
+        return cls(enabled=False, warmup_steps=0, warmup_extra=0.0, jitter=0.0, ckpt_every_s=0.0, ckpt_s=0.0,
+                   loss_spike_prob=0.0, ecc_gpu_frac=0.0, nic_flaps=0, data_wait_mean_s=0.0)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One synchronous training job (tp x pp x dp ranks) over `duration_s` seconds.
+
+    Ranks: rank = node_index * gpus_per_node + gpu; tp is innermost, then pp, then dp
+    (tp = rank % tp, pp = rank // tp % pp, dp = rank // (tp * pp)). Nodes are named
+    n000, n001, ... (wider when there are more than 1,000).
+
+    `stage_skew`: relative extra compute of the last pipeline stage (the first gets
+    half of it), so stages have different compute baselines. `nccl_timeout_s`: the
+    NCCL watchdog timeout after which stuck ranks report `nccl_timeout`.
+    `sweep_after_s`: a stack + flight-recorder sweep this long after a stall (None: no
+    sweep). `peer_states`: during a stall the culprit's tensor-parallel peers wait in
+    a forward-pass all_reduce and its pipeline peers in p2p recv (as in real jobs);
+    False puts every healthy rank in the gradient all_reduce. `abort_on_timeout`: the
+    watchdog kills every process a few seconds after the timeout (heartbeats stop).
+    `batch`: `write` packs each node's step records of a step into one `batch` message.
+    """
+
+    name: str
+    seed: int
+    tp: int
+    pp: int
+    dp: int
+    gpus_per_node: int = 8
+    heartbeat_s: float = 5.0
+    base_step_s: float = 1.0
+    duration_s: float = 300.0
+    start_ts: float = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+    noise: Noise = field(default_factory=Noise)
+    faults: tuple[Fault, ...] = ()
+    job: str | None = None  # job id; default: the scenario name
+    start_step: int = 0
+    startup_s: float = 2.0  # process start (job record, heartbeats) to the first step
+    stage_skew: float = 0.06
+    gpu_sample_s: float = 10.0
+    nccl_timeout_s: float = 60.0
+    sweep_after_s: float | None = 20.0
+    peer_states: bool = True
+    abort_on_timeout: bool = False
+    batch: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.faults, tuple):
+            object.__setattr__(self, "faults", tuple(self.faults))
+        for v, what in ((self.tp, "tp"), (self.pp, "pp"), (self.dp, "dp"), (self.gpus_per_node, "gpus_per_node")):
+            if v < 1:
+                raise ValueError(f"{what} must be >= 1")
+        if self.n_ranks % self.gpus_per_node:
+            raise ValueError(f"tp*pp*dp = {self.n_ranks} is not a multiple of gpus_per_node {self.gpus_per_node}")
+        if self.heartbeat_s <= 0 or self.base_step_s <= 0 or self.duration_s <= 0 or self.gpu_sample_s <= 0:
+            raise ValueError("heartbeat_s, base_step_s, duration_s and gpu_sample_s must be > 0")
+        for f in self.faults:
+            if f.at_s >= self.duration_s:
+                raise ValueError(f"{f.kind}: at_s {f.at_s} is past the scenario's duration {self.duration_s}")
+
+    @property
+    def n_ranks(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def n_nodes(self) -> int:
+        return self.n_ranks // self.gpus_per_node
+
+    @property
+    def job_id(self) -> str:
+        return self.job or self.name
+
+    @property
+    def end_ts(self) -> float:
+        return self.start_ts + self.duration_s

@@ -1,0 +1,48 @@
+"""Settings of triage: stage budgets, decision costs and safety limits (all in seconds unless named)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Stage budgets of an interruption (domain.md)."""
+
+    detect: float = 60.0
+    localize: float = 300.0
+    replace: float = 120.0
+    rollback: float = 120.0
+    comm_rebuild: float = 60.0
+    total: float = 600.0
+
+
+@dataclass(frozen=True)
+class Safety:
+    """Guards that keep a detector bug from draining a cluster."""
+
+    max_evict_nodes: int = 16  # per job per window, at most ...
+    max_evict_frac: float = 0.25  # ... and at most this share of the job's nodes (at least one node)
+    window_s: float = 3600.0
+    failslow_hold_s: float = 60.0  # a straggler must stay suspect this long before it is evicted
+    failslow_cooldown_s: float = 3600.0  # a node degraded for fail-slow is not re-decided before this
+
+
+@dataclass(frozen=True)
+class TriageConfig:
+    budgets: Budgets = field(default_factory=Budgets)
+    safety: Safety = field(default_factory=Safety)
+    settle_s: float = 5.0  # wait this long after detection for the rest of a fail-stop to show
+    hang_collect_s: float = 90.0  # after a hang, wait at most this long for stacks / flight dumps
+    confidence: float = 0.5  # a node is a culprit from this fused confidence on
+    spares: int | None = None  # hot spares per job (None: unlimited)
+    replace_cost_s: float = 120.0  # job time lost to a hot replacement
+    failslow_horizon_s: float = 1800.0  # how long a straggler would keep slowing the job if kept
+    planned_window_s: float = 1800.0  # an `ops` planned record covers stops this long after it
+    risk_half_life_s: float = 86400.0
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TriageConfig":
+        plain = {f.name: d[f.name] for f in fields(cls) if f.name in d and f.name not in ("budgets", "safety")}
+        return cls(budgets=Budgets(**d.get("budgets", {})), safety=Safety(**d.get("safety", {})), **plain)

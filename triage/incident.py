@@ -1,0 +1,91 @@
+"""One incident's timeline: stage timestamps, stage durations against budgets, and its contract record."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from schemas import Incident
+from triage.config import Budgets
+
+# Class precedence when evidence of several kinds joins one incident.
+CLASS_RANK = {"sdc": 5, "fail_stop": 4, "hang": 3, "fail_slow": 2, "unknown": 1, "planned": 6}
+_PHASE_FIELD = {"replaced": "replaced_ts", "ckpt_loaded": "ckpt_loaded_ts", "comm_ready": "comm_ready_ts",
+                "resumed": "recovered_ts"}
+
+
+@dataclass
+class Timeline:
+    """A mutable incident being tracked; `record()` turns it into the contract's `incident`."""
+
+    id: str
+    job: str
+    cls: str
+    onset_ts: float
+    detected_ts: float
+    planned: bool = False
+    localized_ts: float | None = None
+    decided_ts: float | None = None
+    replaced_ts: float | None = None
+    ckpt_loaded_ts: float | None = None
+    comm_ready_ts: float | None = None
+    recovered_ts: float | None = None
+    failed_ts: float | None = None
+    decide_at: float = 0.0
+    culprit_nodes: list[str] = field(default_factory=list)
+    evicted_nodes: list[str] = field(default_factory=list)
+    path: str | None = None
+    findings: list[str] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    stall_step: int = -1  # newest step when the incident was decided; progress past it means recovered
+
+    def promote(self, cls: str) -> bool:
+        """Raise the class if `cls` explains more (a hang that turns out to be a dead node is fail_stop)."""
+        if self.cls != "planned" and CLASS_RANK.get(cls, 0) > CLASS_RANK.get(self.cls, 0):
+            self.cls = cls
+            return True
+        return False
+
+    def on_phase(self, phase: str, ts: float) -> bool:
+        if phase == "failed":
+            self.failed_ts = ts
+            return True
+        name = _PHASE_FIELD.get(phase)
+        if name is None or getattr(self, name) is not None:
+            return False
+        setattr(self, name, ts)
+        return True
+
+    def stages(self) -> dict[str, float]:
+        """Durations of the stages that have both ends, in seconds."""
+        pairs = {"detect": (self.onset_ts, self.detected_ts), "localize": (self.detected_ts, self.localized_ts),
+                 "decide": (self.localized_ts or self.detected_ts, self.decided_ts),
+                 "replace": (self.decided_ts, self.replaced_ts),
+                 "rollback": (self.replaced_ts or self.decided_ts, self.ckpt_loaded_ts),
+                 "comm_rebuild": (self.ckpt_loaded_ts, self.comm_ready_ts),
+                 "total": (self.onset_ts, self.recovered_ts)}
+        return {k: round(max(0.0, b - a), 3) for k, (a, b) in pairs.items() if a is not None and b is not None}
+
+    def record(self, ts: float, budgets: Budgets) -> Incident:
+        stage_s = self.stages()
+        limits = asdict(budgets)
+        over = [k for k, v in stage_s.items() if k in limits and v > limits[k]]
+        return Incident(
+            id=self.id, ts=round(ts, 6), job=self.job, cls=self.cls, planned=self.planned,
+            onset_ts=round(self.onset_ts, 6), detected_ts=round(self.detected_ts, 6),
+            localized_ts=_r(self.localized_ts), decided_ts=_r(self.decided_ts), recovered_ts=_r(self.recovered_ts),
+            culprit_nodes=list(self.culprit_nodes), evicted_nodes=list(self.evicted_nodes), path=self.path,
+            stage_s=stage_s, over_budget=over,
+            extra={"findings": list(self.findings[:64]), "actions": list(self.actions)},
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Timeline":
+        return cls(**d)
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)

@@ -1,0 +1,101 @@
+"""Localization fusion: from an incident's findings to culprit nodes, a confidence, and the evidence chain.
+
+Each finding lends weight to a node (the reporting rank of a timeout lends none:
+it is a victim). Weights of one node combine as independent evidence,
+`1 - prod(1 - w)`. Nodes at or above the confidence threshold are culprits. When
+only rank-level evidence points into several nodes (stack or flight outliers
+without node-level corroboration), the answer is a parallel group: the smallest
+of the TP, PP-stage or DP group that holds every suspect rank (over-eviction),
+with a count of the presumably innocent nodes it takes along.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from detectors.topology import Topology
+from schemas import Finding
+
+NODE_LEVEL = frozenset({"fail_stop", "hw_fault", "sdc_suspect"})
+
+
+def weight(f: Finding) -> float:
+    """How strongly one finding points at its node (0: not at all)."""
+    if f.type == "fail_stop":
+        if f.evidence.get("cause") == "heartbeat":
+            return 0.9 if f.evidence.get("whole_node") else 0.7
+        return 0.5  # a process exit or exception: a rank, maybe not the machine
+    if f.type == "hw_fault":
+        return {"fatal": 0.95, "degraded": 0.4, "evidence": 0.3}.get(f.evidence.get("severity"), 0.0)
+    if f.type == "sdc_suspect":
+        return 0.9 if f.rank is not None else 0.0
+    if f.type == "stack_outlier":
+        return 0.7 if f.detector.startswith("flight") else 0.6
+    if f.type == "fail_slow":
+        return 0.7
+    return 0.0
+
+
+@dataclass
+class Localization:
+    culprits: list[str] = field(default_factory=list)  # nodes at or above the threshold
+    confidence: float = 0.0  # the weakest culprit's confidence (0 when none)
+    per_node: dict[str, float] = field(default_factory=dict)
+    evidence: list[str] = field(default_factory=list)  # finding ids behind the culprits (or the group)
+    group: str | None = None  # "tp" | "pp" | "dp" when only a group could be named
+    group_nodes: list[str] = field(default_factory=list)
+    innocent_nodes: int = 0  # nodes a group eviction presumably takes along without fault
+    suspect_ranks: list[int] = field(default_factory=list)
+
+
+def localize(findings: list[Finding], topo: Topology, threshold: float) -> Localization:
+    """Fuse the findings of one incident into culprit nodes (or a group)."""
+    miss: dict[str, float] = {}
+    ids: dict[str, list[str]] = {}
+    node_level: set[str] = set()
+    for f in findings:
+        w = weight(f)
+        if w <= 0 or f.node is None:
+            continue
+        miss[f.node] = miss.get(f.node, 1.0) * (1.0 - w)
+        ids.setdefault(f.node, []).append(f.id)
+        if f.type in NODE_LEVEL and w >= 0.5:
+            node_level.add(f.node)
+    per_node = {n: round(1.0 - m, 4) for n, m in sorted(miss.items())}
+    culprits = sorted(n for n, c in per_node.items() if c >= threshold)
+    loc = Localization(per_node=per_node)
+    rank_suspects = sorted({f.rank for f in findings if f.type in ("stack_outlier",) and f.rank is not None})
+    loc.suspect_ranks = rank_suspects
+    outlier_nodes = set(topo.nodes_of(rank_suspects)) if rank_suspects else set()
+    if len(outlier_nodes) > 1 and not (outlier_nodes & node_level):
+        kind, nodes = smallest_group(topo, rank_suspects)
+        loc.group, loc.group_nodes = kind, nodes
+        loc.innocent_nodes = max(0, len(nodes) - 1)
+        loc.confidence = min(per_node[n] for n in outlier_nodes)
+        loc.evidence = sorted({i for n in outlier_nodes for i in ids[n]})
+        return loc
+    if culprits:
+        loc.culprits = culprits
+        loc.confidence = min(per_node[n] for n in culprits)
+        loc.evidence = sorted({i for n in culprits for i in ids[n]})
+    if not culprits:
+        comm = [f for f in findings if f.type == "comm_error" and f.evidence.get("suspect_ranks")]
+        if comm:  # no other evidence: the ranks in every timed-out group, weakly
+            loc.suspect_ranks = sorted(set(comm[0].evidence["suspect_ranks"]))
+            loc.per_node.update({n: 0.3 for n in comm[0].evidence.get("suspect_nodes", [])})
+    return loc
+
+
+def smallest_group(topo: Topology, ranks: list[int]) -> tuple[str, list[str]]:
+    """The smallest parallel group (by nodes) that holds every rank in `ranks`."""
+    best: tuple[int, str, list[str]] | None = None
+    for kind in ("tp", "dp", "pp"):
+        members = set(topo.group_ranks(kind, ranks[0]).tolist())
+        if not set(ranks) <= members:
+            continue
+        nodes = topo.nodes_of(sorted(members))
+        if best is None or len(nodes) < best[0]:
+            best = (len(nodes), kind, nodes)
+    if best is None:  # no single group holds them all: the union of their nodes
+        return "job", topo.nodes_of(ranks)
+    return best[1], best[2]

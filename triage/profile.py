@@ -1,0 +1,53 @@
+"""Node profile: one node's health across the three signal sources, with memory.
+
+Framework timeouts, runtime telemetry and hardware/OS events all land here as
+findings. The profile keeps the recent ones, the node's eviction history, and a
+risk score that decays with event time. Precursors (correctable-ECC bursts,
+high HBM temperature, NIC flaps) raise risk without evicting anyone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas import Finding
+
+# How much one finding adds to a node's risk (before decay), by type or hardware severity.
+RISK_WEIGHT = {"fatal": 1.0, "degraded": 0.3, "evidence": 0.2, "precursor": 0.1,
+               "fail_stop": 0.8, "fail_slow": 0.3, "sdc_suspect": 0.8, "stack_outlier": 0.3, "hang": 0.0}
+_KEEP = 32
+
+
+@dataclass
+class NodeProfile:
+    node: str
+    risk: float = 0.0
+    risk_ts: float = 0.0
+    recent: list[dict[str, Any]] = field(default_factory=list)  # newest last: {ts, type, severity, id}
+    evictions: list[float] = field(default_factory=list)
+
+    def risk_at(self, now: float, half_life_s: float) -> float:
+        return self.risk * math.pow(0.5, max(0.0, now - self.risk_ts) / half_life_s)
+
+    def add(self, f: Finding, half_life_s: float) -> None:
+        severity = f.evidence.get("severity") if f.type == "hw_fault" else None
+        weight = RISK_WEIGHT.get(severity or f.type, 0.1)
+        self.risk = self.risk_at(f.ts, half_life_s) + weight
+        self.risk_ts = max(self.risk_ts, f.ts)
+        self.recent = [*self.recent[-(_KEEP - 1):], {"ts": f.ts, "type": f.type, "severity": severity, "id": f.id}]
+
+    def evicted(self, ts: float) -> None:
+        self.evictions = [*self.evictions[-(_KEEP - 1):], ts]
+
+    def repeat_offender(self, now: float, window_s: float = 7 * 86400.0) -> bool:
+        return sum(1 for t in self.evictions if now - t <= window_s) >= 2
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "risk": self.risk, "risk_ts": self.risk_ts, "recent": self.recent,
+                "evictions": self.evictions}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "NodeProfile":
+        return cls(d["node"], d["risk"], d["risk_ts"], [dict(x) for x in d["recent"]], list(d["evictions"]))
