@@ -28,8 +28,9 @@ One ``stack_outlier`` finding (detector ``flight``) per suspect rank.
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 from detectors.base import finding
 from detectors.topology import Topology
@@ -305,7 +306,7 @@ class FlightDetector:
                             for sid, s in self.pending.items()}}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], topo: Topology) -> "FlightDetector":
+    def from_state(cls, state: dict[str, Any], topo: Topology) -> FlightDetector:
         det = cls(topo, FlightConfig(**state["config"]))
         for sid, s in state["pending"].items():
             views = {int(r): _view_from_state(v) for r, v in s["views"]}

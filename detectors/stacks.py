@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 from sklearn.cluster import AgglomerativeClustering
@@ -166,7 +167,7 @@ def signature(threads: Sequence[ThreadStack], threads_mode: str = "main") -> tup
 def _tokens(sig: Sequence[str]) -> list[str]:
     """Frames plus caller->callee pairs, so the order of a path counts, not only its set."""
     toks = [f for f in sig if f != THREAD_BREAK]
-    pairs = [f"{a}<-{b}" for a, b in zip(sig, sig[1:]) if THREAD_BREAK not in (a, b)]
+    pairs = [f"{a}<-{b}" for a, b in zip(sig, sig[1:], strict=False) if THREAD_BREAK not in (a, b)]
     return toks + pairs or ["<empty>"]
 
 
@@ -387,7 +388,7 @@ class StackDetector:
         return {"config": asdict(self.config), "pending": pending, "done": list(self.done)}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], topo: Topology) -> "StackDetector":
+    def from_state(cls, state: dict[str, Any], topo: Topology) -> StackDetector:
         det = cls(topo, StackConfig(**state["config"]))
         for sid, snap in state["pending"].items():
             table = [tuple(s) for s in snap["signatures"]]

@@ -30,8 +30,9 @@ import pickle
 import re
 from typing import Any
 
+from schemas.records import FLIGHT_STATES
+
 MAX_DUMP_BYTES = 256 * 1024 * 1024
-FLIGHT_STATES = frozenset({"scheduled", "started", "completed"})
 _INT_RE = re.compile(r"-?\d+")
 _ID_MAX = 256  # the contract's limit on ids (pg, desc, op)
 
@@ -106,7 +107,7 @@ def op_name(profiling_name: str) -> str:
     return name.replace("_", "")[:_ID_MAX] or "unknown"
 
 
-def _int(v: Any, default: int = -1) -> int:
+def _int(v: Any, default: int | None = -1) -> int | None:
     return v if type(v) is int else default
 
 

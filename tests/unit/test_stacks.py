@@ -9,7 +9,13 @@ import orjson
 import pytest
 
 from detectors.stacks import (
-    StackConfig, StackDetector, cluster_ranks, normalize_frame, parse_pyspy, signature, suspect_clusters,
+    StackConfig,
+    StackDetector,
+    cluster_ranks,
+    normalize_frame,
+    parse_pyspy,
+    signature,
+    suspect_clusters,
     thread_stacks,
 )
 from detectors.topology import Topology

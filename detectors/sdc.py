@@ -1,0 +1,284 @@
+"""Silent data corruption (SDC): replicas that disagree, and numbers that blow up.
+
+Two signals, per closed step:
+
+- Digest (detector "sdc.digest", names a rank): data-parallel replicas of the
+  same (tp, pp) shard must report the same `replica_digest`. In a shard
+  where a clear majority (at least `min_majority` ranks, more than half of
+  those reporting) agrees, every rank with another digest is suspect; it is
+  reported at its first mismatching step, once per episode (the episode ends
+  after `rearm_steps` agreeing steps). A shard without a clear majority
+  blames nobody. When more than `widespread_frac` of the shards (and more
+  than two) mismatch in one step, it is no single bad GPU (a digest that is
+  not replica-invariant, a software fault): one job-wide finding, no rank.
+- Numeric (detector "sdc.numeric", never names a rank): the job's loss and
+  grad_norm per step (median over ranks) against a robust baseline of recent
+  steps; NaN/Inf anywhere, or a jump of `jump_factor` x the baseline that is
+  also `z_threshold` robust z out, is job-wide corroboration. Benign spikes
+  (1.3x) stay below both.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from detectors.base import finding
+from detectors.slowdown import BufferConfig, Closed, StepBuffer, StepColumns
+from detectors.slowdown import finite_or_none as _fin
+from detectors.topology import Topology
+from schemas import Finding, Record
+
+_MAD_TO_SIGMA = 1.4826
+_METRICS = ("loss", "grad_norm")
+_FIELDS = {"replica_digest": "c", "loss": "nf", "grad_norm": "nf"}
+_MAX_LISTED = 16  # ranks listed in evidence
+
+
+@dataclass(frozen=True)
+class SdcConfig:
+    min_majority: int = 2  # fewest agreeing replicas that make a majority
+    rearm_steps: int = 100  # agreeing steps after which a flagged rank is watched again
+    widespread_frac: float = 0.5  # more shards than this fraction mismatching: job-wide, nobody blamed
+    jump_factor: float = 5.0  # job loss / grad_norm over baseline that counts as a jump ...
+    z_threshold: float = 6.0  # ... if it is also this many robust sigmas out
+    floor_frac: float = 0.01  # spread floor, as a fraction of the baseline
+    history: int = 100  # baseline: median of this many recent normal steps
+    min_history: int = 10  # normal steps needed before jumps are judged
+    numeric_rearm_steps: int = 20  # normal steps that end a numeric episode
+    warmup_steps: int = 10  # steps after a (re)start kept out of the numeric baseline and not judged for jumps
+    buffer: BufferConfig = BufferConfig()
+
+
+# --- digests --------------------------------------------------------------------------------------
+
+
+@dataclass
+class DigestVote:
+    """Per rank: is it checked / in the minority; per shard: majority code, its count, replicas reporting."""
+
+    checked: np.ndarray
+    minority: np.ndarray
+    major_code: np.ndarray
+    major_count: np.ndarray
+    total: np.ndarray
+
+
+def digest_vote(codes: np.ndarray, shard: np.ndarray, n_shards: int, min_majority: int) -> DigestVote:
+    """Majority vote of digest codes (-1 = none) within each shard, vectorized over all ranks."""
+    has = codes >= 0
+    idx = np.flatnonzero(has)
+    sh, cd = shard[idx].astype(np.int64), codes[idx].astype(np.int64)
+    width = int(cd.max()) + 1 if cd.size else 1
+    keys, counts = np.unique(sh * width + cd, return_counts=True)
+    k_shard, k_code = keys // width, keys % width
+    total = np.bincount(sh, minlength=n_shards)
+    major_count = np.zeros(n_shards, dtype=np.int64)
+    np.maximum.at(major_count, k_shard, counts)
+    major_code = np.full(n_shards, -1, dtype=np.int64)
+    top = counts == major_count[k_shard]
+    major_code[k_shard[top]] = k_code[top]  # unique whenever the majority is clear
+    clear = (major_count >= min_majority) & (2 * major_count > total)
+    checked = has & clear[shard]
+    minority = checked & (codes != major_code[shard])
+    return DigestVote(checked, minority, major_code, major_count, total)
+
+
+# --- numbers --------------------------------------------------------------------------------------
+
+
+def job_value(vals: np.ndarray, present: np.ndarray) -> tuple[float | None, str | None, int]:
+    """(median of the finite values, label of the non-finite ones if any, how many ranks were non-finite)."""
+    bad = present & ~np.isfinite(vals)
+    n_bad = int(bad.sum())
+    label = None
+    if n_bad:
+        b = vals[bad]
+        label = "NaN" if np.isnan(b).any() else ("Infinity" if (b > 0).any() else "-Infinity")
+    ok = vals[present & ~bad]
+    return (float(np.median(ok)) if ok.size else None), label, n_bad
+
+
+def jump_score(v: float, history: np.ndarray, floor_frac: float) -> tuple[float, float, float | None]:
+    """(baseline, robust z, ratio to baseline or None when the baseline is not positive)."""
+    base = float(np.median(history))
+    spread = _MAD_TO_SIGMA * float(np.median(np.abs(history - base)))
+    scale = max(spread, floor_frac * abs(base), 1e-12)
+    return base, (v - base) / scale, (v / base if base > 0 else None)
+
+
+# --- the detector -------------------------------------------------------------------------------
+
+
+class SdcDetector:
+    """Replica-digest disagreement (names ranks) and loss / grad-norm blow-ups (job-wide)."""
+
+    name: ClassVar[str] = "sdc"
+    kinds: ClassVar[frozenset[str]] = frozenset({"step"})
+
+    def __init__(self, topo: Topology, config: SdcConfig | None = None) -> None:
+        self.config = config or SdcConfig()
+        self.hist: dict[str, deque[float]] = {m: deque(maxlen=self.config.history) for m in _METRICS}
+        self.num_episode = {m: False for m in _METRICS}
+        self.num_normal = {m: 0 for m in _METRICS}
+        self._reset(topo)
+
+    def _reset(self, topo: Topology) -> None:
+        n = topo.size
+        self.topo = topo
+        self.n_shards = int(topo.shard.max()) + 1 if n else 0
+        self.buf = StepBuffer(n, _FIELDS, self.config.buffer)
+        self.epoch = 0
+        self.warm = 0
+        self.flagged = np.zeros(n, dtype=bool)
+        self.agree_run = np.zeros(n, dtype=np.int32)
+        self.wide_episode = False
+        self.wide_clean = 0
+
+    def set_topology(self, topo: Topology) -> None:
+        """New `job` record: per-rank state starts afresh; the loss / grad_norm baseline is kept (same model)."""
+        self._reset(topo)
+
+    # --- feeding ---
+
+    def observe(self, rec: Record) -> list[Finding]:
+        if rec.kind != "step":
+            return []
+        return self._score(self.buf.add_record(rec))
+
+    def observe_many(self, recs: Sequence[Record] | StepColumns) -> list[Finding]:
+        """Batch path: the same findings as `observe` on each record in turn."""
+        cols = recs if isinstance(recs, StepColumns) else StepColumns(recs)
+        return self._score(self.buf.add_columns(cols))
+
+    def advance(self, now: float) -> list[Finding]:
+        return self._score(self.buf.expire(now))
+
+    def _score(self, closed: list[Closed]) -> list[Finding]:
+        out: list[Finding] = []
+        for c in closed:
+            if c.epoch != self.epoch:  # rewound to a checkpoint: numbers warm up again
+                self.epoch, self.warm = c.epoch, 0
+            out += self._digests(c)
+            out += self._numbers(c)
+        return out
+
+    # --- digests ---
+
+    def _digests(self, c: Closed) -> list[Finding]:
+        codes = c.codes["replica_digest"]
+        if not (codes >= 0).any():
+            return []
+        vote = digest_vote(codes, self.topo.shard, self.n_shards, self.config.min_majority)
+        bad_shards = np.unique(self.topo.shard[vote.minority])
+        multi = int((vote.total >= 2).sum())
+        if bad_shards.size > max(2, self.config.widespread_frac * multi):
+            return self._widespread(c, vote, bad_shards, multi)
+        self.wide_clean += 1
+        if self.wide_episode and self.wide_clean >= self.config.rearm_steps:
+            self.wide_episode = False
+        agree = vote.checked & ~vote.minority
+        self.agree_run = np.where(agree, self.agree_run + 1, np.where(vote.minority, 0, self.agree_run))
+        self.agree_run = self.agree_run.astype(np.int32)
+        self.flagged &= self.agree_run < self.config.rearm_steps
+        new = vote.minority & ~self.flagged
+        self.flagged |= new
+        return [self._suspect(c, int(r), vote) for r in np.flatnonzero(new)]
+
+    def _suspect(self, c: Closed, r: int, vote: DigestVote) -> Finding:
+        vocab = c.vocab["replica_digest"]
+        s = int(self.topo.shard[r])
+        codes = c.codes["replica_digest"]
+        peers = np.flatnonzero((self.topo.shard == s) & vote.minority)
+        share = vote.major_count[s] / vote.total[s]
+        info = self.topo.ranks[r]
+        return finding(
+            ts=c.ts, job=self.topo.job, type="sdc_suspect", detector="sdc.digest", topo=self.topo, rank=r,
+            key=(r, c.step), score=float(share),
+            evidence={"step": c.step, "digest": vocab[codes[r]], "majority_digest": vocab[vote.major_code[s]],
+                      "shard": s, "tp": info.tp, "pp": info.pp, "replicas": int(vote.total[s]),
+                      "agree": int(vote.major_count[s]), "minority_ranks": peers[:_MAX_LISTED].tolist()},
+        )
+
+    def _widespread(self, c: Closed, vote: DigestVote, bad_shards: np.ndarray, multi: int) -> list[Finding]:
+        self.wide_clean = 0
+        if self.wide_episode:
+            return []
+        self.wide_episode = True
+        return [finding(
+            ts=c.ts, job=self.topo.job, type="sdc_suspect", detector="sdc.digest", key=("widespread", c.step),
+            score=bad_shards.size / max(multi, 1),
+            evidence={"step": c.step, "reason": "widespread", "shards_mismatched": int(bad_shards.size),
+                      "shards": multi, "ranks_minority": int(vote.minority.sum())},
+        )]
+
+    # --- numbers ---
+
+    def _numbers(self, c: Closed) -> list[Finding]:
+        cfg = self.config
+        warming = self.warm < cfg.warmup_steps
+        out: list[Finding] = []
+        seen_any = False
+        for m in _METRICS:
+            v, label, n_bad = job_value(c.vals[m], c.present[m])
+            if v is None and label is None:
+                continue
+            seen_any = True
+            base = z = ratio = None
+            anomalous = label is not None
+            if not anomalous and not warming and len(self.hist[m]) >= cfg.min_history:
+                base, z, ratio = jump_score(v, np.fromiter(self.hist[m], dtype=np.float64), cfg.floor_frac)
+                anomalous = ratio is not None and ratio >= cfg.jump_factor and z >= cfg.z_threshold
+            if not anomalous:
+                if not warming and v is not None:
+                    self.hist[m].append(v)
+                self.num_normal[m] += 1
+                if self.num_episode[m] and self.num_normal[m] >= cfg.numeric_rearm_steps:
+                    self.num_episode[m] = False
+                continue
+            self.num_normal[m] = 0
+            if self.num_episode[m]:
+                continue
+            self.num_episode[m] = True
+            if base is None and len(self.hist[m]):
+                base = float(np.median(np.fromiter(self.hist[m], dtype=np.float64)))
+            out.append(finding(
+                ts=c.ts, job=self.topo.job, type="sdc_suspect", detector="sdc.numeric", key=(m, c.step),
+                score=None if z is None else z,
+                evidence={"metric": m, "value": label if label is not None else _fin(v),
+                          "baseline": None if base is None else _fin(base), "z": None if z is None else _fin(z),
+                          "ratio": None if ratio is None else _fin(ratio), "step": c.step,
+                          "ranks_nonfinite": n_bad},
+            ))
+        if seen_any and warming:
+            self.warm += 1
+        return out
+
+    # --- state ---
+
+    def state(self) -> dict[str, Any]:
+        return {"config": asdict(self.config), "buffer": self.buf.state(), "epoch": self.epoch, "warm": self.warm,
+                "flagged": self.flagged.tolist(), "agree_run": self.agree_run.tolist(),
+                "wide_episode": self.wide_episode, "wide_clean": self.wide_clean,
+                "hist": {m: list(h) for m, h in self.hist.items()}, "num_episode": dict(self.num_episode),
+                "num_normal": dict(self.num_normal)}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], topo: Topology) -> "SdcDetector":
+        conf = dict(state["config"])
+        det = cls(topo, SdcConfig(**{**conf, "buffer": BufferConfig(**conf["buffer"])}))
+        for m in _METRICS:
+            det.hist[m].extend(state["hist"][m])
+            det.num_episode[m] = bool(state["num_episode"][m])
+            det.num_normal[m] = int(state["num_normal"][m])
+        if state["buffer"]["size"] != topo.size:
+            return det  # another topology: keep the job-wide baselines only
+        det.buf.load(state["buffer"])
+        det.epoch, det.warm = state["epoch"], state["warm"]
+        det.flagged = np.asarray(state["flagged"], dtype=bool)
+        det.agree_run = np.asarray(state["agree_run"], dtype=np.int32)
+        det.wide_episode, det.wide_clean = state["wide_episode"], state["wide_clean"]
+        return det

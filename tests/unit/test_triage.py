@@ -1,0 +1,151 @@
+"""Triage of one job end to end over findings and records: incidents, stages, guards."""
+
+from __future__ import annotations
+
+import pytest
+
+from detectors.base import finding
+from detectors.topology import Topology
+from schemas import Job, Ops, RankInfo, Recovery, Step
+from triage.config import Safety, TriageConfig
+from triage.job import Triage
+
+pytestmark = pytest.mark.unit
+
+T0 = 10_000.0
+
+
+@pytest.fixture
+def topo():
+    ranks = [RankInfo(rank=n * 8 + g, node=f"n{n:03d}", gpu=g, tp=g, pp=n % 2, dp=n // 2)
+             for n in range(16) for g in range(8)]
+    return Topology.from_job(Job(ts=T0, job="j", ranks=ranks, heartbeat_s=5.0))
+
+
+def lost(topo, node, ts, last_seen=None):
+    return finding(ts=ts, job="j", type="fail_stop", detector="failstop.heartbeat", key=(node, ts), node=node,
+                   evidence={"cause": "heartbeat", "whole_node": True, "ranks": list(topo.node_ranks[node]),
+                             "last_seen_ts": last_seen if last_seen is not None else ts - 15})
+
+
+def run(tri, items):
+    """Feed findings / records / ('advance', t) in order; collect outputs."""
+    from triage.outputs import Outputs
+
+    out = Outputs()
+    for it in items:
+        if isinstance(it, tuple):
+            out.extend(tri.advance(it[1]))
+        elif it.kind == "finding":
+            out.extend(tri.on_findings([it]))
+        else:
+            out.extend(tri.on_record(it))
+    return out
+
+
+def test_node_loss_replaces_the_node_and_recovery_closes_the_incident(topo):
+    tri = Triage("j", TriageConfig(), topo)
+    tri.on_record(Step(ts=T0 + 1, job="j", rank=0, step=100, step_s=1.0))
+    f = lost(topo, "n003", T0 + 30)
+    out = run(tri, [f, ("advance", T0 + 32)])
+    assert out.actions == []  # still settling
+    out = run(tri, [("advance", T0 + 36)])
+    [a] = out.actions
+    assert (a.type, a.nodes, a.path, a.evidence) == ("replace", ["n003"], "hot", [f.id])
+    inc = out.incidents[-1]
+    assert inc.cls == "fail_stop" and inc.culprit_nodes == ["n003"] and inc.decided_ts == T0 + 35
+    assert inc.stage_s["detect"] == 15.0
+    out = run(tri, [Recovery(ts=T0 + 80, job="j", action=a.id, phase="replaced"),
+                    Recovery(ts=T0 + 150, job="j", action=a.id, phase="ckpt_loaded"),
+                    Step(ts=T0 + 200, job="j", rank=0, step=101, step_s=1.0)])
+    final = out.incidents[-1]
+    assert final.recovered_ts == T0 + 200
+    assert final.stage_s["replace"] == 45.0 and final.stage_s["rollback"] == 70.0
+    assert final.stage_s["total"] == 200 - 15
+    assert final.over_budget == []
+    assert tri.incident is None
+
+
+def test_over_budget_stages_are_listed(topo):
+    tri = Triage("j", TriageConfig(), topo)
+    f = lost(topo, "n003", T0 + 100, last_seen=T0)  # detected 100 s after onset: over the 60 s budget
+    out = run(tri, [f, ("advance", T0 + 200)])
+    [a] = out.actions
+    out = run(tri, [Recovery(ts=T0 + 500, job="j", action=a.id, phase="replaced"),
+                    Recovery(ts=T0 + 800, job="j", action=a.id, phase="resumed")])
+    assert set(out.incidents[-1].over_budget) == {"detect", "replace", "total"}
+
+
+def test_all_nodes_silent_at_once_escalates_never_evicts(topo):
+    tri = Triage("j", TriageConfig(), topo)
+    out = run(tri, [lost(topo, n, T0 + 30 + i * 0.01) for i, n in enumerate(topo.nodes)] + [("advance", T0 + 60)])
+    assert {a.type for a in out.actions} == {"escalate"}
+    assert out.incidents[-1].evicted_nodes == []
+
+
+def test_same_findings_give_same_action_ids(topo):
+    ids = []
+    for _ in range(2):
+        tri = Triage("j", TriageConfig(), topo)
+        ids.append([a.id for a in run(tri, [lost(topo, "n001", T0 + 30), ("advance", T0 + 60)]).actions])
+    assert ids[0] == ids[1] and len(ids[0]) == 1
+
+
+def test_planned_stop_is_planned_and_evicts_nobody(topo):
+    tri = Triage("j", TriageConfig(), topo)
+    out = run(tri, [Ops(ts=T0, type="maintenance", job="j", node="n005", planned=True),
+                    lost(topo, "n005", T0 + 60), ("advance", T0 + 100)])
+    assert out.actions == []
+    assert out.incidents[-1].cls == "planned" and out.incidents[-1].planned
+
+
+def test_hang_asks_for_stacks_then_replaces_the_outlier_node(topo):
+    tri = Triage("j", TriageConfig(), topo)
+    hang = finding(ts=T0 + 40, job="j", type="hang", detector="hang.progress", key=1,
+                   evidence={"last_step": 5, "last_progress_ts": T0 + 20, "threshold_s": 20})
+    outlier = finding(ts=T0 + 70, job="j", type="stack_outlier", detector="stacks", key=2, rank=45, topo=topo)
+    out = run(tri, [hang])
+    assert [a.type for a in out.actions] == ["collect_stacks"]
+    out = run(tri, [outlier, ("advance", T0 + 200)])
+    [a] = out.actions
+    assert (a.type, a.nodes) == ("replace", ["n005"])
+    inc = out.incidents[-1]
+    assert inc.cls == "hang" and inc.onset_ts == T0 + 20 and inc.localized_ts is not None
+
+
+def _two_outliers(tri, topo):
+    hang = finding(ts=T0 + 40, job="j", type="hang", detector="hang.progress", key=1, evidence={})
+    # ranks 3 (n000: pp 0, dp 0) and 19 (n002: pp 0, dp 1) share tp 3 and pp 0: their DP group spans the
+    # 8 nodes of pipeline stage 0, and so does the PP-stage group
+    return run(tri, [hang] + [finding(ts=T0 + 70, job="j", type="stack_outlier", detector="stacks", key=r,
+                                      rank=r, topo=topo) for r in (3, 19)] + [("advance", T0 + 200)])
+
+
+def test_outliers_in_two_nodes_of_one_group_evict_the_group(topo):
+    tri = Triage("j", TriageConfig(safety=Safety(max_evict_frac=0.5)), topo)
+    [a] = [a for a in _two_outliers(tri, topo).actions if a.type != "collect_stacks"]
+    assert a.type == "evict_group" and {"n000", "n002"} <= set(a.nodes)
+    assert a.nodes == [f"n{i:03d}" for i in range(0, 16, 2)]
+    assert "7 presumably healthy" in a.reason
+
+
+def test_group_eviction_over_the_blast_radius_escalates(topo):
+    tri = Triage("j", TriageConfig(), topo)  # 16 nodes: at most 4 may go
+    [a] = [a for a in _two_outliers(tri, topo).actions if a.type != "collect_stacks"]
+    assert a.type == "escalate" and "blast-radius" in a.reason
+
+
+def test_hang_without_evidence_escalates(topo):
+    tri = Triage("j", TriageConfig(), topo)
+    hang = finding(ts=T0 + 40, job="j", type="hang", detector="hang.progress", key=1, evidence={})
+    out = run(tri, [hang, ("advance", T0 + 40 + 91)])
+    assert [a.type for a in out.actions] == ["collect_stacks", "escalate"]
+
+
+def test_state_round_trip_mid_incident(topo):
+    tri = Triage("j", TriageConfig(), topo)
+    run(tri, [lost(topo, "n002", T0 + 30)])
+    clone = Triage.from_state(tri.state(), TriageConfig(), topo)
+    a = run(tri, [("advance", T0 + 60)])
+    b = run(clone, [("advance", T0 + 60)])
+    assert a.actions == b.actions and a.incidents == b.incidents and a.actions
