@@ -98,7 +98,7 @@ class CommDetector:
         return {"config": asdict(self.config), "storm": self.storm}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], topo: Topology) -> "CommDetector":
+    def from_state(cls, state: dict[str, Any], topo: Topology) -> CommDetector:
         det = cls(topo, CommConfig(**state["config"]))
         det.storm = None if state["storm"] is None else {**state["storm"],
                                                          "reports": [list(r) for r in state["storm"]["reports"]]}

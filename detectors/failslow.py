@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from detectors.base import finding
-from detectors.slowdown import BufferConfig, Closed, StepBuffer, StepColumns, decode_floats, encode_floats
+from detectors.slowdown import BufferConfig, Closed, StepBuffer, StepColumns, decode_floats, encode_floats, median
 from detectors.slowdown import finite_or_none as _fin
 from detectors.topology import Topology
 from schemas import Finding, Record
@@ -80,9 +80,9 @@ def group_stats(x: np.ndarray, groups: list[np.ndarray], min_peers: int) -> tupl
         v = v[np.isfinite(v)]
         if v.size < min_peers:
             continue
-        m = float(np.median(v))
+        m = median(v)
         med[idx] = m
-        spread[idx] = _MAD_TO_SIGMA * float(np.median(np.abs(v - m)))
+        spread[idx] = _MAD_TO_SIGMA * median(np.abs(v - m))
     return med, spread
 
 
@@ -104,8 +104,10 @@ def relative_scores(compute: np.ndarray, comm: np.ndarray, step: np.ndarray, gro
     1% wobble into a large z.
     """
     med_c, sp_c = group_stats(compute, groups, cfg.min_peers)
-    med_s, _ = group_stats(step, groups, cfg.min_peers)
-    floor = cfg.floor_frac * np.where(np.isfinite(med_c), med_c, med_s)
+    ref = med_c
+    if np.isnan(med_c).any():  # no compute_s: floor from the step time instead
+        ref = np.where(np.isfinite(med_c), med_c, group_stats(step, groups, cfg.min_peers)[0])
+    floor = cfg.floor_frac * ref
     z_c = _z(compute - med_c, sp_c, floor)
     med_w, sp_w = group_stats(comm, groups, cfg.min_peers)
     z_w = _z(med_w - comm, sp_w, floor)

@@ -137,7 +137,7 @@ class FailStopDetector:
                 "next_tick": None if math.isinf(self.next_tick) else self.next_tick}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], topo: Topology) -> "FailStopDetector":
+    def from_state(cls, state: dict[str, Any], topo: Topology) -> FailStopDetector:
         det = cls(topo, FailStopConfig(**state["config"]))
         det.last_seen = np.asarray(state["last_seen"], dtype=np.float64)
         det.reported = np.asarray(state["reported"], dtype=bool)

@@ -102,7 +102,7 @@ class HangDetector:
                 "seen_intervals": self.seen_intervals, "reported": self.reported}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], topo: Topology) -> "HangDetector":
+    def from_state(cls, state: dict[str, Any], topo: Topology) -> HangDetector:
         det = cls(topo, HangConfig(**state["config"]))
         det.last_step = np.asarray(state["last_step"], dtype=np.int64)
         det.max_step = state["max_step"]

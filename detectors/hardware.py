@@ -200,7 +200,7 @@ class HardwareDetector:
                 "gpu_last": self.gpu_last}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], topo: Topology) -> "HardwareDetector":
+    def from_state(cls, state: dict[str, Any], topo: Topology) -> HardwareDetector:
         det = cls(topo, HardwareConfig(**state["config"]))
         det.storms = copy.deepcopy(state["storms"])
         det.nic_down = copy.deepcopy(state["nic_down"])

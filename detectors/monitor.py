@@ -7,13 +7,16 @@ saves/restores their state as one JSON-able value.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from detectors.base import Detector
 from detectors.comm import CommDetector
 from detectors.failstop import FailStopDetector
+from detectors.flight import FlightDetector
 from detectors.hang import HangDetector
 from detectors.hardware import HardwareDetector
+from detectors.stacks import StackDetector
 from detectors.topology import Topology
 from schemas import Finding, Job, Record, to_dict
 from schemas.codec import decode_obj
@@ -21,7 +24,9 @@ from schemas.codec import decode_obj
 DetectorFactory = Callable[[Topology], Detector]
 
 # The detectors every job gets, in the order their findings are emitted.
-DEFAULT_DETECTORS: tuple[type, ...] = (FailStopDetector, HangDetector, CommDetector, HardwareDetector)
+DEFAULT_DETECTORS: tuple[type, ...] = (
+    FailStopDetector, HangDetector, CommDetector, HardwareDetector, StackDetector, FlightDetector,
+)
 
 
 class JobMonitor:
@@ -64,7 +69,7 @@ class JobMonitor:
         return {"job": to_dict(self.job_record), "detectors": {d.name: d.state() for d in self.detectors}}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], detectors: tuple[type, ...] = DEFAULT_DETECTORS) -> "JobMonitor":
+    def from_state(cls, state: dict[str, Any], detectors: tuple[type, ...] = DEFAULT_DETECTORS) -> JobMonitor:
         job = decode_obj(state["job"])
         mon = cls(job, detectors)
         mon.detectors = [t.from_state(state["detectors"][t.name], mon.topo) for t in detectors]

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from detectors.base import finding
-from detectors.slowdown import BufferConfig, Closed, StepBuffer, StepColumns
+from detectors.slowdown import BufferConfig, Closed, StepBuffer, StepColumns, median
 from detectors.slowdown import finite_or_none as _fin
 from detectors.topology import Topology
 from schemas import Finding, Record
@@ -99,13 +99,13 @@ def job_value(vals: np.ndarray, present: np.ndarray) -> tuple[float | None, str 
         b = vals[bad]
         label = "NaN" if np.isnan(b).any() else ("Infinity" if (b > 0).any() else "-Infinity")
     ok = vals[present & ~bad]
-    return (float(np.median(ok)) if ok.size else None), label, n_bad
+    return (median(ok) if ok.size else None), label, n_bad
 
 
 def jump_score(v: float, history: np.ndarray, floor_frac: float) -> tuple[float, float, float | None]:
     """(baseline, robust z, ratio to baseline or None when the baseline is not positive)."""
-    base = float(np.median(history))
-    spread = _MAD_TO_SIGMA * float(np.median(np.abs(history - base)))
+    base = median(history)
+    spread = _MAD_TO_SIGMA * median(np.abs(history - base))
     scale = max(spread, floor_frac * abs(base), 1e-12)
     return base, (v - base) / scale, (v / base if base > 0 else None)
 
@@ -244,7 +244,7 @@ class SdcDetector:
                 continue
             self.num_episode[m] = True
             if base is None and len(self.hist[m]):
-                base = float(np.median(np.fromiter(self.hist[m], dtype=np.float64)))
+                base = median(np.fromiter(self.hist[m], dtype=np.float64))
             out.append(finding(
                 ts=c.ts, job=self.topo.job, type="sdc_suspect", detector="sdc.numeric", key=(m, c.step),
                 score=None if z is None else z,

@@ -49,6 +49,15 @@ def finite_or_none(x: float) -> float | None:
     return round(float(x), 6) if math.isfinite(x) else None
 
 
+def median(v: np.ndarray) -> float:
+    """Median of a non-empty array without NaN (np.median without its per-call overhead)."""
+    k = v.size // 2
+    if v.size % 2:
+        return float(np.partition(v, k)[k])
+    p = np.partition(v, (k - 1, k))
+    return float((p[k - 1] + p[k]) / 2)
+
+
 def encode_floats(a: np.ndarray, present: np.ndarray | None = None) -> list[Any]:
     """JSON-safe list: missing -> None; with `present`, non-finite values -> "NaN"/"Infinity"/"-Infinity"."""
     out = a.tolist()
@@ -390,7 +399,7 @@ class JobSlowdownDetector:
         """The job's normal step time in seconds (median of recent normal steps), or None while unknown."""
         if len(self.healthy) < self.config.min_history:
             return None
-        return float(np.median(np.fromiter(self.healthy, dtype=np.float64)))
+        return median(np.fromiter(self.healthy, dtype=np.float64))
 
     # --- feeding ---
 
@@ -424,7 +433,7 @@ class JobSlowdownDetector:
         if self.warm < cfg.warmup_steps:
             self.warm += 1
             return []
-        job_s = float(np.median(v))
+        job_s = median(v)
         base = self.baseline_s()
         self.recent.append(job_s)
         if base is None or base <= 0:

@@ -47,7 +47,7 @@ class Topology:
         set_(self, "node_ranks", {n: tuple(rs) for n, rs in by_node.items()})
 
     @classmethod
-    def from_job(cls, rec: Job) -> "Topology":
+    def from_job(cls, rec: Job) -> Topology:
         """Topology of a `job` record; ranks must be exactly 0..n-1, each once."""
         ordered = sorted(rec.ranks, key=lambda r: r.rank)
         if [r.rank for r in ordered] != list(range(len(ordered))):

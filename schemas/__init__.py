@@ -2,8 +2,27 @@
 
 from schemas.codec import DecodeError, decode, decode_obj, encode, encode_batch, to_dict
 from schemas.records import (
-    INPUT_KINDS, KINDS, OUTPUT_KINDS, Action, Finding, FlightEntry, FlightGroup, Flight, Frame, Framework, Gpu,
-    Heartbeat, Hw, Incident, Job, Ops, RankInfo, Record, Recovery, Stack, Step,
+    INPUT_KINDS,
+    KINDS,
+    OUTPUT_KINDS,
+    Action,
+    Finding,
+    Flight,
+    FlightEntry,
+    FlightGroup,
+    Frame,
+    Framework,
+    Gpu,
+    Heartbeat,
+    Hw,
+    Incident,
+    Job,
+    Ops,
+    RankInfo,
+    Record,
+    Recovery,
+    Stack,
+    Step,
 )
 
 __all__ = [

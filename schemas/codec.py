@@ -16,8 +16,9 @@ import json
 import math
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
@@ -323,7 +324,7 @@ def _encoder(cls: type) -> Callable[[Any], dict]:
         if f.name in ("extra", "kind"):
             continue
         plan.append((f.name, WIRE_NAMES.get(f.name, f.name), f.default is None))
-    kind = getattr(cls, "__dataclass_fields__")["kind"].default if "kind" in cls.__dataclass_fields__ else None
+    kind = cls.__dataclass_fields__["kind"].default if "kind" in cls.__dataclass_fields__ else None
 
     def to_dict(rec: Any) -> dict:
         out: dict[str, Any] = {"kind": kind, "v": VERSION} if kind else {}

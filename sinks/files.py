@@ -1,35 +1,45 @@
-"""JSONL outputs of a replay: findings, actions, incidents and rejected lines."""
+"""JSONL outputs: findings, actions, incidents and rejected messages, one file each."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import orjson
 
 from schemas import DecodeError, Record, encode
+from triage.outputs import Outputs
+
+
+def rejected_obj(err: DecodeError, source: str, where: int | None) -> dict[str, Any]:
+    """The dead-letter form of a rejected message: where it came from, why, and its text."""
+    return {"source": source, "line": where, **err.to_dict()}
 
 
 class JsonlSink:
-    """Appends contract records (or plain dicts) to one JSONL file, one per line."""
+    """Writes `findings.jsonl`, `actions.jsonl`, `incidents.jsonl` and `rejected.jsonl` into a directory."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._fh: BinaryIO = open(path, "wb")
-        self.count = 0
+    def __init__(self, out_dir: Path) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self._files = {k: open(out_dir / f"{k}.jsonl", "wb") for k in ("findings", "actions", "incidents",
+                                                                         "rejected")}
 
-    def write(self, rec: Record) -> None:
-        self._fh.write(encode(rec) + b"\n")
-        self.count += 1
+    def write(self, out: Outputs) -> None:
+        for name, recs in (("findings", out.findings), ("actions", out.actions), ("incidents", out.incidents)):
+            fh = self._files[name]
+            for rec in recs:
+                fh.write(encode(rec) + b"\n")
 
-    def write_obj(self, obj: dict[str, Any]) -> None:
-        self._fh.write(orjson.dumps(obj) + b"\n")
-        self.count += 1
+    def reject(self, err: DecodeError, source: str, where: int | None, ts: float) -> None:
+        self._files["rejected"].write(orjson.dumps(rejected_obj(err, source, where)) + b"\n")
+
+    def observe(self, rec: Record) -> None:
+        pass
+
+    def flush(self) -> None:
+        for fh in self._files.values():
+            fh.flush()
 
     def close(self) -> None:
-        self._fh.close()
-
-
-def rejected_obj(err: DecodeError, source: str, line: int | None) -> dict[str, Any]:
-    """The dead-letter form of a rejected message: where it came from, why, and its text."""
-    return {"source": source, "line": line, **err.to_dict()}
+        for fh in self._files.values():
+            fh.close()

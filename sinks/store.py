@@ -11,8 +11,9 @@ Both run the DDL of `sinks.tables` and take rows as dicts.
 from __future__ import annotations
 
 import datetime as _dt
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Protocol
+from typing import Any, Protocol
 
 import orjson
 
@@ -84,7 +85,7 @@ class ClickHouseStore:
     def query(self, sql: str) -> list[dict[str, Any]]:
         rows, columns = self._client.execute(sql, with_column_types=True)
         names = [c[0] for c in columns]
-        return [{n: _plain(v) for n, v in zip(names, row)} for row in rows]
+        return [{n: _plain(v) for n, v in zip(names, row, strict=True)} for row in rows]
 
     def close(self) -> None:
         self._client.disconnect()
@@ -95,7 +96,7 @@ def _server_row(row: dict[str, Any], cols: Iterable[str]) -> tuple:
     for c in cols:
         v = row[c]
         if c == "event_time":
-            v = _dt.datetime.fromtimestamp(v, _dt.timezone.utc).replace(tzinfo=None)
+            v = _dt.datetime.fromtimestamp(v, _dt.UTC).replace(tzinfo=None)
         out.append(v)
     return tuple(out)
 

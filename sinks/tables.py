@@ -13,7 +13,8 @@ rows collapses to one row (`SELECT ... FINAL` to read the deduplicated view).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 

@@ -15,18 +15,18 @@ import gzip
 import heapq
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import IO
 
 from schemas import DecodeError, Record, decode
-from sinks.files import JsonlSink, rejected_obj
+from sinks.base import Sink
+from sinks.files import JsonlSink
 from sinks.store import Store
-from sinks.tables import ROW_OF, rejected_row, telemetry_row
+from sinks.storesink import StoreSink
 from triage.engine import Core, CoreConfig
 from triage.outputs import Outputs
-
-_STORE_BATCH = 5000
 
 
 def open_text(path: Path) -> IO[bytes]:
@@ -97,70 +97,52 @@ class Summary:
 
 
 class Replay:
-    """Drives a `Core` over items and writes what it produces."""
+    """Drives a `Core` over items and hands what it produces to the sinks."""
 
-    def __init__(self, out_dir: Path, store: Store | None = None, core: Core | None = None,
-                 telemetry: bool = False) -> None:
-        out_dir.mkdir(parents=True, exist_ok=True)
+    def __init__(self, sinks: list[Sink], core: Core | None = None) -> None:
         self.core = core or Core(CoreConfig())
-        self.store = store
-        self.telemetry = telemetry
-        self.sinks = {k: JsonlSink(out_dir / f"{k}s.jsonl") for k in ("finding", "action", "incident")}
-        self.rejected = JsonlSink(out_dir / "rejected.jsonl")
-        self.summary = Summary(out_dir=str(out_dir))
-        self._rows: dict[str, list[dict]] = {}
+        self.sinks = sinks
+        self.summary = Summary()
 
     def feed(self, item: Item) -> None:
         s = self.summary
         v = item.value
         if isinstance(v, DecodeError):
-            self._reject(v, item)
+            self._reject(v, item.source, item.line, item.ts)
             return
         s.records += 1
         if s.first_ts is None:
             s.first_ts = v.ts
         s.last_ts = v.ts if s.last_ts is None else max(s.last_ts, v.ts)
-        if self.telemetry:
-            self._row("gw_telemetry", telemetry_row(v))
+        for sink in self.sinks:
+            sink.observe(v)
         out = self.core.process(v)
         if out:
             self._emit(out, item)
 
-    def _reject(self, err: DecodeError, item: Item) -> None:
+    def _reject(self, err: DecodeError, source: str, line: int | None, ts: float) -> None:
         self.summary.rejected += 1
-        self.rejected.write_obj(rejected_obj(err, item.source, item.line))
-        self._row("gw_rejected", rejected_row(err, f"{item.source}:{item.line}", max(item.ts, 0.0)))
+        for sink in self.sinks:
+            sink.reject(err, source, line, ts)
 
     def _emit(self, out: Outputs, item: Item | None) -> None:
         s = self.summary
-        for rec in [*out.findings, *out.actions, *out.incidents]:
-            self.sinks[rec.kind].write(rec)
-            table, row = ROW_OF[rec.kind]
-            self._row(table, row(rec))
         for f in out.findings:
             s.by_type[f.type] = s.by_type.get(f.type, 0) + 1
         s.findings += len(out.findings)
         s.actions += len(out.actions)
         s.incidents += len(out.incidents)
+        for sink in self.sinks:
+            sink.write(out)
         for err in out.rejected:
-            self._reject(err, item or Item(0.0, "core", 0, err))
-
-    def _row(self, table: str, row: dict) -> None:
-        if self.store is None:
-            return
-        rows = self._rows.setdefault(table, [])
-        rows.append(row)
-        if len(rows) >= _STORE_BATCH:
-            self.store.insert(table, rows)
-            self._rows[table] = []
+            if item is None:
+                self._reject(err, "core", None, 0.0)
+            else:
+                self._reject(err, item.source, item.line, item.ts)
 
     def close(self) -> Summary:
         self._emit(self.core.finish(), None)
-        for table, rows in self._rows.items():
-            if rows and self.store is not None:
-                self.store.insert(table, rows)
-        self._rows.clear()
-        for sink in [*self.sinks.values(), self.rejected]:
+        for sink in self.sinks:
             sink.close()
         return self.summary
 
@@ -170,9 +152,11 @@ def run(paths: list[Path], out_dir: Path, store: Store | None, *, telemetry: boo
     """Replay `paths` into `out_dir` (and `store`); returns the summary."""
     if progress is None:
         progress = sys.stderr.isatty()
+    sinks: list[Sink] = [JsonlSink(out_dir)]
     if store is not None:
-        store.create_tables()
-    rep = Replay(out_dir, store, core, telemetry)
+        sinks.append(StoreSink(store, telemetry=telemetry, max_delay_s=float("inf")))
+    rep = Replay(sinks, core)
+    rep.summary.out_dir = str(out_dir)
     started = time.monotonic()
     next_print = started
     for item in merged(paths):

@@ -43,6 +43,6 @@ class TriageConfig:
     risk_half_life_s: float = 86400.0
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TriageConfig":
+    def from_dict(cls, d: dict[str, Any]) -> TriageConfig:
         plain = {f.name: d[f.name] for f in fields(cls) if f.name in d and f.name not in ("budgets", "safety")}
         return cls(budgets=Budgets(**d.get("budgets", {})), safety=Safety(**d.get("safety", {})), **plain)

@@ -121,7 +121,7 @@ class Core:
         }
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> "Core":
+    def from_state(cls, state: dict[str, Any]) -> Core:
         cfg = state["config"]
         core = cls(CoreConfig(cfg["lateness_s"], TriageConfig.from_dict(cfg["triage"])))
         core.watermark = float("-inf") if state["watermark"] is None else state["watermark"]

@@ -83,7 +83,7 @@ class Timeline:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Timeline":
+    def from_dict(cls, d: dict[str, Any]) -> Timeline:
         return cls(**d)
 
 

@@ -221,7 +221,7 @@ class Triage:
                 "degraded": dict(self.degraded)}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], config: TriageConfig, topo: Topology) -> "Triage":
+    def from_state(cls, state: dict[str, Any], config: TriageConfig, topo: Topology) -> Triage:
         tri = cls(topo.job, config, topo)
         tri.incident = Timeline.from_dict(state["incident"]) if state["incident"] else None
         tri.evidence = [decode_obj(f) for f in state["evidence"]]

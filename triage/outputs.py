@@ -16,7 +16,7 @@ class Outputs:
     incidents: list[Incident] = field(default_factory=list)
     rejected: list[DecodeError] = field(default_factory=list)
 
-    def extend(self, other: "Outputs") -> None:
+    def extend(self, other: Outputs) -> None:
         self.findings += other.findings
         self.actions += other.actions
         self.incidents += other.incidents

@@ -49,5 +49,5 @@ class NodeProfile:
                 "evictions": self.evictions}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "NodeProfile":
+    def from_dict(cls, d: dict[str, Any]) -> NodeProfile:
         return cls(d["node"], d["risk"], d["risk_ts"], [dict(x) for x in d["recent"]], list(d["evictions"]))

@@ -77,6 +77,6 @@ class Guards:
         return {"evictions": self.evictions, "silences": self.silences, "planned": self.planned}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], safety: Safety) -> "Guards":
+    def from_dict(cls, d: dict[str, Any], safety: Safety) -> Guards:
         return cls(safety, [tuple(x) for x in d["evictions"]], [tuple(x) for x in d["silences"]],
                    [tuple(x) for x in d["planned"]])

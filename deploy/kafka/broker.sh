@@ -66,7 +66,7 @@ running_pid() {
   local pid; pid="$(cat "$PID_FILE" 2>/dev/null || true)"
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
   # guard against pid reuse: the command line must be our broker
-  if tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF "kafka.Kafka $PROPS"; then
+  if tr "\\0" " " 2>/dev/null < "/proc/$pid/cmdline" | grep -qF "kafka.Kafka $PROPS"; then
     echo "$pid"
   else
     return 1
@@ -196,7 +196,7 @@ launch() {
     -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$LOG4J" -Dkafka.logs.dir="$LOG_DIR" \
     -cp "$LIBS/*" kafka.Kafka "$PROPS" \
-    >>"$OUT" 2>&1 < /dev/null &
+    >>"$OUT" 2>&1 < /dev/null 9>&- &   # 9>&-: the broker must not inherit the start lock
   local i
   for i in $(seq 50); do [[ -s "$PID_FILE" ]] && return 0; sleep 0.1; done
   die "broker did not write $PID_FILE"
@@ -285,7 +285,7 @@ with_lock() {
   mkdir -p "$RUN_DIR"
   if command -v flock > /dev/null; then
     exec 9>"$RUN_DIR/.lock"
-    flock 9
+    flock -w 180 9 || die "another start/stop holds $RUN_DIR/.lock for over 180 s"
   fi
   "$@"
 }

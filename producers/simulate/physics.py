@@ -108,8 +108,9 @@ def simulate(sc: Scenario) -> Plan:
     gpu_off: dict[tuple[int, int], float] = {}
     segments: list[Segment] = []
     t0, step0 = sc.start_ts, sc.start_step
+    running = faults
     while True:
-        seg = _run_segment(sc, topo, faults, benign, len(segments), t0, list(names), step0)
+        seg = _run_segment(sc, topo, running, benign, len(segments), t0, list(names), step0)
         segments.append(seg)
         stop = seg.stop
         if stop is None:
@@ -136,7 +137,8 @@ def simulate(sc: Scenario) -> Plan:
         seg.t_end = t0
         seg.alive_until = np.minimum(seg.alive_until, t0)
         step0 = stop.step + 1
-        faults = [r for r in faults if r is not f]
+        # the drained node's own faults leave with it
+        running = [r for r in running if r is not f and r.node != f.node]
     sdc = {f.rank: _first_step_ending_after(segments, f.ts) for f in faults if f.kind == "sdc"}
     return Plan(sc, topo, faults, benign, segments, phys, np.array(node_on), np.array(node_off), gpu_off,
                 {r: s for r, s in sdc.items() if s is not None})

@@ -1,0 +1,90 @@
+"""Batched writes of the core's outputs into a ClickHouse store (server or chDB).
+
+Rows are buffered per table and inserted when a table reaches `batch_rows`, or
+when `max_delay_s` of wall time passed since the oldest buffered row, or on
+`flush()`. A failed insert is retried with exponential backoff; the output
+tables are ReplacingMergeTree keyed by record id, so a retry that did land
+twice collapses to one row.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from schemas import DecodeError, Record
+from sinks.store import Store
+from sinks.tables import ROW_OF, rejected_row, telemetry_row
+from triage.outputs import Outputs
+
+log = logging.getLogger(__name__)
+
+
+class StoreSink:
+    def __init__(self, store: Store, *, telemetry: bool = False, telemetry_every: int = 1, batch_rows: int = 5000,
+                 max_delay_s: float = 1.0, retries: int = 5, backoff_s: float = 0.2,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.store = store
+        self.telemetry = telemetry
+        self.telemetry_every = max(1, telemetry_every)
+        self.batch_rows = batch_rows
+        self.max_delay_s = max_delay_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self._clock, self._sleep = clock, sleep
+        self._rows: dict[str, list[dict[str, Any]]] = {}
+        self._oldest: float | None = None
+        self._seen = 0
+        self.inserted = 0
+        store.create_tables()
+
+    def write(self, out: Outputs) -> None:
+        for rec in (*out.findings, *out.actions, *out.incidents):
+            table, row = ROW_OF[rec.kind]
+            self._add(table, row(rec))
+
+    def reject(self, err: DecodeError, source: str, where: int | None, ts: float) -> None:
+        self._add("gw_rejected", rejected_row(err, source if where is None else f"{source}:{where}", max(ts, 0.0)))
+
+    def observe(self, rec: Record) -> None:
+        if self.telemetry:
+            self._seen += 1
+            if self._seen % self.telemetry_every == 0:
+                self._add("gw_telemetry", telemetry_row(rec))
+
+    def _add(self, table: str, row: dict[str, Any]) -> None:
+        rows = self._rows.setdefault(table, [])
+        rows.append(row)
+        if self._oldest is None:
+            self._oldest = self._clock()
+        if len(rows) >= self.batch_rows or self._clock() - self._oldest >= self.max_delay_s:
+            self.flush()
+
+    def flush(self) -> None:
+        for table in sorted(self._rows):
+            rows = self._rows[table]
+            if rows:
+                self._insert(table, rows)
+        self._rows.clear()
+        self._oldest = None
+
+    def _insert(self, table: str, rows: list[dict[str, Any]]) -> None:
+        delay = self.backoff_s
+        for attempt in range(self.retries + 1):
+            try:
+                self.store.insert(table, rows)
+                self.inserted += len(rows)
+                return
+            except Exception as e:  # the driver raises many types; all mean "not stored"
+                if attempt == self.retries:
+                    raise
+                log.warning("insert of %d rows into %s failed (%s); retry %d in %.1fs", len(rows), table, e,
+                            attempt + 1, delay)
+                self._sleep(delay)
+                delay *= 2
+
+    def close(self) -> None:
+        self.flush()
+        self.store.close()
