@@ -19,6 +19,7 @@ storm has been quiet for `quiet_s`.
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -28,6 +29,8 @@ from detectors.xid import is_verdict, lookup
 from schemas import Finding, Gpu, Hw, Record
 
 _THROTTLE_DEGRADED = frozenset({"hw_thermal", "sw_thermal", "hw_slowdown", "hw_power_brake", "power_brake"})
+# the link-state words the kernel prints (same phrases as producers/kmsg.py recognises)
+_LINK_STATE = re.compile(r"\blink(?: is| status definitely| state changed to)? (up|down)\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -70,8 +73,7 @@ class HardwareDetector:
         severity, name = self._severity(rec)
         if severity is None:
             return []
-        self._count(rec.ts, rec.node, rec.gpu, rec.source, rec.code, severity, name, rec.message)
-        return []
+        return self._count(rec.ts, rec.node, rec.gpu, rec.source, rec.code, severity, name, rec.message)
 
     def _severity(self, rec: Hw) -> tuple[str | None, str]:
         msg = rec.message.lower()
@@ -100,15 +102,22 @@ class HardwareDetector:
         key = f"{rec.node}|{iface}"
         up = rec.extra.get("link_up")
         if up is None:
-            up = "up" in rec.message.lower().split("link", 1)[-1][:12]
+            state = _LINK_STATE.search(rec.message)
+            if state is None:  # no link-state change (e.g. a NETDEV WATCHDOG transmit timeout): evidence only
+                return self._count(rec.ts, rec.node, None, "nic", None, "evidence", "NIC", rec.message)
+            up = state.group(1).lower() == "up"
         if not up:
             self.nic_down.setdefault(key, {"ts": rec.ts, "message": rec.message})
             return []
         down = self.nic_down.pop(key, None)
         if down is None:
             return []
-        return [self._finding(rec.ts, rec.node, None, "nic", None, "precursor", "NIC_FLAP", 1, down["message"],
-                              key=(key, down["ts"]), extra={"down_s": round(rec.ts - down["ts"], 3)})]
+        out = []
+        if not down.get("reported") and rec.ts >= down["ts"] + self.config.nic_flap_s:  # advance lagged behind
+            out.append(self._nic_down_finding(key, down))
+        out.append(self._finding(rec.ts, rec.node, None, "nic", None, "precursor", "NIC_FLAP", 1, down["message"],
+                                 key=(key, down["ts"]), extra={"down_s": round(rec.ts - down["ts"], 3)}))
+        return out
 
     def _gpu(self, rec: Gpu) -> list[Finding]:
         cfg = self.config
@@ -152,15 +161,20 @@ class HardwareDetector:
     # --- storms -------------------------------------------------------------------
 
     def _count(self, ts: float, node: str, gpu: int | None, source: str, code: int | None, severity: str, name: str,
-               message: str) -> None:
+               message: str) -> list[Finding]:
         key = f"{node}|{gpu}|{source}|{code}"
         storm = self.storms.get(key)
+        out = []
+        if storm is not None and not storm["reported"] and ts >= storm["first"] + self.config.storm_window_s:
+            out.append(self._storm_finding(key, storm))  # advance lagged behind: report what the window held
         if storm is None or ts - storm["last"] > self.config.quiet_s:
             self.storms[key] = {"first": ts, "last": ts, "count": 1, "severity": severity, "name": name,
                                 "message": message[:500], "reported": False}
         else:
             storm["last"] = max(storm["last"], ts)
-            storm["count"] += 1
+            if ts < storm["first"] + self.config.storm_window_s:  # the count is what the window held
+                storm["count"] += 1
+        return out
 
     def advance(self, now: float) -> list[Finding]:
         cfg = self.config
@@ -168,21 +182,26 @@ class HardwareDetector:
         for key in sorted(self.storms):
             s = self.storms[key]
             if not s["reported"] and now >= s["first"] + cfg.storm_window_s:
-                s["reported"] = True
-                node, gpu, source, code = key.split("|")
-                out.append(self._finding(s["first"] + cfg.storm_window_s, node, None if gpu == "None" else int(gpu),
-                                         source, None if code == "None" else int(code), s["severity"], s["name"],
-                                         s["count"], s["message"], key=(key, s["first"])))
+                out.append(self._storm_finding(key, s))
             elif s["reported"] and now - s["last"] > cfg.quiet_s:
                 del self.storms[key]
         for key in sorted(self.nic_down):
             down = self.nic_down[key]
             if now >= down["ts"] + cfg.nic_flap_s and not down.get("reported"):
-                down["reported"] = True
-                node = key.split("|")[0]
-                out.append(self._finding(down["ts"] + cfg.nic_flap_s, node, None, "nic", None, "fatal", "NIC_DOWN", 1,
-                                         down["message"], key=(key, down["ts"])))
+                out.append(self._nic_down_finding(key, down))
         return out
+
+    def _storm_finding(self, key: str, s: dict[str, Any]) -> Finding:
+        s["reported"] = True
+        node, gpu, source, code = key.split("|")
+        return self._finding(s["first"] + self.config.storm_window_s, node, None if gpu == "None" else int(gpu),
+                             source, None if code == "None" else int(code), s["severity"], s["name"], s["count"],
+                             s["message"], key=(key, s["first"]))
+
+    def _nic_down_finding(self, key: str, down: dict[str, Any]) -> Finding:
+        down["reported"] = True
+        return self._finding(down["ts"] + self.config.nic_flap_s, key.split("|")[0], None, "nic", None, "fatal",
+                             "NIC_DOWN", 1, down["message"], key=(key, down["ts"]))
 
     def _finding(self, ts: float, node: str, gpu: int | None, source: str, code: int | None, severity: str,
                  name: str, count: int, message: str, *, key: object, extra: dict | None = None) -> Finding:
@@ -196,8 +215,8 @@ class HardwareDetector:
     # --- state --------------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
-        return {"config": asdict(self.config), "storms": self.storms, "nic_down": self.nic_down,
-                "gpu_last": self.gpu_last}
+        return copy.deepcopy({"config": asdict(self.config), "storms": self.storms, "nic_down": self.nic_down,
+                              "gpu_last": self.gpu_last})  # a snapshot: later records must not change it
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> HardwareDetector:
@@ -209,6 +228,10 @@ class HardwareDetector:
 
 
 def _iface(message: str) -> str:
-    """The interface a NIC line is about: the first token before a colon (e.g. `eth0`, `mlx5_0`)."""
-    head = message.split(":", 1)[0].strip().split()
-    return head[-1] if head else ""
+    """The interface a NIC line is about: the last token before the first `: ` (e.g. `eth0`, `ens1np0`).
+
+    `mlx5_core 0000:17:00.0 ens1np0: Link down` is about `ens1np0`; a line naming no interface
+    (`mlx5_core 0000:17:00.0: Link down`) falls back to its PCI address.
+    """
+    head = message.split(": ", 1)[0].strip().split()
+    return head[-1].rstrip(":") if head else ""

@@ -53,6 +53,32 @@ def cmd_schema_export(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- ingest --------------------------------------------------------------------
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    import orjson
+
+    from producers.dumps import flight_records, pyspy_records
+
+    if not args.dir.is_dir():
+        print(f"gangwatch ingest: not a directory: {args.dir}", file=sys.stderr)
+        return 2
+    make = pyspy_records if args.format == "pyspy" else flight_records
+    try:
+        recs = make(args.dir, job=args.job, gpus_per_node=args.gpus_per_node, ts=args.ts)
+    except ValueError as e:
+        print(f"gangwatch ingest: {e}", file=sys.stderr)
+        return 2
+    data = b"".join(orjson.dumps(r) + b"\n" for r in recs)
+    if args.out is None:
+        sys.stdout.buffer.write(data)
+    else:
+        args.out.write_bytes(data)
+        print(f"wrote {len(recs)} records ({len(recs) - 1} ranks) to {args.out}", file=sys.stderr)
+    return 0
+
+
 # --- parser --------------------------------------------------------------------
 
 
@@ -81,6 +107,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="progress bar (default: on when stderr is a terminal)")
     r.add_argument("-q", "--quiet", action="store_true", help="no summary")
     r.set_defaults(func=cmd_replay)
+
+    g = sub.add_parser("ingest", help="turn a folder of per-rank py-spy dumps or flight-recorder pickles into records",
+                       description="Read one file per rank (`*rank<N>*.txt` py-spy dumps or `*rank<N>*.pkl` PyTorch "
+                       "flight-recorder pickles, loaded without executing code) and write a replayable JSONL: a "
+                       "`job` record and one `stack`/`flight` record per rank, all in one snapshot.",
+                       epilog="example: gangwatch ingest pyspy ../shared/data/pyspy/dataloader-hang-8ranks "
+                       "--out sweep.jsonl && gangwatch replay sweep.jsonl --out out/")
+    g.add_argument("format", choices=["pyspy", "flight"], help="what the folder holds")
+    g.add_argument("dir", type=Path, metavar="DIR")
+    g.add_argument("--out", type=Path, help="JSONL file to write (default: stdout)")
+    g.add_argument("--job", default="job", help="job id to use (default: job)")
+    g.add_argument("--gpus-per-node", type=int, default=1,
+                   help="ranks per node when placing ranks on nodes n000, n001, ... (default 1: one node per rank)")
+    g.add_argument("--ts", type=float, default=1_700_000_000.0, help="event time of the sweep (fixed by default)")
+    g.set_defaults(func=cmd_ingest)
 
     s = sub.add_parser("schema", help="the wire contract: export JSON Schema files")
     ssub = s.add_subparsers(dest="schema_command", metavar="ACTION", required=True)

@@ -1,1 +1,1 @@
-"""Node sidecars that turn a node's raw signals into contract-v1 records."""
+"""Node sidecars and tools that turn raw signals (kernel log, NVML, dumps, simulation) into contract records."""

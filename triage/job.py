@@ -29,7 +29,7 @@ from triage.profile import NodeProfile
 from triage.safety import Guards
 
 _OPENS = {"fail_stop": "fail_stop", "hang": "hang", "fail_slow": "fail_slow", "sdc_suspect": "sdc",
-          "comm_error": "hang"}
+          "comm_error": "hang", "stack_outlier": "hang"}
 
 
 class Triage:
@@ -104,14 +104,16 @@ class Triage:
             if cls is None:
                 return
             inc = self._open(f, cls)
-            if cls == "hang":
+            inc.findings.append(f.id)
+            self.evidence.append(f)
+            if f.type in ("hang", "comm_error"):
                 self._collect_stacks(f, out)
         else:
             changed = cls is not None and inc.promote(cls)
             if changed and inc.decided_ts is None:
                 inc.decide_at = min(inc.decide_at, f.ts + self.config.settle_s)
-        inc.findings.append(f.id)
-        self.evidence.append(f)
+            inc.findings.append(f.id)
+            self.evidence.append(f)
         if inc.decided_ts is not None and f.type in ("fail_stop", "hw_fault", "sdc_suspect") and weighty(f) \
                 and f.node not in inc.culprit_nodes:
             self._decide(f.ts, out)  # a new culprit after the decision: decide again for it
@@ -122,6 +124,8 @@ class Triage:
         planned = self.guards.is_planned(nodes, f.ts) or (self.guards.is_planned([], f.ts))
         wait = {"hang": self.config.hang_collect_s, "fail_slow": self.config.safety.failslow_hold_s}.get(
             cls, self.config.settle_s)
+        if f.type == "stack_outlier":
+            wait = 0.0  # a finished sweep is already all the evidence there will be
         inc = Timeline(id=stable_id("i", self.job, f.id), job=self.job, cls="planned" if planned else cls,
                        onset_ts=onset, detected_ts=f.ts, planned=planned, decide_at=f.ts + wait)
         self.incident = inc
@@ -132,8 +136,7 @@ class Triage:
         inc = self.incident
         a = Action(id=stable_id("a", inc.id, "collect_stacks"), ts=f.ts, job=self.job, incident=inc.id,
                    type="collect_stacks", nodes=[], path=None, evidence=[f.id],
-                   reason=f"no step progress for {f.evidence.get('threshold_s', '?')} s after step "
-                          f"{f.evidence.get('last_step', '?')}: sweep stacks and flight-recorder dumps")
+                   reason=_stall_reason(f) + ": sweep stacks and flight-recorder dumps")
         inc.actions.append(a.id)
         out.actions.append(a)
         out.incidents.append(inc.record(f.ts, self.config.budgets))
@@ -240,6 +243,13 @@ def weighty(f: Finding) -> bool:
     if f.type == "fail_stop":
         return f.evidence.get("cause") == "heartbeat"
     return f.rank is not None
+
+
+def _stall_reason(f: Finding) -> str:
+    ev = f.evidence
+    if f.type == "comm_error":
+        return f"{ev.get('reports', '?')} collective timeouts from {ev.get('reporting_ranks', '?')} ranks"
+    return f"no step progress for {ev.get('threshold_s', '?')} s after step {ev.get('last_step', '?')}"
 
 
 def _numeric_fault(f: Finding) -> bool:

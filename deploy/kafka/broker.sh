@@ -97,7 +97,9 @@ ensure_libs() {
   compgen -G "$LIBS/kafka_2.13-*.jar" > /dev/null && return 0
   command -v mvn > /dev/null || die "$LIBS is missing and mvn is not installed (apt-get install maven)"
   say "building $LIBS with Maven (first run only; needs Maven Central)..."
-  (cd "$HERE" && mvn -B -q package) || die "mvn package failed in $HERE"
+  # output goes to a file: quiet mvn still prints bare ANSI reset codes
+  (cd "$HERE" && mvn -B -q package) > "$RUN_DIR/mvn.log" 2>&1 \
+    || { tail -n 40 "$RUN_DIR/mvn.log" >&2; die "mvn package failed in $HERE (log $RUN_DIR/mvn.log)"; }
   compgen -G "$LIBS/kafka_2.13-*.jar" > /dev/null || die "mvn ran but $LIBS has no kafka_2.13 jar"
 }
 
@@ -190,15 +192,14 @@ launch() {
   local java; java="$(java_bin)"
   # setsid: the broker outlives this shell and ignores the caller's Ctrl-C.
   # The inner shell writes its own pid and then execs java, so the pid is exact.
-  # shellcheck disable=SC2086  # HEAP_OPTS is a list of flags
+  # shellcheck disable=SC2086,SC2016  # HEAP_OPTS is a list of flags; $$ is for the inner shell
   setsid bash -c 'echo $$ > "$0"; exec "$@"' "$PID_FILE" \
     "$java" $HEAP_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
     -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$LOG4J" -Dkafka.logs.dir="$LOG_DIR" \
     -cp "$LIBS/*" kafka.Kafka "$PROPS" \
     >>"$OUT" 2>&1 < /dev/null 9>&- &   # 9>&-: the broker must not inherit the start lock
-  local i
-  for i in $(seq 50); do [[ -s "$PID_FILE" ]] && return 0; sleep 0.1; done
+  for _ in $(seq 50); do [[ -s "$PID_FILE" ]] && return 0; sleep 0.1; done
   die "broker did not write $PID_FILE"
 }
 
@@ -253,15 +254,14 @@ cmd_stop() {
     return 0
   fi
   kill -TERM "$pid" 2>/dev/null || true
-  local i
-  for i in $(seq 200); do   # 20 s: controlled shutdown takes a few seconds
+  for _ in $(seq 200); do   # 20 s: controlled shutdown takes a few seconds
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.1
   done
   if kill -0 "$pid" 2>/dev/null; then
     say "still alive after 20 s, sending KILL"
     kill -KILL "$pid" 2>/dev/null || true
-    for i in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   fi
   rm -f "$PID_FILE"
   say "stopped (pid $pid)"

@@ -286,7 +286,7 @@ def _events(plan: Plan) -> list[tuple[float, dict]]:
         nb = nic_bus(fl.nic)
         for t, what in ((fl.down_ts, "Link down"), (fl.up_ts, "Link up")):
             rec = {"kind": "hw", "v": 1, "ts": round(t, 6), "node": plan.phys_nodes[p], "source": "nic",
-                   "message": f"mlx5_core 0000:{nb}:00.0 ibp{nb}s0: {what}"}
+                   "message": f"mlx5_core 0000:{nb}:00.0 ibp{int(nb, 16)}s0: {what}"}
             ev.append((rec["ts"], rec))
     ev.sort(key=itemgetter(0))
     return ev

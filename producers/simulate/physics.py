@@ -203,10 +203,11 @@ def _run_segment(sc: Scenario, topo: Topology, faults: list[Resolved], benign: B
                 comm_mult *= 1.0 + f.magnitude
         c = c * mult
         final = planned is not None and t >= planned.ts
+        ck = None
         if t >= next_ckpt or final:
             save = nz.ckpt_s if nz.ckpt_s > 0 else 3.0
             c = c + save * (1.0 + 0.03 * r_jit.standard_normal(R))
-            ckpts.append((step0 + j, t, t + save))
+            ck = (step0 + j, t, t + save)
             while next_ckpt <= t:
                 next_ckpt += ckpt_every
         d = r_data.exponential(nz.data_wait_mean_s, R) if nz.data_wait_mean_s > 0 else np.zeros(R)
@@ -227,6 +228,8 @@ def _run_segment(sc: Scenario, topo: Topology, faults: list[Resolved], benign: B
         comps.append(c)
         datas.append(d)
         comms.append(comm)
+        if ck is not None:
+            ckpts.append(ck)
         if nz.loss_spike_prob > 0 and r_loss.random() < nz.loss_spike_prob:
             spikes.append(step0 + j)
         t, j = end, j + 1
