@@ -95,7 +95,8 @@ class CommDetector:
         return sorted(chosen) if not open_groups else []
 
     def state(self) -> dict[str, Any]:
-        return {"config": asdict(self.config), "storm": self.storm}
+        storm = None if self.storm is None else {**self.storm, "reports": [list(r) for r in self.storm["reports"]]}
+        return {"config": asdict(self.config), "storm": storm}  # a snapshot: later records must not change it
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> CommDetector:

@@ -62,7 +62,7 @@ class HangDetector:
         if rec.step > self.max_step:
             if self.max_step >= 0 and rec.ts > self.progress_ts:
                 self.seen_intervals += 1
-                if self.seen_intervals > self.config.warmup_steps:
+                if self.seen_intervals > self.config.warmup_steps and not self.reported:  # a hang is no rhythm
                     gap = (rec.ts - self.progress_ts) / (rec.step - self.max_step)
                     self.intervals = [*self.intervals[-(self.config.window - 1):], round(gap, 6)]
             self.max_step = rec.step

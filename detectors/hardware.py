@@ -85,10 +85,14 @@ class HardwareDetector:
                 return None, info.name
             return "evidence", info.name
         if rec.source == "ecc":
-            fatal = any(w in msg for w in ("dbe", "double bit", "uncorrectable", "uncorrected"))
+            fatal = any(w in msg for w in ("dbe", "double bit", "double-bit", "uncorrectable", "uncorrected"))
             return ("fatal" if fatal else "precursor"), "ECC"
         if rec.source == "pcie":
-            return ("fatal" if "uncorrected" in msg or "fatal" in msg else "precursor"), "PCIE_AER"
+            nonfatal = "non-fatal" in msg or "nonfatal" in msg or "corrected" in msg.replace("uncorrected", "")
+            fatal = ("uncorrected" in msg or "fatal" in msg.replace("non-fatal", "").replace("nonfatal", "")) and \
+                "non-fatal" not in msg and "nonfatal" not in msg
+            return ("fatal" if fatal and not nonfatal else "evidence" if "uncorrected" in msg else "precursor"), \
+                "PCIE_AER"
         if rec.source == "nvlink":
             return "evidence", "NVLINK"
         if rec.source == "thermal":

@@ -1,28 +1,25 @@
-"""Job-wide slowdown, and the per-step buffer every step-scoring detector shares.
+"""Job-wide slowdown, and the per-step buffer that every step-scoring detector shares.
 
-`JobSlowdownDetector` answers "is the whole job slower than it usually is?".
-It keeps a robust baseline of the job's step time (per step: the median of
-`step_s` over ranks; baseline: the median of the last `history` normal steps,
-warm-up excluded) and reports one `job_slowdown` finding per episode when the
-job's step time stays at or above `factor` x baseline for `min_steps` steps.
-Nobody is guilty when everybody is slow, so the finding names no rank and no
-node. `baseline_s()` is the current baseline, for a hang detector's stall
-threshold.
+`JobSlowdownDetector`: is the whole job slower than usual? Per step, the job's
+step time is the median `step_s` over ranks; the baseline is the median of
+the last `history` normal steps (warm-up excluded). A step time at or above
+`factor` x baseline for `min_steps` steps is one `job_slowdown` finding per
+episode, naming no rank and no node: nobody is guilty when everybody is slow.
+`baseline_s()` is the current baseline (for a hang detector's stall threshold).
 
-`StepBuffer` (used by this module, `detectors.failslow` and `detectors.sdc`)
-collects the per-rank records of each training step into numpy arrays and
-hands a step over (`Closed`) once it is complete, once most ranks are `lag`
-steps further on, once more than `max_open` steps are open, or `lateness_s`
-of event time after its first record (`expire`). `StepColumns` is the batch
-path: a list of records turned into columns once and shared by detectors;
-feeding a batch gives exactly what feeding its records one by one gives.
+`StepBuffer` (also used by `detectors.failslow` and `detectors.sdc`) gathers the
+per-rank values of each step into numpy arrays and hands the step over
+(`Closed`) once it is complete, once most ranks are `lag` steps further on,
+when more than `max_open` steps are open, or `lateness_s` after its first
+record (`expire`). `StepColumns` is the batch path, giving exactly what
+feeding the same records one by one gives.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from operator import attrgetter
 from typing import Any, ClassVar, Sequence
 
@@ -32,7 +29,6 @@ from detectors.base import finding
 from detectors.topology import Topology
 from schemas import Finding, Record
 
-_NONFINITE_NAMES = {"NaN", "Infinity", "-Infinity"}
 _BATCH_MIN_RUN = 16  # shorter runs of one step go through the per-record path (cheaper, same result)
 
 
@@ -80,30 +76,55 @@ def decode_floats(xs: list[Any]) -> tuple[np.ndarray, np.ndarray]:
 
 
 class StepColumns:
-    """`step` records as columns; fields are extracted lazily, once, and shared by detectors."""
+    """A batch of `step` records as columns, shared by the detectors it is fed to.
 
-    def __init__(self, recs: Sequence[Record]) -> None:
-        self.recs = [r for r in recs if r.kind == "step"]
+    `StepColumns(records)` extracts each field lazily, once; `from_arrays`
+    takes arrays as they come (a columnar decoder, a simulator) with no record
+    objects at all. Numeric fields are (values, present): a missing value is
+    NaN and not present, a NaN that was reported is NaN and present.
+    """
+
+    def __init__(self, recs: Sequence[Record] = ()) -> None:
+        self.recs: list[Record] | None = [r for r in recs if r.kind == "step"]
         self.ts = np.array([r.ts for r in self.recs], dtype=np.float64)
         self.step = np.array([r.step for r in self.recs], dtype=np.int64)
         self.rank = np.array([r.rank for r in self.recs], dtype=np.int64)
         self._floats: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._objects: dict[str, list[Any]] = {}
 
+    @classmethod
+    def from_arrays(cls, ts: Any, step: Any, rank: Any, *, strings: dict[str, list[str | None]] | None = None,
+                    **floats: Any) -> "StepColumns":
+        """Columns from arrays of equal length: a numeric field is an array (NaN = missing) or a
+        (values, present) pair; `strings` holds lists of str or None (replica_digest)."""
+        cols = cls()
+        cols.recs = None
+        cols.ts = np.asarray(ts, dtype=np.float64)
+        cols.step, cols.rank = np.asarray(step, dtype=np.int64), np.asarray(rank, dtype=np.int64)
+        cols._objects.update(strings or {})
+        for name, v in floats.items():
+            vals, present = v if isinstance(v, tuple) else (v, None)
+            vals = np.asarray(vals, dtype=np.float64)
+            cols._floats[name] = (vals, ~np.isnan(vals) if present is None else np.asarray(present, bool))
+        return cols
+
     def __len__(self) -> int:
-        return len(self.recs)
+        return len(self.ts)
+
+    def _raw(self, name: str) -> list[Any]:
+        return [getattr(r, name) for r in self.recs] if self.recs is not None else [None] * len(self)
 
     def floats(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """(values, present) of a numeric field; a missing value is NaN and not present."""
+        """(values, present) of a numeric field."""
         if name not in self._floats:
-            raw = [getattr(r, name) for r in self.recs]
-            present = np.array([v is not None for v in raw], dtype=bool)
-            self._floats[name] = (np.array(raw, dtype=np.float64), present)
+            raw = self._raw(name)
+            self._floats[name] = (np.array(raw, dtype=np.float64), np.array([v is not None for v in raw], bool))
         return self._floats[name]
 
     def objects(self, name: str) -> list[Any]:
+        """A string field as a list (None where missing)."""
         if name not in self._objects:
-            self._objects[name] = [getattr(r, name) for r in self.recs]
+            self._objects[name] = self._raw(name)
         return self._objects[name]
 
 
@@ -118,10 +139,10 @@ class Closed:
     ts: float  # event time at which the step closed
     epoch: int  # bumped by a rewind (the job went back to an earlier step)
     seen: np.ndarray
-    vals: dict[str, np.ndarray] = field(default_factory=dict)  # "f"/"nf" fields; NaN where missing
-    present: dict[str, np.ndarray] = field(default_factory=dict)  # "nf" fields: a value was reported
-    codes: dict[str, np.ndarray] = field(default_factory=dict)  # "c" fields: index into vocab, -1 missing
-    vocab: dict[str, list[str]] = field(default_factory=dict)
+    vals: dict[str, np.ndarray]  # "f"/"nf" fields; NaN where missing
+    present: dict[str, np.ndarray]  # "nf" fields: a value was reported
+    codes: dict[str, np.ndarray]  # "c" fields: index into vocab, -1 missing
+    vocab: dict[str, list[str]]
 
 
 class _Slot:
@@ -137,10 +158,9 @@ class _Slot:
         self.index: dict[str, dict[str, int]] = {n: {} for n in self.codes}
 
     def code(self, name: str, v: str) -> int:
-        idx = self.index[name]
-        c = idx.get(v)
+        c = self.index[name].get(v)
         if c is None:
-            c = idx[v] = len(self.vocab[name])
+            c = self.index[name][v] = len(self.vocab[name])
             self.vocab[name].append(v)
         return c
 
@@ -163,8 +183,7 @@ class StepBuffer:
         self.need = max(1, math.ceil(self.config.close_frac * size))
         self.open: dict[int, _Slot] = {}
         self.closed_upto: int | None = None
-        self.epoch = 0
-        self.dropped = 0
+        self.epoch = self.dropped = 0
         self.votes: dict[int, int] = {}
 
     # --- one record ---
@@ -218,13 +237,9 @@ class StepBuffer:
         if self.closed_upto is None or self.closed_upto - step <= self.config.max_open:
             return
         n = self.votes[step] = self.votes.get(step, 0) + 1
-        if len(self.votes) > 64:
-            self.votes = {step: n}
+        self.votes = self.votes if len(self.votes) <= 64 else {step: n}
         if n >= self.need:  # most ranks are back at an earlier step: a rewind
-            self.open.clear()
-            self.votes.clear()
-            self.closed_upto = step
-            self.epoch += 1
+            self.open, self.votes, self.closed_upto, self.epoch = {}, {}, step, self.epoch + 1
 
     def _close_through(self, target: int, ts: float) -> list[Closed]:
         if self.closed_upto is None or target > self.closed_upto:
@@ -232,7 +247,7 @@ class StepBuffer:
         out = []
         for s in sorted(s for s in self.open if s <= target):
             sl = self.open.pop(s)
-            out.append(Closed(s, ts, self.epoch, sl.seen, sl.vals, sl.present, sl.codes, sl.vocab))
+            out.append(Closed(s, float(ts), self.epoch, sl.seen, sl.vals, sl.present, sl.codes, sl.vocab))
         return out
 
     # --- a batch ---
@@ -253,10 +268,14 @@ class StepBuffer:
             crowded = s not in self.open and len(self.open) >= self.config.max_open
             if late or crowded or e - a < _BATCH_MIN_RUN:
                 for i in range(a, e):
-                    out += self.add(s, int(ranks[i]), float(ts[i]), self._row(cols.recs[i]))
-                continue
-            out += self._add_run(s, a, e, ranks, ts, cached)
+                    out += self.add(s, int(ranks[i]), float(ts[i]), self._cached_row(cached, i))
+            else:
+                out += self._add_run(s, a, e, ranks, ts, cached)
         return out
+
+    def _cached_row(self, cached: dict[str, Any], i: int) -> tuple[Any, ...]:
+        return tuple(cached[nm][i] if k == "c" else (float(cached[nm][0][i]) if cached[nm][1][i] else None)
+                     for nm, k in self.fields.items())
 
     def _add_run(self, s: int, a: int, e: int, ranks: np.ndarray, ts: np.ndarray,
                  cached: dict[str, Any]) -> list[Closed]:
@@ -265,17 +284,13 @@ class StepBuffer:
         if pos.size == 0:
             self.dropped += e - a
             return []
-        slot = self.open.get(s)
-        if slot is None:
-            slot = self.open[s] = _Slot(s, float(ts[a + pos[0]]), self.size, self.fields)
-        uniq, first = np.unique(r[pos], return_index=True)
-        firstpos = pos[first]
-        fresh = ~slot.seen[uniq]
-        new_r, new_p = uniq[fresh], firstpos[fresh]
-        order = np.argsort(new_p, kind="stable")
-        new_r, new_p = new_r[order], new_p[order]
+        slot = self.open.get(s) or self.open.setdefault(s, _Slot(s, float(ts[a + pos[0]]), self.size, self.fields))
+        uniq, first = np.unique(r[pos], return_index=True)  # first record of each rank in this run ...
+        fresh = ~slot.seen[uniq]  # ... not seen before, in arrival order
+        firstpos = pos[first][fresh]
+        order = np.argsort(firstpos, kind="stable")
+        new_r, src = uniq[fresh][order], a + firstpos[order]
         self.dropped += (e - a) - new_r.size
-        src = a + new_p
         slot.seen[new_r] = True
         for name, kind in self.fields.items():
             if kind == "c":
@@ -290,8 +305,8 @@ class StepBuffer:
                 if kind == "nf":
                     slot.present[name][new_r] = present[src]
         out: list[Closed] = []
-        c0, c1 = slot.count, slot.count + new_r.size
-        slot.count = c1
+        c0 = slot.count
+        c1 = slot.count = c0 + new_r.size
         if c0 < self.need <= c1:
             out += self._close_through(s - self.config.lag, float(ts[src[self.need - c0 - 1]]))
         if c0 < self.size == c1:
@@ -334,8 +349,7 @@ class StepBuffer:
         self.votes = {int(k): int(v) for k, v in st["votes"]}
         for d in st["open"]:
             sl = _Slot(int(d["step"]), float(d["first_ts"]), self.size, self.fields)
-            rk = np.asarray(d["ranks"], dtype=np.int64)
-            sl.count = int(d["count"])
+            rk, sl.count = np.asarray(d["ranks"], dtype=np.int64), int(d["count"])
             sl.seen[rk] = True
             for name, kind in self.fields.items():
                 if kind == "c":
@@ -384,10 +398,8 @@ class JobSlowdownDetector:
             self.recent.clear()
         self.topo = topo
         self.buf = StepBuffer(topo.size, {"step_s": "f"}, self.config.buffer)
-        self.epoch = 0
-        self.warm = 0  # steps of warm-up seen since the last (re)start
-        self.slow_run = 0
-        self.normal_run = 0
+        self.epoch = self.warm = 0  # warm: warm-up steps seen since the last (re)start
+        self.slow_run = self.normal_run = 0
         self.first_slow: int | None = None
         self.in_episode = False
 
@@ -417,10 +429,7 @@ class JobSlowdownDetector:
         return self._score(self.buf.expire(now))
 
     def _score(self, closed: list[Closed]) -> list[Finding]:
-        out: list[Finding] = []
-        for c in closed:
-            out += self._score_step(c)
-        return out
+        return [f for c in closed for f in self._score_step(c)]
 
     def _score_step(self, c: Closed) -> list[Finding]:
         cfg = self.config
@@ -468,10 +477,11 @@ class JobSlowdownDetector:
 
     # --- state ---
 
+    _SCALARS = ("epoch", "warm", "slow_run", "normal_run", "first_slow", "in_episode")
+
     def state(self) -> dict[str, Any]:
-        return {"config": asdict(self.config), "buffer": self.buf.state(), "epoch": self.epoch, "warm": self.warm,
-                "healthy": list(self.healthy), "recent": list(self.recent), "slow_run": self.slow_run,
-                "normal_run": self.normal_run, "first_slow": self.first_slow, "in_episode": self.in_episode}
+        return {"config": asdict(self.config), "buffer": self.buf.state(), "healthy": list(self.healthy),
+                "recent": list(self.recent), **{k: getattr(self, k) for k in self._SCALARS}}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> "JobSlowdownDetector":
@@ -482,7 +492,6 @@ class JobSlowdownDetector:
         det.buf.load(state["buffer"])
         det.healthy.extend(state["healthy"])
         det.recent.extend(state["recent"])
-        det.epoch, det.warm = state["epoch"], state["warm"]
-        det.slow_run, det.normal_run = state["slow_run"], state["normal_run"]
-        det.first_slow, det.in_episode = state["first_slow"], state["in_episode"]
+        for k in cls._SCALARS:
+            setattr(det, k, state[k])
         return det

@@ -35,46 +35,47 @@ def standard_suite(size: str = "full") -> list[Scenario]:
                 stage, pos, t = where
                 rank = t + 8 * stage + 8 * pp * min(int(pos * dp), dp - 1)
                 built.append(Fault(kind, at_s, rank=rank, magnitude=magnitude, params=params))
+        name = name.format(n=8 * pp * dp)
         out.append(Scenario(name, seed, 8, pp, dp, duration_s=duration_s, faults=tuple(built), **kw))
 
     # healthy runs, with benign noise only
-    add("healthy_1h_128", 101, 2, 8, 3600.0 if full else 600.0)
-    add("healthy_1024", 102, 4, 32, 300.0)
-    add("healthy_2048_batch", 103, 4, 64, 240.0, batch=True)
-    add("healthy_noisy_256", 104, 2, 16, 600.0, noise=Noise(
+    add("healthy_1h_{n}", 101, 2, 8, 3600.0 if full else 600.0)
+    add("healthy_{n}", 102, 4, 32, 300.0)
+    add("healthy_{n}_batch", 103, 4, 64, 240.0, batch=True)
+    add("healthy_noisy_{n}", 104, 2, 16, 600.0, noise=Noise(
         jitter=0.03, ckpt_every_s=90.0, ckpt_s=9.0, loss_spike_prob=0.02, ecc_gpu_frac=0.05, nic_flaps=3))
     # fail-stop
-    add("xid79_n003_256", 201, 2, 16, 200.0, [("xid79", 100.0, 0.1, 0.0, {"gpu": 2})])
-    add("xid79_2048", 202, 4, 64, 190.0, [("xid79", 90.0, 0.78, 0.0, {"gpu": 5})])
-    add("node_loss_512", 203, 4, 16, 200.0, [("node_loss", 100.0, 0.11)])
-    add("node_loss_abort_1024", 204, 4, 32, 220.0, [("node_loss", 120.0, 0.4)], abort_on_timeout=True)
+    add("xid79_{n}", 201, 2, 16, 200.0, [("xid79", 100.0, 0.1, 0.0, {"gpu": 2})])
+    add("xid79_late_node_{n}", 202, 4, 64, 190.0, [("xid79", 90.0, 0.78, 0.0, {"gpu": 5})])
+    add("node_loss_{n}", 203, 4, 16, 200.0, [("node_loss", 100.0, 0.11)])
+    add("node_loss_abort_{n}", 204, 4, 32, 220.0, [("node_loss", 120.0, 0.4)], abort_on_timeout=True)
     # fail-slow
-    add("thermal_10pct_256", 301, 2, 16, 300.0, [("thermal_straggler", 60.0, (1, 0.3, 3), 0.10)])
-    add("thermal_5pct_1024", 302, 4, 32, 300.0, [("thermal_straggler", 60.0, (2, 0.6, 5), 0.05)])
-    add("thermal_20pct_2048_batch", 303, 4, 64, 240.0, [("thermal_straggler", 60.0, (0, 0.53, 1), 0.20)],
+    add("thermal_10pct_{n}", 301, 2, 16, 300.0, [("thermal_straggler", 60.0, (1, 0.3, 3), 0.10)])
+    add("thermal_5pct_{n}", 302, 4, 32, 300.0, [("thermal_straggler", 60.0, (2, 0.6, 5), 0.05)])
+    add("thermal_20pct_{n}_batch", 303, 4, 64, 240.0, [("thermal_straggler", 60.0, (0, 0.53, 1), 0.20)],
         batch=True)
-    add("nic_30pct_512", 304, 4, 16, 300.0, [("nic_degradation", 90.0, 0.17, 0.30)])
-    add("nic_15pct_1024", 305, 4, 32, 300.0, [("nic_degradation", 90.0, 0.6, 0.15, {"nic": 3})])
-    add("intermittent_15pct_512", 306, 4, 16, 300.0, [("intermittent_straggler", 60.0, (3, 0.4, 2), 0.15)])
-    add("intermittent_30pct_2048", 307, 4, 64, 240.0,
+    add("nic_30pct_{n}", 304, 4, 16, 300.0, [("nic_degradation", 90.0, 0.17, 0.30)])
+    add("nic_15pct_{n}", 305, 4, 32, 300.0, [("nic_degradation", 90.0, 0.6, 0.15, {"nic": 3})])
+    add("intermittent_15pct_{n}", 306, 4, 16, 300.0, [("intermittent_straggler", 60.0, (3, 0.4, 2), 0.15)])
+    add("intermittent_30pct_{n}", 307, 4, 64, 240.0,
         [("intermittent_straggler", 60.0, (1, 0.77, 7), 0.30, {"prob": 0.2})])
     # hangs
-    add("dataloader_hang_512", 401, 4, 16, 220.0, [("dataloader_hang", 120.0, (2, 0.3, 5))])
-    add("dataloader_hang_2048", 402, 4, 64, 200.0, [("dataloader_hang", 100.0, (3, 0.7, 6))])
-    add("pp_deadlock_512", 403, 4, 16, 210.0, [("pp_deadlock", 110.0, (1, 0.35, 3))])
-    add("pp_deadlock_flat_1024", 404, 4, 32, 200.0, [("pp_deadlock", 100.0, (2, 0.9, 0))], peer_states=False)
+    add("dataloader_hang_{n}", 401, 4, 16, 220.0, [("dataloader_hang", 120.0, (2, 0.3, 5))])
+    add("dataloader_hang_last_stage_{n}", 402, 4, 64, 200.0, [("dataloader_hang", 100.0, (3, 0.7, 6))])
+    add("pp_deadlock_{n}", 403, 4, 16, 210.0, [("pp_deadlock", 110.0, (1, 0.35, 3))])
+    add("pp_deadlock_flat_{n}", 404, 4, 32, 200.0, [("pp_deadlock", 100.0, (2, 0.9, 0))], peer_states=False)
     # silent data corruption
-    add("sdc_512", 501, 4, 16, 300.0, [("sdc", 90.0, (1, 0.6, 4))])
-    add("sdc_silent_2048", 502, 4, 64, 240.0, [("sdc", 60.0, (3, 0.2, 2), 0.0, {"anomaly_after_s": None})])
+    add("sdc_{n}", 501, 4, 16, 300.0, [("sdc", 90.0, (1, 0.6, 4))])
+    add("sdc_silent_{n}", 502, 4, 64, 240.0, [("sdc", 60.0, (3, 0.2, 2), 0.0, {"anomaly_after_s": None})])
     # planned operations
-    add("planned_restart_512", 601, 4, 16, 400.0,
+    add("planned_restart_{n}", 601, 4, 16, 400.0,
         [("planned_maintenance", 150.0, 0.3, 0.0, {"note": "kernel upgrade", "restart_after_s": 60.0})])
-    add("planned_stop_128", 602, 2, 8, 300.0,
+    add("planned_stop_{n}", 602, 2, 8, 300.0,
         [("planned_maintenance", 200.0, 0.25, 0.0, {"restart_after_s": None, "note": "BMC firmware"})])
     # mixtures and traps
-    add("thermal_then_xid_1024", 701, 4, 32, 280.0,
+    add("thermal_then_xid_{n}", 701, 4, 32, 280.0,
         [("thermal_straggler", 60.0, (1, 0.1, 4), 0.12), ("xid79", 180.0, 0.5, 0.0, {"gpu": 0})])
-    add("thermal_during_ckpt_256", 702, 2, 16, 300.0, [("thermal_straggler", 100.0, (0, 0.8, 6), 0.08)],
+    add("thermal_during_ckpt_{n}", 702, 2, 16, 300.0, [("thermal_straggler", 100.0, (0, 0.8, 6), 0.08)],
         noise=Noise(ckpt_every_s=60.0))
     return out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import gzip
 import os
 from pathlib import Path
@@ -13,7 +14,7 @@ from producers.simulate.physics import simulate
 from producers.simulate.scenario import Scenario
 from producers.simulate.truth import truth_of
 
-COMPRESSLEVEL = 5
+COMPRESSLEVEL = 3  # level 5-6 saves ~15% of bytes for twice the time
 _CHUNK = 8192
 
 
@@ -30,19 +31,23 @@ def write(sc: Scenario, out_dir: str | os.PathLike) -> tuple[Path, Path]:
     stream = out / f"{sc.name}.jsonl.gz"
     truth_path = out / f"{sc.name}.truth.json"
     tmp = stream.with_name(stream.name + ".tmp")
-    dumps = orjson.dumps
-    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0,
-                                               compresslevel=COMPRESSLEVEL) as gz:
-        buf: list[bytes] = []
-        for _, rec in _merged(plan, batch=sc.batch):
-            buf.append(dumps(rec))
-            if len(buf) >= _CHUNK:
-                buf.append(b"")
-                gz.write(b"\n".join(buf))
-                buf.clear()
-        if buf:
-            buf.append(b"")
-            gz.write(b"\n".join(buf))
+    dumps, nl = orjson.dumps, orjson.OPT_APPEND_NEWLINE
+    # millions of short-lived dicts: the cyclic GC only costs time here (nothing is cyclic)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0,
+                                                   compresslevel=COMPRESSLEVEL) as gz:
+            buf: list[bytes] = []
+            for _, rec in _merged(plan, batch=sc.batch):
+                buf.append(dumps(rec, option=nl))
+                if len(buf) >= _CHUNK:
+                    gz.write(b"".join(buf))
+                    buf.clear()
+            gz.write(b"".join(buf))
+    finally:
+        if was_enabled:
+            gc.enable()
     os.replace(tmp, stream)
     truth_path.write_bytes(orjson.dumps(truth_of(plan), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
     return stream, truth_path

@@ -11,6 +11,7 @@ and per-step loss / grad-norm spikes and NaNs. Everything is seeded.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
@@ -18,6 +19,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import orjson
 
+from detectors.slowdown import StepColumns
 from detectors.topology import Topology
 from schemas import Finding, Job, RankInfo, Step
 
@@ -72,14 +74,18 @@ def _active(start: int, stop: int | None, s: int) -> bool:
     return start <= s and (stop is None or s < stop)
 
 
-def gen_steps(topo: Topology, n_steps: int, *, start_step: int = 0, t0: float = 0.0, step_s: float = 1.0,
-              compute_frac: float = 0.7, noise: float = 0.015, seed: int = 0,
-              stragglers: Sequence[Straggler] = (), slow: Sequence[JobSlow] = (),
-              digest_faults: Sequence[DigestFault] = (), loss_spikes: dict[int, float] | None = None,
-              grad_spikes: dict[int, float] | None = None, nan_loss: dict[int, Sequence[int] | None] | None = None,
-              inf_grad: Iterable[int] = (), compute: bool = True, comm: bool = True,
-              numbers: bool = True, digests: bool = True) -> Iterator[list[Step]]:
-    """Per step (start_step, start_step + 1, ...), the Step records of all ranks, in rank order."""
+def gen_arrays(topo: Topology, n_steps: int, *, start_step: int = 0, t0: float = 0.0, step_s: float = 1.0,
+               compute_frac: float = 0.7, noise: float = 0.015, seed: int = 0,
+               stragglers: Sequence[Straggler] = (), slow: Sequence[JobSlow] = (),
+               digest_faults: Sequence[DigestFault] = (), loss_spikes: dict[int, float] | None = None,
+               grad_spikes: dict[int, float] | None = None, nan_loss: dict[int, Sequence[int] | None] | None = None,
+               inf_grad: Iterable[int] = (), compute: bool = True, comm: bool = True,
+               numbers: bool = True, digests: bool = True) -> Iterator[dict[str, Any]]:
+    """Per step (start_step, start_step + 1, ...), every rank's values as lists indexed by rank.
+
+    Keys: step, ts, step_s, compute_s, comm_wait_s, data_wait_s, loss, grad_norm, replica_digest; a field
+    switched off (compute=False, ...) is None.
+    """
     rng = np.random.default_rng(seed)
     n = topo.size
     shard = topo.shard.tolist()
@@ -101,30 +107,52 @@ def gen_steps(topo: Topology, n_steps: int, *, start_step: int = 0, t0: float = 
                 else:
                     wait += (js.factor - 1) * step_s
         collective = (1 - compute_frac) * step_s * 0.8
-        T = float((c + d).max()) + collective + wait
+        T = float((c + d).max()) + collective + wait  # everyone waits for the slowest
         w = T - c - d
         t += T
-        ts = (t + 0.002 * rng.random(n)).tolist()
-        step_arr = (T + 1e-4 * rng.random(n)).tolist()
-        cl, wl, dl = c.tolist(), w.tolist(), d.tolist()
-        loss = grad = dig = None
+        row: dict[str, Any] = {
+            "step": s, "ts": (t + 0.002 * rng.random(n)).tolist(), "step_s": (T + 1e-4 * rng.random(n)).tolist(),
+            "compute_s": c.tolist() if compute else None, "comm_wait_s": w.tolist() if comm else None,
+            "data_wait_s": d.tolist(), "loss": None, "grad_norm": None, "replica_digest": None}
         if numbers:
             lv = (2.0 + math.exp(-s / 2000)) * (1 + 0.01 * rng.standard_normal(n)) * loss_spikes.get(s, 1.0)
             loss = lv.tolist()
             for r in (range(n) if s in nan_loss and nan_loss[s] is None else nan_loss.get(s, ())):
                 loss[r] = math.nan
-            g = 1.0 * (1 + 0.05 * float(rng.standard_normal())) * grad_spikes.get(s, 1.0)
-            grad = [math.inf if s in inf_grad else g] * n
+            g = 1.0 * (1 + 0.05 * float(rng.standard_normal())) * grad_spikes.get(s, 1.0)  # global: one value
+            row["loss"], row["grad_norm"] = loss, [math.inf if s in inf_grad else g] * n
         if digests:
             dig = [f"{s:08x}-{sh:04x}" for sh in shard]
             for f in digest_faults:
                 if _active(f.start, f.stop, s):
                     dig[f.rank] = f"bad{f.rank:05x}-{s:08x}"
-        yield [Step(ts=ts[r], job=topo.job, rank=r, step=s, step_s=step_arr[r],
-                    compute_s=cl[r] if compute else None, comm_wait_s=wl[r] if comm else None,
-                    data_wait_s=dl[r], loss=None if loss is None else loss[r],
-                    grad_norm=None if grad is None else grad[r], replica_digest=None if dig is None else dig[r])
-               for r in range(n)]
+            row["replica_digest"] = dig
+        yield row
+
+
+_STEP_ORDER = ("ts", "job", "rank", "step", "step_s", "compute_s", "comm_wait_s", "data_wait_s", "loss", "grad_norm",
+               "replica_digest")
+assert tuple(f.name for f in dataclasses.fields(Step))[:len(_STEP_ORDER)] == _STEP_ORDER  # built positionally
+
+
+def gen_steps(topo: Topology, n_steps: int, **kw: Any) -> Iterator[list[Step]]:
+    """Per step, the Step records of all ranks in rank order (see `gen_arrays` for the options)."""
+    fields = _STEP_ORDER[4:]
+    for row in gen_arrays(topo, n_steps, **kw):
+        cols = [row[f] if row[f] is not None else [None] * topo.size for f in fields]
+        yield [Step(ts, topo.job, r, row["step"], *vals) for r, (ts, *vals) in enumerate(zip(row["ts"], *cols))]
+
+
+def gen_columns(topo: Topology, n_steps: int, **kw: Any) -> Iterator[StepColumns]:
+    """The same steps as `gen_steps`, as columns without record objects (fast: for long streams)."""
+    ranks = np.arange(topo.size)
+    for row in gen_arrays(topo, n_steps, **kw):
+        floats: dict[str, Any] = {f: row[f] for f in ("step_s", "compute_s", "comm_wait_s") if row[f] is not None}
+        for f in ("loss", "grad_norm"):  # NaN there is a reported value, not a missing one
+            if row[f] is not None:
+                floats[f] = (np.asarray(row[f]), np.ones(topo.size, bool))
+        strings = {} if row["replica_digest"] is None else {"replica_digest": row["replica_digest"]}
+        yield StepColumns.from_arrays(row["ts"], np.full(topo.size, row["step"]), ranks, strings=strings, **floats)
 
 
 def interleave_late(batches: Iterable[list[Step]], frac: float = 0.1, seed: int = 1) -> Iterator[list[Step]]:

@@ -1,0 +1,101 @@
+"""The alert topics: the core's outputs published to Kafka with kafka-python.
+
+findings → `gw.findings`, actions → `gw.actions` (the alert topic a job
+controller may consume instead of the webhook), incidents → `gw.incidents`,
+rejected messages → `gw.dlq`. Each record is `schemas.encode(record)` keyed by
+its job id, so every record of a job lands in one partition, in order. A dead
+letter is a JSON object with the reason, field, kind, index and raw text of the
+`DecodeError` plus its `source`, `where` and `ts`; it is keyed by its source.
+
+Sends are asynchronous; `flush()` waits for every one to be acknowledged by all
+in-sync replicas (`acks='all'`, idempotent producer) and raises
+`KafkaSinkError` if any failed, so a worker that flushes before committing its
+offsets re-reads rather than loses them (the record ids make the retry harmless).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from kafka import KafkaProducer
+
+from schemas import DecodeError, Record, encode
+from triage.outputs import Outputs
+
+log = logging.getLogger(__name__)
+
+FINDINGS_TOPIC = "gw.findings"
+ACTIONS_TOPIC = "gw.actions"
+INCIDENTS_TOPIC = "gw.incidents"
+DLQ_TOPIC = "gw.dlq"
+
+
+class KafkaSinkError(Exception):
+    """Some records were not acknowledged by the broker since the last flush."""
+
+
+def dead_letter(err: DecodeError, source: str, where: int | None, ts: float) -> dict[str, Any]:
+    """The dead-letter form of a rejected message: why, where it came from, and its text."""
+    return {**err.to_dict(), "source": source, "where": where, "ts": ts}
+
+
+class KafkaSink:
+    """Publishes findings, actions, incidents and dead letters to their topics.
+
+    `producer` replaces the KafkaProducer (a fake in unit tests); otherwise one is
+    built with `acks='all'`, `linger_ms` and any extra kafka-python `config`.
+    `flush_timeout_s` bounds how long `flush()` waits for acknowledgements.
+    """
+
+    def __init__(self, bootstrap_servers: str | list[str] = "127.0.0.1:9092", *,
+                 findings_topic: str = FINDINGS_TOPIC, actions_topic: str = ACTIONS_TOPIC,
+                 incidents_topic: str = INCIDENTS_TOPIC, dlq_topic: str = DLQ_TOPIC, linger_ms: int = 5,
+                 flush_timeout_s: float = 30.0, client_id: str = "gangwatch-sink", producer: Any = None,
+                 **config: Any) -> None:
+        self.topics = {"finding": findings_topic, "action": actions_topic, "incident": incidents_topic}
+        self.dlq_topic = dlq_topic
+        self.flush_timeout_s = flush_timeout_s
+        self._producer = producer if producer is not None else KafkaProducer(
+            bootstrap_servers=bootstrap_servers, client_id=client_id, acks="all", linger_ms=linger_ms, **config)
+        self._errors: list[tuple[str, str, BaseException]] = []  # (topic, record id, error) since last flush
+        self.sent = 0  # records handed to the producer
+        self.failed = 0  # records the broker did not acknowledge
+
+    def write(self, out: Outputs) -> None:
+        for rec in (*out.findings, *out.actions, *out.incidents):
+            self._send(self.topics[rec.kind], rec.job.encode(), encode(rec), rec.id)
+
+    def reject(self, err: DecodeError, source: str, where: int | None, ts: float) -> None:
+        what = f"{source}:{where}" if where is not None else source
+        self._send(self.dlq_topic, source.encode(), orjson.dumps(dead_letter(err, source, where, ts)), what)
+
+    def observe(self, rec: Record) -> None:
+        pass
+
+    def _send(self, topic: str, key: bytes, value: bytes, what: str) -> None:
+        fut = self._producer.send(topic, key=key, value=value)
+        fut.add_errback(self._on_error, topic, what)
+        self.sent += 1
+
+    def _on_error(self, topic: str, what: str, exc: BaseException) -> None:
+        # runs on the producer's I/O thread: record it, let flush() raise on the caller's thread
+        self._errors.append((topic, what, exc))
+
+    def flush(self) -> None:
+        """Wait until every record sent so far is acknowledged; raise `KafkaSinkError` if any was not."""
+        self._producer.flush(timeout=self.flush_timeout_s)
+        if self._errors:
+            errors, self._errors = self._errors, []
+            self.failed += len(errors)
+            topic, what, exc = errors[0]
+            for t, w, e in errors:
+                log.error("kafka: %s to %s was not acknowledged: %s", w, t, e)
+            raise KafkaSinkError(f"{len(errors)} record(s) not acknowledged, first {what} to {topic}: {exc}")
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self._producer.close(timeout=self.flush_timeout_s)

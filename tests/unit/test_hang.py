@@ -1,0 +1,200 @@
+"""Hang detector: stall threshold from the job's own step rhythm, checkpoints, re-arming, lagging ranks, state."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from detectors.hang import HangDetector
+from detectors.topology import Topology
+from schemas import Job, RankInfo, Step
+
+pytestmark = pytest.mark.unit
+
+T0 = 1_000.0
+N = 16  # ranks: 2 nodes x 8 GPUs
+
+
+def topo(nodes=2, per_node=8) -> Topology:
+    ranks = [RankInfo(rank=n * per_node + g, node=f"n{n:03d}", gpu=g) for n in range(nodes) for g in range(per_node)]
+    return Topology.from_job(Job(ts=T0, job="j", ranks=ranks))
+
+
+def step_s(k: int, ckpt_every: int | None = None, ckpt_s: float = 15.0) -> float:
+    return ckpt_s if ckpt_every and k > 0 and k % ckpt_every == 0 else 1.0
+
+
+def steps(first: int, last: int, t_start: float, *, ckpt_every=None, skip=(), ranks=N):
+    """Every rank reports steps first..last; step k ends step_s(k) after step k-1. Returns (records, end ts)."""
+    out, t = [], t_start
+    for k in range(first, last + 1):
+        t += step_s(k, ckpt_every)
+        for r in range(ranks):
+            if (r, k) in skip:
+                continue
+            out.append(Step(ts=round(t + 0.002 * r, 6), job="j", rank=r, step=k, step_s=step_s(k, ckpt_every)))
+    return out, t
+
+
+def run(det, recs, until=None, tick=1.0):
+    """Advance to each record's time and observe it; then advance every `tick` up to `until` (silence)."""
+    found = []
+    for rec in recs:
+        found += det.advance(rec.ts)
+        found += det.observe(rec)
+    if until is not None and recs:
+        t = recs[-1].ts
+        while t < until:
+            t = min(until, t + tick)
+            found += det.advance(t)
+    return found
+
+
+def test_stall_after_step_100_is_one_hang_at_last_progress_plus_threshold() -> None:
+    det = HangDetector(topo())
+    recs, _ = steps(0, 100, T0)
+    last_progress = min(r.ts for r in recs if r.step == 100)  # when step 100 was first seen
+    found = run(det, recs, until=last_progress + 900)
+    assert len(found) == 1
+    [f] = found
+    assert (f.type, f.rank, f.node, f.detector) == ("hang", None, None, "hang.progress")
+    ev = f.evidence
+    assert ev["last_step"] == 100
+    assert ev["last_progress_ts"] == pytest.approx(last_progress)
+    assert ev["baseline_s"] == pytest.approx(1.0)
+    # max(min_stall 20 s, 10 x 1 s median, 1.5 x 1 s longest interval) = 20 s
+    assert ev["threshold_s"] == pytest.approx(max(20.0, 10 * 1.0, 1.5 * 1.0))
+    assert f.ts == pytest.approx(last_progress + ev["threshold_s"])
+    assert f.ts - last_progress < 60 < 600  # far below a fixed ten-minute timeout
+    assert ev["lagging_ranks"] == []
+
+
+def test_threshold_scales_with_slow_step_rhythm() -> None:
+    det = HangDetector(topo())
+    recs = [Step(ts=T0 + 5.0 * k + 0.01 * r, job="j", rank=r, step=k, step_s=5.0) for k in range(40) for r in range(N)]
+    found = run(det, recs, until=recs[-1].ts + 600)
+    [f] = found
+    assert f.evidence["threshold_s"] == pytest.approx(50.0, rel=1e-3)  # 10 x 5 s
+
+
+def test_no_hang_while_steps_keep_coming() -> None:
+    recs, end = steps(0, 300, T0)
+    assert run(HangDetector(topo()), recs, until=end + 10) == []
+
+
+def test_periodic_checkpoint_is_not_a_hang() -> None:
+    recs, end = steps(0, 300, T0, ckpt_every=50)  # every 50th step takes 15 s
+    det = HangDetector(topo())
+    found = []
+    for rec in recs:  # advance finely through the long steps
+        t = det.progress_ts
+        while t + 0.5 < rec.ts:
+            t += 0.5
+            found += det.advance(t)
+        found += det.advance(rec.ts)
+        found += det.observe(rec)
+    assert found == []
+    assert det.threshold_s() >= 1.5 * 15.0  # the checkpoint step is in the baseline
+    # a real stall after the checkpoint rhythm is still caught, well inside ten minutes
+    found = run(det, recs[-1:], until=end + 600)
+    assert len(found) == 1 and found[0].evidence["threshold_s"] < 60
+
+
+def test_progress_resuming_rearms() -> None:
+    det = HangDetector(topo())
+    recs, end = steps(0, 100, T0)
+    first = run(det, recs, until=end + 40)
+    assert len(first) == 1
+    assert det.advance(end + 39) == []  # one stall, one finding
+    recs2, end2 = steps(101, 130, end + 40)
+    assert run(det, recs2) == []  # progress resumed: no new finding while it lasts
+    second = run(det, recs2[-1:], until=end2 + 120)
+    assert len(second) == 1
+    assert second[0].id != first[0].id and second[0].evidence["last_step"] == 130
+    # the 41 s stall stays in the recent window (it may have been a slow checkpoint), so the
+    # threshold is 1.5 x 41 s for the next 64 steps; still far below ten minutes
+    assert second[0].evidence["threshold_s"] == pytest.approx(1.5 * 41.0, abs=0.1)
+    assert second[0].ts - second[0].evidence["last_progress_ts"] < 600
+
+
+def test_lagging_ranks_name_the_rank_missing_the_newest_step() -> None:
+    recs, end = steps(0, 101, T0, skip={(7, 101)})  # rank 7 never finishes step 101
+    found = run(HangDetector(topo()), recs, until=end + 120)
+    assert len(found) == 1
+    assert found[0].evidence["lagging_ranks"] == [7] and found[0].evidence["last_step"] == 101
+
+
+def test_lagging_ranks_are_not_listed_when_many_lag() -> None:
+    skip = {(r, 101) for r in range(8)}  # half the job is behind: no hint
+    recs, end = steps(0, 101, T0, skip=skip)
+    [f] = run(HangDetector(topo()), recs, until=end + 120)
+    assert f.evidence["lagging_ranks"] == []
+
+
+def test_no_finding_before_any_step() -> None:
+    det = HangDetector(topo())
+    assert det.advance(T0) == []
+    assert det.advance(T0 + 10_000) == []
+
+
+def test_without_baseline_the_detector_is_patient() -> None:
+    recs, end = steps(0, 2, T0)  # too few steps for a baseline (warm-up)
+    det = HangDetector(topo())
+    found = run(det, recs, until=end + 200)
+    assert len(found) == 1
+    assert found[0].evidence["baseline_s"] is None
+    assert found[0].evidence["threshold_s"] > det.config.min_stall_s
+
+
+def test_findings_do_not_depend_on_advance_cadence() -> None:
+    recs, end = steps(0, 150, T0, skip={(3, 150)})
+    a = run(HangDetector(topo()), recs, until=end + 300, tick=0.25)
+    det = HangDetector(topo())
+    b = []
+    for rec in recs:
+        b += det.observe(rec)
+    b += det.advance(end + 300)
+    assert a == b and len(a) == 1
+
+
+def test_state_round_trip_mid_stream() -> None:
+    t = topo()
+    recs, end = steps(0, 120, T0, ckpt_every=50, skip={(9, 120)})
+    for cut in (10, len(recs) // 2, len(recs) - 3):
+        det = HangDetector(t)
+        first = run(det, recs[:cut])
+        snap = json.loads(json.dumps(det.state()))  # a JSON-able value
+        clone = HangDetector.from_state(snap, t)
+        a = run(det, recs[cut:], until=end + 120)
+        b = run(clone, recs[cut:], until=end + 120)
+        assert a == b and len(a) == 1 and first == []
+        assert a[0].evidence["lagging_ranks"] == [9]
+
+
+def test_state_round_trip_after_hang_keeps_it_reported() -> None:
+    t = topo()
+    recs, end = steps(0, 60, T0)
+    det = HangDetector(t)
+    assert len(run(det, recs, until=end + 60)) == 1
+    clone = HangDetector.from_state(json.loads(json.dumps(det.state())), t)
+    assert clone.advance(end + 500) == [] and det.advance(end + 500) == []
+
+
+def test_new_topology_resets_progress() -> None:
+    recs, end = steps(0, 50, T0)
+    det = HangDetector(topo())
+    run(det, recs)
+    det.set_topology(topo(nodes=3))
+    assert det.last_step.shape == (24,) and det.max_step == -1
+    assert det.advance(end + 10_000) == []
+
+
+def test_state_snapshot_is_not_changed_by_later_records() -> None:
+    recs, end = steps(0, 80, T0)
+    det = HangDetector(topo())
+    run(det, recs[:500])
+    snap = det.state()
+    frozen = json.dumps(snap, sort_keys=True)
+    run(det, recs[500:], until=end + 60)
+    assert json.dumps(snap, sort_keys=True) == frozen
