@@ -112,9 +112,9 @@ def test_progress_resuming_rearms() -> None:
     second = run(det, recs2[-1:], until=end2 + 120)
     assert len(second) == 1
     assert second[0].id != first[0].id and second[0].evidence["last_step"] == 130
-    # the 41 s stall stays in the recent window (it may have been a slow checkpoint), so the
-    # threshold is 1.5 x 41 s for the next 64 steps; still far below ten minutes
-    assert second[0].evidence["threshold_s"] == pytest.approx(1.5 * 41.0, abs=0.1)
+    # the 41 s stall was reported as a hang, so it is not part of the job's rhythm: the next
+    # hang is found as fast as the first
+    assert second[0].evidence["threshold_s"] == pytest.approx(first[0].evidence["threshold_s"])
     assert second[0].ts - second[0].evidence["last_progress_ts"] < 600
 
 

@@ -219,6 +219,7 @@ def test_a_long_slowdown_becomes_the_new_baseline(topo):
 def test_no_findings_in_an_hour_of_healthy_steps(topo):
     det = JobSlowdownDetector(topo)
     assert feed(det, gen_columns(topo, 3600, seed=11, **LEAN), batch=True) == []
+    assert det.baseline_s() == pytest.approx(0.98, rel=0.03) and len(det.recent) == CFG.history
 
 
 def test_batch_equals_per_record_and_state_round_trip(topo):
