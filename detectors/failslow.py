@@ -23,8 +23,9 @@ of ranks not in an episode. Warm-up steps after a (re)start are not scored.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -126,6 +127,24 @@ def individual_scores(compute: np.ndarray, baseline: np.ndarray, groups: list[np
         ratio = np.where(baseline > 0, compute / baseline, np.nan)
     med, spread = group_stats(ratio, groups, cfg.min_peers)
     return _z(ratio - med, spread, cfg.floor_frac * med)
+
+
+def slowdown_frac(r: int, compute: np.ndarray, comm: np.ndarray, step: np.ndarray, med_c: np.ndarray,
+                  groups: list[np.ndarray]) -> float:
+    """How much longer rank `r` computes than its stage's median (0.0 when it cannot be told).
+
+    Without compute_s, estimated from the wait it did not have:
+    (stage median wait - its wait) / (stage median step - stage median wait).
+    """
+    if np.isfinite(compute[r]) and med_c[r] > 0:
+        return float(compute[r] / med_c[r] - 1)
+    idx = next((g for g in groups if r in g), np.array([], dtype=np.int64))
+    w, st = comm[idx][np.isfinite(comm[idx])], step[idx][np.isfinite(step[idx])]
+    if not (w.size and st.size and np.isfinite(comm[r])):
+        return 0.0
+    med_w = median(w)
+    denom = median(st) - med_w
+    return float((med_w - comm[r]) / denom) if denom > 0 else 0.0
 
 
 # --- 2. threshold -------------------------------------------------------------------------------
@@ -248,11 +267,11 @@ class FailSlowDetector:
 
     def _finding(self, c: Closed, r: int, rel: np.ndarray, ind: np.ndarray, compute: np.ndarray,
                  comm: np.ndarray, med_c: np.ndarray, count: np.ndarray) -> Finding:
-        slow = compute[r] / med_c[r] - 1 if med_c[r] > 0 else float("nan")
+        slow = slowdown_frac(r, compute, comm, c.vals["step_s"], med_c, self.groups)
         return finding(
             ts=c.ts, job=self.topo.job, type="fail_slow", detector="failslow.compute", topo=self.topo,
             rank=r, key=(r, c.step), score=float(rel[r]),
-            evidence={"relative": _fin(rel[r]), "individual": _fin(ind[r]), "slowdown_frac": _fin(slow),
+            evidence={"relative": _fin(rel[r]), "individual": _fin(ind[r]), "slowdown_frac": round(slow, 6),
                       "steps_flagged": int(count[r]), "window": self.config.window, "step": c.step,
                       "pp": int(self.topo.pp[r]), "compute_s": _fin(compute[r]),
                       "stage_median_s": _fin(med_c[r]), "comm_wait_s": _fin(comm[r])},
@@ -266,7 +285,7 @@ class FailSlowDetector:
                 "in_episode": self.in_episode.tolist(), "clean_run": self.clean_run.tolist()}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], topo: Topology) -> "FailSlowDetector":
+    def from_state(cls, state: dict[str, Any], topo: Topology) -> FailSlowDetector:
         conf = dict(state["config"])
         det = cls(topo, FailSlowConfig(**{**conf, "buffer": BufferConfig(**conf["buffer"])}))
         if state["buffer"]["size"] != topo.size:

@@ -21,8 +21,9 @@ Two signals, per closed step:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -267,7 +268,7 @@ class SdcDetector:
                 "num_normal": dict(self.num_normal)}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], topo: Topology) -> "SdcDetector":
+    def from_state(cls, state: dict[str, Any], topo: Topology) -> SdcDetector:
         conf = dict(state["config"])
         det = cls(topo, SdcConfig(**{**conf, "buffer": BufferConfig(**conf["buffer"])}))
         for m in _METRICS:

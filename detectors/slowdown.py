@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from operator import attrgetter
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -94,7 +95,7 @@ class StepColumns:
 
     @classmethod
     def from_arrays(cls, ts: Any, step: Any, rank: Any, *, strings: dict[str, list[str | None]] | None = None,
-                    **floats: Any) -> "StepColumns":
+                    **floats: Any) -> StepColumns:
         """Columns from arrays of equal length: a numeric field is an array (NaN = missing) or a
         (values, present) pair; `strings` holds lists of str or None (replica_digest)."""
         cols = cls()
@@ -216,7 +217,7 @@ class StepBuffer:
             self.dropped += 1
             return out
         slot.seen[rank] = True
-        for name, v in zip(self.names, row):
+        for name, v in zip(self.names, row, strict=True):
             kind = self.fields[name]
             if kind == "c":
                 if v is not None:
@@ -260,7 +261,7 @@ class StepBuffer:
             return out
         steps, ranks, ts = cols.step, cols.rank, cols.ts
         cuts = np.flatnonzero(steps[1:] != steps[:-1]) + 1
-        bounds = zip([0, *cuts.tolist()], [*cuts.tolist(), n])
+        bounds = zip([0, *cuts.tolist()], [*cuts.tolist(), n], strict=True)
         cached = {name: (cols.objects(name) if k == "c" else cols.floats(name)) for name, k in self.fields.items()}
         for a, e in bounds:
             s = int(steps[a])
@@ -295,7 +296,7 @@ class StepBuffer:
         for name, kind in self.fields.items():
             if kind == "c":
                 col, codes = cached[name], slot.codes[name]
-                for rk, i in zip(new_r.tolist(), src.tolist()):
+                for rk, i in zip(new_r.tolist(), src.tolist(), strict=True):
                     v = col[i]
                     if v is not None:
                         codes[rk] = slot.code(name, v)
@@ -484,7 +485,7 @@ class JobSlowdownDetector:
                 "recent": list(self.recent), **{k: getattr(self, k) for k in self._SCALARS}}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], topo: Topology) -> "JobSlowdownDetector":
+    def from_state(cls, state: dict[str, Any], topo: Topology) -> JobSlowdownDetector:
         conf = dict(state["config"])
         det = cls(topo, SlowdownConfig(**{**conf, "buffer": BufferConfig(**conf["buffer"])}))
         if state["buffer"]["size"] != topo.size:

@@ -79,6 +79,87 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- simulate / eval / demo ----------------------------------------------------------
+
+
+def _suite(name: str, size: str) -> list:
+    from producers.simulate import standard_suite
+
+    if name != "standard":
+        raise SystemExit(f"gangwatch: unknown suite {name!r} (known: standard)")
+    return standard_suite(size)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from producers.simulate import Fault, Scenario, write
+
+    if args.suite:
+        scenarios = _suite(args.suite, args.size)
+        if args.only:
+            scenarios = [s for s in scenarios if any(o in s.name for o in args.only)]
+    else:
+        faults = []
+        for spec in args.fault or ():
+            try:
+                kind, at_s, where, *mag = spec.split(":")
+                faults.append(Fault(kind, float(at_s), **({"rank": int(where[1:])} if where.startswith("r")
+                                                           else {"node": where}),
+                                    magnitude=float(mag[0]) if mag else 0.0))
+            except ValueError as e:
+                raise SystemExit(f"gangwatch simulate: bad --fault {spec!r}: {e}") from None
+        scenarios = [Scenario(args.name, args.seed, args.tp, args.pp, args.dp, gpus_per_node=args.gpus_per_node,
+                              duration_s=args.duration, faults=tuple(faults), batch=args.batch)]
+    for sc in scenarios:
+        stream, truth = write(sc, args.out)
+        print(f"{stream}  ({sc.tp * sc.pp * sc.dp} ranks, {sc.duration_s:.0f} s)  truth: {truth.name}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from gangwatch import evaluate
+
+    scenarios = _suite(args.suite, args.size)
+    if args.only:
+        scenarios = [s for s in scenarios if any(o in s.name for o in args.only)]
+    show = (lambda s: print(f"  {s.scenario}: {'ok' if s.ok else 'NOT ok'} ({s.records:,} records, "
+                            f"{s.replay_s:.1f} s)", file=sys.stderr, flush=True)) if not args.quiet else None
+    scores = evaluate.evaluate(scenarios, args.work, progress=show)
+    print(evaluate.render(scores))
+    if args.json:
+        args.json.write_bytes(evaluate.to_json(scores))
+        print(f"scores written to {args.json}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from producers.simulate import Fault, Scenario, write
+    from streams import replay
+
+    sc = Scenario("demo", seed=7, tp=8, pp=2, dp=4, duration_s=240.0, faults=(
+        Fault("thermal_straggler", at_s=40.0, rank=21, magnitude=0.12),
+        Fault("xid79", at_s=150.0, node="n005", params={"gpu": 3}),
+    ))
+    out = args.out
+    stream, truth = write(sc, out)
+    print(f"simulated {sc.tp * sc.pp * sc.dp} ranks on {sc.pp * sc.dp} nodes for {sc.duration_s:.0f} s: "
+          f"a thermal straggler (rank 21, +12%) at 40 s, then Xid 79 on n005 gpu 3 at 150 s -> {stream}")
+    from sinks.store import open_store
+
+    store = None if args.no_store else open_store(f"chdb:{out / 'store'}")
+    summary = replay.run([stream], out, store, progress=None)
+    print(summary.render())
+    import orjson
+
+    print("\nactions:")
+    for line in (out / "actions.jsonl").read_bytes().splitlines():
+        a = orjson.loads(line)
+        print(f"  {a['type']:<16} {','.join(a['nodes']) or '-':<8} {a.get('path') or '':<9} {a['reason'][:90]}")
+    if store is not None:
+        print(f"\nSQL: the store at {out / 'store'} has gw_findings, gw_actions, gw_incidents "
+              "(chDB; e.g. SELECT class, culprit_nodes, stage_names, stage_seconds FROM gw_incidents FINAL)")
+    return 0
+
+
 # --- parser --------------------------------------------------------------------
 
 
@@ -122,6 +203,50 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ranks per node when placing ranks on nodes n000, n001, ... (default 1: one node per rank)")
     g.add_argument("--ts", type=float, default=1_700_000_000.0, help="event time of the sweep (fixed by default)")
     g.set_defaults(func=cmd_ingest)
+
+    m = sub.add_parser("simulate", help="generate contract-v1 telemetry of a training job with injected faults",
+                       description="Deterministic (by seed) telemetry of a synchronous training job: steps, "
+                       "heartbeats, NVML samples, kernel-log lines, stack/flight sweeps after stalls, NCCL-timeout "
+                       "storms; writes NAME.jsonl.gz and NAME.truth.json (the ground truth).",
+                       epilog="fault kinds: xid79, node_loss, thermal_straggler, nic_degradation, "
+                       "intermittent_straggler, dataloader_hang, pp_deadlock, sdc, planned_maintenance. "
+                       "example: gangwatch simulate --dp 8 --fault thermal_straggler:60:r21:0.1 --out sim/")
+    m.add_argument("--out", type=Path, default=Path("sim"), help="output folder (default ./sim)")
+    m.add_argument("--suite", help="write a whole scenario suite instead (standard)")
+    m.add_argument("--size", choices=["ci", "full"], default="full", help="suite size (default full)")
+    m.add_argument("--only", nargs="*", help="with --suite: only scenarios whose name contains one of these")
+    m.add_argument("--name", default="sim")
+    m.add_argument("--seed", type=int, default=1)
+    m.add_argument("--tp", type=int, default=8)
+    m.add_argument("--pp", type=int, default=2)
+    m.add_argument("--dp", type=int, default=8)
+    m.add_argument("--gpus-per-node", type=int, default=8)
+    m.add_argument("--duration", type=float, default=300.0, help="seconds of event time (default 300)")
+    m.add_argument("--batch", action="store_true", help="pack each node's step records into batch messages")
+    m.add_argument("--fault", action="append", metavar="KIND:AT_S:WHERE[:MAGNITUDE]",
+                   help="inject a fault; WHERE is a node (n003) or a rank (r21); repeatable")
+    m.set_defaults(func=cmd_simulate)
+
+    ev = sub.add_parser("eval", help="replay a scenario suite and score it against the ground truth",
+                        description="Generate each scenario, replay it, and score detection and localization "
+                        "latency, recall, eviction precision, innocent nodes evicted per culprit and false "
+                        "evictions on healthy and planned runs. Prints a table.")
+    ev.add_argument("--suite", default="standard", help="scenario suite (default: standard)")
+    ev.add_argument("--size", choices=["ci", "full"], default=_env("eval_size", "full"),
+                    help="ci: a quarter of the ranks, fits the CI budget; full: 128-2,048 ranks "
+                    "(env GANGWATCH_EVAL_SIZE; default full)")
+    ev.add_argument("--only", nargs="*", help="only scenarios whose name contains one of these")
+    ev.add_argument("--json", type=Path, help="also write the scores as JSON here")
+    ev.add_argument("--work", type=Path, help="keep generated streams and outputs here (default: a temp dir)")
+    ev.add_argument("-q", "--quiet", action="store_true", help="no per-scenario progress lines")
+    ev.set_defaults(func=cmd_eval)
+
+    d = sub.add_parser("demo", help="simulate a small job with two faults and replay it (no server needed)",
+                       description="The quickest look at gangwatch: 64 simulated ranks, a thermal straggler and "
+                       "then an Xid 79, replayed through the detectors and triage into the embedded chDB store.")
+    d.add_argument("--out", type=Path, default=Path("gangwatch-demo"), help="output folder (default ./gangwatch-demo)")
+    d.add_argument("--no-store", action="store_true", help="JSONL only, no chDB store")
+    d.set_defaults(func=cmd_demo)
 
     s = sub.add_parser("schema", help="the wire contract: export JSON Schema files")
     ssub = s.add_subparsers(dest="schema_command", metavar="ACTION", required=True)

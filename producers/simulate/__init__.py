@@ -19,7 +19,13 @@ evidence: timeouts, stacks, flight recorder), emit (records), truth, writer, sui
 from producers.simulate.emit import generate, messages
 from producers.simulate.physics import simulate
 from producers.simulate.scenario import (
-    DEFAULT_MAGNITUDE, FAULT_CLASS, FAULT_KINDS, STALL_KINDS, Fault, Noise, Scenario,
+    DEFAULT_MAGNITUDE,
+    FAULT_CLASS,
+    FAULT_KINDS,
+    STALL_KINDS,
+    Fault,
+    Noise,
+    Scenario,
 )
 from producers.simulate.suite import standard_suite
 from producers.simulate.truth import RANK_MAPPING, truth

@@ -8,8 +8,8 @@ work is vectorized with numpy over ranks; only the final dict building is per re
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterator
 from operator import itemgetter
-from typing import Iterator
 
 import numpy as np
 

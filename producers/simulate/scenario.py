@@ -6,8 +6,9 @@ scenario and its seed pin down the generated stream byte for byte.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 FAULT_KINDS = (
     "xid79", "node_loss", "thermal_straggler", "nic_degradation", "intermittent_straggler",
@@ -88,6 +89,8 @@ class Noise:
     - correctable ECC (`ecc_sbe`) ticking up on a share of GPUs (`ecc_gpu_frac`);
     - `nic_flaps` NIC link flaps (down, then up within `flap_s` seconds) on random nodes;
     - small input waits (`data_wait_mean_s`, exponential).
+
+    `enabled=False` (or `Noise.off()`) turns all of it off: perfectly regular steps.
     """
 
     enabled: bool = True
@@ -103,7 +106,7 @@ class Noise:
     data_wait_mean_s: float = 0.004
 
     @classmethod
-    def off(cls) -> "Noise":
+    def off(cls) -> Noise:
         """No benign noise at all (exactly regular steps)."""
         return cls(enabled=False, warmup_steps=0, warmup_extra=0.0, jitter=0.0, ckpt_every_s=0.0, ckpt_s=0.0,
                    loss_spike_prob=0.0, ecc_gpu_frac=0.0, nic_flaps=0, data_wait_mean_s=0.0)
@@ -154,6 +157,8 @@ class Scenario:
     def __post_init__(self) -> None:
         if not isinstance(self.faults, tuple):
             object.__setattr__(self, "faults", tuple(self.faults))
+        if not self.noise.enabled and self.noise != Noise.off():
+            object.__setattr__(self, "noise", Noise.off())  # enabled=False means no noise at all
         for v, what in ((self.tp, "tp"), (self.pp, "pp"), (self.dp, "dp"), (self.gpus_per_node, "gpus_per_node")):
             if v < 1:
                 raise ValueError(f"{what} must be >= 1")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from producers.simulate.physics import Plan, Segment, Stop
-from producers.simulate.topology import GROUP_DESC, Topology, rng
+from producers.simulate.topology import GROUP_DESC, rng
 
 DEAD, DP_WAIT, TP_FWD, PP_RECV_FWD, PP_RECV_BWD, DATA, PP_WRONG = range(7)
 N_TP, N_PP, N_DP = 64, 16, 1
@@ -193,7 +193,7 @@ def stall_records(plan: Plan, seg: Segment, stop: Stop) -> list[tuple[float, dic
         if blocked is None or t_out[rank] >= seg.alive_until[rank]:
             continue
         kind, op = blocked
-        peers = [p for p in topo.members(kind, rank) if p != rank] or [rank]
+        peers = [p for p in topo.members(kind, rank) if p != rank] or [p for p in range(R) if p != rank] or [rank]
         peer = peers[int(peer_pick[rank] * len(peers))]
         seq = _progress(st, kind, done[kind], int(topo.pp[rank]))[0]
         ms = int(sc.nccl_timeout_s * 1000)

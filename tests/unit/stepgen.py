@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import orjson
@@ -140,7 +141,8 @@ def gen_steps(topo: Topology, n_steps: int, **kw: Any) -> Iterator[list[Step]]:
     fields = _STEP_ORDER[4:]
     for row in gen_arrays(topo, n_steps, **kw):
         cols = [row[f] if row[f] is not None else [None] * topo.size for f in fields]
-        yield [Step(ts, topo.job, r, row["step"], *vals) for r, (ts, *vals) in enumerate(zip(row["ts"], *cols))]
+        rows = zip(row["ts"], *cols, strict=True)
+        yield [Step(ts, topo.job, r, row["step"], *vals) for r, (ts, *vals) in enumerate(rows)]
 
 
 def gen_columns(topo: Topology, n_steps: int, **kw: Any) -> Iterator[StepColumns]:
@@ -161,10 +163,10 @@ def interleave_late(batches: Iterable[list[Step]], frac: float = 0.1, seed: int 
     held: list[Step] = []
     for batch in batches:
         late = rng.random(len(batch)) < frac
-        now = [r for r, x in zip(batch, late) if not x]
+        now = [r for r, x in zip(batch, late, strict=True) if not x]
         half = len(now) // 2
         yield now[:half] + held + now[half:]
-        held = [r for r, x in zip(batch, late) if x]
+        held = [r for r, x in zip(batch, late, strict=True) if x]
     if held:
         yield held
 

@@ -8,10 +8,24 @@ import numpy as np
 import pytest
 
 from detectors.failslow import (
-    FailSlowConfig, FailSlowDetector, individual_scores, peer_groups, persist, relative_scores, threshold,
+    FailSlowConfig,
+    FailSlowDetector,
+    individual_scores,
+    peer_groups,
+    persist,
+    relative_scores,
+    threshold,
 )
 from tests.unit.stepgen import (
-    JobSlow, Straggler, by_type, feed, gen_columns, gen_steps, interleave_late, make_topology, roundtrip,
+    JobSlow,
+    Straggler,
+    by_type,
+    feed,
+    gen_columns,
+    gen_steps,
+    interleave_late,
+    make_topology,
+    roundtrip,
 )
 
 pytestmark = pytest.mark.unit
@@ -167,7 +181,9 @@ def test_slow_from_the_start_has_no_individual_baseline_but_is_flagged(topo):
 def test_missing_fields_skip_that_signal(topo):
     det = FailSlowDetector(topo)
     no_compute = gen_steps(topo, 60, stragglers=[Straggler(11, 1.2, start=20)], compute=False, **LEAN)
-    assert [f.rank for f in flags(feed(det, no_compute))] == [11]  # comm_wait alone
+    (f,) = flags(feed(det, no_compute))
+    assert f.rank == 11 and f.evidence["compute_s"] is None  # comm_wait alone
+    assert f.evidence["slowdown_frac"] == pytest.approx(0.2, abs=0.05)  # estimated from the wait it skipped
     det = FailSlowDetector(topo)
     nothing = gen_steps(topo, 60, stragglers=[Straggler(11, 1.2)], compute=False, comm=False, **LEAN)
     assert flags(feed(det, nothing, batch=True)) == []

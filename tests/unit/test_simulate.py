@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import re
 from collections import Counter, defaultdict
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import orjson
 import pytest
 
 from producers.simulate import (
-    FAULT_CLASS, FAULT_KINDS, Fault, Noise, Scenario, generate, messages, simulate, standard_suite, truth, write,
+    FAULT_CLASS,
+    FAULT_KINDS,
+    Fault,
+    Noise,
+    Scenario,
+    generate,
+    messages,
+    simulate,
+    standard_suite,
+    truth,
+    write,
 )
 from schemas import DecodeError, decode
 
@@ -27,7 +38,7 @@ def sc_(name: str, *faults: Fault, seed: int = 7, **kw) -> Scenario:
     return Scenario(name, seed, **{**SMALL, **kw}, faults=faults)
 
 
-@lru_cache(maxsize=None)
+@cache
 def recs_of(sc: Scenario) -> tuple:
     return tuple(generate(sc))
 
@@ -48,6 +59,13 @@ INTERMITTENT = sc_("intermittent", Fault("intermittent_straggler", 30.0, rank=50
 PLANNED = sc_("planned", Fault("planned_maintenance", 120.0, node="n006", params={"restart_after_s": 30.0}),
               duration_s=260.0, batch=True)
 ALL = [HEALTHY, THERMAL, XID, NODE_LOSS, HANG, DEADLOCK, SDC, NIC, INTERMITTENT, PLANNED]
+# odd shapes: no tensor / pipeline parallelism; a node spanning several stages and replicas
+ODD = [
+    Scenario("flat_dp", 3, tp=1, pp=1, dp=16, duration_s=120.0, faults=[Fault("dataloader_hang", 50.0, rank=9)]),
+    Scenario("tp2", 4, tp=2, pp=4, dp=2, duration_s=120.0, faults=[Fault("node_loss", 50.0, node="n001")]),
+    Scenario("tp2_pp", 5, tp=2, pp=4, dp=2, duration_s=120.0, faults=[Fault("pp_deadlock", 50.0, rank=3)],
+             abort_on_timeout=True, noise=Noise(enabled=False)),
+]
 
 
 # --- determinism ---------------------------------------------------------------------------------
@@ -61,7 +79,7 @@ def test_same_seed_same_bytes_and_different_seed_differs(tmp_path):
     assert a[0].name == "det.jsonl.gz" and a[1].name == "det.truth.json"
     assert a[0].read_bytes() == b[0].read_bytes()
     assert a[1].read_bytes() == b[1].read_bytes()
-    c = write(Scenario(**{**sc.__dict__, "seed": 8}), tmp_path / "c")
+    c = write(dataclasses.replace(sc, seed=8), tmp_path / "c")
     assert c[0].read_bytes() != a[0].read_bytes()
     assert list(generate(sc)) == list(generate(sc))
 
@@ -87,7 +105,7 @@ def test_written_file_is_jsonl_with_batches_and_matching_truth(tmp_path):
 # --- contract ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sc", ALL, ids=lambda s: s.name)
+@pytest.mark.parametrize("sc", ALL + ODD, ids=lambda s: s.name)
 def test_every_record_decodes_in_time_order(sc):
     recs = recs_of(sc)
     assert recs[0]["kind"] == "job"

@@ -12,7 +12,15 @@ from detectors.failslow import FailSlowDetector
 from detectors.slowdown import BufferConfig, JobSlowdownDetector, SlowdownConfig, StepBuffer, StepColumns
 from schemas import Step
 from tests.unit.stepgen import (
-    JobSlow, Straggler, assert_json_safe, by_type, feed, gen_columns, gen_steps, interleave_late, make_topology,
+    JobSlow,
+    Straggler,
+    assert_json_safe,
+    by_type,
+    feed,
+    gen_columns,
+    gen_steps,
+    interleave_late,
+    make_topology,
     roundtrip,
 )
 

@@ -1,0 +1,211 @@
+"""`gangwatch eval`: replay simulated scenarios and score the outputs against their ground truth.
+
+For every injected fault (event time throughout):
+- detected: an incident of the right class opened at or after the fault's onset;
+  detection latency = incident `detected_ts` - onset.
+- localized: that incident names the culprit node; localization latency =
+  `localized_ts` - onset.
+- evictions: nodes named by evicting actions (replace, evict_group, isolate, requeue);
+  precision = evicted culprits / evicted nodes; innocents per culprit = evicted
+  non-culprits / culprits.
+Healthy and planned runs score their false evictions (must be 0).
+
+Quality is reported, not asserted: the table is what CI prints.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import orjson
+
+EVICTING = frozenset({"replace", "evict_group", "isolate", "requeue"})
+
+
+@dataclass
+class FaultScore:
+    scenario: str
+    kind: str
+    cls: str
+    nodes: list[str]
+    detected: bool = False
+    class_ok: bool = False
+    localized: bool = False
+    detect_s: float | None = None
+    localize_s: float | None = None
+    incident_class: str | None = None
+
+
+@dataclass
+class ScenarioScore:
+    scenario: str
+    healthy: bool
+    planned: bool
+    faults: list[FaultScore] = field(default_factory=list)
+    evicted: list[str] = field(default_factory=list)
+    innocent_evicted: list[str] = field(default_factory=list)
+    actions: dict[str, int] = field(default_factory=dict)
+    incidents: int = 0
+    findings: int = 0
+    records: int = 0
+    replay_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        if self.healthy or self.planned:
+            return not self.evicted
+        return all(f.detected and f.class_ok and f.localized for f in self.faults) and not self.innocent_evicted
+
+
+def _latest(incidents: list[dict]) -> list[dict]:
+    """The latest version of each incident, in order of first appearance."""
+    latest: dict[str, dict] = {}
+    for inc in incidents:
+        latest[inc["id"]] = inc
+    return list(latest.values())
+
+
+def score(truth: dict[str, Any], findings: list[dict], actions: list[dict], incidents: list[dict]) -> ScenarioScore:
+    """Score one scenario's outputs against its ground truth."""
+    faults = [f for f in truth["faults"]]
+    planned = bool(faults) and all(f["planned"] for f in faults)
+    s = ScenarioScore(truth["scenario"], truth["healthy"], planned, findings=len(findings))
+    incs = _latest(incidents)
+    s.incidents = len(incs)
+    for a in actions:
+        s.actions[a["type"]] = s.actions.get(a["type"], 0) + 1
+    culprit_nodes = {n for f in faults if not f["planned"] for n in f["nodes"]}
+    evicted = sorted({n for a in actions if a["type"] in EVICTING for n in a["nodes"]})
+    s.evicted = evicted
+    s.innocent_evicted = [n for n in evicted if n not in culprit_nodes]
+    for f in faults:
+        fs = FaultScore(truth["scenario"], f["kind"], f["class"], list(f["nodes"]))
+        onset = f["onset_ts"]
+        # the incident this fault caused: the first one detected after onset (small slack for lateness)
+        cands = [i for i in incs if i["detected_ts"] is not None and i["detected_ts"] >= onset - 1.0]
+        match = next((i for i in cands if i["class"] == f["class"]), cands[0] if cands else None)
+        if match is not None:
+            fs.detected = True
+            fs.incident_class = match["class"]
+            fs.class_ok = match["class"] == f["class"]
+            fs.detect_s = round(match["detected_ts"] - onset, 3)
+            if set(f["nodes"]) & set(match.get("culprit_nodes") or []) and match.get("localized_ts") is not None:
+                fs.localized = True
+                fs.localize_s = round(match["localized_ts"] - onset, 3)
+        s.faults.append(fs)
+    return s
+
+
+def run_scenario(sc: Any, work: Path) -> ScenarioScore:
+    """Generate one scenario, replay it (JSONL only), score it."""
+    from producers.simulate import write
+    from streams import replay
+
+    stream, truth_path = write(sc, work)
+    out = work / f"{sc.name}.out"
+    summary = replay.run([stream], out, None, progress=False)
+    read = lambda name: [orjson.loads(x) for x in (out / name).read_bytes().splitlines()]  # noqa: E731
+    s = score(orjson.loads(truth_path.read_bytes()), read("findings.jsonl"), read("actions.jsonl"),
+              read("incidents.jsonl"))
+    s.records, s.replay_s = summary.records, round(summary.wall_s, 3)
+    return s
+
+
+def evaluate(scenarios: Iterable[Any], work: Path | None = None, progress=None) -> list[ScenarioScore]:
+    with tempfile.TemporaryDirectory(prefix="gangwatch-eval-") as tmp:
+        base = work or Path(tmp)
+        out = []
+        for sc in scenarios:
+            s = run_scenario(sc, base)
+            if progress:
+                progress(s)
+            out.append(s)
+        return out
+
+
+def _mean(xs: list[float]) -> str:
+    return f"{statistics.mean(xs):.1f}" if xs else "-"
+
+
+def _p50(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.1f}" if xs else "-"
+
+
+def by_class(scores: list[ScenarioScore]) -> dict[str, dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    for s in scores:
+        key_faults = s.faults if s.faults else []
+        if s.healthy:
+            r = rows.setdefault("healthy", {"runs": 0, "false_evictions": 0})
+            r["runs"] += 1
+            r["false_evictions"] += len(s.evicted)
+            continue
+        for f in key_faults:
+            r = rows.setdefault(f.cls, {"faults": 0, "detected": 0, "class_ok": 0, "localized": 0, "detect_s": [],
+                                        "localize_s": [], "evicted": 0, "evicted_culprits": 0, "culprits": 0,
+                                        "false_evictions": 0})
+            r["faults"] += 1
+            r["detected"] += f.detected
+            r["class_ok"] += f.class_ok
+            r["localized"] += f.localized
+            if f.detect_s is not None:
+                r["detect_s"].append(f.detect_s)
+            if f.localize_s is not None:
+                r["localize_s"].append(f.localize_s)
+        if s.faults:
+            cls = s.faults[0].cls
+            r = rows[cls]
+            culprits = {n for f in s.faults for n in f.nodes}
+            if s.planned:
+                r["false_evictions"] += len(s.evicted)
+            else:
+                r["evicted"] += len(s.evicted)
+                r["evicted_culprits"] += len([n for n in s.evicted if n in culprits])
+                r["culprits"] += len(culprits)
+    return rows
+
+
+def render(scores: list[ScenarioScore]) -> str:
+    lines = [f"{'scenario':<34} {'ok':<3} {'class':<10} {'detect s':>8} {'local s':>8} {'evicted':<22} "
+             f"{'actions':<40} {'rec/s':>8}"]
+    for s in scores:
+        f = s.faults[0] if s.faults else None
+        acts = ",".join(f"{k}:{v}" for k, v in sorted(s.actions.items()))
+        rate = s.records / s.replay_s if s.replay_s else 0
+        lines.append(f"{s.scenario:<34} {'yes' if s.ok else 'NO':<3} "
+                     f"{(f.incident_class or '-') if f else ('-' if not s.incidents else 'INCIDENT'):<10} "
+                     f"{(f.detect_s if f and f.detect_s is not None else '-')!s:>8} "
+                     f"{(f.localize_s if f and f.localize_s is not None else '-')!s:>8} "
+                     f"{','.join(s.evicted)[:22] or '-':<22} {acts[:40] or '-':<40} {rate:>8,.0f}")
+    lines.append("")
+    lines.append(f"{'class':<10} {'faults':>6} {'recall':>7} {'class ok':>8} {'localized':>9} {'detect p50':>10} "
+                 f"{'local p50':>9} {'evict prec':>10} {'innoc/culprit':>13} {'false evict':>11}")
+    for cls, r in sorted(by_class(scores).items()):
+        if cls == "healthy":
+            lines.append(f"{'healthy':<10} {r['runs']:>6} {'':>7} {'':>8} {'':>9} {'':>10} {'':>9} {'':>10} "
+                         f"{'':>13} {r['false_evictions']:>11}")
+            continue
+        n = r["faults"]
+        prec = f"{r['evicted_culprits'] / r['evicted']:.2f}" if r["evicted"] else "-"
+        innoc = f"{(r['evicted'] - r['evicted_culprits']) / r['culprits']:.2f}" if r["culprits"] else "-"
+        lines.append(f"{cls:<10} {n:>6} {r['detected'] / n:>7.2f} {r['class_ok'] / n:>8.2f} "
+                     f"{r['localized'] / n:>9.2f} {_p50(r['detect_s']):>10} {_p50(r['localize_s']):>9} "
+                     f"{prec:>10} {innoc:>13} {r['false_evictions']:>11}")
+    ok = sum(s.ok for s in scores)
+    lines.append("")
+    lines.append(f"{ok}/{len(scores)} scenarios fully right")
+    return "\n".join(lines)
+
+
+def to_json(scores: list[ScenarioScore]) -> bytes:
+    rows = by_class(scores)
+    for r in rows.values():
+        for k in ("detect_s", "localize_s"):
+            if k in r:
+                r[k + "_mean"] = float(_mean(r[k])) if r[k] else None
+    return orjson.dumps({"scenarios": [{**asdict(s), "ok": s.ok} for s in scores], "by_class": rows},
+                        option=orjson.OPT_INDENT_2)
