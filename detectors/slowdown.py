@@ -87,9 +87,10 @@ class StepColumns:
 
     def __init__(self, recs: Sequence[Record] = ()) -> None:
         self.recs: list[Record] | None = [r for r in recs if r.kind == "step"]
-        self.ts = np.array([r.ts for r in self.recs], dtype=np.float64)
-        self.step = np.array([r.step for r in self.recs], dtype=np.int64)
-        self.rank = np.array([r.rank for r in self.recs], dtype=np.int64)
+        n = len(self.recs)
+        self.ts = np.fromiter(map(attrgetter("ts"), self.recs), dtype=np.float64, count=n)
+        self.step = np.fromiter(map(attrgetter("step"), self.recs), dtype=np.int64, count=n)
+        self.rank = np.fromiter(map(attrgetter("rank"), self.recs), dtype=np.int64, count=n)
         self._floats: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._objects: dict[str, list[Any]] = {}
 
@@ -113,13 +114,17 @@ class StepColumns:
         return len(self.ts)
 
     def _raw(self, name: str) -> list[Any]:
-        return [getattr(r, name) for r in self.recs] if self.recs is not None else [None] * len(self)
+        return list(map(attrgetter(name), self.recs)) if self.recs is not None else [None] * len(self)
 
     def floats(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """(values, present) of a numeric field."""
         if name not in self._floats:
             raw = self._raw(name)
-            self._floats[name] = (np.array(raw, dtype=np.float64), np.array([v is not None for v in raw], bool))
+            vals = np.array(raw, dtype=np.float64)
+            present = np.ones(len(raw), dtype=bool)
+            nan = np.flatnonzero(np.isnan(vals))  # None, or a NaN that was reported
+            present[nan] = [raw[i] is not None for i in nan.tolist()]
+            self._floats[name] = (vals, present)
         return self._floats[name]
 
     def objects(self, name: str) -> list[Any]:
@@ -147,7 +152,7 @@ class Closed:
 
 
 class _Slot:
-    __slots__ = ("step", "first_ts", "count", "seen", "vals", "present", "codes", "vocab", "index")
+    __slots__ = ("step", "first_ts", "count", "seen", "vals", "present", "codes", "index")
 
     def __init__(self, step: int, first_ts: float, size: int, fields: dict[str, str]) -> None:
         self.step, self.first_ts, self.count = step, first_ts, 0
@@ -155,15 +160,10 @@ class _Slot:
         self.vals = {n: np.full(size, np.nan) for n, k in fields.items() if k != "c"}
         self.present = {n: np.zeros(size, dtype=bool) for n, k in fields.items() if k == "nf"}
         self.codes = {n: np.full(size, -1, dtype=np.int32) for n, k in fields.items() if k == "c"}
-        self.vocab: dict[str, list[str]] = {n: [] for n in self.codes}
-        self.index: dict[str, dict[str, int]] = {n: {} for n in self.codes}
+        self.index: dict[str, dict[str, int]] = {n: {} for n in self.codes}  # value -> code, in arrival order
 
-    def code(self, name: str, v: str) -> int:
-        c = self.index[name].get(v)
-        if c is None:
-            c = self.index[name][v] = len(self.vocab[name])
-            self.vocab[name].append(v)
-        return c
+    def vocab(self) -> dict[str, list[str]]:
+        return {n: list(idx) for n, idx in self.index.items()}
 
 
 class StepBuffer:
@@ -199,7 +199,7 @@ class StepBuffer:
     def add(self, step: int, rank: int, ts: float, row: tuple[Any, ...]) -> list[Closed]:
         """Buffer one rank's values of one step (aligned with `fields`); return the steps this closed."""
         out: list[Closed] = []
-        if rank >= self.size:
+        if not 0 <= rank < self.size:
             self.dropped += 1
             return out
         if self.closed_upto is not None and step <= self.closed_upto:
@@ -221,7 +221,8 @@ class StepBuffer:
             kind = self.fields[name]
             if kind == "c":
                 if v is not None:
-                    slot.codes[name][rank] = slot.code(name, v)
+                    idx = slot.index[name]
+                    slot.codes[name][rank] = idx.setdefault(v, len(idx))
             elif v is not None:
                 slot.vals[name][rank] = v
                 if kind == "nf":
@@ -248,7 +249,7 @@ class StepBuffer:
         out = []
         for s in sorted(s for s in self.open if s <= target):
             sl = self.open.pop(s)
-            out.append(Closed(s, float(ts), self.epoch, sl.seen, sl.vals, sl.present, sl.codes, sl.vocab))
+            out.append(Closed(s, float(ts), self.epoch, sl.seen, sl.vals, sl.present, sl.codes, sl.vocab()))
         return out
 
     # --- a batch ---
@@ -281,7 +282,7 @@ class StepBuffer:
     def _add_run(self, s: int, a: int, e: int, ranks: np.ndarray, ts: np.ndarray,
                  cached: dict[str, Any]) -> list[Closed]:
         r = ranks[a:e]
-        pos = np.flatnonzero(r < self.size)
+        pos = np.flatnonzero((r >= 0) & (r < self.size))
         if pos.size == 0:
             self.dropped += e - a
             return []
@@ -295,11 +296,12 @@ class StepBuffer:
         slot.seen[new_r] = True
         for name, kind in self.fields.items():
             if kind == "c":
-                col, codes = cached[name], slot.codes[name]
-                for rk, i in zip(new_r.tolist(), src.tolist(), strict=True):
-                    v = col[i]
-                    if v is not None:
-                        codes[rk] = slot.code(name, v)
+                col, idx = cached[name], slot.index[name]
+                vals, rk = [col[i] for i in src.tolist()], new_r
+                if None in vals:
+                    rk = new_r[np.array([v is not None for v in vals], dtype=bool)]
+                    vals = [v for v in vals if v is not None]
+                slot.codes[name][rk] = [idx.setdefault(v, len(idx)) for v in vals]
             else:
                 vals, present = cached[name]
                 slot.vals[name][new_r] = vals[src]
@@ -337,7 +339,7 @@ class StepBuffer:
             d: dict[str, Any] = {"step": s, "first_ts": sl.first_ts, "count": sl.count, "ranks": rk.tolist()}
             for name, kind in self.fields.items():
                 if kind == "c":
-                    d[name] = {"vocab": list(sl.vocab[name]), "codes": sl.codes[name][rk].tolist()}
+                    d[name] = {"vocab": list(sl.index[name]), "codes": sl.codes[name][rk].tolist()}
                 else:
                     d[name] = encode_floats(sl.vals[name][rk], sl.present[name][rk] if kind == "nf" else None)
             slots.append(d)
@@ -354,8 +356,7 @@ class StepBuffer:
             sl.seen[rk] = True
             for name, kind in self.fields.items():
                 if kind == "c":
-                    for v in d[name]["vocab"]:
-                        sl.code(name, v)
+                    sl.index[name] = {v: i for i, v in enumerate(d[name]["vocab"])}
                     sl.codes[name][rk] = np.asarray(d[name]["codes"], dtype=np.int32)
                 else:
                     vals, present = decode_floats(d[name])

@@ -160,6 +160,61 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- worker / topics -------------------------------------------------------------
+
+
+def _topic_settings(args: argparse.Namespace):
+    from streams.topics import TopicSettings
+
+    return TopicSettings.from_env(prefix=args.prefix, partitions=args.partitions, replication=args.replication)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from streams import worker
+
+    settings = worker.WorkerSettings(
+        bootstrap=args.bootstrap, app_id=args.app_id, topics=_topic_settings(args), store=args.store,
+        telemetry=args.telemetry, batch_max=args.batch_max, batch_within_s=args.batch_within, tick_s=args.tick,
+        silence=args.silence, lateness_s=args.lateness, hold_s=args.hold, table_store=args.table_store,
+        datadir=args.datadir, session_timeout_s=args.session_timeout, heartbeat_interval_s=args.heartbeat_interval,
+        request_timeout_s=max(args.session_timeout + 10, 40.0) if args.request_timeout is None else args.request_timeout,
+        commit_interval_s=args.commit_interval, standby_replicas=args.standby_replicas,
+        offset_reset=args.offset_reset, web=args.web_port is not None, web_port=args.web_port or 6066,
+    )
+    worker.run(settings, loglevel=args.loglevel, create=args.create_topics)
+    return 0
+
+
+def cmd_topics_create(args: argparse.Namespace) -> int:
+    from streams.topics import create_topics
+
+    s = _topic_settings(args)
+    made = create_topics(s, args.bootstrap)
+    print(f"created {len(made)} topics" + "".join(f"\n  {t}" for t in made) if made else
+          f"all {len(s.all())} topics exist ({s.prefix}*, {s.partitions} partitions)")
+    return 0
+
+
+def cmd_topics_list(args: argparse.Namespace) -> int:
+    from streams.topics import list_topics
+
+    for name, n in list_topics(args.bootstrap, args.prefix or _env("topic_prefix", "gw.")).items():
+        print(f"{name:<40} {n} partitions")
+    return 0
+
+
+def _kafka_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bootstrap", default=_env("bootstrap", "127.0.0.1:9092"),
+                   help="Kafka bootstrap servers, comma-separated (env GANGWATCH_BOOTSTRAP; default 127.0.0.1:9092)")
+    p.add_argument("--prefix", default=None,
+                   help="topic name prefix (env GANGWATCH_TOPIC_PREFIX; default gw.)")
+    p.add_argument("--partitions", type=int, default=None,
+                   help="partitions of every topic; all job-keyed inputs must agree (env GANGWATCH_TOPIC_PARTITIONS; "
+                   "default 8)")
+    p.add_argument("--replication", type=int, default=None,
+                   help="replication factor of new topics (env GANGWATCH_TOPIC_REPLICATION; default 1)")
+
+
 # --- parser --------------------------------------------------------------------
 
 
@@ -253,6 +308,74 @@ def build_parser() -> argparse.ArgumentParser:
     e = ssub.add_parser("export", help="write one JSON Schema file per record kind into DIR")
     e.add_argument("dir", type=Path, metavar="DIR")
     e.set_defaults(func=cmd_schema_export)
+
+    w = sub.add_parser("worker", help="run the detectors and triage on Kafka (a Faust worker; run one per machine)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Consume the gangwatch input topics, run the detectors and triage per job on event "
+                       "time, and publish findings, actions (the alert topic) and incidents keyed by job; bad "
+                       "messages go to the DLQ topic with the reason, topic, partition and offset. Start several "
+                       "workers with the same --app-id to share the partitions; a worker that dies is replaced "
+                       "with its jobs' state (Faust tables backed by changelog topics). Stop with Ctrl-C / TERM.",
+                       epilog="topics (prefix gw. by default): inputs telemetry (step, heartbeat, framework; key job), "
+                       "jobs (job), node-events (hw, gpu; key node), traces (stack, flight), ops (ops, recovery); "
+                       "outputs findings, actions, incidents, dlq. They are created if missing.\n"
+                       "example: gangwatch worker --bootstrap kafka1:9092 --store clickhouse://ch1:9000/gangwatch")
+    _kafka_args(w)
+    w.add_argument("--app-id", default=_env("app_id", "gangwatch"),
+                   help="Faust app id = consumer group and table changelog prefix (env GANGWATCH_APP_ID; "
+                   "default gangwatch)")
+    w.add_argument("--store", default=_env("store"),
+                   help="also write outputs to chdb:PATH or clickhouse://HOST:PORT[/DB] (env GANGWATCH_STORE; "
+                   "default: Kafka topics only)")
+    w.add_argument("--telemetry", action="store_true", help="with --store: also store every raw input record")
+    w.add_argument("--batch-max", type=int, default=int(_env("batch_max", "20000")),
+                   help="messages per batch (env GANGWATCH_BATCH_MAX; default 20000)")
+    w.add_argument("--batch-within", type=float, default=float(_env("batch_within", "0.1")),
+                   help="seconds to wait filling a batch (env GANGWATCH_BATCH_WITHIN; default 0.1)")
+    w.add_argument("--tick", type=float, default=float(_env("tick", "0.5")),
+                   help="silence timer period, seconds (env GANGWATCH_TICK; default 0.5)")
+    w.add_argument("--silence", action=argparse.BooleanOptionalAction, default=_env("silence", "1") != "0",
+                   help="advance event time through wall-clock silence, so missed heartbeats fire when nothing "
+                   "arrives (env GANGWATCH_SILENCE=0 turns it off; --no-silence makes the worker behave like replay: "
+                   "no input, no time)")
+    w.add_argument("--lateness", type=float, default=float(_env("lateness", "1.0")),
+                   help="seconds behind the newest event time that timeouts are evaluated (env GANGWATCH_LATENESS; "
+                   "default 1.0)")
+    w.add_argument("--hold", type=float, default=float(_env("hold", "30")),
+                   help="seconds a record waits for its job record, a node event for its job (env GANGWATCH_HOLD; "
+                   "default 30)")
+    w.add_argument("--table-store", default=_env("table_store", "memory://"),
+                   help="Faust table store: memory:// (rebuilt from the changelog at start) or rocksdb:// "
+                   "(env GANGWATCH_TABLE_STORE; default memory://)")
+    w.add_argument("--datadir", default=_env("datadir"),
+                   help="Faust data directory, one per worker (env GANGWATCH_DATADIR; default in the temp dir)")
+    w.add_argument("--session-timeout", type=float, default=float(_env("session_timeout", "30")),
+                   help="Kafka consumer session timeout, seconds (env GANGWATCH_SESSION_TIMEOUT; default 30)")
+    w.add_argument("--heartbeat-interval", type=float, default=float(_env("heartbeat_interval", "3")),
+                   help="Kafka consumer heartbeat interval, seconds (env GANGWATCH_HEARTBEAT_INTERVAL; default 3)")
+    w.add_argument("--request-timeout", type=float, default=None,
+                   help="Kafka request timeout, seconds; at least the session timeout (default: session + 10, >= 40)")
+    w.add_argument("--commit-interval", type=float, default=float(_env("commit_interval", "2.8")),
+                   help="seconds between offset commits (env GANGWATCH_COMMIT_INTERVAL; default 2.8)")
+    w.add_argument("--standby-replicas", type=int, default=int(_env("standby_replicas", "1")),
+                   help="table standby replicas kept warm on other workers (env GANGWATCH_STANDBY_REPLICAS; default 1)")
+    w.add_argument("--offset-reset", choices=("earliest", "latest"), default=_env("offset_reset", "earliest"),
+                   help="where a new consumer group starts (env GANGWATCH_OFFSET_RESET; default earliest)")
+    w.add_argument("--web-port", type=int, default=None, help="serve Faust's web views on this port (default: off)")
+    w.add_argument("--no-create-topics", dest="create_topics", action="store_false",
+                   help="do not create missing topics at start")
+    w.add_argument("-l", "--loglevel", default=_env("loglevel", "info"),
+                   choices=("debug", "info", "warning", "error"), help="log level (env GANGWATCH_LOGLEVEL; default info)")
+    w.set_defaults(func=cmd_worker)
+
+    t = sub.add_parser("topics", help="create or list the Kafka topics gangwatch uses")
+    tsub = t.add_subparsers(dest="topics_command", metavar="ACTION", required=True)
+    tc = tsub.add_parser("create", help="create every missing gangwatch topic (existing topics are left alone)")
+    _kafka_args(tc)
+    tc.set_defaults(func=cmd_topics_create)
+    tl = tsub.add_parser("list", help="list the topics with the prefix and their partition counts")
+    _kafka_args(tl)
+    tl.set_defaults(func=cmd_topics_list)
     return p
 
 

@@ -110,7 +110,8 @@ class Triage:
                 self._collect_stacks(f, out)
         else:
             changed = cls is not None and inc.promote(cls)
-            if changed and inc.decided_ts is None:
+            if inc.decided_ts is None and (changed or f.type == "stack_outlier"):
+                # a new class, or the sweep is in: the rest of it arrives within seconds
                 inc.decide_at = min(inc.decide_at, f.ts + self.config.settle_s)
             inc.findings.append(f.id)
             self.evidence.append(f)
@@ -120,8 +121,7 @@ class Triage:
 
     def _open(self, f: Finding, cls: str) -> Timeline:
         onset = _onset(f)
-        nodes = [f.node] if f.node else []
-        planned = self.guards.is_planned(nodes, f.ts) or (self.guards.is_planned([], f.ts))
+        planned = self.guards.is_planned(f.ts)
         wait = {"hang": self.config.hang_collect_s, "fail_slow": self.config.safety.failslow_hold_s}.get(
             cls, self.config.settle_s)
         if f.type == "stack_outlier":

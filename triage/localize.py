@@ -20,7 +20,7 @@ NODE_LEVEL = frozenset({"fail_stop", "hw_fault", "sdc_suspect"})
 
 
 def weight(f: Finding) -> float:
-    """How strongly one finding points at its node (0: not at all)."""
+    """How strongly one finding points at its node on its own (0: not at all)."""
     if f.type == "fail_stop":
         if f.evidence.get("cause") == "heartbeat":
             return 0.9 if f.evidence.get("whole_node") else 0.7
@@ -34,6 +34,34 @@ def weight(f: Finding) -> float:
     if f.type == "fail_slow":
         return 0.7
     return 0.0
+
+
+def _specificity(findings: list[Finding]) -> dict[str, float]:
+    """Per stack/flight finding, how specific it is within its sweep (1: the most specific suspect).
+
+    A stuck rank drags its pipeline neighbours into odd stacks too: the smallest
+    outlier cluster (stacks) and the highest-scoring suspect (flight) are the
+    likeliest cause, the larger clusters its victims.
+    """
+    out: dict[str, float] = {}
+    sweeps: dict[tuple[str, str], list[Finding]] = {}
+    for f in findings:
+        if f.type == "stack_outlier":
+            fam = "flight" if f.detector.startswith("flight") else "stacks"
+            sweeps.setdefault((fam, str(f.evidence.get("snapshot"))), []).append(f)
+    for (fam, _), group in sweeps.items():
+        if fam == "stacks":
+            sizes = [max(1, int(f.evidence.get("cluster_size") or 1)) for f in group]
+            best = min(sizes)
+            out.update({f.id: best / size for f, size in zip(group, sizes, strict=True)})
+        else:
+            top = max((f.score or 0.0) for f in group) or 1.0
+            out.update({f.id: 1.0 if (f.score or 0.0) >= top else 0.5 * (f.score or 0.0) / top for f in group})
+    return out
+
+
+def _family(f: Finding) -> str:
+    return f.detector.split(".")[0]
 
 
 @dataclass
@@ -50,21 +78,30 @@ class Localization:
 
 def localize(findings: list[Finding], topo: Topology, threshold: float) -> Localization:
     """Fuse the findings of one incident into culprit nodes (or a group)."""
-    miss: dict[str, float] = {}
+    spec = _specificity(findings)
+    best: dict[tuple[str, str], tuple[float, str]] = {}  # (node, detector family) -> strongest (weight, id)
     ids: dict[str, list[str]] = {}
     node_level: set[str] = set()
     for f in findings:
-        w = weight(f)
+        w = weight(f) * spec.get(f.id, 1.0)
         if w <= 0 or f.node is None:
             continue
-        miss[f.node] = miss.get(f.node, 1.0) * (1.0 - w)
         ids.setdefault(f.node, []).append(f.id)
+        key = (f.node, _family(f))
+        if w > best.get(key, (0.0, ""))[0]:
+            best[key] = (w, f.id)
         if f.type in NODE_LEVEL and w >= 0.5:
             node_level.add(f.node)
+    # evidence from different sources combines as independent; many ranks of one node seen by the
+    # same detector count once (their strongest), so a crowd of victims cannot outvote the culprit
+    miss: dict[str, float] = {}
+    for (node, _), (w, _) in best.items():
+        miss[node] = miss.get(node, 1.0) * (1.0 - w)
     per_node = {n: round(1.0 - m, 4) for n, m in sorted(miss.items())}
     culprits = sorted(n for n, c in per_node.items() if c >= threshold)
     loc = Localization(per_node=per_node)
-    rank_suspects = sorted({f.rank for f in findings if f.type in ("stack_outlier",) and f.rank is not None})
+    rank_suspects = sorted({f.rank for f in findings
+                            if f.type == "stack_outlier" and f.rank is not None and spec.get(f.id, 1.0) >= 0.99})
     loc.suspect_ranks = rank_suspects
     outlier_nodes = set(topo.nodes_of(rank_suspects)) if rank_suspects else set()
     if len(outlier_nodes) > 1 and not (outlier_nodes & node_level):

@@ -42,8 +42,9 @@ class Guards:
     def silenced(self, node: str | None, now: float) -> bool:
         return any(until >= now and (n is None or n == node) for n, until in self.silences)
 
-    def is_planned(self, nodes: list[str], now: float) -> bool:
-        return any(start <= now <= until and (n is None or n in nodes) for n, start, until in self.planned)
+    def is_planned(self, now: float) -> bool:
+        """A planned operation on the job (or any node of it) covers `now`."""
+        return any(start <= now <= until for _, start, until in self.planned)
 
     # --- blast radius ------------------------------------------------------------
 

@@ -75,10 +75,11 @@ def _steps(plan: Plan, batch: bool) -> Iterator[tuple[float, dict]]:
                     dig[rank] = f"{int(bad[0]):016x}"
             loss = round(float(seg.loss[i]), 5)
             gn = round(float(seg.grad_norm[i]), 5)
+            cols = zip(range(R), ts.tolist(), c.tolist(), cw.tolist(), d.tolist(), dig, strict=True)
             recs = [{"kind": "step", "v": 1, "ts": t, "job": job, "rank": rk, "step": k, "step_s": ss,
                      "compute_s": cc, "comm_wait_s": ww, "data_wait_s": dd, "loss": loss, "grad_norm": gn,
                      "replica_digest": dg}
-                    for rk, t, cc, ww, dd, dg in zip(range(R), ts.tolist(), c.tolist(), cw.tolist(), d.tolist(), dig)]
+                    for rk, t, cc, ww, dd, dg in cols]
             if batch:
                 out = []
                 for n in range(topo.n_nodes):
@@ -111,7 +112,7 @@ def _heartbeats(plan: Plan) -> Iterator[tuple[float, dict]]:
                 break
             live = ts < until
             idx = np.searchsorted(seg.end, ts, side="right") - 1
-            for rank, t, ix, ok in zip(ranks, ts.tolist(), idx.tolist(), live.tolist()):
+            for rank, t, ix, ok in zip(ranks, ts.tolist(), idx.tolist(), live.tolist(), strict=True):
                 if ok:
                     rec = {"kind": "heartbeat", "v": 1, "ts": t, "job": job, "rank": rank}
                     if ix >= 0:
@@ -163,7 +164,7 @@ def _gpus(plan: Plan) -> Iterator[tuple[float, dict]]:
         if ts.min() >= sc.end_ts:
             break
         state = np.full(PG, IDLE)
-        for seg, m in zip(plan.segments, seg_rank):
+        for seg, m in zip(plan.segments, seg_rank, strict=True):
             _segment_states(plan, seg, m, ts, state)
         state[(ts < on) | (ts >= off) | (ts >= sc.end_ts)] = OFF
         util = np.clip(_UTIL[state] + np.where(state == ACTIVE, np.round(r.normal(0, 1.0, PG)), 0), 0, 100)
@@ -182,7 +183,7 @@ def _gpus(plan: Plan) -> Iterator[tuple[float, dict]]:
             ecc[bn.ecc_gpus] += r.poisson(0.15, len(bn.ecc_gpus))
         cols = zip(order.tolist(), ts[order].tolist(), state[order].tolist(), np.round(temp[order]).tolist(),
                    np.round(power[order], 1).tolist(), clock[order].tolist(), util[order].tolist(),
-                   ecc[order].tolist(), pcie[order].tolist())
+                   ecc[order].tolist(), pcie[order].tolist(), strict=True)
         for pg_, t, st, tc, pw, ck, ut, e, pr in cols:
             if st == OFF:
                 continue
@@ -237,8 +238,9 @@ def _events(plan: Plan) -> list[tuple[float, dict]]:
     for f in plan.faults:
         name = plan.segments[0].nodes[f.node]
 
-        def hw(ts: float, source: str, message: str, gpu: int | None = None, code: int | None = None) -> None:
-            rec = {"kind": "hw", "v": 1, "ts": round(ts, 6), "node": name, "source": source, "message": message}
+        def hw(ts: float, source: str, message: str, gpu: int | None = None, code: int | None = None,
+               node: str = name) -> None:
+            rec = {"kind": "hw", "v": 1, "ts": round(ts, 6), "node": node, "source": source, "message": message}
             if gpu is not None:
                 rec["gpu"] = gpu
             if code is not None:

@@ -61,7 +61,7 @@ def grad_curve(steps: np.ndarray) -> np.ndarray:
 def decaying(steps: np.ndarray, at: np.ndarray, amp: np.ndarray, tau: float) -> np.ndarray:
     """Sum of exponentially decaying bumps of height `amp` starting at steps `at`."""
     out = np.zeros(len(steps))
-    for a, h in zip(at.tolist(), amp.tolist()):
+    for a, h in zip(at.tolist(), amp.tolist(), strict=True):
         d = steps - a
         m = d >= 0
         out[m] += h * np.exp(-d[m] / tau)

@@ -8,6 +8,12 @@ Per step (vectorized over ranks):
     step_s      = max_r(compute_r + data_r) + comm          (equal on every rank)
     comm_wait_r = step_s - compute_r - data_r               (a straggler waits least)
 
+Fail-slow kinds: a thermal straggler's compute grows by `magnitude` over `ramp_s`; an
+intermittent one by `magnitude` in a share `prob` of steps; NIC degradation makes the
+collective cost (everyone's comm_wait) grow by `magnitude` (a ring is as fast as its
+slowest link) and the node's own ranks compute NIC_COMPUTE_SHARE * magnitude slower
+(NCCL kernels hold SMs longer), so the node stands out in compute_s a little.
+
 A stall (xid79, node loss, data-loader hang, pipeline deadlock) stops progress in
 the step in progress at the fault time; planned maintenance stops gracefully after
 a checkpoint, and the job may restart on a spare node (a new `Segment`).

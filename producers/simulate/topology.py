@@ -80,7 +80,7 @@ class Topology:
         """The `ranks` list of a `job` record, with `names[node_index]` as node names."""
         return [{"rank": r, "node": names[n], "gpu": g, "tp": t, "pp": p, "dp": d}
                 for r, n, g, t, p, d in zip(self.rank.tolist(), self.node.tolist(), self.gpu.tolist(),
-                                            self.tp.tolist(), self.pp.tolist(), self.dp.tolist())]
+                                            self.tp.tolist(), self.pp.tolist(), self.dp.tolist(), strict=True)]
 
     # --- groups ------------------------------------------------------------------------
     def members(self, kind: str, rank: int) -> list[int]:

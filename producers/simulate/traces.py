@@ -153,7 +153,7 @@ _OPS = {"tp": "allreduce", "dp": "allreduce", "pp": "send"}
 
 def _entries(state: int, groups: list[dict], kinds: list[str]) -> list[dict]:
     out = []
-    for g, kind in zip(groups, kinds):
+    for g, kind in zip(groups, kinds, strict=True):
         enq, _, comp = g["last_enqueued"], g["last_started"], g["last_completed"]
         if comp > 0:
             out.append({"seq": comp, "op": _OPS[kind], "pg": g["pg"], "state": "completed"})

@@ -74,7 +74,8 @@ def truth_of(plan: Plan) -> dict[str, Any]:
         "stall": stall,
         "segments": [{"t0": _t(s.t0), "first_step": s.step0, "steps": len(s.end),
                       "last_step": int(s.steps[-1]) if len(s.end) else None,
-                      "nodes_replaced": {a: b for a, b in zip(segs[0].nodes, s.nodes) if a != b}} for s in segs],
+                      "nodes_replaced": {a: b for a, b in zip(segs[0].nodes, s.nodes, strict=True) if a != b}}
+                     for s in segs],
         "last_step": int(last[-1].steps[-1]) if last else None,
         "benign": {
             "checkpoints": [{"step": k, "ts": _t(a), "end_ts": _t(b)} for s in segs for k, a, b in s.ckpt

@@ -137,7 +137,8 @@ def test_no_flags_in_an_hour_of_healthy_steps(topo):
     det = FailSlowDetector(topo)
     found = feed(det, gen_columns(topo, 3600, noise=0.015, seed=7, **LEAN), batch=True)
     assert flags(found) == [] and not det.in_episode.any()
-    assert (det.nbase == 3600 - CFG.warmup_steps).all()  # every rank was scored on every step
+    learned = 3600 - CFG.warmup_steps  # every rank scored on every step; the rare lone hit is not learned
+    assert det.nbase.max() == learned and det.nbase.min() >= learned - 10
 
 
 def test_intermittent_straggler_is_flagged(topo):
@@ -241,6 +242,15 @@ def test_set_topology_resets_per_rank_state(topo):
     assert det.in_episode.shape == (256,) and not det.in_episode.any() and det.warm == 0
     found = feed(det, gen_steps(bigger, 30, start_step=30, t0=40.0, stragglers=[Straggler(200, 1.3)], **LEAN))
     assert [f.rank for f in flags(found)] == [200]
+
+
+def test_rewind_to_a_checkpoint_warms_up_again_and_keeps_the_episode(topo):
+    det = FailSlowDetector(topo)
+    found = feed(det, gen_steps(topo, 60, stragglers=[Straggler(8, 1.2, start=20)], **LEAN), batch=True)
+    assert [f.rank for f in flags(found)] == [8]
+    restart = gen_steps(topo, 40, start_step=30, t0=70.0, stragglers=[Straggler(8, 1.2)], **LEAN)  # back to 30
+    assert flags(feed(det, restart, batch=True)) == []  # same straggler, same episode
+    assert det.epoch == 1 and det.buf.epoch == 1 and det.warm == CFG.warmup_steps and det.in_episode[8]
 
 
 def test_dead_rank_does_not_stall_scoring(topo):

@@ -157,7 +157,7 @@ def test_synchronous_physics_and_straggler_signature():
     late = [s for s, rows in table.items() if min(r["ts"] for r in rows.values()) > onset_done + 2 and s not in ckpt]
     early = [s for s, rows in table.items() if 15 < s and max(r["ts"] for r in rows.values()) < THERMAL.start_ts + 40]
     assert len(late) > 50 and len(early) > 10
-    for s, rows in table.items():
+    for rows in table.values():
         assert len(rows) == 64
         step_s = {r["step_s"] for r in rows.values()}
         assert len(step_s) == 1  # synchronous: every rank reports the same step time
@@ -184,8 +184,8 @@ def test_synchronous_physics_and_straggler_signature():
 
 def test_pipeline_stages_have_different_baselines_and_warmup_is_slow():
     table = steps_table(recs_of(HEALTHY))
-    stage_med = [np.median([r["compute_s"] for s in range(20, 80) for r in table[s].values() if r["rank"] // 8 % 2 == p])
-                 for p in (0, 1)]
+    stage_med = [np.median([r["compute_s"] for s in range(20, 80) for r in table[s].values()
+                            if r["rank"] // 8 % 2 == p]) for p in (0, 1)]
     assert stage_med[1] > stage_med[0] * 1.02  # last stage (output layer, loss) computes more
     steady = np.median([table[s][0]["step_s"] for s in range(30, 100)])
     assert table[0][0]["step_s"] > 2.5 * steady  # warm-up
@@ -209,7 +209,7 @@ def test_heartbeat_cadence():
     for r in by_kind(recs, "heartbeat"):
         per_rank[r["rank"]].append(r)
     assert sorted(per_rank) == list(range(64))
-    for rank, hbs in per_rank.items():
+    for hbs in per_rank.values():
         ts = np.array([h["ts"] for h in hbs])
         assert np.allclose(np.diff(ts), 5.0, atol=2e-6)
         assert len(ts) == pytest.approx(300 / 5, abs=1)
@@ -279,8 +279,8 @@ def test_xid79_event_and_dead_gpu():
     assert len(xids) == 1
     x = xids[0]
     assert (x["node"], x["gpu"], x["code"], x["ts"]) == ("n003", 2, 79, t_f)
-    assert re.fullmatch(r"NVRM: Xid \(PCI:0000:[0-9a-f]{2}:00\): 79, pid=\d+, name=python, GPU has fallen off the bus\.",
-                        x["message"])
+    assert re.fullmatch(r"NVRM: Xid \(PCI:0000:[0-9a-f]{2}:00\): 79, pid=\d+, name=python, "
+                        r"GPU has fallen off the bus\.", x["message"])
     culprit = 3 * 8 + 2
     assert [r["type"] for r in recs if r["kind"] == "framework" and r["rank"] == culprit] == ["exception"]
     assert not [r for r in recs if r.get("rank") == culprit and r["kind"] == "heartbeat" and r["ts"] > t_f + 3]

@@ -7,6 +7,8 @@ import math
 import numpy as np
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from detectors.failslow import FailSlowDetector
 from detectors.slowdown import BufferConfig, JobSlowdownDetector, SlowdownConfig, StepBuffer, StepColumns
@@ -153,6 +155,32 @@ def test_buffer_batch_path_equals_record_path(seed):
         many += b.add_columns(StepColumns(recs[i:i + 97]))
     assert closed_view(one) == closed_view(many) and one
     assert a.state() == b.state() and a.dropped == b.dropped > 0
+
+
+_VALUES = st.one_of(st.none(), st.just(math.nan), st.just(math.inf), st.floats(0.1, 2.0))
+_RECORD = st.tuples(st.integers(0, 5), st.integers(0, 9), _VALUES, st.sampled_from([None, "a", "b", "c"]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_RECORD, min_size=60, max_size=300), st.lists(st.integers(1, 40), min_size=1, max_size=20),
+       st.booleans())
+def test_buffer_batch_path_equals_record_path_for_any_stream(raw, cuts, by_step):
+    """Any order, duplicates, late and out-of-range records, any batch boundaries: the same steps."""
+    if by_step:  # long runs of one step: the vectorized path
+        raw = sorted(raw, key=lambda x: x[0])
+    recs = [rec(s, r, s + r / 100, loss=v, compute_s=None if v is None or v != v else v, replica_digest=d)
+            for s, r, v, d in raw]
+    fields = {"compute_s": "f", "loss": "nf", "replica_digest": "c"}
+    cfg = BufferConfig(max_open=3, lag=1)
+    a, b = StepBuffer(8, fields, cfg), StepBuffer(8, fields, cfg)
+    one = [c for r in recs for c in a.add_record(r)] + a.expire(math.inf)
+    many, i, k = [], 0, 0
+    while i < len(recs):
+        n = cuts[k % len(cuts)] * (20 if k % 2 == 0 else 1)  # long runs take the vectorized path
+        many += b.add_columns(StepColumns(recs[i:i + n]))
+        i, k = i + n, k + 1
+    many += b.expire(math.inf)
+    assert closed_view(one) == closed_view(many) and a.state() == b.state()
 
 
 def test_buffer_state_round_trip_keeps_nan_apart_from_missing():

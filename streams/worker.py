@@ -1,0 +1,275 @@
+"""The Faust worker: the pure core on real Kafka (`gangwatch worker`).
+
+`make_app(settings)` builds the app (there is no module-level app); `run(settings)`
+creates the topics and runs a Faust worker until TERM/INT. The logic lives in
+`streams.runner`; this module only wires it to Faust:
+
+- agent `gangwatch-jobs` reads every job-keyed input topic plus `by-job` (all
+  with the same partition count, keyed by job: co-partitioned), in batches of
+  `stream.take_events(batch_max, within)`, and hands them to a `JobRunner`
+  (one `Core` per job, event-time order within a batch). What comes out is
+  published keyed by job: findings, actions (the alert topic), incidents, DLQ.
+- agent `gangwatch-route` reads `node-events` (keyed by node) and `node-jobs`
+  (the node -> job map the jobs agent publishes on every `job` record) and
+  re-publishes node events keyed by their job onto `by-job` (`NodeRouter`).
+- State: each job's `Core.state()` (zlib'd JSON) is saved in table
+  `core-state` (changelog topic `<app id>-core-state-changelog`) after every
+  batch that touched the job; the router's node -> job map is table
+  `node-job`. Both use `use_partitioner=True`: a table key is a job (or node)
+  id hashed by the same murmur2 partitioner as the producers' keys, so the
+  state of a job lives on the changelog partition of that job's input partition
+  and a replacement worker recovers exactly the jobs it is given. The producer
+  is flushed before Faust commits offsets: outputs and state are at least once.
+- Silence: a timer advances each job's event time by the wall time since its
+  last batch arrived (watermark = max event time + elapsed - lateness), but only
+  while the job's partitions are caught up and no rebalance is running, so a
+  missed heartbeat fires when nothing arrives and a lagging consumer is never
+  mistaken for silence.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import faust
+from aiokafka.partitioner import murmur2
+from faust.types import TP
+
+from sinks.base import Sink
+from streams.runner import JobRunner, Msg, NodeRouter, Result
+from streams.topics import TopicSettings, create_topics
+from triage.engine import CoreConfig
+
+log = logging.getLogger("gangwatch.worker")
+
+_RAW: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Everything a worker needs; the CLI fills it from options and GANGWATCH_* variables."""
+
+    bootstrap: str = "127.0.0.1:9092"
+    app_id: str = "gangwatch"
+    topics: TopicSettings = field(default_factory=TopicSettings)
+    store: str | None = None  # sink URL: chdb:PATH or clickhouse://HOST:PORT[/DB]; None: Kafka outputs only
+    telemetry: bool = False  # also store every input record (gw_telemetry)
+    batch_max: int = 20_000  # records (messages) per take() batch
+    batch_within_s: float = 0.1  # ... or whatever arrived within this time
+    tick_s: float = 0.5  # silence timer period
+    silence: bool = True  # advance event time through wall-clock silence
+    lateness_s: float = 1.0  # how far behind the newest event time timeouts are evaluated
+    hold_s: float = 30.0  # how long a record waits for its job record, a node event for its job
+    table_store: str = "memory://"  # or rocksdb:// (needs rocksdict and a --datadir per worker)
+    datadir: str | None = None
+    session_timeout_s: float = 30.0
+    heartbeat_interval_s: float = 3.0
+    request_timeout_s: float = 40.0  # must be >= the session timeout
+    commit_interval_s: float = 2.8
+    standby_replicas: int = 1
+    offset_reset: str = "earliest"
+    web: bool = False
+    web_port: int = 6066
+    stats_every_s: float = 10.0  # log a progress line this often (0: never)
+
+
+def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
+    """The Faust app of one gangwatch worker (agents, tables, timer), not started."""
+    t = s.topics
+    datadir = Path(s.datadir or Path(tempfile.gettempdir()) / "gangwatch-faust" / s.app_id)
+    datadir.parent.mkdir(parents=True, exist_ok=True)  # Faust makes only the last level
+    app = faust.App(
+        s.app_id,
+        broker=[f"kafka://{h.strip()}" for h in s.bootstrap.split(",") if h.strip()],
+        store=s.table_store,
+        datadir=str(datadir),
+        autodiscover=False,
+        topic_partitions=t.partitions,
+        topic_replication_factor=t.replication,
+        broker_session_timeout=s.session_timeout_s,
+        broker_heartbeat_interval=s.heartbeat_interval_s,
+        broker_request_timeout=max(s.request_timeout_s, s.session_timeout_s),
+        broker_commit_interval=s.commit_interval_s,
+        stream_wait_empty=False,
+        table_standby_replicas=s.standby_replicas,
+        consumer_auto_offset_reset=s.offset_reset,
+        web_enabled=s.web,
+        web_port=s.web_port,
+        producer_max_request_size=16 * 1024 * 1024,
+    )
+    job_topics = (*t.job_inputs, t.by_job)
+    job_src = app.topic(*job_topics, **_RAW)
+    node_src = app.topic(t.node_events, t.node_jobs, **_RAW)
+    states = app.Table("core-state", partitions=t.partitions, use_partitioner=True, key_type=bytes,
+                       value_type=bytes, help="Core.state() per job (zlib JSON)")
+    nodemap = app.Table("node-job", partitions=t.partitions, use_partitioner=True, key_type=bytes,
+                        value_type=bytes, help="node -> the job running on it")
+
+    def load(job: str) -> bytes | None:
+        return states.get(job.encode())
+
+    runner = JobRunner(t, CoreConfig(lateness_s=s.lateness_s), hold_s=s.hold_s, silence=s.silence, load=load)
+    router = NodeRouter(t, nodemap, hold_s=s.hold_s)
+    glue = _Glue(app, runner, states, job_topics, sinks or [], s.telemetry)
+    app.gangwatch = glue  # type: ignore[attr-defined]  # for tests and introspection
+
+    @app.agent(job_src, name="gangwatch-jobs")
+    async def jobs(stream: faust.StreamT) -> None:
+        async for events in stream.take_events(s.batch_max, within=s.batch_within_s):
+            msgs = [glue.msg(e) for e in events]
+            res = runner.on_batch(msgs)
+            glue.save(res)  # synchronously, before any await: a revoke cannot come in between
+            await glue.publish(res)
+
+    @app.agent(node_src, name="gangwatch-route")
+    async def route(stream: faust.StreamT) -> None:
+        async for events in stream.take_events(s.batch_max, within=s.batch_within_s):
+            res = router.on_batch([glue.msg(e, track=False) for e in events])
+            await glue.publish(res)
+
+    @app.timer(s.tick_s)
+    async def tick() -> None:
+        if app.rebalancing or app.in_recovery:
+            return
+        glue.restore_assigned()
+        res = runner.on_tick(glue.caught_up)
+        glue.save(res)
+        await glue.publish(res)
+        router.on_tick()
+        glue.stats(router, s.stats_every_s)
+
+    @app.on_partitions_revoked.connect
+    async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
+        lost = {tp.partition for tp in revoked if tp.topic in job_topics}
+        gone = runner.drop_partitions(lost)
+        if gone:
+            log.info("revoked partitions %s: dropped %d jobs from memory", sorted(lost), len(gone))
+
+    @app.on_partitions_assigned.connect
+    async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
+        runner.resume()
+        glue.assigned = {tp.partition for tp in assigned if tp.topic in job_topics}
+        glue.need_restore = True
+
+    @app.on_before_shutdown.connect
+    def on_shutdown(sender: Any, **kwargs: Any) -> None:
+        for sink in glue.sinks:
+            sink.close()
+
+    return app
+
+
+class _Glue:
+    """The I/O half of the worker: Faust events -> `Msg`, `Result` -> sends, table writes, sinks."""
+
+    def __init__(self, app: faust.App, runner: JobRunner, states: Any, job_topics: tuple[str, ...],
+                 sinks: list[Sink], telemetry: bool) -> None:
+        self.app = app
+        self.runner = runner
+        self.states = states
+        self.job_topics = job_topics
+        self.sinks = sinks
+        self.telemetry = telemetry
+        self.next_offset: dict[tuple[str, int], int] = {}
+        self.assigned: set[int] = set()
+        self.need_restore = False
+        self.saves = 0
+        self.sent = 0
+        self._started = time.monotonic()
+        self._last_stats = self._started
+
+    def msg(self, event: Any, track: bool = True) -> Msg:
+        m = event.message
+        if track:
+            self.next_offset[(m.topic, m.partition)] = m.offset + 1
+        ts = (m.timestamp or 0.0)
+        return Msg(m.topic, m.partition, m.offset, m.key, m.value, ts / 1000.0 if ts > 1e11 else ts)
+
+    def save(self, res: Result) -> None:
+        for job in sorted(res.dirty):
+            if job in self.runner.cores:
+                self.states[job.encode()] = self.runner.state_of(job)
+                self.saves += 1
+
+    async def publish(self, res: Result) -> None:
+        send: Callable[..., Any] = self.app.producer.send
+        for m in res.sends:
+            await send(m.topic, m.key, m.value, partition=None, timestamp=None, headers=None)
+        self.sent += len(res.sends)
+        if self.sinks:
+            for sink in self.sinks:
+                if self.telemetry:
+                    for rec in res.records:
+                        sink.observe(rec)
+                for err, source, where, ts in res.rejects:
+                    sink.reject(err, source, where, ts)
+                sink.write(res.outputs)
+                sink.flush()
+
+    def caught_up(self, job: str) -> bool:
+        """Nothing of the job's partition is left to read on any of its topics (as far as we know)."""
+        p = self.runner.partition.get(job)
+        if p is None:
+            return True
+        consumer = self.app.consumer
+        for topic in self.job_topics:
+            pos = self.next_offset.get((topic, p))
+            if pos is None:
+                continue
+            try:
+                hw = consumer.highwater(TP(topic, p))
+            except Exception:  # not assigned / not known yet
+                continue
+            if hw is not None and pos < hw:
+                return False
+        return True
+
+    def restore_assigned(self) -> None:
+        """After a rebalance: bring every saved job of our partitions into memory (so silence is watched)."""
+        if not self.need_restore:
+            return
+        self.need_restore = False
+        n = self.app.conf.topic_partitions
+        restored = 0
+        for key in list(self.states.keys()):
+            job = key.decode()
+            p = (murmur2(key) & 0x7FFFFFFF) % n
+            if p in self.assigned and job not in self.runner.cores:
+                saved = self.states.get(key)
+                if saved:
+                    self.runner.restore(job, saved, p)
+                    restored += 1
+        if restored:
+            log.info("restored %d jobs from table core-state", restored)
+
+    def stats(self, router: NodeRouter, every_s: float) -> None:
+        now = time.monotonic()
+        if every_s <= 0 or now - self._last_stats < every_s:
+            return
+        self._last_stats = now
+        r = self.runner
+        log.info("processed %d records (%.0f/s since start), %d jobs, %d state saves, %d messages sent, "
+                 "%d node events routed, %d dropped", r.records, r.records / max(now - self._started, 1e-9),
+                 len(r.cores), self.saves, self.sent, router.routed, router.dropped)
+
+
+def run(s: WorkerSettings, *, loglevel: str = "info", create: bool = True) -> None:
+    """Create the topics (idempotent), then run one worker until TERM/INT. Does not return normally."""
+    if create:
+        made = create_topics(s.topics, s.bootstrap)
+        if made:
+            log.info("created topics: %s", ", ".join(made))
+    sinks: list[Sink] = []
+    if s.store:
+        from sinks.store import open_store
+        from sinks.storesink import StoreSink
+
+        sinks.append(StoreSink(open_store(s.store), telemetry=s.telemetry))
+    app = make_app(s, sinks)
+    faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()

@@ -1,0 +1,196 @@
+"""Helpers for tests and benchmarks that run the Faust worker against the real broker.
+
+- `scenario()`: a small job as contract records (a node goes silent, another gets a fatal Xid).
+- `messages()`: records packed into Kafka messages the way sidecars publish them (`topic_for`).
+- `WorkerProc`: `gangwatch worker` in a subprocess, with test settings; stop = TERM, wait, KILL.
+- `read_all()` / `wait_for()`: read topics from the beginning (no consumer group), poll to a condition.
+- `caught_up()`: has a consumer group committed every message of some topics?
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import KafkaAdminClient
+
+from schemas import Heartbeat, Hw, Job, RankInfo, Record, Step, encode, encode_batch
+from streams.topics import TopicSettings, topic_for
+
+REPO = Path(__file__).resolve().parents[2]
+T0 = 1_700_000_000.0
+
+
+def scenario(*, nodes: int = 4, per_node: int = 4, seconds: int = 40, hb: float = 1.0, silent: str | None = "n001",
+             silent_at: float = 20.0, xid_node: str | None = "n002", xid_at: float = 30.5,
+             job: str = "j1") -> list[Record]:
+    """Records of one synchronous job in event-time order, every timestamp distinct.
+
+    Every rank heartbeats and steps once per `hb`; from `silent_at` the ranks of node
+    `silent` send nothing (and everybody else stops stepping: the collective stalls, but
+    heartbeats go on); at `xid_at` node `xid_node` reports a fatal Xid 79.
+    """
+    n = nodes * per_node
+    recs: list[Record] = [Job(ts=T0, job=job, heartbeat_s=hb, ranks=[
+        RankInfo(rank=i * per_node + g, node=f"n{i:03d}", gpu=g, tp=g, pp=0, dp=i)
+        for i in range(nodes) for g in range(per_node)])]
+    for k in range(1, int(seconds / hb) + 1):
+        t = T0 + k * hb
+        stalled = silent is not None and k * hb >= silent_at
+        for r in range(n):
+            if silent is not None and f"n{r // per_node:03d}" == silent and k * hb >= silent_at:
+                continue
+            if not stalled:
+                recs.append(Step(ts=t + 0.001 * r, job=job, rank=r, step=k, step_s=hb, compute_s=0.6 * hb,
+                                 comm_wait_s=0.35 * hb, data_wait_s=0.01))
+            recs.append(Heartbeat(ts=t + 0.001 * r + 0.0005, job=job, rank=r, step=k if not stalled else None))
+    if xid_node is not None:
+        recs.append(Hw(ts=T0 + xid_at + 0.0007, node=xid_node, gpu=1, source="xid", code=79,
+                       message="NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."))
+    recs.sort(key=lambda r: r.ts)
+    return recs
+
+
+def messages(recs: Iterable[Record], topics: TopicSettings, *, batch: int = 16) -> list[tuple[str, bytes, bytes]]:
+    """(topic, key, value) in record order; consecutive records of one topic and key share a batch message."""
+    out: list[tuple[str, bytes, bytes]] = []
+    group: list[Record] = []
+    where: tuple[str, str] | None = None
+
+    def flush() -> None:
+        if group:
+            value = encode(group[0]) if len(group) == 1 else encode_batch(group, group[0].ts)
+            out.append((where[0], where[1].encode(), value))
+            group.clear()
+
+    for rec in recs:
+        dest = topic_for(rec, topics)
+        if dest != where or len(group) >= batch:
+            flush()
+            where = dest
+        group.append(rec)
+    flush()
+    return out
+
+
+def write_jsonl(path: Path, msgs: list[tuple[str, bytes, bytes]]) -> Path:
+    path.write_bytes(b"".join(v + b"\n" for _, _, v in msgs))
+    return path
+
+
+def produce(bootstrap: str, msgs: Iterable[tuple[str, bytes, bytes]]) -> int:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_request_size=16 * 1024 * 1024)
+    n = 0
+    for topic, key, value in msgs:
+        producer.send(topic, key=key, value=value)
+        n += 1
+    producer.flush()
+    producer.close()
+    return n
+
+
+def worker_args(bootstrap: str, app_id: str, topics: TopicSettings, *extra: str) -> list[str]:
+    """`gangwatch worker` with the fast test settings of docs/infra.md."""
+    return [sys.executable, "-m", "gangwatch.cli", "worker", "--bootstrap", bootstrap, "--app-id", app_id,
+            "--prefix", topics.prefix, "--partitions", str(topics.partitions), "--session-timeout", "6",
+            "--heartbeat-interval", "1", "--request-timeout", "20", "--standby-replicas", "0",
+            "--table-store", "memory://", "--offset-reset", "earliest", "--commit-interval", "0.5", *extra]
+
+
+class WorkerProc:
+    """One worker subprocess; its output goes to `log` (read it when a test fails)."""
+
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.log = log
+        self._fh = open(log, "ab")
+        full_env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc = subprocess.Popen(args, cwd=REPO, stdout=self._fh, stderr=subprocess.STDOUT, env=full_env,
+                                     start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """TERM, wait, then KILL."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._fh.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """Die at once, like a crashed machine (no commit, no goodbye to the group)."""
+        if self.alive():
+            self.proc.kill()
+            self.proc.wait(10)
+        self._fh.close()
+
+    def tail(self, n: int = 60) -> str:
+        lines = self.log.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+
+def read_all(bootstrap: str, topics: Iterable[str]) -> dict[str, list[tuple[bytes | None, bytes]]]:
+    """Every message now in `topics`, per topic, in partition order (no consumer group)."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    try:
+        tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        end = consumer.end_offsets(tps)
+        got: dict[TopicPartition, list] = {tp: [] for tp in tps}
+        deadline = time.monotonic() + 30
+        while any(consumer.position(tp) < end[tp] for tp in tps) and time.monotonic() < deadline:
+            for tp, msgs in consumer.poll(timeout_ms=200).items():
+                got[tp] += [(m.key, m.value) for m in msgs]
+        out: dict[str, list] = {t: [] for t in topics}
+        for tp in tps:
+            out[tp.topic] += got[tp]
+        return out
+    finally:
+        consumer.close()
+
+
+def wait_for(cond: Callable[[], bool], timeout: float, what: str, every: float = 0.25,
+             proc: WorkerProc | None = None) -> None:
+    """Poll `cond` until true; fail with `what` (and the worker's log tail) at the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        if proc is not None and not proc.alive():
+            raise AssertionError(f"worker exited ({proc.proc.returncode}) while waiting for {what}:\n{proc.tail()}")
+        time.sleep(every)
+    tail = f"\n--- worker log ---\n{proc.tail()}" if proc is not None else ""
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{tail}")
+
+
+def caught_up(bootstrap: str, group: str, topics: Iterable[str]) -> bool:
+    """Has `group` committed every message now in `topics`?"""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    try:
+        tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
+        end = consumer.end_offsets(tps)
+        committed = admin.list_group_offsets(group).get(group, {})
+        for tp in tps:
+            if end[tp] == 0:
+                continue
+            off = committed.get(tp)
+            pos = getattr(off, "offset", off)
+            if pos is None or pos < end[tp]:
+                return False
+        return True
+    finally:
+        consumer.close()
+        admin.close()
