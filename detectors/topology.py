@@ -71,21 +71,26 @@ class Topology:
                 return r
         return None
 
+    GROUPS = ("tp", "pp", "dp", "stage")
+
     def group_ranks(self, group: str, rank: int) -> np.ndarray:
         """Ranks of one parallel group of `rank`.
 
         `tp`: the tensor-parallel group (same pp and dp), usually one node;
-        `pp`: the pipeline-stage group (same pp across all dp replicas: ByteRobust's horizontal group);
-        `dp`: the data-parallel replicas of its shard (same tp and pp).
+        `pp`: the pipeline (same tp and dp, every stage);
+        `dp`: the data-parallel replicas of its shard (same tp and pp);
+        `stage`: every rank of its pipeline stage (same pp; ByteRobust's horizontal group).
         """
         if group == "tp":
             mask = (self.pp == self.pp[rank]) & (self.dp == self.dp[rank])
         elif group == "pp":
-            mask = self.pp == self.pp[rank]
+            mask = (self.tp == self.tp[rank]) & (self.dp == self.dp[rank])
         elif group == "dp":
             mask = (self.tp == self.tp[rank]) & (self.pp == self.pp[rank])
+        elif group == "stage":
+            mask = self.pp == self.pp[rank]
         else:
-            raise ValueError(f"unknown group {group!r}; one of tp, pp, dp")
+            raise ValueError(f"unknown group {group!r}; one of {', '.join(self.GROUPS)}")
         return np.flatnonzero(mask)
 
     def nodes_of(self, ranks) -> list[str]:

@@ -75,7 +75,7 @@ def decide(s: Situation) -> list[Decision]:
         nodes = tuple(loc.group_nodes)
         path = "hot" if _spares_for(s, len(nodes)) else "cold"
         return [Decision("evict_group", nodes, path,
-                         f"{s.summary}; suspects span {len(nodes)} nodes of one {loc.group.upper()} group "
+                         f"{s.summary}; suspects span {len(nodes)} nodes of one {loc.group} group "
                          f"(ranks {list(loc.suspect_ranks)[:8]}); evicting the group costs "
                          f"{loc.innocent_nodes} presumably healthy nodes")]
     if s.software_ranks and not culprits:

@@ -70,7 +70,7 @@ class Localization:
     confidence: float = 0.0  # the weakest culprit's confidence (0 when none)
     per_node: dict[str, float] = field(default_factory=dict)
     evidence: list[str] = field(default_factory=list)  # finding ids behind the culprits (or the group)
-    group: str | None = None  # "tp" | "pp" | "dp" when only a group could be named
+    group: str | None = None  # "tp" | "pp" | "dp" | "stage" | "suspects" when only a group could be named
     group_nodes: list[str] = field(default_factory=list)
     innocent_nodes: int = 0  # nodes a group eviction presumably takes along without fault
     suspect_ranks: list[int] = field(default_factory=list)
@@ -124,15 +124,17 @@ def localize(findings: list[Finding], topo: Topology, threshold: float) -> Local
 
 
 def smallest_group(topo: Topology, ranks: list[int]) -> tuple[str, list[str]]:
-    """The smallest parallel group (by nodes) that holds every rank in `ranks`."""
-    best: tuple[int, str, list[str]] | None = None
-    for kind in ("tp", "dp", "pp"):
+    """The fewest nodes that surely hold the fault behind suspect `ranks`.
+
+    Candidates: each parallel group kind (TP, pipeline, DP, pipeline stage) that
+    holds every suspect, and the suspects' own nodes; the smallest wins, a named
+    group on a tie.
+    """
+    best = ("suspects", topo.nodes_of(ranks))
+    for kind in topo.GROUPS:
         members = set(topo.group_ranks(kind, ranks[0]).tolist())
-        if not set(ranks) <= members:
-            continue
-        nodes = topo.nodes_of(sorted(members))
-        if best is None or len(nodes) < best[0]:
-            best = (len(nodes), kind, nodes)
-    if best is None:  # no single group holds them all: the union of their nodes
-        return "job", topo.nodes_of(ranks)
-    return best[1], best[2]
+        if set(ranks) <= members:
+            nodes = topo.nodes_of(sorted(members))
+            if len(nodes) <= len(best[1]):
+                best = (kind, nodes)
+    return best

@@ -113,25 +113,31 @@ def test_hang_asks_for_stacks_then_replaces_the_outlier_node(topo):
     assert inc.cls == "hang" and inc.onset_ts == T0 + 20 and inc.localized_ts is not None
 
 
-def _two_outliers(tri, topo):
+def _outliers(tri, topo, ranks):
     hang = finding(ts=T0 + 40, job="j", type="hang", detector="hang.progress", key=1, evidence={})
-    # ranks 3 (n000: pp 0, dp 0) and 19 (n002: pp 0, dp 1) share tp 3 and pp 0: their DP group spans the
-    # 8 nodes of pipeline stage 0, and so does the PP-stage group
     return run(tri, [hang] + [finding(ts=T0 + 70, job="j", type="stack_outlier", detector="stacks", key=r,
-                                      rank=r, topo=topo) for r in (3, 19)] + [("advance", T0 + 200)])
+                                      rank=r, topo=topo, evidence={"snapshot": "s1", "cluster_size": 1})
+                              for r in ranks] + [("advance", T0 + 200)])
 
 
-def test_outliers_in_two_nodes_of_one_group_evict_the_group(topo):
-    tri = Triage("j", TriageConfig(safety=Safety(max_evict_frac=0.5)), topo)
-    [a] = [a for a in _two_outliers(tri, topo).actions if a.type != "collect_stacks"]
-    assert a.type == "evict_group" and {"n000", "n002"} <= set(a.nodes)
-    assert a.nodes == [f"n{i:03d}" for i in range(0, 16, 2)]
-    assert "7 presumably healthy" in a.reason
+def test_outliers_in_one_pipeline_evict_the_pipeline(topo):
+    # rank 3 (n000: pp 0, dp 0) and rank 11 (n001: pp 1, dp 0) share tp 3 and dp 0: one pipeline, two nodes
+    tri = Triage("j", TriageConfig(), topo)
+    [a] = [a for a in _outliers(tri, topo, (3, 11)).actions if a.type != "collect_stacks"]
+    assert (a.type, a.nodes) == ("evict_group", ["n000", "n001"])
+    assert "pp group" in a.reason and "1 presumably healthy" in a.reason
+
+
+def test_outliers_without_a_small_common_group_evict_just_their_nodes(topo):
+    # ranks 3 (n000) and 19 (n002) share only their DP group, which spans the 8 nodes of stage 0
+    tri = Triage("j", TriageConfig(), topo)
+    [a] = [a for a in _outliers(tri, topo, (3, 19)).actions if a.type != "collect_stacks"]
+    assert (a.type, a.nodes) == ("evict_group", ["n000", "n002"])
 
 
 def test_group_eviction_over_the_blast_radius_escalates(topo):
-    tri = Triage("j", TriageConfig(), topo)  # 16 nodes: at most 4 may go
-    [a] = [a for a in _two_outliers(tri, topo).actions if a.type != "collect_stacks"]
+    tri = Triage("j", TriageConfig(safety=Safety(max_evict_nodes=1)), topo)
+    [a] = [a for a in _outliers(tri, topo, (3, 11)).actions if a.type != "collect_stacks"]
     assert a.type == "escalate" and "blast-radius" in a.reason
 
 
