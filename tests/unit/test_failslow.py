@@ -16,9 +16,11 @@ from detectors.failslow import (
     relative_scores,
     threshold,
 )
+from schemas import to_dict
 from tests.unit.stepgen import (
     JobSlow,
     Straggler,
+    assert_json_safe,
     by_type,
     feed,
     gen_columns,
@@ -222,7 +224,10 @@ def test_deterministic(topo):
         return feed(FailSlowDetector(topo), gen_steps(topo, 100, seed=8, stragglers=[Straggler(1, 1.1, start=30),
                                                                                      Straggler(2, 1.2, prob=.3)],
                                                       **LEAN), batch=True)
-    assert run() == run() and run()
+    first = run()
+    assert first == run() and first
+    for f in first:
+        assert_json_safe(to_dict(f))
 
 
 def test_records_are_not_mutated(topo):

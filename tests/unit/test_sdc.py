@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from detectors.sdc import SdcConfig, SdcDetector, digest_vote, job_value, jump_score
+from schemas import to_dict
 from tests.unit.stepgen import (
     DigestFault,
+    assert_json_safe,
     feed,
     gen_columns,
     gen_steps,
@@ -200,6 +202,8 @@ def test_deterministic(topo):
     first = feed(SdcDetector(topo), [_stream(topo)])
     assert first == feed(SdcDetector(topo), [_stream(topo)])
     assert len({f.id for f in first}) == len(first)
+    for f in first:
+        assert_json_safe(to_dict(f))
 
 
 def test_set_topology_resets_ranks_and_keeps_the_numeric_baseline(topo):

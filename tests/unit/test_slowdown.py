@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from detectors.failslow import FailSlowDetector
 from detectors.slowdown import BufferConfig, JobSlowdownDetector, SlowdownConfig, StepBuffer, StepColumns
-from schemas import Step
+from schemas import Step, to_dict
 from tests.unit.stepgen import (
     JobSlow,
     Straggler,
@@ -278,6 +278,7 @@ def test_deterministic(topo):
         return feed(JobSlowdownDetector(topo), gen_steps(topo, 60, seed=1, slow=[JobSlow(30, 40)], **LEAN))
     first = run()
     assert first == run() and len(first) == 1
+    assert_json_safe(to_dict(first[0]))
 
 
 def test_set_topology_keeps_the_baseline_only_for_the_same_size(topo):
