@@ -50,6 +50,7 @@ class HangDetector:
         self.intervals: list[float] = []
         self.seen_intervals = 0
         self.reported = False
+        self._threshold: tuple[object, float] = (None, 0.0)  # cache: (intervals version, threshold)
 
     def set_topology(self, topo: Topology) -> None:
         self._reset(topo)
@@ -75,8 +76,11 @@ class HangDetector:
         cfg = self.config
         if not self.intervals:
             return cfg.min_stall_s * 3  # no baseline yet: be patient
-        return max(cfg.min_stall_s, cfg.stall_factor * float(np.median(self.intervals)),
-                   cfg.spike_factor * max(self.intervals))
+        key = (len(self.intervals), self.intervals[-1], self.seen_intervals)
+        if self._threshold[0] != key:
+            self._threshold = (key, max(cfg.min_stall_s, cfg.stall_factor * float(np.median(self.intervals)),
+                                        cfg.spike_factor * max(self.intervals)))
+        return self._threshold[1]
 
     def advance(self, now: float) -> list[Finding]:
         if self.reported or self.max_step < 0:

@@ -252,7 +252,7 @@ class SdcDetector:
                 evidence={"metric": m, "value": label if label is not None else _fin(v),
                           "baseline": None if base is None else _fin(base), "z": None if z is None else _fin(z),
                           "ratio": None if ratio is None else _fin(ratio), "step": c.step,
-                          "ranks_nonfinite": n_bad},
+                          "nonfinite": label is not None, "ranks_nonfinite": n_bad},
             ))
         if seen_any and warming:
             self.warm += 1

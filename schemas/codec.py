@@ -192,33 +192,33 @@ def _compile_base(base: Any, meta: Meta) -> Check:  # noqa: C901 - one branch pe
 
 def _compile_record(cls: type) -> Callable[[dict, str], Any]:
     hints = typing.get_type_hints(cls, include_extras=True)
-    specs = []  # (attr, wire name, required, check)
+    specs = []  # (attr, wire name, required, check of the non-null value)
     for f in dataclasses.fields(cls):
         if f.name in ("extra", "kind"):
             continue
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        specs.append((f.name, WIRE_NAMES.get(f.name, f.name), required, _compile(hints[f.name])))
+        base, meta, _ = unwrap(hints[f.name])
+        specs.append((f.name, WIRE_NAMES.get(f.name, f.name), required, _compile_base(base, meta)))
     known = frozenset(w for _, w, _, _ in specs) | {"kind", "v"}
+    envelope = 2 if "kind" in cls.__dataclass_fields__ else 0  # top-level records carry kind and v
 
     def build(obj: dict, path: str) -> Any:
         kwargs = {}
         for attr, wire, required, check in specs:
-            v = obj.get(wire, _ABSENT)
-            if v is _ABSENT or v is None:
+            v = obj.get(wire)
+            if v is None:  # absent or null: the same for an optional field
                 if required:
-                    raise _Invalid(_join(path, wire), "required field is " + ("null" if v is None else "missing"))
+                    where = f"{path}.{wire}" if path else wire
+                    raise _Invalid(where, "required field is " + ("null" if wire in obj else "missing"))
                 continue
-            kwargs[attr] = check(v, _join(path, wire))
-        if len(obj) > len(kwargs):
+            kwargs[attr] = check(v, f"{path}.{wire}" if path else wire)
+        if len(obj) > len(kwargs) + envelope:
             extra = {k: v for k, v in obj.items() if k not in known}
             if extra:
                 kwargs["extra"] = extra
         return cls(**kwargs)
 
     return build
-
-
-_ABSENT = object()
 
 
 def _join(path: str, name: str) -> str:

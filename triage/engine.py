@@ -28,6 +28,7 @@ _NODE_KEYED = frozenset({"hw", "gpu"})
 @dataclass(frozen=True)
 class CoreConfig:
     lateness_s: float = 1.0  # how far behind the newest event time timeouts are evaluated
+    tick_s: float = 0.5  # records advance event time in steps of at least this (timeouts carry their own ts)
     triage: TriageConfig = field(default_factory=TriageConfig)
 
 
@@ -51,7 +52,8 @@ class Core:
         out = Outputs()
         if rec.ts > self.max_ts:
             self.max_ts = rec.ts
-            out.extend(self.advance(rec.ts - self.config.lateness_s))
+            if rec.ts - self.config.lateness_s >= self.watermark + self.config.tick_s:
+                out.extend(self.advance(rec.ts - self.config.lateness_s))
         kind = rec.kind
         if kind == "job":
             out.extend(self._on_job(rec))
@@ -112,7 +114,8 @@ class Core:
 
     def state(self) -> dict[str, Any]:
         return {
-            "config": {"lateness_s": self.config.lateness_s, "triage": asdict(self.config.triage)},
+            "config": {"lateness_s": self.config.lateness_s, "tick_s": self.config.tick_s,
+                       "triage": asdict(self.config.triage)},
             "watermark": None if self.watermark == float("-inf") else self.watermark,
             "max_ts": None if self.max_ts == float("-inf") else self.max_ts,
             "records": self.records,
@@ -123,7 +126,7 @@ class Core:
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Core:
         cfg = state["config"]
-        core = cls(CoreConfig(cfg["lateness_s"], TriageConfig.from_dict(cfg["triage"])))
+        core = cls(CoreConfig(cfg["lateness_s"], cfg["tick_s"], TriageConfig.from_dict(cfg["triage"])))
         core.watermark = float("-inf") if state["watermark"] is None else state["watermark"]
         core.max_ts = float("-inf") if state["max_ts"] is None else state["max_ts"]
         core.records = state["records"]

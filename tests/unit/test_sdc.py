@@ -117,6 +117,7 @@ def test_nan_loss_is_job_wide_corroboration_without_a_culprit(topo):
     assert (f.type, f.detector, f.rank, f.node, f.gpu) == ("sdc_suspect", "sdc.numeric", None, None, None)
     ev = f.evidence
     assert ev["metric"] == "loss" and ev["value"] == "NaN" and ev["step"] == 80 and ev["ranks_nonfinite"] == 1
+    assert ev["nonfinite"] is True and ev["ratio"] is None
     assert ev["baseline"] == pytest.approx(2.96, rel=0.02)
 
 
