@@ -12,10 +12,13 @@ from typing import Any
 
 from detectors.base import Detector
 from detectors.comm import CommDetector
+from detectors.failslow import FailSlowDetector
 from detectors.failstop import FailStopDetector
 from detectors.flight import FlightDetector
 from detectors.hang import HangDetector
 from detectors.hardware import HardwareDetector
+from detectors.sdc import SdcDetector
+from detectors.slowdown import JobSlowdownDetector
 from detectors.stacks import StackDetector
 from detectors.topology import Topology
 from schemas import Finding, Job, Record, to_dict
@@ -25,7 +28,8 @@ DetectorFactory = Callable[[Topology], Detector]
 
 # The detectors every job gets, in the order their findings are emitted.
 DEFAULT_DETECTORS: tuple[type, ...] = (
-    FailStopDetector, HangDetector, CommDetector, HardwareDetector, StackDetector, FlightDetector,
+    FailStopDetector, HangDetector, FailSlowDetector, JobSlowdownDetector, SdcDetector, CommDetector,
+    HardwareDetector, StackDetector, FlightDetector,
 )
 
 

@@ -261,7 +261,7 @@ def _losses(sc: Scenario, seg: Segment, faults: list[Resolved], r: np.random.Gen
     if seg.loss_spikes:
         at = np.array(seg.loss_spikes, float)
         loss += decaying(steps, at, r.uniform(0.3, 1.0, len(at)), 3.0)
-        grad *= 1.0 + decaying(steps, at, r.uniform(2.0, 7.0, len(at)), 1.5)
+        grad *= 1.0 + decaying(steps, at, r.uniform(0.5, 2.5, len(at)), 1.5)  # benign: under the 5x fault rule
     for f in faults:
         after = f.param("anomaly_after_s", 60.0) if f.kind == "sdc" else None
         if after is None:

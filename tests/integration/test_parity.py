@@ -1,0 +1,238 @@
+"""The Faust worker on the real broker against replay: same scenario in, same findings, actions, incidents out.
+
+Each test makes its own topics (a unique prefix) and consumer group, publishes
+contract records with kafka-python the way sidecars do (`topic_for`, batch
+envelopes), runs `gangwatch worker` in a subprocess with the fast settings of
+docs/infra.md, and polls the output topics and the group's committed offsets
+until a condition holds or a deadline passes.
+
+What is equal, honestly: the worker sorts every batch by event time and holds
+records of a job until its `job` record arrives, so a backlog of job-keyed
+records (here `gw.jobs` + `gw.telemetry`, produced before the worker starts)
+gives exactly replay's outputs however the topics interleave. Node events take
+one more hop (re-keyed by job through `by-job`): in a backlog, the jobs agent
+may already be past a node event's time when it arrives. The parity test
+therefore publishes the Xid after the worker has consumed everything before it
+and the rest after the Xid was consumed: live order, where the hop is faster
+than the gap between records. `--no-silence` keeps the pauses from counting as
+silence (replay has no wall clock either); `test_silence_*` checks the timer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from schemas import decode
+from streams import replay
+from streams.topics import TopicSettings, create_topics
+from tests.integration.kafkakit import (
+    WorkerProc,
+    caught_up,
+    messages,
+    produce,
+    read_all,
+    scenario,
+    wait_for,
+    worker_args,
+    write_jsonl,
+)
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 4
+DEADLINE = 90.0
+
+
+@pytest.fixture
+def topics(kafka_bootstrap, unique) -> TopicSettings:
+    settings = TopicSettings(prefix=f"{unique}.", partitions=PARTITIONS)
+    create_topics(settings, kafka_bootstrap)
+    yield settings
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    try:
+        mine = [t for t in admin.list_topics() if t.startswith(unique)]
+        admin.delete_topics(mine)
+    finally:
+        admin.close()
+
+
+@pytest.fixture
+def workers(tmp_path):
+    started: list[WorkerProc] = []
+
+    def start(*args: str) -> WorkerProc:
+        w = WorkerProc(list(args), tmp_path / f"worker{len(started)}.log")
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.stop()
+
+
+def replay_outputs(tmp_path: Path, msgs) -> dict[str, list]:
+    src = write_jsonl(tmp_path / "scenario.jsonl", msgs)
+    replay.run([src], tmp_path / "replay", None, progress=False)
+    out = {}
+    for name in ("findings", "actions", "incidents", "rejected"):
+        out[name] = [orjson.loads(line) for line in (tmp_path / "replay" / f"{name}.jsonl").read_bytes().splitlines()]
+    return out
+
+
+def kafka_outputs(bootstrap: str, t: TopicSettings) -> dict[str, list]:
+    got = read_all(bootstrap, [t.findings, t.actions, t.incidents, t.dlq])
+    return {"findings": got[t.findings], "actions": got[t.actions], "incidents": got[t.incidents], "dlq": got[t.dlq]}
+
+
+def records(values) -> list:
+    """Decoded records of (key, value) messages, checked to be keyed by their job."""
+    out = []
+    for key, value in values:
+        [rec] = decode(value)
+        assert key == rec.job.encode()
+        out.append(rec)
+    return out
+
+
+def as_records(dicts) -> list:
+    return [decode(orjson.dumps(d))[0] for d in dicts]
+
+
+def assert_same(bootstrap: str, t: TopicSettings, expected: dict[str, list]) -> None:
+    got = kafka_outputs(bootstrap, t)
+    for name in ("findings", "actions", "incidents"):
+        assert records(got[name]) == as_records(expected[name]), name
+    assert got["dlq"] == [] and expected["rejected"] == []
+
+
+def counts_reached(bootstrap: str, t: TopicSettings, expected: dict[str, list]) -> bool:
+    got = kafka_outputs(bootstrap, t)
+    return all(len(got[k]) >= len(expected[k]) for k in ("findings", "actions", "incidents"))
+
+
+# --- parity --------------------------------------------------------------------------
+
+
+def test_worker_matches_replay(kafka_bootstrap, topics, unique, tmp_path, workers):
+    recs = scenario()  # 4 nodes x 4 ranks, 1 s heartbeats; n001 goes silent at 20 s, n002 gets Xid 79 at 30.5 s
+    msgs = messages(recs, topics)
+    expected = replay_outputs(tmp_path, msgs)
+    assert [f["type"] for f in expected["findings"]] == ["fail_stop", "hw_fault", "hang"]
+    assert [a["type"] for a in expected["actions"]] == ["replace", "escalate"]
+
+    [xid_at] = [i for i, (topic, _, _) in enumerate(msgs) if topic == topics.node_events]
+    before, xid, after = msgs[:xid_at], msgs[xid_at], msgs[xid_at + 1:]
+    produce(kafka_bootstrap, before)  # a backlog on gw.jobs + gw.telemetry, in any interleaving
+    w = workers(*worker_args(kafka_bootstrap, unique, topics, "--no-silence"))
+    wait_for(lambda: caught_up(kafka_bootstrap, unique, topics.job_inputs), DEADLINE, "the backlog consumed", proc=w)
+
+    produce(kafka_bootstrap, [xid])
+    wait_for(lambda: read_all(kafka_bootstrap, [topics.by_job])[topics.by_job] != [], DEADLINE,
+             "the Xid re-keyed by job", proc=w)
+    wait_for(lambda: caught_up(kafka_bootstrap, unique, [topics.node_events, topics.by_job]), DEADLINE,
+             "the Xid consumed", proc=w)
+
+    produce(kafka_bootstrap, after)
+    wait_for(lambda: counts_reached(kafka_bootstrap, topics, expected), DEADLINE, "the expected outputs", proc=w)
+    wait_for(lambda: caught_up(kafka_bootstrap, unique, topics.inputs), DEADLINE, "all input consumed", proc=w)
+    assert_same(kafka_bootstrap, topics, expected)  # nothing missing, nothing extra, same order
+
+
+def test_restart_resumes_from_the_changelog(kafka_bootstrap, topics, unique, tmp_path, workers):
+    recs = scenario(xid_node=None)  # job-keyed only: exact parity even as a backlog
+    msgs = messages(recs, topics)
+    expected = replay_outputs(tmp_path, msgs)
+    assert expected["findings"] and expected["findings"][0]["ts"] > 1_700_000_021.0
+    cut = next(i for i, m in enumerate(msgs) if orjson.loads(m[2])["ts"] >= 1_700_000_015.0)
+
+    produce(kafka_bootstrap, msgs[:cut])
+    first = workers(*worker_args(kafka_bootstrap, unique, topics, "--no-silence"))
+    wait_for(lambda: caught_up(kafka_bootstrap, unique, topics.job_inputs), DEADLINE, "the first half consumed",
+             proc=first)
+    assert kafka_outputs(kafka_bootstrap, topics)["findings"] == []
+    first.kill()  # no goodbye: the group notices after the session timeout
+
+    # the job's state is on the changelog partition of the job's input partition
+    changelog = f"{unique}-core-state-changelog"
+    saved = read_all(kafka_bootstrap, [changelog])[changelog]
+    assert saved and {k for k, _ in saved} == {b"j1"}
+    assert partition_of(kafka_bootstrap, changelog, b"j1") == partition_of(kafka_bootstrap, topics.telemetry, b"j1")
+
+    second = workers(*worker_args(kafka_bootstrap, unique, topics, "--no-silence"))
+    produce(kafka_bootstrap, msgs[cut:])  # the job record is behind the committed offsets: only state knows it
+    wait_for(lambda: counts_reached(kafka_bootstrap, topics, expected), DEADLINE + 30, "the remaining outputs",
+             proc=second)
+    wait_for(lambda: caught_up(kafka_bootstrap, unique, topics.job_inputs), DEADLINE, "all input consumed",
+             proc=second)
+    assert_same(kafka_bootstrap, topics, expected)
+
+
+def partition_of(bootstrap: str, topic: str, key: bytes) -> int:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+        end = consumer.end_offsets(tps)
+        found = set()
+        for tp in tps:
+            if end[tp]:
+                consumer.assign([tp])
+                consumer.seek_to_beginning(tp)
+                for batch in consumer.poll(timeout_ms=2000, max_records=end[tp]).values():
+                    found |= {tp.partition for m in batch if m.key == key}
+        [p] = found
+        return p
+    finally:
+        consumer.close()
+
+
+# --- silence ---------------------------------------------------------------------------
+
+
+def test_silence_fires_missed_heartbeats_when_nothing_arrives(kafka_bootstrap, topics, unique, tmp_path, workers):
+    # n001 stops at 28 s, the input ends at 30 s: within the input, nobody has missed 3 heartbeats yet
+    recs = scenario(seconds=30, silent_at=28.0, xid_node=None)
+    msgs = messages(recs, topics)
+    expected = replay_outputs(tmp_path, msgs)
+    assert expected["findings"] == []  # the end of a file is not silence
+    produce(kafka_bootstrap, msgs)
+    w = workers(*worker_args(kafka_bootstrap, unique, topics, "--tick", "0.2"))
+    wait_for(lambda: kafka_outputs(kafka_bootstrap, topics)["findings"] != [], DEADLINE,
+             "a finding from the silence timer", proc=w)
+    first = records(kafka_outputs(kafka_bootstrap, topics)["findings"])[0]
+    assert (first.type, first.node) == ("fail_stop", "n001")
+    assert first.ts > max(r.ts for r in recs)  # it came from wall-clock time, not from a record
+
+
+# --- dead letters -------------------------------------------------------------------------
+
+
+def test_bad_messages_go_to_the_dlq_with_where_they_came_from(kafka_bootstrap, topics, unique, workers):
+    recs = scenario(seconds=3, silent=None, xid_node=None)
+    good = messages(recs, topics)
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    for topic, key, value in good:
+        producer.send(topic, key=key, value=value)
+    garbage = producer.send(topics.telemetry, key=b"j1", value=b"\x00\x01 not json").get(30)
+    invalid = producer.send(topics.telemetry, key=b"j1",
+                            value=b'{"kind":"heartbeat","v":1,"ts":1700000002.5,"job":"j1","rank":-3}').get(30)
+    producer.flush()
+    producer.close()
+
+    w = workers(*worker_args(kafka_bootstrap, unique, topics, "--no-silence"))
+    wait_for(lambda: len(read_all(kafka_bootstrap, [topics.dlq])[topics.dlq]) >= 2, DEADLINE, "two dead letters",
+             proc=w)
+    dead = sorted((orjson.loads(v) for _, v in read_all(kafka_bootstrap, [topics.dlq])[topics.dlq]),
+                  key=lambda d: d["offset"])
+    for d, meta in zip(dead, (garbage, invalid), strict=True):
+        assert d["topic"] == topics.telemetry and d["source"] == topics.telemetry
+        assert (d["partition"], d["offset"]) == (meta.partition, meta.offset)
+        assert d["reason"]
+    assert dead[1]["field"] == "rank" and dead[1]["kind"] == "heartbeat"
+    wait_for(lambda: caught_up(kafka_bootstrap, unique, topics.job_inputs), DEADLINE, "all input consumed", proc=w)
+    assert kafka_outputs(kafka_bootstrap, topics)["findings"] == []  # the good records ran, quietly
