@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import statistics
 import tempfile
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import orjson
 

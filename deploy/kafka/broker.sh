@@ -84,7 +84,11 @@ show_log_tail() {
   done
 }
 
-# One probe attempt; `timeout` is a backstop in case a client call hangs past --timeout.
+# Seconds (one decimal) since a `date +%s%N` timestamp.
+since() { awk -v a="$1" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }'; }
+
+# One probe attempt: probe <seconds> [probe.py flags]. `timeout` is a backstop
+# in case a client call hangs past --timeout.
 probe() {
   local t="$1"; shift
   local guard=(); command -v timeout > /dev/null && guard=(timeout $((t + 15)))
@@ -224,7 +228,8 @@ wait_ready() {
 
 cmd_start() {
   mkdir -p "$RUN_DIR"
-  local t0=$SECONDS pid start_ns p
+  local t0 pid launch_ns p
+  t0=$(date +%s%N)
   if pid="$(running_pid)"; then
     wait_ready
     say "already running and healthy (pid $pid, 127.0.0.1:$PORT)"
@@ -238,11 +243,10 @@ cmd_start() {
   done
   write_config
   format_storage
-  start_ns=$(date +%s%N)
+  launch_ns=$(date +%s%N)
   launch
   wait_ready
-  local secs; secs=$(awk -v a="$start_ns" -v b="$(date +%s%N)" 'BEGIN{printf "%.1f", (b-a)/1e9}')
-  say "Kafka $(kafka_version) ready on 127.0.0.1:$PORT (pid $(cat "$PID_FILE")): ${secs}s from launch, $((SECONDS - t0))s in total"
+  say "Kafka $(kafka_version) ready on 127.0.0.1:$PORT (pid $(cat "$PID_FILE")): $(since "$launch_ns")s from launch, $(since "$t0")s in total"
   say "log: $LOG"
 }
 

@@ -1,0 +1,121 @@
+"""Benchmark: replay throughput against plain JSON decoding of the same file, memory per rank, growth.
+
+For each job size it simulates a short run (steps, heartbeats, NVML samples; benign
+noise, no fault) into a JSONL.gz file, then measures side by side in one run:
+
+- `orjson`: read the gzip lines and `orjson.loads` each one (the floor of any reader);
+- `decode`: the same with `schemas.decode` (validation, typed records);
+- `replay`: `gangwatch replay` of the file (decode + every detector + triage + JSONL outputs);
+
+and reports records/s of each, the replay/orjson ratio (target >= 0.30), and the
+memory the core holds per rank after the run (tracemalloc, target <= 2 KB).
+Nothing is asserted; figures vary with the machine's load.
+
+    python3 bench/bench_replay.py [--ranks 1024,16384,100000] [--duration 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+import orjson
+
+from producers.simulate import Scenario, write
+from schemas import DecodeError, decode
+from streams import replay
+from streams.replay import open_text
+from triage.engine import Core
+
+
+def scenario(n: int, duration_s: float) -> Scenario:
+    pp = 4 if n % 32 == 0 else 1
+    return Scenario(f"bench_{n}", seed=5, tp=8, pp=pp, dp=n // (8 * pp), duration_s=duration_s, batch=True)
+
+
+def orjson_only(path: Path) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    n = 0
+    with open_text(path) as fh:
+        for line in fh:
+            obj = orjson.loads(line)
+            n += len(obj["items"]) if obj.get("kind") == "batch" else 1
+    return n, time.perf_counter() - t0
+
+
+def decode_only(path: Path) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    n = 0
+    with open_text(path) as fh:
+        for line in fh:
+            n += sum(1 for r in decode(line) if not isinstance(r, DecodeError))
+    return n, time.perf_counter() - t0
+
+
+def replay_run(path: Path, out: Path) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    s = replay.run([path], out, None, progress=False)
+    return s.records, time.perf_counter() - t0
+
+
+def memory_per_rank(path: Path, ranks: int) -> float:
+    records = [r for it in replay.merged([path]) if not isinstance(r := it.value, DecodeError)]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    core = Core()
+    for rec in records:
+        core.process(rec)
+    core.finish()
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    del core
+    return held / ranks
+
+
+def measure(sizes: list[int], duration_s: float) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gw-bench-") as tmp:
+        for n in sizes:
+            sc = scenario(n, duration_s)
+            t0 = time.perf_counter()
+            path, _ = write(sc, tmp)
+            gen_s = time.perf_counter() - t0
+            n_json, t_json = orjson_only(path)
+            n_dec, t_dec = decode_only(path)
+            n_rep, t_rep = replay_run(path, Path(tmp) / f"out_{n}")
+            mem = memory_per_rank(path, n)
+            rows.append({"ranks": n, "records": n_rep, "gen_s": gen_s, "orjson_rps": n_json / t_json,
+                         "decode_rps": n_dec / t_dec, "replay_rps": n_rep / t_rep,
+                         "ratio": (n_rep / t_rep) / (n_json / t_json), "bytes_per_rank": mem})
+            path.unlink()
+    return rows
+
+
+def render(rows: list[dict]) -> str:
+    head = (f"{'ranks':>7} {'records':>9} | {'orjson rec/s':>12} {'decode rec/s':>12} {'replay rec/s':>12} "
+            f"{'replay/orjson':>13} | {'core B/rank':>11} | {'replay rec/s vs first size':>26}")
+    lines = [head]
+    base = rows[0]["replay_rps"] if rows else 1.0
+    for r in rows:
+        lines.append(f"{r['ranks']:>7} {r['records']:>9,} | {r['orjson_rps']:>12,.0f} {r['decode_rps']:>12,.0f} "
+                     f"{r['replay_rps']:>12,.0f} {r['ratio']:>13.3f} | {r['bytes_per_rank']:>11,.0f} | "
+                     f"{r['replay_rps'] / base:>26.2f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", default="1024,16384,100000", help="comma-separated job sizes (multiples of 8)")
+    ap.add_argument("--duration", type=float, default=30.0, help="seconds of simulated training per size")
+    args = ap.parse_args()
+    print(render(measure([int(x) for x in args.ranks.split(",")], args.duration)))
+
+
+if __name__ == "__main__":
+    main()
