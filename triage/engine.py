@@ -46,40 +46,43 @@ class Core:
 
     # --- records ----------------------------------------------------------------
 
-    def process(self, rec: Record) -> Outputs:
-        """Observe one input record (after advancing time to the watermark)."""
+    def process(self, rec: Record, out: Outputs | None = None) -> Outputs:
+        """Observe one input record (after advancing time to the watermark); outputs are appended to `out`."""
         self.records += 1
-        out = Outputs()
+        out = Outputs() if out is None else out
         if rec.ts > self.max_ts:
             self.max_ts = rec.ts
             if rec.ts - self.config.lateness_s >= self.watermark + self.config.tick_s:
-                out.extend(self.advance(rec.ts - self.config.lateness_s))
+                self.advance(rec.ts - self.config.lateness_s, out)
         kind = rec.kind
-        if kind == "job":
-            out.extend(self._on_job(rec))
-        elif kind in _JOB_KEYED:
+        if kind in _JOB_KEYED:
             job = rec.job
             mon = self.monitors.get(job)
             if mon is None:
                 out.rejected.append(DecodeError(f"no `job` record seen for job {job!r}", "job", kind,
                                                 raw=_short(rec)))
                 return out
-            tri = self.triage[job]
-            out.extend(tri.on_findings(mon.observe(rec)))
-            out.extend(tri.on_record(rec))
         elif kind in _NODE_KEYED:
             job = self.node_job.get(rec.node)
-            if job is not None:
-                tri = self.triage[job]
-                out.extend(tri.on_findings(self.monitors[job].observe(rec)))
-                out.extend(tri.on_record(rec))
-        elif kind == "ops":
+            if job is None:
+                return out  # a node running no job we know: nothing to attribute it to
+            mon = self.monitors[job]
+        elif kind == "job":
+            self._on_job(rec)
+            return out
+        else:  # ops
             for job in ([rec.job] if rec.job else sorted({self.node_job.get(rec.node)} - {None})):
                 if job in self.triage:
-                    out.extend(self.triage[job].on_record(rec))
+                    self.triage[job].on_record(rec, out)
+            return out
+        tri = self.triage[job]
+        findings = mon.observe(rec)
+        if findings:
+            tri.on_findings(findings, out)
+        tri.on_record(rec, out)
         return out
 
-    def _on_job(self, rec: Job) -> Outputs:
+    def _on_job(self, rec: Job) -> None:
         mon = self.monitors.get(rec.job)
         if mon is None:
             self.monitors[rec.job] = JobMonitor(rec)
@@ -90,20 +93,22 @@ class Core:
             mon.replace_topology(rec)
         for r in rec.ranks:
             self.node_job[r.node] = rec.job
-        return self.triage[rec.job].on_topology(self.monitors[rec.job].topo)
+        self.triage[rec.job].on_topology(self.monitors[rec.job].topo)
 
     # --- time -------------------------------------------------------------------
 
-    def advance(self, now: float) -> Outputs:
+    def advance(self, now: float, out: Outputs | None = None) -> Outputs:
         """Fire every timeout up to event time `now` (never backwards)."""
-        out = Outputs()
+        out = Outputs() if out is None else out
         if now <= self.watermark:
             return out
         self.watermark = now
         for job in sorted(self.monitors):
             tri = self.triage[job]
-            out.extend(tri.on_findings(self.monitors[job].advance(now)))
-            out.extend(tri.advance(now))
+            findings = self.monitors[job].advance(now)
+            if findings:
+                tri.on_findings(findings, out)
+            tri.advance(now, out)
         return out
 
     def finish(self) -> Outputs:

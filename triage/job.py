@@ -49,20 +49,22 @@ class Triage:
 
     # --- inputs ---------------------------------------------------------------
 
-    def on_topology(self, topo: Topology) -> Outputs:
+    def on_topology(self, topo: Topology) -> None:
         self.topo = topo
-        return Outputs()
 
-    def on_findings(self, findings: list[Finding]) -> Outputs:
-        out = Outputs(findings=list(findings))
+    # Each input method appends what it produces to `out` (a new `Outputs` when not given) and returns it.
+
+    def on_findings(self, findings: list[Finding], out: Outputs | None = None) -> Outputs:
+        out = Outputs() if out is None else out
+        out.findings += findings
         for f in findings:
             if f.node is not None:
                 self._profile(f.node).add(f, self.config.risk_half_life_s)
             self._consider(f, out)
         return out
 
-    def on_record(self, rec: Record) -> Outputs:
-        out = Outputs()
+    def on_record(self, rec: Record, out: Outputs | None = None) -> Outputs:
+        out = Outputs() if out is None else out
         inc = self.incident
         if rec.kind == "step":
             if rec.step > self.max_step:
@@ -80,8 +82,8 @@ class Triage:
             self.guards.on_ops(rec, self.config.planned_window_s)
         return out
 
-    def advance(self, now: float) -> Outputs:
-        out = Outputs()
+    def advance(self, now: float, out: Outputs | None = None) -> Outputs:
+        out = Outputs() if out is None else out
         inc = self.incident
         if inc is not None and inc.decided_ts is None and now >= inc.decide_at:
             self._decide(inc.decide_at, out)

@@ -97,14 +97,21 @@ probe() {
 
 # --- setup -------------------------------------------------------------------
 
+# Kafka version pinned in pom.xml (<kafka.version>).
+pom_version() { sed -n 's|.*<kafka.version>\(.*\)</kafka.version>.*|\1|p' "$HERE/pom.xml" | head -n1; }
+
+# (Re)build libs when missing or when pom.xml pins another Kafka version;
+# copy-dependencies never deletes old jars, so a stale libs dir is wiped first.
 ensure_libs() {
-  compgen -G "$LIBS/kafka_2.13-*.jar" > /dev/null && return 0
-  command -v mvn > /dev/null || die "$LIBS is missing and mvn is not installed (apt-get install maven)"
-  say "building $LIBS with Maven (first run only; needs Maven Central)..."
+  local want; want="$(pom_version)"
+  [[ -f "$LIBS/kafka_2.13-$want.jar" ]] && return 0
+  command -v mvn > /dev/null || die "$LIBS lacks kafka_2.13-$want.jar and mvn is not installed (apt-get install maven)"
+  [[ -d "$LIBS" ]] && { say "libs do not match pom.xml (Kafka $want); rebuilding"; rm -rf "$LIBS"; }
+  say "building $LIBS with Maven (needs Maven Central; ~/.m2 caches it)..."
   # output goes to a file: quiet mvn still prints bare ANSI reset codes
   (cd "$HERE" && mvn -B -q package) > "$RUN_DIR/mvn.log" 2>&1 \
     || { tail -n 40 "$RUN_DIR/mvn.log" >&2; die "mvn package failed in $HERE (log $RUN_DIR/mvn.log)"; }
-  compgen -G "$LIBS/kafka_2.13-*.jar" > /dev/null || die "mvn ran but $LIBS has no kafka_2.13 jar"
+  [[ -f "$LIBS/kafka_2.13-$want.jar" ]] || die "mvn ran but $LIBS has no kafka_2.13-$want.jar"
 }
 
 check_prereqs() {
