@@ -28,6 +28,8 @@ from triage.outputs import Outputs
 from triage.profile import NodeProfile
 from triage.safety import Guards
 
+_CORROBORATE_S = 1800.0  # a numeric anomaly this soon after an SDC decision belongs to it
+_KEEP_WAITING = 16
 _OPENS = {"fail_stop": "fail_stop", "hang": "hang", "fail_slow": "fail_slow", "sdc_suspect": "sdc",
           "comm_error": "hang", "stack_outlier": "hang"}
 
@@ -42,6 +44,9 @@ class Triage:
         self.profiles: dict[str, NodeProfile] = {}
         self.guards = Guards(config.safety)
         self.incident: Timeline | None = None
+        # decided incidents of jobs that kept running (SDC, stragglers): they no longer gather evidence but
+        # still wait for the controller's recovery records; the newest few are kept
+        self.waiting: list[Timeline] = []
         self.evidence: list[Finding] = []  # findings of the open incident
         self.spares_used = 0
         self.max_step = -1
@@ -72,15 +77,27 @@ class Triage:
                 if inc and inc.decided_ts is not None and rec.step > inc.stall_step and rec.ts > inc.decided_ts:
                     inc.recovered_ts = rec.ts
                     self._close(rec.ts, out)
-        elif rec.kind == "recovery" and inc is not None and rec.action in inc.actions:
+        elif rec.kind == "recovery":
+            self._on_recovery(rec, out)
+        elif rec.kind == "ops":
+            self.guards.on_ops(rec, self.config.planned_window_s)
+        return out
+
+    def _on_recovery(self, rec: Record, out: Outputs) -> None:
+        inc = self.incident
+        if inc is not None and rec.action in inc.actions:
             if inc.on_phase(rec.phase, rec.ts):
                 if rec.phase == "resumed":
                     self._close(rec.ts, out)
                 else:
                     out.incidents.append(inc.record(rec.ts, self.config.budgets))
-        elif rec.kind == "ops":
-            self.guards.on_ops(rec, self.config.planned_window_s)
-        return out
+            return
+        for w in self.waiting:
+            if rec.action in w.actions and w.on_phase(rec.phase, rec.ts):
+                out.incidents.append(w.record(rec.ts, self.config.budgets))
+                if rec.phase == "resumed":
+                    self.waiting.remove(w)
+                return
 
     def advance(self, now: float, out: Outputs | None = None) -> Outputs:
         out = Outputs() if out is None else out
@@ -102,6 +119,12 @@ class Triage:
                 f.ts - self.degraded[f.node] < self.config.safety.failslow_cooldown_s:
             return  # already decided to live with this straggler: no flapping
         inc = self.incident
+        if inc is None and f.type == "sdc_suspect" and f.rank is None:
+            recent = [w for w in self.waiting if w.cls == "sdc" and f.ts - w.detected_ts <= _CORROBORATE_S]
+            if recent:  # the numbers going bad after a replica mismatch: the same corruption surfacing
+                recent[-1].findings.append(f.id)
+                out.incidents.append(recent[-1].record(f.ts, self.config.budgets))
+                return
         if inc is None:
             if cls is None:
                 return
@@ -175,6 +198,11 @@ class Triage:
             self._close(now, out)
             return
         out.incidents.append(inc.record(now, self.config.budgets))
+        if first and inc.cls in ("sdc", "fail_slow"):
+            # the job did not stop, so steps going on prove nothing: wait for the controller's word
+            self.waiting = [*self.waiting[-(_KEEP_WAITING - 1):], inc]
+            self.incident = None
+            self.evidence = []
 
     def _act(self, d: Decision, now: float, evidence: list[str], out: Outputs) -> None:
         inc = self.incident
@@ -220,6 +248,7 @@ class Triage:
 
     def state(self) -> dict[str, Any]:
         return {"incident": self.incident.to_dict() if self.incident else None,
+                "waiting": [w.to_dict() for w in self.waiting],
                 "evidence": [to_dict(f) for f in self.evidence],
                 "profiles": {n: p.to_dict() for n, p in sorted(self.profiles.items())},
                 "guards": self.guards.to_dict(), "spares_used": self.spares_used, "max_step": self.max_step,
@@ -229,6 +258,7 @@ class Triage:
     def from_state(cls, state: dict[str, Any], config: TriageConfig, topo: Topology) -> Triage:
         tri = cls(topo.job, config, topo)
         tri.incident = Timeline.from_dict(state["incident"]) if state["incident"] else None
+        tri.waiting = [Timeline.from_dict(w) for w in state["waiting"]]
         tri.evidence = [decode_obj(f) for f in state["evidence"]]
         tri.profiles = {n: NodeProfile.from_dict(p) for n, p in state["profiles"].items()}
         tri.guards = Guards.from_dict(state["guards"], config.safety)

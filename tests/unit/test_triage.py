@@ -155,3 +155,23 @@ def test_state_round_trip_mid_incident(topo):
     a = run(tri, [("advance", T0 + 60)])
     b = run(clone, [("advance", T0 + 60)])
     assert a.actions == b.actions and a.incidents == b.incidents and a.actions
+
+
+def test_sdc_incident_waits_for_recovery_and_absorbs_later_numeric_corroboration(topo):
+    tri = Triage("j", TriageConfig(), topo)
+    digest = finding(ts=T0 + 10, job="j", type="sdc_suspect", detector="sdc.digest", key=1, rank=42, topo=topo,
+                     evidence={"step": 50})
+    out = run(tri, [Step(ts=T0 + 9, job="j", rank=0, step=50, step_s=1.0), digest, ("advance", T0 + 20)])
+    assert [a.type for a in out.actions] == ["rollback", "isolate", "dual_run"]
+    rollback = out.actions[0]
+    # the job keeps stepping (the controller has not acted yet): that is not a recovery
+    out = run(tri, [Step(ts=T0 + 30, job="j", rank=0, step=70, step_s=1.0)])
+    assert out.incidents == [] and tri.waiting
+    numeric = finding(ts=T0 + 90, job="j", type="sdc_suspect", detector="sdc.numeric", key=2,
+                      evidence={"metric": "grad_norm", "ratio": 30.0})
+    out = run(tri, [numeric, ("advance", T0 + 200)])
+    assert out.actions == []  # no second incident, no second rollback
+    assert numeric.id in out.incidents[-1].extra["findings"]
+    out = run(tri, [Recovery(ts=T0 + 300, job="j", action=rollback.id, phase="ckpt_loaded"),
+                    Recovery(ts=T0 + 400, job="j", action=rollback.id, phase="resumed")])
+    assert out.incidents[-1].recovered_ts == T0 + 400 and tri.waiting == []

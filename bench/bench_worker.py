@@ -1,0 +1,295 @@
+"""Benchmark: the Faust worker on the real broker, next to a raw consumer that only decodes.
+
+1. Pre-fills `gw.telemetry` with N records of one 2,048-rank job (steps and
+   heartbeats, one batch envelope per node per step, as a node sidecar sends them).
+2. Raw: an aiokafka consumer (no group) reads and `schemas.decode`s them all.
+3. Worker: `gangwatch worker` in a subprocess (defaults, `--no-silence`) consumes
+   them; progress is its consumer group's committed offsets, polled every 0.1 s.
+   Reported: the steady rate (first commit -> last commit) and the rate from spawn.
+4. Latency: a fresh worker (defaults, silence on) and fresh topics; the job is
+   offered a fixed load of live records (event time = wall time) plus a fatal
+   Xid on another node every `--xid-every` s; each Xid becomes an action on
+   `gw.actions`. An action's latency is when the bench saw it minus the earliest
+   time the pipeline could have decided it: its event time plus `lateness_s`
+   (decisions wait on event time for evidence by design; that wait is not latency).
+
+Prints a table with the targets; asserts nothing.
+
+    deploy/kafka/broker.sh start
+    PYTHONPATH=. python bench/bench_worker.py [--records 1000000] [--rate 20000] [--seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import KafkaAdminClient
+
+from schemas import DecodeError, Heartbeat, Hw, Job, RankInfo, Step, decode, encode, encode_batch
+from streams.topics import TopicSettings, create_topics
+from tests.integration.kafkakit import WorkerProc, caught_up, wait_for, worker_args
+
+GPUS = 8
+LATENESS_S = 1.0  # the worker's default --lateness
+
+
+def make_job(ranks: int, ts: float, hb: float) -> Job:
+    return Job(ts=ts, job="j1", heartbeat_s=hb, ranks=[
+        RankInfo(rank=r, node=f"n{r // GPUS:05d}", gpu=r % GPUS, tp=r % GPUS, pp=0, dp=r // GPUS)
+        for r in range(ranks)])
+
+
+def node_batch(node: int, step: int, ts: float) -> bytes:
+    """One node's report of one step: a step and a heartbeat per rank (16 records)."""
+    recs = []
+    for g in range(GPUS):
+        r = node * GPUS + g
+        recs.append(Step(ts=ts, job="j1", rank=r, step=step, step_s=1.0, compute_s=0.6, comm_wait_s=0.35,
+                         data_wait_s=0.01))
+        recs.append(Heartbeat(ts=ts, job="j1", rank=r, step=step))
+    return encode_batch(recs, ts)
+
+
+# --- throughput ----------------------------------------------------------------------
+
+
+def prefill(bootstrap: str, t: TopicSettings, ranks: int, records: int) -> tuple[int, int, float]:
+    """Job record + `records` telemetry records; returns (records, messages, seconds)."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=1 << 20,
+                             compression_type=None, max_request_size=16 << 20)
+    t0 = 1_700_000_000.0
+    producer.send(t.jobs, key=b"j1", value=encode(make_job(ranks, t0, hb=5.0)))
+    nodes = ranks // GPUS
+    per_msg = 2 * GPUS
+    n_msgs = records // per_msg
+    started = time.perf_counter()
+    for i in range(n_msgs):
+        step, node = divmod(i, nodes)
+        producer.send(t.telemetry, key=b"j1", value=node_batch(node, step + 1, t0 + (step + 1) * 1.0 + node * 1e-4))
+    producer.flush()
+    producer.close()
+    return n_msgs * per_msg, n_msgs, time.perf_counter() - started
+
+
+async def raw_consume(bootstrap: str, topic: str, messages: int) -> tuple[int, float]:
+    """Read and decode `messages` messages; returns (records, seconds from first message to last)."""
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition as ATP
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                                auto_offset_reset="earliest", max_partition_fetch_bytes=8 << 20,
+                                fetch_max_bytes=64 << 20)
+    await consumer.start()
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        if not parts:
+            await consumer._client.force_metadata_update()  # noqa: SLF001 - first metadata fetch
+            parts = consumer.partitions_for_topic(topic) or set()
+        tps = [ATP(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        seen = records = 0
+        first = None
+        while seen < messages:
+            batch = await consumer.getmany(timeout_ms=1000, max_records=10_000)
+            for msgs in batch.values():
+                if first is None and msgs:
+                    first = time.perf_counter()
+                for m in msgs:
+                    records += sum(1 for v in decode(m.value) if not isinstance(v, DecodeError))
+                seen += len(msgs)
+        return records, time.perf_counter() - (first or time.perf_counter())
+    finally:
+        await consumer.stop()
+
+
+def committed(admin: KafkaAdminClient, group: str, tps: list[TopicPartition]) -> int:
+    try:
+        offs = admin.list_group_offsets(group).get(group, {})
+    except Exception:  # the group does not exist yet
+        return 0
+    return sum(max(getattr(offs.get(tp), "offset", 0) or 0, 0) for tp in tps)
+
+
+def worker_throughput(bootstrap: str, t: TopicSettings, app_id: str, messages: int, per_msg: int,
+                      log: Path) -> dict[str, float]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    tps = [TopicPartition(t.telemetry, p) for p in sorted(consumer.partitions_for_topic(t.telemetry))]
+    consumer.close()
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    spawn = time.perf_counter()
+    w = WorkerProc(worker_args(bootstrap, app_id, t, "--no-silence", "--commit-interval", "0.1",
+                               "--standby-replicas", "0"), log)
+    first_t = first_n = None
+    last_n = 0
+    last_t = spawn
+    try:
+        deadline = spawn + 600
+        while time.perf_counter() < deadline:
+            n = committed(admin, app_id, tps)
+            now = time.perf_counter()
+            if n > last_n:
+                if first_t is None:
+                    first_t, first_n = now, n
+                last_n, last_t = n, now
+            if n >= messages:
+                break
+            if not w.alive():
+                raise SystemExit(f"worker died:\n{w.tail()}")
+            time.sleep(0.1)
+    finally:
+        w.stop()
+        admin.close()
+    if last_n < messages:
+        raise SystemExit(f"worker consumed {last_n}/{messages} messages before the deadline:\n{w.tail()}")
+    steady = (last_n - first_n) * per_msg / max(last_t - first_t, 1e-9)
+    return {"steady": steady, "from_spawn": messages * per_msg / (last_t - spawn), "wall": last_t - spawn}
+
+
+# --- latency -------------------------------------------------------------------------
+
+
+def latency(bootstrap: str, t: TopicSettings, app_id: str, ranks: int, rate: float, seconds: float,
+            xid_every: float, log: Path) -> dict[str, float]:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=2, max_request_size=16 << 20)
+    now = time.time()
+    producer.send(t.jobs, key=b"j1", value=encode(make_job(ranks, now, hb=1.0)))
+    producer.flush()
+    w = WorkerProc(worker_args(bootstrap, app_id, t), log)
+    seen: dict[str, float] = {}
+    actions: dict[str, dict] = {}
+    stop = threading.Event()
+
+    def watch() -> None:
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                 fetch_max_wait_ms=10)
+        tps = [TopicPartition(t.actions, p) for p in sorted(consumer.partitions_for_topic(t.actions))]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        while not stop.is_set():
+            for msgs in consumer.poll(timeout_ms=20).values():
+                at = time.time()
+                for m in msgs:
+                    a = orjson.loads(m.value)
+                    seen.setdefault(a["id"], at)
+                    actions.setdefault(a["id"], a)
+        consumer.close()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        wait_for(lambda: caught_up(bootstrap, app_id, [t.jobs]), 120, "the worker to take the job", proc=w)
+        nodes = ranks // GPUS
+        per_msg = 2 * GPUS
+        msgs_per_s = rate / per_msg
+        sent = xids = 0
+        step = 0
+        started = time.time()
+        next_xid = started + 2.0
+        while (elapsed := time.time() - started) < seconds:
+            due = int(elapsed * msgs_per_s)
+            while sent < due:
+                node = sent % nodes
+                if node == 0:
+                    step += 1
+                producer.send(t.telemetry, key=b"j1", value=node_batch(node, step, time.time()))
+                sent += 1
+            if time.time() >= next_xid:
+                xids += 1
+                victim = (xids * 37) % nodes
+                hw = Hw(ts=time.time(), node=f"n{victim:05d}", gpu=0, source="xid", code=79,
+                        message="NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.")
+                producer.send(t.node_events, key=hw.node.encode(), value=encode(hw))
+                next_xid += xid_every
+            time.sleep(0.002)
+        producer.flush()
+        offered = sent * per_msg / (time.time() - started)
+        time.sleep(3.0)  # let the last decisions (event-time waits) come out
+    finally:
+        stop.set()
+        watcher.join(5)
+        producer.close()
+        w.stop()
+    lat = sorted(seen[i] - (actions[i]["ts"] + LATENESS_S) for i in seen)
+    return {"offered": offered, "xids": xids, "actions": len(lat),
+            "p50": statistics.median(lat) if lat else float("nan"),
+            "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan"),
+            "max": lat[-1] if lat else float("nan")}
+
+
+# --- main --------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bootstrap", default="127.0.0.1:9092")
+    p.add_argument("--ranks", type=int, default=2048)
+    p.add_argument("--records", type=int, default=1_000_000, help="records pre-filled for the throughput runs")
+    p.add_argument("--rate", type=float, default=20_000, help="offered load for the latency run, records/s")
+    p.add_argument("--seconds", type=float, default=20.0, help="length of the latency run")
+    p.add_argument("--xid-every", type=float, default=1.0, help="seconds between injected fatal Xids")
+    args = p.parse_args(argv)
+
+    run = f"bench{uuid.uuid4().hex[:8]}"
+    logs = Path(tempfile.mkdtemp(prefix=f"{run}-"))
+    admin = KafkaAdminClient(bootstrap_servers=args.bootstrap)
+    made: list[str] = []
+    try:
+        t = TopicSettings.from_env(prefix=f"{run}.")
+        made += create_topics(t, args.bootstrap)
+        print(f"pre-filling {args.records:,} records of a {args.ranks:,}-rank job into {t.telemetry} ...",
+              file=sys.stderr)
+        records, messages, fill_s = prefill(args.bootstrap, t, args.ranks, args.records)
+        per_msg = records // messages
+        print(f"  {records:,} records in {messages:,} messages, produced in {fill_s:.1f} s", file=sys.stderr)
+
+        print("raw aiokafka consumer + decode ...", file=sys.stderr)
+        raw_records, raw_s = asyncio.run(raw_consume(args.bootstrap, t.telemetry, messages))
+        raw_rate = raw_records / raw_s
+
+        print("Faust worker ...", file=sys.stderr)
+        wk = worker_throughput(args.bootstrap, t, f"{run}-tp", messages, per_msg, logs / "throughput.log")
+
+        print(f"latency at {args.rate:,.0f} records/s for {args.seconds:.0f} s ...", file=sys.stderr)
+        t2 = TopicSettings.from_env(prefix=f"{run}l.")
+        made += create_topics(t2, args.bootstrap)
+        lat = latency(args.bootstrap, t2, f"{run}-lat", args.ranks, args.rate, args.seconds, args.xid_every,
+                      logs / "latency.log")
+    finally:
+        mine = [x for x in admin.list_topics() if x.startswith(run)]
+        if mine:
+            admin.delete_topics(mine)
+        admin.close()
+
+    rows = [
+        ("raw consumer (aiokafka + decode)", f"{raw_rate:,.0f} records/s", ""),
+        ("worker, steady (first->last commit)", f"{wk['steady']:,.0f} records/s", ">= 50,000"),
+        ("worker / raw", f"{wk['steady'] / raw_rate:.0%}", ">= 50%"),
+        ("worker, from spawn (incl. start+join)", f"{wk['from_spawn']:,.0f} records/s ({wk['wall']:.1f} s)", ""),
+        ("latency: offered load", f"{lat['offered']:,.0f} records/s, {lat['xids']} Xids", ""),
+        ("latency: actions seen", f"{lat['actions']}", ""),
+        ("latency p50 (seen - decidable)", f"{lat['p50'] * 1000:,.0f} ms", ""),
+        ("latency p99", f"{lat['p99'] * 1000:,.0f} ms", "<= 1,000 ms"),
+        ("latency max", f"{lat['max'] * 1000:,.0f} ms", ""),
+    ]
+    print(f"\nbench_worker: {args.ranks:,}-rank job, {records:,} records in batches of {per_msg}, "
+          f"{t.partitions} partitions")
+    print(f"{'measure':<40} {'value':<36} target")
+    for name, value, target in rows:
+        print(f"{name:<40} {value:<36} {target}")
+    print(f"worker logs: {logs}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
