@@ -84,6 +84,28 @@ def memory(topo: Topology, batches: list) -> tuple[float, float]:
     return (held - base) / topo.size, (peak - base) / topo.size
 
 
+def measure(n: int, steps: int = 4, seed: int = 0) -> dict:
+    """Records/s of the three step detectors (per record and batch) and their memory per rank, at `n` ranks."""
+    tp, pp = 8, 8 if n % 64 == 0 else 1
+    topo = make_topology(n, tp=tp if n % tp == 0 else 1, pp=pp)
+    batches = list(gen_steps(topo, steps + 1, seed=seed, stragglers=[Straggler(n // 3, 1.3)]))
+    batches, extra = batches[:-1], batches[-1]
+    records = n * steps
+    t_rec, f_rec = timed(run_records, detectors(topo), batches)
+    dets = detectors(topo)
+    t_batch, f_batch = timed(run_batch, dets, batches)
+    if f_rec != f_batch:
+        raise RuntimeError("per-record and batch paths disagree")
+    for d in dets:  # one more step, half reported: its open arrays are part of the state
+        for rec in extra[: n // 2]:
+            d.observe(rec)
+    state_b = sum(len(orjson.dumps(d.state())) for d in dets) / n
+    held, peak = memory(topo, batches)
+    return {"ranks": n, "steps": steps, "records": records, "record_rps": records / t_rec,
+            "batch_rps": records / t_batch, "batch_ms_per_step": 1000 * t_batch / steps, "held_b": held,
+            "peak_b": peak, "state_b": state_b, "findings": f_batch}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", default="16384,100000", help="comma-separated job sizes")
@@ -93,23 +115,10 @@ def main() -> None:
     print(f"{'ranks':>8} {'steps':>5} {'records':>9} | {'per-record rec/s':>16} {'batch rec/s':>12} "
           f"{'batch ms/step':>13} | {'held B/rank':>11} {'peak B/rank':>11} {'state B/rank':>12} | findings")
     for n in (int(x) for x in args.ranks.split(",")):
-        tp, pp = 8, 8 if n % 64 == 0 else 1
-        topo = make_topology(n, tp=tp if n % tp == 0 else 1, pp=pp)
-        batches = list(gen_steps(topo, args.steps + 1, seed=args.seed, stragglers=[Straggler(n // 3, 1.3)]))
-        batches, extra = batches[:-1], batches[-1]
-        records = n * args.steps
-        t_rec, f_rec = timed(run_records, detectors(topo), batches)
-        dets = detectors(topo)
-        t_batch, f_batch = timed(run_batch, dets, batches)
-        assert f_rec == f_batch, "per-record and batch paths disagree"
-        for d in dets:  # one more step, half reported: its open arrays are part of the state
-            for rec in extra[: n // 2]:
-                d.observe(rec)
-        state_b = sum(len(orjson.dumps(d.state())) for d in dets) / n
-        held, peak = memory(topo, batches)
-        print(f"{n:>8} {args.steps:>5} {records:>9} | {records / t_rec:>16,.0f} {records / t_batch:>12,.0f} "
-              f"{1000 * t_batch / args.steps:>13.1f} | {held:>11.0f} {peak:>11.0f} {state_b:>12.0f} | {f_batch}")
-        del batches, extra, dets
+        m = measure(n, args.steps, args.seed)
+        print(f"{n:>8} {m['steps']:>5} {m['records']:>9} | {m['record_rps']:>16,.0f} {m['batch_rps']:>12,.0f} "
+              f"{m['batch_ms_per_step']:>13.1f} | {m['held_b']:>11.0f} {m['peak_b']:>11.0f} {m['state_b']:>12.0f} | "
+              f"{m['findings']}")
 
 
 if __name__ == "__main__":

@@ -72,20 +72,15 @@ def generate(n: int, seed: int) -> tuple[list[str], list[int]]:
     return texts, outliers
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", type=int, default=16_384)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeat", type=int, default=3)
-    args = ap.parse_args()
-    n = args.ranks
+def measure(n: int = 16_384, seed: int = 0, repeat: int = 3, verbose: bool = False) -> dict:
+    """Best-of-`repeat` parse and cluster times for an `n`-rank sweep, and the whole detector path."""
     t0 = time.perf_counter()
-    texts, outliers = generate(n, args.seed)
-    print(f"generated {n} dumps ({sum(map(len, texts)) / 1e6:.1f} MB) in {time.perf_counter() - t0:.2f} s; "
-          f"outlier ranks {outliers}")
-
+    texts, outliers = generate(n, seed)
+    if verbose:
+        print(f"generated {n} dumps ({sum(map(len, texts)) / 1e6:.1f} MB) in {time.perf_counter() - t0:.2f} s; "
+              f"outlier ranks {outliers}")
     best_parse = best_cluster = float("inf")
-    for _ in range(args.repeat):
+    for _ in range(repeat):
         t0 = time.perf_counter()
         sigs = {r: signature(parse_pyspy(t)) for r, t in enumerate(texts)}
         t1 = time.perf_counter()
@@ -94,14 +89,9 @@ def main() -> None:
         t2 = time.perf_counter()
         best_parse, best_cluster = min(best_parse, t1 - t0), min(best_cluster, t2 - t1)
     found = sorted(r for c in suspects for r in c.ranks)
-    total = best_parse + best_cluster
-    print(f"distinct signatures {len(set(sigs.values()))}, clusters {len(clusters)} "
-          f"(sizes {[len(c.ranks) for c in clusters]}), suspects {found} "
-          f"({'match' if found == outliers else 'MISMATCH'})")
-    print(f"parse+signature {best_parse:.3f} s ({n / best_parse:,.0f} ranks/s)")
-    print(f"cluster         {best_cluster:.4f} s")
-    print(f"parse+cluster   {total:.3f} s ({n / total:,.0f} ranks/s), best of {args.repeat}")
-
+    if verbose:
+        print(f"distinct signatures {len(set(sigs.values()))}, clusters {len(clusters)} "
+              f"(sizes {[len(c.ranks) for c in clusters]}), suspects {found}")
     topo = Topology.from_job(Job(ts=0.0, job="bench", ranks=[RankInfo(rank=r, node=f"n{r // 8:05d}", gpu=r % 8)
                                                               for r in range(n)]))
     recs = [Stack(ts=1.0 + r * 1e-6, job="bench", rank=r, snapshot="s-1", format="py-spy", dump=t)
@@ -109,9 +99,26 @@ def main() -> None:
     det = StackDetector(topo)
     t0 = time.perf_counter()
     findings = [f for rec in recs for f in det.observe(rec)]
-    dt = time.perf_counter() - t0
-    print(f"StackDetector   {dt:.3f} s ({n / dt:,.0f} ranks/s) for {n} records -> findings on ranks "
-          f"{[f.rank for f in findings]}")
+    detector_s = time.perf_counter() - t0
+    return {"ranks": n, "parse_s": best_parse, "cluster_s": best_cluster, "total_s": best_parse + best_cluster,
+            "detector_s": detector_s, "suspects_match": found == outliers,
+            "detector_match": sorted(f.rank for f in findings) == outliers}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=16_384)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    m = measure(args.ranks, args.seed, args.repeat, verbose=True)
+    n = m["ranks"]
+    print(f"parse+signature {m['parse_s']:.3f} s ({n / m['parse_s']:,.0f} ranks/s)")
+    print(f"cluster         {m['cluster_s']:.4f} s")
+    print(f"parse+cluster   {m['total_s']:.3f} s ({n / m['total_s']:,.0f} ranks/s), best of {args.repeat}; "
+          f"suspects {'match' if m['suspects_match'] else 'MISMATCH'}")
+    print(f"StackDetector   {m['detector_s']:.3f} s ({n / m['detector_s']:,.0f} ranks/s), findings "
+          f"{'match' if m['detector_match'] else 'MISMATCH'}")
 
 
 if __name__ == "__main__":

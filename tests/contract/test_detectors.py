@@ -1,0 +1,522 @@
+"""The detector contract suite: one set of properties checked on every detector of `DEFAULT_DETECTORS`.
+
+Each detector is driven as `JobMonitor` drives it: the first `job` record gives
+the topology, a later one is passed to `set_topology`; every record moves event
+time (`advance(rec.ts)` before it), only the kinds in `det.kinds` are observed,
+and a final `advance(last_ts)` closes the run. The input is realistic: small
+simulated jobs (64 ranks, 200 s), each with one fault chosen so that every
+detector has something to find (see `test_every_detector_finds_something`).
+
+Properties, per detector and scenario:
+
+- determinism: two fresh instances, the same records -> the same findings, ids included;
+  also across processes with different hash seeds (set and dict order must not leak in);
+- findings are valid contract records (encode -> decode gives them back);
+- state: `state()` mid-stream is plain JSON (no numpy scalars, no NaN/Inf, str keys), a
+  snapshot that later records do not change, and `from_state` continues exactly as the
+  original would have (same later findings, same state again);
+- input records are not mutated;
+- every optional field may be missing;
+- records out of order within a small lateness give the same kinds of findings on the same nodes;
+- no wall clock: the run is the same when reading any clock raises;
+- ranks beyond the topology, unknown nodes and a topology that grows (then shrinks)
+  mid-stream raise nothing.
+
+A detector added to `DEFAULT_DETECTORS` is covered automatically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import hashlib
+import math
+import os
+import random
+import subprocess
+import sys
+import typing
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import orjson
+import pytest
+
+from detectors.monitor import DEFAULT_DETECTORS
+from detectors.topology import Topology
+from producers.simulate import Fault, Scenario, generate
+from schemas import KINDS, DecodeError, Finding, Job, RankInfo, Record, decode, decode_obj, encode, to_dict
+from schemas.codec import unwrap
+from schemas.records import WIRE_NAMES
+
+pytestmark = pytest.mark.contract
+
+REPO = Path(__file__).resolve().parents[2]
+
+# --- the input: one small job per fault, so that every detector fires somewhere -----------------
+
+
+def _scenario(name: str, seed: int, *faults: Fault) -> Scenario:
+    return Scenario(name, seed, tp=8, pp=2, dp=4, duration_s=200.0, faults=faults)
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    # fail-stop: Xid 79, the rank's exception, missing heartbeats, NCCL timeouts, stack + flight sweep
+    _scenario("xid79", 11, Fault("xid79", 100.0, node="n002", params={"gpu": 2})),
+    # fail-slow: one GPU throttles hard enough to slow the whole job (fail_slow and job_slowdown)
+    _scenario("thermal", 12, Fault("thermal_straggler", 40.0, rank=13, magnitude=0.8, params={"ramp_s": 10.0})),
+    # hang: a data loader stalls; heartbeats go on, steps stop; stack + flight sweep
+    _scenario("hang", 13, Fault("dataloader_hang", 100.0, rank=21)),
+    # silent data corruption: one replica's digest disagrees, then loss / grad_norm blow up
+    _scenario("sdc", 14, Fault("sdc", 60.0, rank=29)),
+    # planned maintenance: the job stops and restarts on a spare node (a second `job` record)
+    _scenario("planned", 15, Fault("planned_maintenance", 90.0, node="n005",
+                                   params={"lead_s": 30.0, "restart_after_s": 30.0})),
+)}
+
+DETECTORS = {cls.name: cls for cls in DEFAULT_DETECTORS}
+DET_IDS = list(DETECTORS)
+SC_IDS = list(SCENARIOS)
+
+_LATENESS_S = 0.5  # out-of-order records: adjacent records closer than this may swap
+
+
+@functools.cache
+def wire(sc_name: str) -> tuple[dict[str, Any], ...]:
+    """The scenario's records as wire dicts (event-time order)."""
+    return tuple(generate(SCENARIOS[sc_name]))
+
+
+@functools.cache
+def stream(sc_name: str) -> tuple[Record, ...]:
+    recs = tuple(decode_obj(d) for d in wire(sc_name))
+    bad = [r for r in recs if isinstance(r, DecodeError)]
+    assert not bad, bad[:3]
+    assert recs[0].kind == "job", "a stream starts with its job's topology"
+    return recs
+
+
+# --- the harness: drive one detector as JobMonitor does ------------------------------------------
+
+
+class Driver:
+    """One detector, its topology, and the records it has been fed."""
+
+    def __init__(self, det: Any, topo: Topology) -> None:
+        self.det, self.topo = det, topo
+        self.last_ts: float | None = None
+
+    @classmethod
+    def fresh(cls, det_cls: type, recs: Sequence[Record]) -> Driver:
+        topo = Topology.from_job(recs[0])
+        return cls(det_cls(topo), topo)
+
+    def feed(self, rec: Record) -> list[Finding]:
+        out = self.det.advance(rec.ts)
+        self.last_ts = rec.ts if self.last_ts is None else max(self.last_ts, rec.ts)
+        if rec.kind == "job":
+            if rec.ts > self.topo.ts or rec.ranks != list(self.topo.ranks):  # not the job record it started from
+                self.set_topology(Topology.from_job(rec))
+        elif rec.kind in self.det.kinds:
+            out += self.det.observe(rec)
+        return out
+
+    def set_topology(self, topo: Topology) -> None:
+        self.topo = topo
+        self.det.set_topology(topo)
+
+    def finish(self) -> list[Finding]:
+        return self.det.advance(self.last_ts) if self.last_ts is not None else []
+
+    def run(self, recs: Iterable[Record]) -> list[Finding]:
+        out: list[Finding] = []
+        for rec in recs:
+            out += self.feed(rec)
+        return out + self.finish()
+
+
+def run(det_cls: type, recs: Sequence[Record]) -> list[Finding]:
+    return Driver.fresh(det_cls, recs).run(recs)
+
+
+@functools.cache
+def reference(det_name: str, sc_name: str) -> tuple[Finding, ...]:
+    """The in-order run every other property is compared with."""
+    return tuple(run(DETECTORS[det_name], stream(sc_name)))
+
+
+def wire_list(findings: Iterable[Finding]) -> list[dict[str, Any]]:
+    """Findings as wire dicts: compares every field, `extra` and the id included."""
+    return [to_dict(f) for f in findings]
+
+
+def kinds_and_nodes(findings: Iterable[Finding]) -> set[tuple[str, str, str | None]]:
+    return {(f.type, f.detector, f.node) for f in findings}
+
+
+# --- 0. the input is good enough to test anything -----------------------------------------------
+
+
+@pytest.mark.parametrize("det_name", DET_IDS)
+def test_every_detector_finds_something(det_name):
+    """Guards the suite itself: a detector that never fires would pass every property vacuously."""
+    found = {sc: len(reference(det_name, sc)) for sc in SC_IDS}
+    assert any(found.values()), f"{det_name} found nothing in any scenario: {found}"
+
+
+@pytest.mark.parametrize("det_name", DET_IDS)
+def test_detector_protocol(det_name):
+    cls = DETECTORS[det_name]
+    assert isinstance(cls.name, str) and cls.name
+    assert isinstance(cls.kinds, frozenset) and cls.kinds and cls.kinds <= set(KINDS) - {"job"}
+    for method in ("observe", "advance", "set_topology", "state"):
+        assert callable(getattr(cls, method, None)), method
+    assert isinstance(cls.__dict__.get("from_state"), classmethod)
+    assert len(DETECTORS) == len(DEFAULT_DETECTORS), "detector names must be unique (JobMonitor keys state by name)"
+
+
+# --- 1. determinism -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sc_name", SC_IDS)
+@pytest.mark.parametrize("det_name", DET_IDS)
+def test_deterministic(det_name, sc_name):
+    again = run(DETECTORS[det_name], stream(sc_name))
+    assert wire_list(again) == wire_list(reference(det_name, sc_name))
+
+
+@pytest.mark.parametrize("sc_name", SC_IDS)
+@pytest.mark.parametrize("det_name", DET_IDS)
+def test_findings_are_contract_records(det_name, sc_name):
+    findings = reference(det_name, sc_name)
+    ids = [f.id for f in findings]
+    assert len(ids) == len(set(ids)), "finding ids identify one finding each"
+    for f in findings:
+        assert isinstance(f, Finding)
+        [back] = decode(encode(f))
+        assert not isinstance(back, DecodeError), f"{back}: {f}"
+        assert back == f
+        assert f.job == SCENARIOS[sc_name].job_id
+        assert f.detector.split(".")[0] == det_name, "a detector's findings carry its name"
+
+
+_DIGEST_SCRIPT = """
+import hashlib, json, sys
+sys.path.insert(0, sys.argv[1])
+from tests.contract import test_detectors as t
+out = {}
+for det in t.DET_IDS:
+    h = hashlib.sha256()
+    for sc in t.SC_IDS:
+        for f in t.reference(det, sc):
+            h.update(t.encode(f))
+    out[det] = h.hexdigest()
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def digests_by_hash_seed() -> list[dict[str, str]]:
+    """Each detector's findings over every scenario, digested in two processes with other hash seeds."""
+    procs = [subprocess.Popen([sys.executable, "-c", _DIGEST_SCRIPT, str(REPO)], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env={**os.environ, "PYTHONHASHSEED": seed})
+             for seed in ("1", "2")]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=120)
+        assert p.returncode == 0, stderr.decode()[-2000:]
+        out.append(orjson.loads(stdout.splitlines()[-1]))
+    return out
+
+
+@pytest.mark.parametrize("det_name", DET_IDS)
+def test_deterministic_across_processes(det_name, digests_by_hash_seed):
+    here = hashlib.sha256()
+    for sc in SC_IDS:
+        for f in reference(det_name, sc):
+            here.update(encode(f))
+    assert digests_by_hash_seed[0][det_name] == digests_by_hash_seed[1][det_name] == here.hexdigest()
+
+
+# --- 2. state round trip ------------------------------------------------------------------------
+
+
+def assert_plain_json(x: Any, path: str = "state") -> None:
+    """Only JSON values: dict with str keys, list, str, int, finite float, bool, None (exact types)."""
+    t = type(x)
+    if t is dict:
+        for k, v in x.items():
+            assert type(k) is str, f"{path}: key {k!r} is a {type(k).__name__}, not a str"
+            assert_plain_json(v, f"{path}.{k}")
+    elif t is list:
+        for i, v in enumerate(x):
+            assert_plain_json(v, f"{path}[{i}]")
+    elif t is float:
+        assert math.isfinite(x), f"{path}: {x} (JSON has no NaN/Infinity; orjson would write null)"
+    else:
+        assert x is None or t in (str, int, bool), f"{path}: a {t.__module__}.{t.__name__} is not a JSON value"
+
+
+CUTS = (0.25, 0.5, 0.75)
+
+
+@pytest.mark.parametrize("sc_name", SC_IDS)
+@pytest.mark.parametrize("det_name", DET_IDS)
+def test_state_round_trip(det_name, sc_name):
+    cls, recs = DETECTORS[det_name], stream(sc_name)
+    cuts = sorted({int(q * len(recs)) for q in CUTS})
+    orig = Driver.fresh(cls, recs)
+    out: list[Finding] = []
+    snaps = []  # (cut, state object, its bytes, findings so far, topology)
+    for i, rec in enumerate(recs):
+        if i in cuts:
+            st = orig.det.state()
+            assert_plain_json(st)
+            snaps.append((i, st, orjson.dumps(st), len(out), orig.topo))
+        out += orig.feed(rec)
+    out += orig.finish()
+    for i, st, blob, n, topo in snaps:
+        assert orjson.dumps(st) == blob, f"cut {i}: the state snapshot changed as the detector went on (aliasing)"
+        restored = cls.from_state(orjson.loads(blob), topo)
+        assert orjson.loads(orjson.dumps(restored.state())) == orjson.loads(blob), f"cut {i}: state -> from_state -> state"
+        resumed = Driver(restored, topo)
+        resumed.last_ts = recs[i - 1].ts
+        later = resumed.run(recs[i:])
+        assert wire_list(later) == wire_list(out[n:]), f"cut {i} of {len(recs)}: restored detector diverged"
+    assert wire_list(out) == wire_list(reference(det_name, sc_name))
+
+
+# --- 3. input records are not mutated -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("sc_name", SC_IDS)
+@pytest.mark.parametrize("det_name", DET_IDS)
+def test_input_not_mutated(det_name, sc_name):
+    recs = [decode_obj(d) for d in wire(sc_name)]  # private copies: a mutation must not leak into other tests
+    before = [orjson.dumps(to_dict(r)) for r in recs]  # bytes: to_dict shares nested dicts with the record
+    run(DETECTORS[det_name], recs)
+    after = [orjson.dumps(to_dict(r)) for r in recs]
+    changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
+    assert not changed, f"{len(changed)} records mutated, first: {before[changed[0]]!r} -> {after[changed[0]]!r}"
+
+
+# --- 4. missing optional fields -----------------------------------------------------------------
+
+
+def _nested_dataclass(tp: Any) -> type | None:
+    base = unwrap(tp)[0]
+    if typing.get_origin(base) is list:
+        base = unwrap(typing.get_args(base)[0])[0]
+    return base if dataclasses.is_dataclass(base) else None
+
+
+def strip(obj: dict[str, Any], cls: type, how: str) -> dict[str, Any]:
+    """`obj` without its optional fields, recursively.
+
+    how="nullable": fields that default to None (measurements, op/pg/peer, digests, gpu, ...);
+    how="defaults": every field with a default, and unknown (extra) fields too.
+    """
+    hints = typing.get_type_hints(cls, include_extras=True)
+    out: dict[str, Any] = {}
+    known = {"kind", "v"}
+    for f in dataclasses.fields(cls):
+        if f.name in ("extra", "kind"):
+            continue
+        w = WIRE_NAMES.get(f.name, f.name)
+        known.add(w)
+        if w not in obj:
+            continue
+        has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        if (how == "nullable" and f.default is None) or (how == "defaults" and has_default):
+            continue
+        v, inner = obj[w], _nested_dataclass(hints[f.name])
+        if inner is not None and isinstance(v, list):
+            v = [strip(x, inner, how) for x in v]
+        elif inner is not None and isinstance(v, dict):
+            v = strip(v, inner, how)
+        out[w] = v
+    for k in ("kind", "v"):
+        if k in obj:
+            out[k] = obj[k]
+    if how == "nullable":
+        out.update({k: v for k, v in obj.items() if k not in known})
+    return out
+
+
+@functools.cache
+def stripped(sc_name: str, how: str) -> tuple[Record, ...]:
+    recs = []
+    for d in wire(sc_name):
+        rec = decode_obj(strip(d, KINDS[d["kind"]], how))
+        assert not isinstance(rec, DecodeError), rec
+        recs.append(rec)
+    return tuple(recs)
+
+
+def test_strip_removes_what_it_should():
+    d = {"kind": "step", "v": 1, "ts": 1.0, "job": "j", "rank": 0, "step": 3, "step_s": 1.0, "compute_s": 0.5,
+         "loss": 2.0, "replica_digest": "ab", "x_site": "dc"}
+    assert strip(d, KINDS["step"], "nullable") == {"kind": "step", "v": 1, "ts": 1.0, "job": "j", "rank": 0,
+                                                   "step": 3, "step_s": 1.0, "x_site": "dc"}
+    assert strip(d, KINDS["step"], "defaults") == {"kind": "step", "v": 1, "ts": 1.0, "job": "j", "rank": 0,
+                                                   "step": 3, "step_s": 1.0}
+    job = {"kind": "job", "v": 1, "ts": 1.0, "job": "j", "heartbeat_s": 5.0,
+           "ranks": [{"rank": 0, "node": "n0", "gpu": 0, "tp": 0, "pp": 1, "dp": 0}]}
+    assert strip(job, KINDS["job"], "nullable")["ranks"] == [{"rank": 0, "node": "n0", "tp": 0, "pp": 1, "dp": 0}]
+    assert strip(job, KINDS["job"], "defaults")["ranks"] == [{"rank": 0, "node": "n0"}]
+
+
+@pytest.mark.parametrize("how", ["nullable", "defaults"])
+@pytest.mark.parametrize("sc_name", SC_IDS)
+@pytest.mark.parametrize("det_name", DET_IDS)
+def test_missing_optional_fields(det_name, sc_name, how):
+    findings = run(DETECTORS[det_name], stripped(sc_name, how))
+    for f in findings:
+        [back] = decode(encode(f))
+        assert back == f, back
+
+
+# --- 5. out of order within a small lateness ------------------------------------------------------
+
+
+def jitter(recs: Sequence[Record], seed: int, lateness_s: float = _LATENESS_S) -> list[Record]:
+    """Swap about half of the adjacent pairs closer than `lateness_s` (deterministic; `job` records stay)."""
+    rng = random.Random(seed)
+    out = list(recs)
+    i = 0
+    while i < len(out) - 1:
+        a, b = out[i], out[i + 1]
+        if "job" not in (a.kind, b.kind) and b.ts - a.ts < lateness_s and rng.random() < 0.5:
+            out[i], out[i + 1] = b, a
+            i += 2
+        else:
+            i += 1
+    return out
+
+
+@pytest.mark.parametrize("sc_name", SC_IDS)
+@pytest.mark.parametrize("det_name", DET_IDS)
+def test_out_of_order_within_lateness(det_name, sc_name):
+    cls, recs = DETECTORS[det_name], stream(sc_name)
+    shuffled = jitter(recs, seed=sum(map(ord, det_name + sc_name)))
+    moved = sum(a is not b for a, b in zip(recs, shuffled, strict=True))
+    assert moved > len(recs) // 10, "the shuffle must actually reorder the stream"
+    findings = run(cls, shuffled)
+    assert kinds_and_nodes(findings) == kinds_and_nodes(reference(det_name, sc_name))
+
+
+# --- 6. no wall clock ---------------------------------------------------------------------------
+
+
+def _no_clock(*_a: Any, **_k: Any) -> float:
+    raise AssertionError("a detector read the wall clock")
+
+
+class _NoClockDatetime(datetime.datetime):
+    now = classmethod(_no_clock)
+    utcnow = classmethod(_no_clock)
+    today = classmethod(_no_clock)
+
+
+_CLOCKS = ("time", "time_ns", "monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns")
+
+
+@pytest.mark.parametrize("sc_name", SC_IDS)
+@pytest.mark.parametrize("det_name", DET_IDS)
+def test_no_wall_clock(det_name, sc_name):
+    recs = stream(sc_name)
+    patches = [mock.patch(f"time.{name}", _no_clock) for name in _CLOCKS]
+    patches.append(mock.patch("datetime.datetime", _NoClockDatetime))
+    for p in patches:
+        p.start()
+    try:
+        findings = run(DETECTORS[det_name], recs)
+    finally:
+        for p in reversed(patches):
+            p.stop()
+    assert wire_list(findings) == wire_list(reference(det_name, sc_name))
+
+
+def test_no_clock_patch_works():
+    with mock.patch("time.monotonic", _no_clock), mock.patch("datetime.datetime", _NoClockDatetime):
+        import time
+
+        with pytest.raises(AssertionError):
+            time.monotonic()
+        with pytest.raises(AssertionError):
+            datetime.datetime.now()
+
+
+# --- 7. unknown ranks and nodes, topology changes ---------------------------------------------------
+
+
+def resized_job(topo: Topology, n: int, ts: float) -> Job:
+    """A `job` record of the same job with `n` ranks: the first ranks keep their placement, new ranks land
+    on new nodes (``x000``, ...) as further data-parallel replicas."""
+    size, dp = topo.size, int(topo.dp.max()) + 1
+    ranks = []
+    for r in range(n):
+        base = topo.ranks[r % size]
+        if r < size:
+            ranks.append(base)
+        else:
+            ranks.append(RankInfo(r, f"x{(r - size) // 8:03d}", (r - size) % 8, base.tp, base.pp,
+                                  base.dp + dp * (r // size)))
+    return Job(ts=ts, job=topo.job, ranks=ranks, heartbeat_s=topo.heartbeat_s)
+
+
+def with_strangers(recs: Sequence[Record], size: int) -> list[Record]:
+    """The stream plus copies of some records from ranks beyond the topology and from unknown nodes/GPUs."""
+    out: list[Record] = []
+    for i, rec in enumerate(recs):
+        out.append(rec)
+        if rec.kind == "job" or i % 5:
+            continue
+        d = to_dict(rec)
+        if "rank" in d and rec.kind != "job":
+            for rank in (size + i % 7, size * 2 + 3, 10**6):
+                out.append(decode_obj({**d, "rank": rank}))
+            if rec.kind == "flight":
+                groups = [{**g, "ranks": [*g["ranks"], size + 1, 10**6]} for g in d.get("groups", [])]
+                out.append(decode_obj({**d, "groups": groups}))
+        if "node" in d and rec.kind in ("hw", "gpu"):
+            out.append(decode_obj({**d, "node": "n-unknown"}))
+            if "gpu" in d:
+                out.append(decode_obj({**d, "gpu": 9}))
+    bad = [r for r in out if isinstance(r, DecodeError)]
+    assert not bad, bad[:3]
+    return out
+
+
+@pytest.mark.parametrize("sc_name", SC_IDS)
+@pytest.mark.parametrize("det_name", DET_IDS)
+def test_unknown_ranks_and_topology_changes(det_name, sc_name):
+    recs = stream(sc_name)
+    size = Topology.from_job(recs[0]).size
+    extended = with_strangers(recs, size)
+    grow_at, shrink_at = int(0.4 * len(extended)), int(0.8 * len(extended))
+    drv = Driver.fresh(DETECTORS[det_name], extended)
+    findings: list[Finding] = []
+    for i, rec in enumerate(extended):
+        if i == grow_at:
+            drv.set_topology(Topology.from_job(resized_job(drv.topo, 2 * size, rec.ts)))
+        elif i == shrink_at:
+            drv.set_topology(Topology.from_job(resized_job(drv.topo, size // 2, rec.ts)))
+        findings += drv.feed(rec)
+    findings += drv.finish()
+    for f in findings:
+        [back] = decode(encode(f))
+        assert back == f, back
+        assert f.rank is None or f.rank < 2 * size, f"a finding names rank {f.rank}, in no topology it was given"
+
+
+def test_resized_job_is_a_valid_topology():
+    topo = Topology.from_job(stream("xid79")[0])
+    big = Topology.from_job(resized_job(topo, 2 * topo.size, topo.ts + 1))
+    assert big.size == 2 * topo.size and len(big.nodes) == 2 * len(topo.nodes)
+    assert len(set(zip(big.tp.tolist(), big.pp.tolist(), big.dp.tolist(), strict=True))) == big.size
+    assert Topology.from_job(resized_job(topo, topo.size // 2, topo.ts + 1)).size == topo.size // 2
+
