@@ -76,13 +76,43 @@ class Localization:
     suspect_ranks: list[int] = field(default_factory=list)
 
 
+def _sweep_suspects(findings: list[Finding], spec: dict[str, float]) -> tuple[list[int], set[str]]:
+    """The ranks a stack / flight-recorder sweep points at most, and the ids of findings on them.
+
+    Each rank's evidence from the two recorders combines; only the top-scoring
+    ranks are suspects, the others are taken for victims of the stall.
+    """
+    per_rank: dict[int, dict[str, float]] = {}
+    for f in findings:
+        if f.type == "stack_outlier" and f.rank is not None:
+            fam = per_rank.setdefault(f.rank, {})
+            fam[_family(f)] = max(fam.get(_family(f), 0.0), weight(f) * spec.get(f.id, 1.0))
+    if not per_rank:
+        return [], set()
+    score = {r: 1.0 - _prod(1.0 - w for w in fams.values()) for r, fams in per_rank.items()}
+    top = max(score.values())
+    ranks = sorted(r for r, v in score.items() if v >= top - 0.02)
+    chosen = set(ranks)
+    return ranks, {f.id for f in findings if f.type == "stack_outlier" and f.rank in chosen}
+
+
+def _prod(xs) -> float:
+    out = 1.0
+    for x in xs:
+        out *= x
+    return out
+
+
 def localize(findings: list[Finding], topo: Topology, threshold: float) -> Localization:
     """Fuse the findings of one incident into culprit nodes (or a group)."""
     spec = _specificity(findings)
+    suspect_ranks, suspect_ids = _sweep_suspects(findings, spec)
     best: dict[tuple[str, str], tuple[float, str]] = {}  # (node, detector family) -> strongest (weight, id)
     ids: dict[str, list[str]] = {}
     node_level: set[str] = set()
     for f in findings:
+        if f.type == "stack_outlier" and f.id not in suspect_ids:
+            continue  # a victim of the stall, not a suspect
         w = weight(f) * spec.get(f.id, 1.0)
         if w <= 0 or f.node is None:
             continue
@@ -93,19 +123,16 @@ def localize(findings: list[Finding], topo: Topology, threshold: float) -> Local
         if f.type in NODE_LEVEL and w >= 0.5:
             node_level.add(f.node)
     # evidence from different sources combines as independent; many ranks of one node seen by the
-    # same detector count once (their strongest), so a crowd of victims cannot outvote the culprit
+    # same detector count once (their strongest), so a crowd of ranks cannot outvote a precise signal
     miss: dict[str, float] = {}
     for (node, _), (w, _) in best.items():
         miss[node] = miss.get(node, 1.0) * (1.0 - w)
     per_node = {n: round(1.0 - m, 4) for n, m in sorted(miss.items())}
     culprits = sorted(n for n, c in per_node.items() if c >= threshold)
-    loc = Localization(per_node=per_node)
-    rank_suspects = sorted({f.rank for f in findings
-                            if f.type == "stack_outlier" and f.rank is not None and spec.get(f.id, 1.0) >= 0.99})
-    loc.suspect_ranks = rank_suspects
-    outlier_nodes = set(topo.nodes_of(rank_suspects)) if rank_suspects else set()
+    loc = Localization(per_node=per_node, suspect_ranks=suspect_ranks)
+    outlier_nodes = set(topo.nodes_of(suspect_ranks)) if suspect_ranks else set()
     if len(outlier_nodes) > 1 and not (outlier_nodes & node_level):
-        kind, nodes = smallest_group(topo, rank_suspects)
+        kind, nodes = smallest_group(topo, suspect_ranks)
         loc.group, loc.group_nodes = kind, nodes
         loc.innocent_nodes = max(0, len(nodes) - 1)
         loc.confidence = min(per_node[n] for n in outlier_nodes)
