@@ -13,10 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import orjson
-
 from detectors.monitor import JobMonitor
-from schemas import DecodeError, Job, Record, to_dict
+from schemas import DecodeError, Job, Record, encode
 from triage.config import TriageConfig
 from triage.job import Triage
 from triage.outputs import Outputs
@@ -145,4 +143,4 @@ class Core:
 
 
 def _short(rec: Record) -> str:
-    return orjson.dumps(to_dict(rec)).decode()[:4096]
+    return encode(rec).decode()[:4096]
