@@ -32,7 +32,8 @@ import orjson  # noqa: E402
 
 from detectors.failslow import FailSlowConfig, FailSlowDetector  # noqa: E402
 from detectors.sdc import SdcDetector  # noqa: E402
-from detectors.slowdown import JobSlowdownDetector, SlowdownConfig, StepColumns  # noqa: E402
+from detectors.slowdown import JobSlowdownDetector, SlowdownConfig  # noqa: E402
+from detectors.steps import StepColumns  # noqa: E402
 from detectors.topology import Topology  # noqa: E402
 from tests.unit.stepgen import Straggler, gen_steps, make_topology  # noqa: E402
 

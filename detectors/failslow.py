@@ -23,17 +23,16 @@ of ranks not in an episode. Warm-up steps after a (re)start are not scored.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from detectors.base import finding
-from detectors.slowdown import BufferConfig, Closed, StepBuffer, StepColumns, decode_floats, encode_floats, median
-from detectors.slowdown import finite_or_none as _fin
+from detectors.steps import BufferConfig, Closed, StepBuffer, StepScorer, decode_floats, encode_floats, median
+from detectors.steps import finite_or_none as _fin
 from detectors.topology import Topology
-from schemas import Finding, Record
+from schemas import Finding
 
 _MAD_TO_SIGMA = 1.4826
 _FIELDS = {"compute_s": "f", "comm_wait_s": "f", "step_s": "f"}
@@ -180,11 +179,10 @@ def _popcount(a: np.ndarray) -> np.ndarray:
 # --- the detector -------------------------------------------------------------------------------
 
 
-class FailSlowDetector:
+class FailSlowDetector(StepScorer):
     """Stragglers of one job, from per-rank compute and collective-wait times."""
 
     name: ClassVar[str] = "failslow"
-    kinds: ClassVar[frozenset[str]] = frozenset({"step"})
 
     def __init__(self, topo: Topology, config: FailSlowConfig | None = None) -> None:
         self.config = config or FailSlowConfig()
@@ -211,19 +209,6 @@ class FailSlowDetector:
         self._reset(topo)
 
     # --- feeding ---
-
-    def observe(self, rec: Record) -> list[Finding]:
-        if rec.kind != "step":
-            return []
-        return self._score(self.buf.add_record(rec))
-
-    def observe_many(self, recs: Sequence[Record] | StepColumns) -> list[Finding]:
-        """Batch path: the same findings as `observe` on each record in turn."""
-        cols = recs if isinstance(recs, StepColumns) else StepColumns(recs)
-        return self._score(self.buf.add_columns(cols))
-
-    def advance(self, now: float) -> list[Finding]:
-        return self._score(self.buf.expire(now))
 
     def _score(self, closed: list[Closed]) -> list[Finding]:
         out: list[Finding] = []

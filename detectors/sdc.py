@@ -21,17 +21,16 @@ Two signals, per closed step:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from detectors.base import finding
-from detectors.slowdown import BufferConfig, Closed, StepBuffer, StepColumns, median
-from detectors.slowdown import finite_or_none as _fin
+from detectors.steps import BufferConfig, Closed, StepBuffer, StepScorer, median
+from detectors.steps import finite_or_none as _fin
 from detectors.topology import Topology
-from schemas import Finding, Record
+from schemas import Finding
 
 _MAD_TO_SIGMA = 1.4826
 _METRICS = ("loss", "grad_norm")
@@ -114,11 +113,10 @@ def jump_score(v: float, history: np.ndarray, floor_frac: float) -> tuple[float,
 # --- the detector -------------------------------------------------------------------------------
 
 
-class SdcDetector:
+class SdcDetector(StepScorer):
     """Replica-digest disagreement (names ranks) and loss / grad-norm blow-ups (job-wide)."""
 
     name: ClassVar[str] = "sdc"
-    kinds: ClassVar[frozenset[str]] = frozenset({"step"})
 
     def __init__(self, topo: Topology, config: SdcConfig | None = None) -> None:
         self.config = config or SdcConfig()
@@ -144,19 +142,6 @@ class SdcDetector:
         self._reset(topo)
 
     # --- feeding ---
-
-    def observe(self, rec: Record) -> list[Finding]:
-        if rec.kind != "step":
-            return []
-        return self._score(self.buf.add_record(rec))
-
-    def observe_many(self, recs: Sequence[Record] | StepColumns) -> list[Finding]:
-        """Batch path: the same findings as `observe` on each record in turn."""
-        cols = recs if isinstance(recs, StepColumns) else StepColumns(recs)
-        return self._score(self.buf.add_columns(cols))
-
-    def advance(self, now: float) -> list[Finding]:
-        return self._score(self.buf.expire(now))
 
     def _score(self, closed: list[Closed]) -> list[Finding]:
         out: list[Finding] = []

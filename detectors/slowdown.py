@@ -1,4 +1,4 @@
-"""Job-wide slowdown, and the per-step buffer that every step-scoring detector shares.
+"""Job-wide slowdown: nobody is guilty when everybody is slow.
 
 `JobSlowdownDetector`: is the whole job slower than usual? Per step, the job's
 step time is the median `step_s` over ranks; the baseline is the median of
@@ -6,367 +6,27 @@ the last `history` normal steps (warm-up excluded). A step time at or above
 `factor` x baseline for `min_steps` steps is one `job_slowdown` finding per
 episode, naming no rank and no node: nobody is guilty when everybody is slow.
 `baseline_s()` is the current baseline (for a hang detector's stall threshold).
-
-`StepBuffer` (also used by `detectors.failslow` and `detectors.sdc`) gathers the
-per-rank values of each step into numpy arrays and hands the step over
-(`Closed`) once it is complete, once most ranks are `lag` steps further on,
-when more than `max_open` steps are open, or `lateness_s` after its first
-record (`expire`). `StepColumns` is the batch path, giving exactly what
-feeding the same records one by one gives.
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from operator import attrgetter
 from typing import Any, ClassVar
 
 import numpy as np
 
 from detectors.base import finding
+from detectors.steps import (
+    BufferConfig,
+    Closed,
+    StepBuffer,
+    StepScorer,
+    finite_or_none,
+    median,
+)
 from detectors.topology import Topology
-from schemas import Finding, Record
-
-_BATCH_MIN_RUN = 16  # shorter runs of one step go through the per-record path (cheaper, same result)
-
-
-@dataclass(frozen=True)
-class BufferConfig:
-    lag: int = 2  # close step s once most ranks have reported step s + lag
-    close_frac: float = 0.5  # "most ranks": this fraction of the job
-    max_open: int = 8  # steps buffered at once; opening one more closes the oldest
-    lateness_s: float = 10.0  # event seconds after its first record that a step closes regardless
-
-
-def finite_or_none(x: float) -> float | None:
-    """A float for evidence/state: rounded, None when not finite."""
-    return round(float(x), 6) if math.isfinite(x) else None
-
-
-def median(v: np.ndarray) -> float:
-    """Median of a non-empty array without NaN (np.median without its per-call overhead)."""
-    k = v.size // 2
-    if v.size % 2:
-        return float(np.partition(v, k)[k])
-    p = np.partition(v, (k - 1, k))
-    return float((p[k - 1] + p[k]) / 2)
-
-
-def encode_floats(a: np.ndarray, present: np.ndarray | None = None) -> list[Any]:
-    """JSON-safe list: missing -> None; with `present`, non-finite values -> "NaN"/"Infinity"/"-Infinity"."""
-    out = a.tolist()
-    bad = np.flatnonzero(~np.isfinite(a))
-    for i in bad.tolist():
-        v = out[i]
-        out[i] = None if present is None or not present[i] else (
-            "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity"))
-    return out
-
-
-def decode_floats(xs: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """Inverse of `encode_floats`: (values, present)."""
-    present = np.array([x is not None for x in xs], dtype=bool)
-    vals = np.array([math.nan if x is None else float(x) for x in xs], dtype=np.float64)
-    return vals, present
-
-
-# --- columns: the batch path --------------------------------------------------------------------
-
-
-class StepColumns:
-    """A batch of `step` records as columns, shared by the detectors it is fed to.
-
-    `StepColumns(records)` extracts each field lazily, once; `from_arrays`
-    takes arrays as they come (a columnar decoder, a simulator) with no record
-    objects at all. Numeric fields are (values, present): a missing value is
-    NaN and not present, a NaN that was reported is NaN and present.
-    """
-
-    def __init__(self, recs: Sequence[Record] = ()) -> None:
-        self.recs: list[Record] | None = [r for r in recs if r.kind == "step"]
-        n = len(self.recs)
-        self.ts = np.fromiter(map(attrgetter("ts"), self.recs), dtype=np.float64, count=n)
-        self.step = np.fromiter(map(attrgetter("step"), self.recs), dtype=np.int64, count=n)
-        self.rank = np.fromiter(map(attrgetter("rank"), self.recs), dtype=np.int64, count=n)
-        self._floats: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        self._objects: dict[str, list[Any]] = {}
-
-    @classmethod
-    def from_arrays(cls, ts: Any, step: Any, rank: Any, *, strings: dict[str, list[str | None]] | None = None,
-                    **floats: Any) -> StepColumns:
-        """Columns from arrays of equal length: a numeric field is an array (NaN = missing) or a
-        (values, present) pair; `strings` holds lists of str or None (replica_digest)."""
-        cols = cls()
-        cols.recs = None
-        cols.ts = np.asarray(ts, dtype=np.float64)
-        cols.step, cols.rank = np.asarray(step, dtype=np.int64), np.asarray(rank, dtype=np.int64)
-        cols._objects.update(strings or {})
-        for name, v in floats.items():
-            vals, present = v if isinstance(v, tuple) else (v, None)
-            vals = np.asarray(vals, dtype=np.float64)
-            cols._floats[name] = (vals, ~np.isnan(vals) if present is None else np.asarray(present, bool))
-        return cols
-
-    def __len__(self) -> int:
-        return len(self.ts)
-
-    def _raw(self, name: str) -> list[Any]:
-        return list(map(attrgetter(name), self.recs)) if self.recs is not None else [None] * len(self)
-
-    def floats(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """(values, present) of a numeric field."""
-        if name not in self._floats:
-            raw = self._raw(name)
-            vals = np.array(raw, dtype=np.float64)
-            present = np.ones(len(raw), dtype=bool)
-            nan = np.flatnonzero(np.isnan(vals))  # None, or a NaN that was reported
-            present[nan] = [raw[i] is not None for i in nan.tolist()]
-            self._floats[name] = (vals, present)
-        return self._floats[name]
-
-    def objects(self, name: str) -> list[Any]:
-        """A string field as a list (None where missing)."""
-        if name not in self._objects:
-            self._objects[name] = self._raw(name)
-        return self._objects[name]
-
-
-# --- the step buffer ----------------------------------------------------------------------------
-
-
-@dataclass
-class Closed:
-    """One step handed over for scoring: per-rank arrays (index = rank)."""
-
-    step: int
-    ts: float  # event time at which the step closed
-    epoch: int  # bumped by a rewind (the job went back to an earlier step)
-    seen: np.ndarray
-    vals: dict[str, np.ndarray]  # "f"/"nf" fields; NaN where missing
-    present: dict[str, np.ndarray]  # "nf" fields: a value was reported
-    codes: dict[str, np.ndarray]  # "c" fields: index into vocab, -1 missing
-    vocab: dict[str, list[str]]
-
-
-class _Slot:
-    __slots__ = ("step", "first_ts", "count", "seen", "vals", "present", "codes", "index")
-
-    def __init__(self, step: int, first_ts: float, size: int, fields: dict[str, str]) -> None:
-        self.step, self.first_ts, self.count = step, first_ts, 0
-        self.seen = np.zeros(size, dtype=bool)
-        self.vals = {n: np.full(size, np.nan) for n, k in fields.items() if k != "c"}
-        self.present = {n: np.zeros(size, dtype=bool) for n, k in fields.items() if k == "nf"}
-        self.codes = {n: np.full(size, -1, dtype=np.int32) for n, k in fields.items() if k == "c"}
-        self.index: dict[str, dict[str, int]] = {n: {} for n in self.codes}  # value -> code, in arrival order
-
-    def vocab(self) -> dict[str, list[str]]:
-        return {n: list(idx) for n, idx in self.index.items()}
-
-
-class StepBuffer:
-    """Per-step arrays of selected `step` fields until each step can be scored.
-
-    `fields` maps a Step attribute to its kind: "f" (float, None -> NaN), "nf"
-    (float that may be NaN/Inf on purpose; kept apart from "missing") or "c"
-    (a string such as a digest, stored as codes into a per-step vocabulary).
-    A record for a step already closed is dropped; if most ranks send records
-    for a step far behind (more than `max_open` steps), the job was rewound
-    (restarted from a checkpoint): open steps are discarded and `epoch` bumps.
-    """
-
-    def __init__(self, size: int, fields: dict[str, str], config: BufferConfig | None = None) -> None:
-        self.size, self.fields, self.config = size, dict(fields), config or BufferConfig()
-        self.names = tuple(self.fields)
-        self._get = attrgetter(*self.names)
-        self.need = max(1, math.ceil(self.config.close_frac * size))
-        self.open: dict[int, _Slot] = {}
-        self.closed_upto: int | None = None
-        self.epoch = self.dropped = 0
-        self.votes: dict[int, int] = {}
-
-    # --- one record ---
-
-    def _row(self, rec: Record) -> tuple[Any, ...]:
-        row = self._get(rec)
-        return row if len(self.names) > 1 else (row,)
-
-    def add_record(self, rec: Record) -> list[Closed]:
-        return self.add(rec.step, rec.rank, rec.ts, self._row(rec))
-
-    def add(self, step: int, rank: int, ts: float, row: tuple[Any, ...]) -> list[Closed]:
-        """Buffer one rank's values of one step (aligned with `fields`); return the steps this closed."""
-        out: list[Closed] = []
-        if not 0 <= rank < self.size:
-            self.dropped += 1
-            return out
-        if self.closed_upto is not None and step <= self.closed_upto:
-            self._late(step)
-            return out
-        slot = self.open.get(step)
-        if slot is None:
-            if len(self.open) >= self.config.max_open:
-                out += self._close_through(min(self.open), ts)
-                if step <= self.closed_upto:  # type: ignore[operator]
-                    self._late(step)
-                    return out
-            slot = self.open[step] = _Slot(step, ts, self.size, self.fields)
-        if slot.seen[rank]:
-            self.dropped += 1
-            return out
-        slot.seen[rank] = True
-        for name, v in zip(self.names, row, strict=True):
-            kind = self.fields[name]
-            if kind == "c":
-                if v is not None:
-                    idx = slot.index[name]
-                    slot.codes[name][rank] = idx.setdefault(v, len(idx))
-            elif v is not None:
-                slot.vals[name][rank] = v
-                if kind == "nf":
-                    slot.present[name][rank] = True
-        slot.count += 1
-        if slot.count == self.need:
-            out += self._close_through(step - self.config.lag, ts)
-        if slot.count == self.size:
-            out += self._close_through(step, ts)
-        return out
-
-    def _late(self, step: int) -> None:
-        self.dropped += 1
-        if self.closed_upto is None or self.closed_upto - step <= self.config.max_open:
-            return
-        n = self.votes[step] = self.votes.get(step, 0) + 1
-        self.votes = self.votes if len(self.votes) <= 64 else {step: n}
-        if n >= self.need:  # most ranks are back at an earlier step: a rewind
-            self.open, self.votes, self.closed_upto, self.epoch = {}, {}, step, self.epoch + 1
-
-    def _close_through(self, target: int, ts: float) -> list[Closed]:
-        if self.closed_upto is None or target > self.closed_upto:
-            self.closed_upto = target
-        out = []
-        for s in sorted(s for s in self.open if s <= target):
-            sl = self.open.pop(s)
-            out.append(Closed(s, float(ts), self.epoch, sl.seen, sl.vals, sl.present, sl.codes, sl.vocab()))
-        return out
-
-    # --- a batch ---
-
-    def add_columns(self, cols: StepColumns) -> list[Closed]:
-        """Buffer a batch; the same result as `add` for each record in order, vectorized per run of a step."""
-        out: list[Closed] = []
-        n = len(cols)
-        if n == 0:
-            return out
-        steps, ranks, ts = cols.step, cols.rank, cols.ts
-        cuts = np.flatnonzero(steps[1:] != steps[:-1]) + 1
-        bounds = zip([0, *cuts.tolist()], [*cuts.tolist(), n], strict=True)
-        cached = {name: (cols.objects(name) if k == "c" else cols.floats(name)) for name, k in self.fields.items()}
-        for a, e in bounds:
-            s = int(steps[a])
-            late = self.closed_upto is not None and s <= self.closed_upto
-            crowded = s not in self.open and len(self.open) >= self.config.max_open
-            if late or crowded or e - a < _BATCH_MIN_RUN:
-                for i in range(a, e):
-                    out += self.add(s, int(ranks[i]), float(ts[i]), self._cached_row(cached, i))
-            else:
-                out += self._add_run(s, a, e, ranks, ts, cached)
-        return out
-
-    def _cached_row(self, cached: dict[str, Any], i: int) -> tuple[Any, ...]:
-        return tuple(cached[nm][i] if k == "c" else (float(cached[nm][0][i]) if cached[nm][1][i] else None)
-                     for nm, k in self.fields.items())
-
-    def _add_run(self, s: int, a: int, e: int, ranks: np.ndarray, ts: np.ndarray,
-                 cached: dict[str, Any]) -> list[Closed]:
-        r = ranks[a:e]
-        pos = np.flatnonzero((r >= 0) & (r < self.size))
-        if pos.size == 0:
-            self.dropped += e - a
-            return []
-        slot = self.open.get(s) or self.open.setdefault(s, _Slot(s, float(ts[a + pos[0]]), self.size, self.fields))
-        uniq, first = np.unique(r[pos], return_index=True)  # first record of each rank in this run ...
-        fresh = ~slot.seen[uniq]  # ... not seen before, in arrival order
-        firstpos = pos[first][fresh]
-        order = np.argsort(firstpos, kind="stable")
-        new_r, src = uniq[fresh][order], a + firstpos[order]
-        self.dropped += (e - a) - new_r.size
-        slot.seen[new_r] = True
-        for name, kind in self.fields.items():
-            if kind == "c":
-                col, idx = cached[name], slot.index[name]
-                vals, rk = [col[i] for i in src.tolist()], new_r
-                if None in vals:
-                    rk = new_r[np.array([v is not None for v in vals], dtype=bool)]
-                    vals = [v for v in vals if v is not None]
-                slot.codes[name][rk] = [idx.setdefault(v, len(idx)) for v in vals]
-            else:
-                vals, present = cached[name]
-                slot.vals[name][new_r] = vals[src]
-                if kind == "nf":
-                    slot.present[name][new_r] = present[src]
-        out: list[Closed] = []
-        c0 = slot.count
-        c1 = slot.count = c0 + new_r.size
-        if c0 < self.need <= c1:
-            out += self._close_through(s - self.config.lag, float(ts[src[self.need - c0 - 1]]))
-        if c0 < self.size == c1:
-            out += self._close_through(s, float(ts[src[self.size - c0 - 1]]))
-        return out
-
-    # --- time ---
-
-    def expire(self, now: float) -> list[Closed]:
-        """Close, oldest first, steps whose first record is `lateness_s` old (and all before them)."""
-        out: list[Closed] = []
-        deadline = -math.inf
-        for s in sorted(self.open):
-            deadline = max(deadline, self.open[s].first_ts + self.config.lateness_s)
-            if deadline > now:
-                break
-            out += self._close_through(s, deadline)
-        return out
-
-    # --- state ---
-
-    def state(self) -> dict[str, Any]:
-        slots = []
-        for s in sorted(self.open):
-            sl = self.open[s]
-            rk = np.flatnonzero(sl.seen)
-            d: dict[str, Any] = {"step": s, "first_ts": sl.first_ts, "count": sl.count, "ranks": rk.tolist()}
-            for name, kind in self.fields.items():
-                if kind == "c":
-                    d[name] = {"vocab": list(sl.index[name]), "codes": sl.codes[name][rk].tolist()}
-                else:
-                    d[name] = encode_floats(sl.vals[name][rk], sl.present[name][rk] if kind == "nf" else None)
-            slots.append(d)
-        return {"size": self.size, "closed_upto": self.closed_upto, "epoch": self.epoch, "dropped": self.dropped,
-                "votes": [[k, v] for k, v in self.votes.items()], "open": slots}
-
-    def load(self, st: dict[str, Any]) -> None:
-        """Restore `state()` into this (empty) buffer of the same size and fields."""
-        self.closed_upto, self.epoch, self.dropped = st["closed_upto"], st["epoch"], st["dropped"]
-        self.votes = {int(k): int(v) for k, v in st["votes"]}
-        for d in st["open"]:
-            sl = _Slot(int(d["step"]), float(d["first_ts"]), self.size, self.fields)
-            rk, sl.count = np.asarray(d["ranks"], dtype=np.int64), int(d["count"])
-            sl.seen[rk] = True
-            for name, kind in self.fields.items():
-                if kind == "c":
-                    sl.index[name] = {v: i for i, v in enumerate(d[name]["vocab"])}
-                    sl.codes[name][rk] = np.asarray(d[name]["codes"], dtype=np.int32)
-                else:
-                    vals, present = decode_floats(d[name])
-                    sl.vals[name][rk] = vals
-                    if kind == "nf":
-                        sl.present[name][rk] = present
-            self.open[sl.step] = sl
-
-
-# --- the job-slowdown detector ------------------------------------------------------------------
+from schemas import Finding
 
 
 @dataclass(frozen=True)
@@ -381,11 +41,10 @@ class SlowdownConfig:
     buffer: BufferConfig = BufferConfig()
 
 
-class JobSlowdownDetector:
+class JobSlowdownDetector(StepScorer):
     """The whole job is slower than its own recent past; nobody in particular is to blame."""
 
     name: ClassVar[str] = "slowdown"
-    kinds: ClassVar[frozenset[str]] = frozenset({"step"})
 
     def __init__(self, topo: Topology, config: SlowdownConfig | None = None) -> None:
         self.config = config or SlowdownConfig()
@@ -416,19 +75,6 @@ class JobSlowdownDetector:
         return median(np.fromiter(self.healthy, dtype=np.float64))
 
     # --- feeding ---
-
-    def observe(self, rec: Record) -> list[Finding]:
-        if rec.kind != "step":
-            return []
-        return self._score(self.buf.add_record(rec))
-
-    def observe_many(self, recs: Sequence[Record] | StepColumns) -> list[Finding]:
-        """Batch path: the same findings as `observe` on each record in turn."""
-        cols = recs if isinstance(recs, StepColumns) else StepColumns(recs)
-        return self._score(self.buf.add_columns(cols))
-
-    def advance(self, now: float) -> list[Finding]:
-        return self._score(self.buf.expire(now))
 
     def _score(self, closed: list[Closed]) -> list[Finding]:
         return [f for c in closed for f in self._score_step(c)]

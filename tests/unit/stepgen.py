@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from detectors.slowdown import StepColumns
+from detectors.steps import StepColumns
 from detectors.topology import Topology
 from schemas import Finding, Job, RankInfo, Step
 

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detectors.failslow import FailSlowDetector
-from detectors.slowdown import BufferConfig, JobSlowdownDetector, SlowdownConfig, StepBuffer, StepColumns
+from detectors.slowdown import JobSlowdownDetector, SlowdownConfig
+from detectors.steps import BufferConfig, StepBuffer, StepColumns
 from schemas import Step, to_dict
 from tests.unit.stepgen import (
     JobSlow,
