@@ -27,12 +27,13 @@ One ``stack_outlier`` finding (detector ``flight``) per suspect rank.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
 from detectors.base import finding
+from detectors.sweeps import Sweep, SweepDetector
 from detectors.topology import Topology
 from schemas import Finding, Flight, Record
 
@@ -220,60 +221,19 @@ class FlightConfig:
     remember_done: int = 256  # analysed snapshot ids remembered, to drop their late records
 
 
-@dataclass
-class _Snapshot:
-    first_ts: float
-    last_ts: float
-    views: dict[int, RankView]
-
-
-class FlightDetector:
+class FlightDetector(SweepDetector):
     """Ranks that hold up a process group, from flight-recorder sweeps of one job."""
 
     name: ClassVar[str] = "flight"
+    kind: ClassVar[str] = "flight"
     kinds: ClassVar[frozenset[str]] = frozenset({"flight"})
 
     def __init__(self, topo: Topology, config: FlightConfig | None = None) -> None:
         self.config = config or FlightConfig()
-        self.topo = topo
-        self.pending: dict[str, _Snapshot] = {}
-        self.done: deque[str] = deque(maxlen=self.config.remember_done)
+        super().__init__(topo, self.config.window_s, self.config.max_pending, self.config.remember_done)
 
-    def set_topology(self, topo: Topology) -> None:
-        self.topo = topo
-        for snap in self.pending.values():
-            snap.views = {r: v for r, v in snap.views.items() if r < topo.size}
-
-    def observe(self, rec: Record) -> list[Finding]:
-        if rec.kind != "flight" or rec.rank >= self.topo.size or rec.snapshot in self.done:
-            return []
-        snap = self.pending.get(rec.snapshot)
-        if snap is None:
-            snap = self.pending[rec.snapshot] = _Snapshot(rec.ts, rec.ts, {})
-        elif rec.ts > snap.first_ts + self.config.window_s:
-            return []  # late: the window closed (advance may not have run yet)
-        snap.views[rec.rank] = rank_view(rec, self.config.entries_per_pg)
-        snap.last_ts = max(snap.last_ts, rec.ts)
-        out: list[Finding] = []
-        if len(snap.views) >= self.topo.size:
-            out += self._close(rec.snapshot, snap.last_ts)
-        while len(self.pending) > self.config.max_pending:
-            sid = min(self.pending, key=lambda s: (self.pending[s].first_ts, s))
-            out += self._close(sid, self.pending[sid].last_ts)
-        return out
-
-    def advance(self, now: float) -> list[Finding]:
-        window = self.config.window_s
-        due = sorted((s.first_ts + window, sid) for sid, s in self.pending.items() if s.first_ts + window <= now)
-        out: list[Finding] = []
-        for deadline, sid in due:
-            out += self._close(sid, deadline)
-        return out
-
-    def _close(self, sid: str, ts: float) -> list[Finding]:
-        snap = self.pending.pop(sid)
-        self.done.append(sid)
-        return self.analyse(sid, snap.views, ts)
+    def entry(self, rec: Record, sweep: Sweep) -> RankView:
+        return rank_view(rec, self.config.entries_per_pg)
 
     def analyse(self, snapshot: str, views: Mapping[int, RankView], ts: float) -> list[Finding]:
         """Findings for one snapshot (rank -> view), stamped `ts`: one per suspect rank."""
@@ -302,15 +262,15 @@ class FlightDetector:
     def state(self) -> dict[str, Any]:
         return {"config": asdict(self.config), "done": list(self.done),
                 "pending": {sid: {"first_ts": s.first_ts, "last_ts": s.last_ts,
-                                  "views": [[r, _view_state(v)] for r, v in sorted(s.views.items())]}
+                                  "views": [[r, _view_state(v)] for r, v in sorted(s.items.items())]}
                             for sid, s in self.pending.items()}}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> FlightDetector:
         det = cls(topo, FlightConfig(**state["config"]))
         for sid, s in state["pending"].items():
-            views = {int(r): _view_from_state(v) for r, v in s["views"]}
-            det.pending[sid] = _Snapshot(float(s["first_ts"]), float(s["last_ts"]), views)
+            det.pending[sid] = Sweep(float(s["first_ts"]), float(s["last_ts"]),
+                                     {int(r): _view_from_state(v) for r, v in s["views"]})
         det.done.extend(state["done"])
         return det
 

@@ -21,9 +21,8 @@ snapshot's first record time plus a collection window.
 from __future__ import annotations
 
 import re
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -31,6 +30,7 @@ from sklearn.cluster import AgglomerativeClustering
 from sklearn.feature_extraction.text import HashingVectorizer
 
 from detectors.base import finding
+from detectors.sweeps import Sweep, SweepDetector
 from detectors.topology import Topology
 from schemas import Finding, Record, Stack
 
@@ -282,62 +282,25 @@ class StackConfig:
     remember_done: int = 256  # analysed snapshot ids remembered, to drop their late records
 
 
-@dataclass
-class _Snapshot:
-    first_ts: float
-    last_ts: float
-    sigs: dict[int, tuple[str, ...]]
-    interned: dict[tuple[str, ...], tuple[str, ...]] = field(default_factory=dict)  # one copy per distinct path
-
-
-class StackDetector:
+class StackDetector(SweepDetector):
     """Outlier stacks in stack sweeps of one job (``stack_outlier`` findings, one per suspect rank)."""
 
     name: ClassVar[str] = "stacks"
+    kind: ClassVar[str] = "stack"
     kinds: ClassVar[frozenset[str]] = frozenset({"stack"})
 
     def __init__(self, topo: Topology, config: StackConfig | None = None) -> None:
         self.config = config or StackConfig()
-        self.topo = topo
-        self.pending: dict[str, _Snapshot] = {}
-        self.done: deque[str] = deque(maxlen=self.config.remember_done)
+        super().__init__(topo, self.config.window_s, self.config.max_pending, self.config.remember_done)
+        self._interned: dict[str, dict[tuple[str, ...], tuple[str, ...]]] = {}  # one copy per distinct path
 
-    def set_topology(self, topo: Topology) -> None:
-        self.topo = topo
-        for snap in self.pending.values():
-            snap.sigs = {r: s for r, s in snap.sigs.items() if r < topo.size}
-
-    def observe(self, rec: Record) -> list[Finding]:
-        if rec.kind != "stack" or rec.rank >= self.topo.size or rec.snapshot in self.done:
-            return []
-        snap = self.pending.get(rec.snapshot)
-        if snap is None:
-            snap = self.pending[rec.snapshot] = _Snapshot(rec.ts, rec.ts, {})
-        elif rec.ts > snap.first_ts + self.config.window_s:
-            return []  # late: the window closed (advance may not have run yet)
+    def entry(self, rec: Record, sweep: Sweep) -> tuple[str, ...]:
         sig = signature(thread_stacks(rec), self.config.threads)
-        snap.sigs[rec.rank] = snap.interned.setdefault(sig, sig)
-        snap.last_ts = max(snap.last_ts, rec.ts)
-        out: list[Finding] = []
-        if len(snap.sigs) >= self.topo.size:
-            out += self._close(rec.snapshot, snap.last_ts)
-        while len(self.pending) > self.config.max_pending:
-            sid = min(self.pending, key=lambda s: (self.pending[s].first_ts, s))
-            out += self._close(sid, self.pending[sid].last_ts)
-        return out
-
-    def advance(self, now: float) -> list[Finding]:
-        window = self.config.window_s
-        due = sorted((s.first_ts + window, sid) for sid, s in self.pending.items() if s.first_ts + window <= now)
-        out: list[Finding] = []
-        for deadline, sid in due:
-            out += self._close(sid, deadline)
-        return out
+        return self._interned.setdefault(rec.snapshot, {}).setdefault(sig, sig)
 
     def _close(self, sid: str, ts: float) -> list[Finding]:
-        snap = self.pending.pop(sid)
-        self.done.append(sid)
-        return self.analyse(sid, snap.sigs, ts)
+        self._interned.pop(sid, None)
+        return super()._close(sid, ts)
 
     def analyse(self, snapshot: str, sigs: Mapping[int, tuple[str, ...]], ts: float) -> list[Finding]:
         """Findings for one snapshot's signatures (rank -> signature), stamped `ts`."""
@@ -380,10 +343,10 @@ class StackDetector:
 
     def state(self) -> dict[str, Any]:
         pending = {}
-        for sid, snap in self.pending.items():
+        for sid, sweep in self.pending.items():
             table: dict[tuple[str, ...], int] = {}
-            ranks = [[r, table.setdefault(s, len(table))] for r, s in sorted(snap.sigs.items())]
-            pending[sid] = {"first_ts": snap.first_ts, "last_ts": snap.last_ts,
+            ranks = [[r, table.setdefault(s, len(table))] for r, s in sorted(sweep.items.items())]
+            pending[sid] = {"first_ts": sweep.first_ts, "last_ts": sweep.last_ts,
                             "signatures": [list(s) for s in table], "ranks": ranks}
         return {"config": asdict(self.config), "pending": pending, "done": list(self.done)}
 
@@ -392,8 +355,9 @@ class StackDetector:
         det = cls(topo, StackConfig(**state["config"]))
         for sid, snap in state["pending"].items():
             table = [tuple(s) for s in snap["signatures"]]
-            sigs = {int(r): table[i] for r, i in snap["ranks"]}
-            det.pending[sid] = _Snapshot(float(snap["first_ts"]), float(snap["last_ts"]), sigs, {s: s for s in table})
+            det.pending[sid] = Sweep(float(snap["first_ts"]), float(snap["last_ts"]),
+                                     {int(r): table[i] for r, i in snap["ranks"]})
+            det._interned[sid] = {s: s for s in table}
         det.done.extend(state["done"])
         return det
 

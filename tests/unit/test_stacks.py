@@ -212,7 +212,7 @@ def test_record_after_the_window_is_late():
         det.observe(rec)
     late = stack_rec(6, recs[6].dump, ts=11.0)
     assert det.observe(late) == []
-    assert 6 not in det.pending["s-1"].sigs
+    assert 6 not in det.pending["s-1"].items
     assert [f.rank for f in det.advance(10.0)] == [5]
 
 
@@ -293,6 +293,6 @@ def test_topology_change_drops_ranks_beyond_the_new_size():
         if r != 3:
             det.observe(stack_rec(r, pyspy_text(HEALTHY, rng), 1.0))
     det.set_topology(topology(4))
-    assert sorted(det.pending["s-1"].sigs) == [0, 1, 2]
+    assert sorted(det.pending["s-1"].items) == [0, 1, 2]
     assert det.observe(stack_rec(3, pyspy_text(HEALTHY, rng), 2.0)) == []
     assert det.pending == {}

@@ -1,0 +1,83 @@
+"""Collecting sweeps: per-rank dumps of one job that share a `snapshot` id, analysed once complete.
+
+A sweep (stack dumps, flight-recorder summaries) is analysed when every rank of
+the topology has reported, or `window_s` of event time after its first record,
+whichever comes first. Records of a sweep already analysed, or arriving after
+its window, are dropped. At most `max_pending` sweeps are collected at once.
+`SweepDetector` does the bookkeeping; a subclass says what it keeps of a record
+(`entry`) and what a finished sweep means (`analyse`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from detectors.topology import Topology
+from schemas import Finding, Record
+
+
+@dataclass
+class Sweep:
+    first_ts: float
+    last_ts: float
+    items: dict[int, Any] = field(default_factory=dict)  # rank -> what the detector keeps of its record
+
+
+class SweepDetector:
+    """Base of the detectors that analyse whole sweeps (`stacks`, `flight`)."""
+
+    kind: ClassVar[str]  # the record kind collected
+
+    def __init__(self, topo: Topology, window_s: float, max_pending: int, remember_done: int) -> None:
+        self.topo = topo
+        self.window_s = window_s
+        self.max_pending = max_pending
+        self.pending: dict[str, Sweep] = {}
+        self.done: deque[str] = deque(maxlen=remember_done)
+
+    def entry(self, rec: Record, sweep: Sweep) -> Any:
+        """What to keep of one rank's record."""
+        raise NotImplementedError
+
+    def analyse(self, snapshot: str, items: Mapping[int, Any], ts: float) -> list[Finding]:
+        """Findings of one finished sweep, stamped `ts`."""
+        raise NotImplementedError
+
+    def set_topology(self, topo: Topology) -> None:
+        self.topo = topo
+        for sweep in self.pending.values():
+            sweep.items = {r: v for r, v in sweep.items.items() if r < topo.size}
+
+    def observe(self, rec: Record) -> list[Finding]:
+        if rec.kind != self.kind or rec.rank >= self.topo.size or rec.snapshot in self.done:
+            return []
+        sweep = self.pending.get(rec.snapshot)
+        if sweep is None:
+            sweep = self.pending[rec.snapshot] = Sweep(rec.ts, rec.ts)
+        elif rec.ts > sweep.first_ts + self.window_s:
+            return []  # late: the window closed (advance may not have run yet)
+        sweep.items[rec.rank] = self.entry(rec, sweep)
+        sweep.last_ts = max(sweep.last_ts, rec.ts)
+        out: list[Finding] = []
+        if len(sweep.items) >= self.topo.size:
+            out += self._close(rec.snapshot, sweep.last_ts)
+        while len(self.pending) > self.max_pending:
+            sid = min(self.pending, key=lambda s: (self.pending[s].first_ts, s))
+            out += self._close(sid, self.pending[sid].last_ts)
+        return out
+
+    def advance(self, now: float) -> list[Finding]:
+        due = sorted((s.first_ts + self.window_s, sid) for sid, s in self.pending.items()
+                     if s.first_ts + self.window_s <= now)
+        out: list[Finding] = []
+        for deadline, sid in due:
+            out += self._close(sid, deadline)
+        return out
+
+    def _close(self, sid: str, ts: float) -> list[Finding]:
+        sweep = self.pending.pop(sid)
+        self.done.append(sid)
+        return self.analyse(sid, sweep.items, ts)
