@@ -154,6 +154,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for line in (out / "actions.jsonl").read_bytes().splitlines():
         a = orjson.loads(line)
         print(f"  {a['type']:<16} {','.join(a['nodes']) or '-':<8} {a.get('path') or '':<9} {a['reason'][:90]}")
+    latest: dict[str, dict] = {}
+    for line in (out / "incidents.jsonl").read_bytes().splitlines():
+        inc = orjson.loads(line)
+        latest[inc["id"]] = inc
+    print("\nincidents:")
+    for inc in latest.values():
+        stages = ", ".join(f"{k} {v:.0f}s" for k, v in inc["stage_s"].items())
+        print(f"  {inc['class']:<10} culprit {','.join(inc['culprit_nodes']) or '-':<8} path {inc.get('path') or '-':<9}"
+              f" {stages}")
     if store is not None:
         print(f"\nSQL: the store at {out / 'store'} has gw_findings, gw_actions, gw_incidents "
               "(chDB; e.g. SELECT class, culprit_nodes, stage_names, stage_seconds FROM gw_incidents FINAL)")
@@ -180,6 +189,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         request_timeout_s=max(args.session_timeout + 10, 40.0) if args.request_timeout is None else args.request_timeout,
         commit_interval_s=args.commit_interval, standby_replicas=args.standby_replicas,
         offset_reset=args.offset_reset, web=args.web_port is not None, web_port=args.web_port or 6066,
+        fetch_wait_ms=args.fetch_wait, stats_every_s=args.stats_every,
     )
     worker.run(settings, loglevel=args.loglevel, create=args.create_topics)
     return 0
@@ -361,6 +371,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="table standby replicas kept warm on other workers (env GANGWATCH_STANDBY_REPLICAS; default 1)")
     w.add_argument("--offset-reset", choices=("earliest", "latest"), default=_env("offset_reset", "earliest"),
                    help="where a new consumer group starts (env GANGWATCH_OFFSET_RESET; default earliest)")
+    w.add_argument("--fetch-wait", type=int, default=int(_env("fetch_wait", "50")),
+                   help="ms the broker may hold a fetch that finds no data (env GANGWATCH_FETCH_WAIT; default 50; "
+                   "Faust's own 1500 starves a busy partition)")
+    w.add_argument("--stats-every", type=float, default=float(_env("stats_every", "10")),
+                   help="seconds between progress lines in the log; 0: none (env GANGWATCH_STATS_EVERY; default 10)")
     w.add_argument("--web-port", type=int, default=None, help="serve Faust's web views on this port (default: off)")
     w.add_argument("--no-create-topics", dest="create_topics", action="store_false",
                    help="do not create missing topics at start")
