@@ -16,7 +16,7 @@ from typing import Any
 
 from schemas import DecodeError, Record
 from sinks.store import Store
-from sinks.tables import ROW_OF, rejected_row, telemetry_row
+from sinks.tables import ROW_OF, profile_row, rejected_row, telemetry_row
 from triage.outputs import Outputs
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,8 @@ class StoreSink:
         for rec in (*out.findings, *out.actions, *out.incidents):
             table, row = ROW_OF[rec.kind]
             self._add(table, row(rec))
+        for p in out.profiles:
+            self._add("gw_node_profiles", profile_row(p))
 
     def reject(self, err: DecodeError, source: str, where: int | None, ts: float) -> None:
         self._add("gw_rejected", rejected_row(err, source if where is None else f"{source}:{where}", max(ts, 0.0)))

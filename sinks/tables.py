@@ -46,6 +46,11 @@ CREATE TABLE IF NOT EXISTS {db}gw_telemetry (
     comm_wait_s Nullable(Float64), data_wait_s Nullable(Float64), loss Nullable(Float64),
     grad_norm Nullable(Float64), payload String
 ) ENGINE = MergeTree PARTITION BY toYYYYMMDD(event_time) ORDER BY (job, kind, event_time)""",
+    "gw_node_profiles": """
+CREATE TABLE IF NOT EXISTS {db}gw_node_profiles (
+    job String, node String, ts Float64, event_time DateTime, version UInt64, risk Float64,
+    recent_types Array(String), recent_ids Array(String), evictions UInt32, repeat_offender UInt8
+) ENGINE = ReplacingMergeTree(version) PARTITION BY toYYYYMM(event_time) ORDER BY (job, node)""",
     "gw_rejected": """
 CREATE TABLE IF NOT EXISTS {db}gw_rejected (
     event_time DateTime, source String, reason String, field String, kind String, raw String
@@ -99,6 +104,12 @@ def telemetry_row(r: Record) -> dict[str, Any]:
             "compute_s": _num(val("compute_s")), "comm_wait_s": _num(val("comm_wait_s")),
             "data_wait_s": _num(val("data_wait_s")), "loss": _num(val("loss")), "grad_norm": _num(val("grad_norm")),
             "payload": orjson.dumps(to_dict(r)).decode()}
+
+
+def profile_row(p: dict[str, Any]) -> dict[str, Any]:
+    """A node-profile snapshot (see `triage.profile.NodeProfile.snapshot`); the latest per node wins."""
+    return {**p, "event_time": _dt(p["ts"]), "version": int(round(p["ts"] * 1e6)),
+            "repeat_offender": int(p["repeat_offender"])}
 
 
 def rejected_row(e: DecodeError, source: str, ts: float) -> dict[str, Any]:

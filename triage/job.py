@@ -62,10 +62,14 @@ class Triage:
     def on_findings(self, findings: list[Finding], out: Outputs | None = None) -> Outputs:
         out = Outputs() if out is None else out
         out.findings += findings
+        touched: dict[str, float] = {}
         for f in findings:
             if f.node is not None:
                 self._profile(f.node).add(f, self.config.risk_half_life_s)
+                touched[f.node] = max(touched.get(f.node, f.ts), f.ts)
             self._consider(f, out)
+        for node, ts in sorted(touched.items()):
+            out.profiles.append(self.profiles[node].snapshot(self.job, ts, self.config.risk_half_life_s))
         return out
 
     def on_record(self, rec: Record, out: Outputs | None = None) -> Outputs:

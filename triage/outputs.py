@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from schemas import Action, DecodeError, Finding, Incident
 
@@ -15,12 +16,15 @@ class Outputs:
     actions: list[Action] = field(default_factory=list)
     incidents: list[Incident] = field(default_factory=list)
     rejected: list[DecodeError] = field(default_factory=list)
+    # node profile snapshots that changed: {job, node, ts, risk, recent_findings, evictions, repeat_offender}
+    profiles: list[dict[str, Any]] = field(default_factory=list)
 
     def extend(self, other: Outputs) -> None:
         self.findings += other.findings
         self.actions += other.actions
         self.incidents += other.incidents
         self.rejected += other.rejected
+        self.profiles += other.profiles
 
     def __bool__(self) -> bool:
-        return bool(self.findings or self.actions or self.incidents or self.rejected)
+        return bool(self.findings or self.actions or self.incidents or self.rejected or self.profiles)

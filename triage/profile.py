@@ -44,6 +44,12 @@ class NodeProfile:
     def repeat_offender(self, now: float, window_s: float = 7 * 86400.0) -> bool:
         return sum(1 for t in self.evictions if now - t <= window_s) >= 2
 
+    def snapshot(self, job: str, ts: float, half_life_s: float) -> dict[str, Any]:
+        """The profile as a row for the node-profile table, at event time `ts`."""
+        return {"job": job, "node": self.node, "ts": ts, "risk": round(self.risk_at(ts, half_life_s), 4),
+                "recent_types": [r["type"] for r in self.recent], "recent_ids": [r["id"] for r in self.recent],
+                "evictions": len(self.evictions), "repeat_offender": self.repeat_offender(ts)}
+
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "risk": self.risk, "risk_ts": self.risk_ts, "recent": self.recent,
                 "evictions": self.evictions}

@@ -7,7 +7,7 @@ import pytest
 
 from schemas import decode
 from sinks.store import ChdbStore, ClickHouseStore
-from sinks.tables import ROW_OF, TABLES, telemetry_row
+from sinks.tables import ROW_OF, TABLES, profile_row, telemetry_row
 from tests.contract.samples import SAMPLES
 
 pytestmark = pytest.mark.integration
@@ -29,6 +29,10 @@ def _fill(store):
         store.insert(table, [row(rec)])  # a retried insert: deduplicated by id
     step = decode(orjson.dumps({**SAMPLES["step"], "loss": "NaN"}))[0]
     store.insert("gw_telemetry", [telemetry_row(step)])
+    for ts, risk in ((1700000010.0, 0.5), (1700000020.0, 1.25)):  # two snapshots: the later one wins
+        store.insert("gw_node_profiles", [profile_row({
+            "job": "j1", "node": "n003", "ts": ts, "risk": risk, "recent_types": ["hw_fault"], "recent_ids": ["f-1"],
+            "evictions": 1, "repeat_offender": False})])
 
 
 QUERIES = [
@@ -37,6 +41,7 @@ QUERIES = [
     "SELECT id, class, culprit_nodes, stage_names, stage_seconds, recovered_ts FROM gw_incidents FINAL",
     "SELECT kind, job, rank, step, step_s, loss, toYYYYMMDD(event_time) AS day FROM gw_telemetry",
     "SELECT count() AS n FROM gw_findings FINAL",
+    "SELECT node, risk, recent_types, evictions, repeat_offender FROM gw_node_profiles FINAL",
 ]
 
 
