@@ -161,8 +161,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("\nincidents:")
     for inc in latest.values():
         stages = ", ".join(f"{k} {v:.0f}s" for k, v in inc["stage_s"].items())
-        print(f"  {inc['class']:<10} culprit {','.join(inc['culprit_nodes']) or '-':<8} path {inc.get('path') or '-':<9}"
-              f" {stages}")
+        culprits = ",".join(inc["culprit_nodes"]) or "-"
+        print(f"  {inc['class']:<10} culprit {culprits:<8} path {inc.get('path') or '-':<9} {stages}")
     if store is not None:
         print(f"\nSQL: the store at {out / 'store'} has gw_findings, gw_actions, gw_incidents "
               "(chDB; e.g. SELECT class, culprit_nodes, stage_names, stage_seconds FROM gw_incidents FINAL)")
@@ -183,10 +183,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = worker.WorkerSettings(
         bootstrap=args.bootstrap, app_id=args.app_id, topics=_topic_settings(args), store=args.store,
+        webhook=args.webhook,
         telemetry=args.telemetry, batch_max=args.batch_max, batch_within_s=args.batch_within, tick_s=args.tick,
         silence=args.silence, lateness_s=args.lateness, hold_s=args.hold, table_store=args.table_store,
         datadir=args.datadir, session_timeout_s=args.session_timeout, heartbeat_interval_s=args.heartbeat_interval,
-        request_timeout_s=max(args.session_timeout + 10, 40.0) if args.request_timeout is None else args.request_timeout,
+        request_timeout_s=(max(args.session_timeout + 10, 40.0) if args.request_timeout is None
+                           else args.request_timeout),
         commit_interval_s=args.commit_interval, standby_replicas=args.standby_replicas,
         offset_reset=args.offset_reset, web=args.web_port is not None, web_port=args.web_port or 6066,
         fetch_wait_ms=args.fetch_wait, stats_every_s=args.stats_every,
@@ -338,6 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write outputs to chdb:PATH or clickhouse://HOST:PORT[/DB] (env GANGWATCH_STORE; "
                    "default: Kafka topics only)")
     w.add_argument("--telemetry", action="store_true", help="with --store: also store every raw input record")
+    w.add_argument("--webhook", default=_env("webhook"),
+                   help="job-controller URL: every action is POSTed there, signed with HMAC-SHA256 of the body "
+                   "(X-Gangwatch-Signature) using the secret in GANGWATCH_WEBHOOK_SECRET (env GANGWATCH_WEBHOOK)")
     w.add_argument("--batch-max", type=int, default=int(_env("batch_max", "20000")),
                    help="messages per batch (env GANGWATCH_BATCH_MAX; default 20000)")
     w.add_argument("--batch-within", type=float, default=float(_env("batch_within", "0.1")),
@@ -380,7 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--no-create-topics", dest="create_topics", action="store_false",
                    help="do not create missing topics at start")
     w.add_argument("-l", "--loglevel", default=_env("loglevel", "info"),
-                   choices=("debug", "info", "warning", "error"), help="log level (env GANGWATCH_LOGLEVEL; default info)")
+                   choices=("debug", "info", "warning", "error"),
+                   help="log level (env GANGWATCH_LOGLEVEL; default info)")
     w.set_defaults(func=cmd_worker)
 
     t = sub.add_parser("topics", help="create or list the Kafka topics gangwatch uses")

@@ -22,11 +22,12 @@ decides what happens to a record can be tested as plain functions (Faust's
 
 from __future__ import annotations
 
+import hashlib
 import time
 import zlib
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -39,8 +40,7 @@ _NODE_KINDS = frozenset({"hw", "gpu"})
 MAX_PENDING = 200_000  # records held per job (or node) waiting for their job record (or mapping)
 
 
-@dataclass(frozen=True, slots=True)
-class Msg:
+class Msg(NamedTuple):
     """One consumed Kafka message: where it came from and its bytes."""
 
     topic: str
@@ -51,8 +51,7 @@ class Msg:
     timestamp: float = 0.0  # the Kafka message timestamp, seconds
 
 
-@dataclass(frozen=True, slots=True)
-class Send:
+class Send(NamedTuple):
     """One message to publish."""
 
     topic: str
@@ -72,8 +71,9 @@ class Result:
     dropped: int = 0  # node events dropped for want of a job
 
 
-@dataclass(slots=True)
-class _Item:
+class _Item(NamedTuple):
+    """One record in a job's batch; sorts by (ts, seq) natively (seq is unique, so `rec` is never compared)."""
+
     ts: float
     seq: int
     rec: Record
@@ -86,13 +86,38 @@ def dlq_value(err: DecodeError, msg: Msg, ts: float | None = None) -> bytes:
                          "ts": msg.timestamp if ts is None else ts, **err.to_dict()})
 
 
-def pack_state(core: Core) -> bytes:
-    """A core's state as a table value: JSON, zlib-compressed (a 2,048-rank job: ~150 KB -> ~15 KB)."""
-    return zlib.compress(orjson.dumps(core.state(), option=orjson.OPT_SERIALIZE_NUMPY), 1)
+@dataclass
+class JobState:
+    """What a job's table entry holds: the core, and what it has already seen.
+
+    `offsets` ("topic:partition" -> next offset) are saved in the same value as the core,
+    so a partition replayed after a rebalance or crash (offsets commit later than state)
+    is skipped instead of observed twice. `seen` does the same for node events, which the
+    router may re-publish at new offsets: digest -> event time, kept for `SEEN_S`.
+    """
+
+    core: Core
+    offsets: dict[str, int] = field(default_factory=dict)
+    seen: dict[str, float] = field(default_factory=dict)
 
 
-def unpack_state(value: bytes) -> Core:
-    return Core.from_state(orjson.loads(zlib.decompress(value)))
+SEEN_S = 600.0  # event-time horizon of node-event de-duplication
+_DEDUP_KINDS = frozenset({"hw", "ops"})  # gpu samples are periodic and many: a repeated one is harmless
+
+
+def pack_state(st: JobState) -> bytes:
+    """A job's state as a table value: JSON, zlib-compressed (a 2,048-rank job: ~150 KB -> ~15 KB)."""
+    return zlib.compress(orjson.dumps({"core": st.core.state(), "offsets": st.offsets, "seen": st.seen},
+                                      option=orjson.OPT_SERIALIZE_NUMPY), 1)
+
+
+def unpack_state(value: bytes) -> JobState:
+    obj = orjson.loads(zlib.decompress(value))
+    return JobState(Core.from_state(obj["core"]), dict(obj.get("offsets") or {}), dict(obj.get("seen") or {}))
+
+
+def _digest(rec: Record) -> str:
+    return hashlib.blake2b(encode(rec), digest_size=8).hexdigest()
 
 
 def _reject(res: Result, err: DecodeError, msg: Msg, ts: float | None, dlq: str) -> None:
@@ -105,14 +130,18 @@ class JobRunner:
 
     def __init__(self, topics: TopicSettings, config: CoreConfig | None = None, *, hold_s: float = 30.0,
                  silence: bool = True, load: Callable[[str], bytes | None] = lambda job: None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 keep_records: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
         self.topics = topics
+        self.keep_records = keep_records  # hand every input record to the sinks (Result.records)
         self.config = config or CoreConfig()
         self.hold_s = hold_s
         self.silence = silence
         self.load = load
         self.clock = clock
         self.cores: dict[str, Core] = {}
+        self.offsets: dict[str, dict[str, int]] = {}  # job -> JobState.offsets
+        self.seen: dict[str, dict[str, float]] = {}  # job -> JobState.seen
+        self.duplicates = 0  # replayed records skipped
         self.partition: dict[str, int] = {}  # job -> its partition number (same on every job-keyed topic)
         self.arrived: dict[str, float] = {}  # job -> wall clock of its newest processed batch
         self.pending: dict[str, list[_Item]] = {}  # job -> records waiting for the job record
@@ -157,32 +186,75 @@ class JobRunner:
         if core is None:
             saved = self.load(job)
             if saved is not None:
-                core = self.cores[job] = unpack_state(saved)
+                self._take(job, unpack_state(saved))
+                core = self.cores[job]
         return core
+
+    def _take(self, job: str, st: JobState) -> None:
+        self.cores[job], self.offsets[job], self.seen[job] = st.core, st.offsets, st.seen
+
+    def _fresh(self, job: str, items: list[_Item]) -> list[_Item]:
+        """Drop what the job's state already holds (replayed offsets, re-published node events)."""
+        offs = self.offsets.setdefault(job, {})
+        seen = self.seen.setdefault(job, {})
+        by_job = self.topics.by_job
+        fresh = []
+        last: Msg | None = None
+        old = True
+        top: dict[str, int] = {}  # where -> next offset after this batch
+        for it in items:
+            m = it.msg
+            if m is not last:  # the items of one message are usually adjacent
+                last = m
+                where = f"{m.topic}:{m.partition}"
+                old = m.offset < offs.get(where, 0)
+                if not old and m.offset >= top.get(where, 0):
+                    top[where] = m.offset + 1
+            if old:
+                continue
+            if m.topic == by_job and it.rec.kind in _DEDUP_KINDS:
+                d = _digest(it.rec)
+                if d in seen:
+                    continue
+                seen[d] = it.ts
+            fresh.append(it)
+        offs.update(top)
+        self.duplicates += len(items) - len(fresh)
+        return fresh
 
     def _run_job(self, job: str, items: list[_Item], now: float, res: Result) -> None:
         core = self._core(job)
         if job in self.pending:
             items = self.pending.pop(job) + items
             self.pending_since.pop(job, None)
-        items.sort(key=lambda it: (it.ts, it.seq))
+        items.sort()
         if core is None:
             if not any(it.rec.kind == "job" for it in items):
                 self._hold(job, items, now, res)
                 return
             core = self.cores[job] = Core(self.config)
+        items = self._fresh(job, items)
+        process = core.process
         for it in items:
             rec = it.rec
-            before = set(core.node_job) if rec.kind == "job" else None
-            out = core.process(rec)
-            self.records += 1
-            res.records.append(rec)
-            if before is not None:
+            if rec.kind == "job":
+                before = set(core.node_job)
+                out = process(rec)
                 self._publish_nodes(job, rec.ts, before, set(core.node_job), res)
+            else:
+                out = process(rec)
             if out:
                 self._emit(job, out, it, res)
+        self.records += len(items)
+        if self.keep_records:
+            res.records += [it.rec for it in items]
         self.arrived[job] = now
         res.dirty.add(job)
+        seen = self.seen[job]
+        if seen and len(seen) > 64:
+            horizon = core.max_ts - SEEN_S
+            for d in [d for d, ts in seen.items() if ts < horizon]:
+                del seen[d]
 
     def _hold(self, job: str, items: list[_Item], now: float, res: Result) -> None:
         keep = items[-MAX_PENDING:]
@@ -210,7 +282,7 @@ class JobRunner:
         for topic, recs in ((t.findings, out.findings), (t.actions, out.actions), (t.incidents, out.incidents)):
             for rec in recs:
                 res.sends.append(Send(topic, key, encode(rec)))
-        res.outputs.extend(Outputs(out.findings, out.actions, out.incidents))
+        res.outputs.extend(Outputs(out.findings, out.actions, out.incidents, profiles=out.profiles))  # rejects apart
         for err in out.rejected:
             if it is not None:
                 _reject(res, err, it.msg, it.ts, t.dlq)
@@ -247,7 +319,7 @@ class JobRunner:
 
     def restore(self, job: str, saved: bytes, partition: int) -> None:
         """Take over a job from its saved state (after a rebalance); silence counts from now."""
-        self.cores[job] = unpack_state(saved)
+        self._take(job, unpack_state(saved))
         self.partition[job] = partition
         self.arrived[job] = self.clock()
 
@@ -255,7 +327,8 @@ class JobRunner:
         """Forget the jobs of partitions this worker lost (their state is in the table)."""
         gone = [j for j, p in self.partition.items() if p in partitions]
         for job in gone:
-            for d in (self.cores, self.partition, self.arrived, self.pending, self.pending_since):
+            for d in (self.cores, self.offsets, self.seen, self.partition, self.arrived, self.pending,
+                      self.pending_since):
                 d.pop(job, None)
         return gone
 
@@ -266,7 +339,7 @@ class JobRunner:
             self.arrived[job] = now
 
     def state_of(self, job: str) -> bytes:
-        return pack_state(self.cores[job])
+        return pack_state(JobState(self.cores[job], self.offsets.get(job, {}), self.seen.get(job, {})))
 
 
 class NodeRouter:

@@ -162,33 +162,46 @@ def topic_for(rec: Record, settings: TopicSettings | None = None) -> tuple[str, 
 
 
 def create_topics(settings: TopicSettings, bootstrap: str, *, timeout_s: float = 30.0) -> list[str]:
-    """Create every gangwatch topic that is missing; returns the names created (existing ones are fine)."""
+    """Create every gangwatch topic that is missing; returns the names created (existing ones are fine,
+    if their partition counts agree: see `check_partitions`)."""
     from kafka.admin import KafkaAdminClient
     from kafka.errors import for_code
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="gangwatch-topics",
                              request_timeout_ms=int(timeout_s * 1000))
+    created: list[str] = []
     try:
         existing = set(admin.list_topics())
         wanted = {t: {"num_partitions": settings.partitions, "replication_factor": settings.replication,
                       "configs": settings.configs(t)} for t in settings.all() if t not in existing}
-        if not wanted:
-            return []
-        res = admin.create_topics(wanted, timeout_ms=int(timeout_s * 1000), raise_errors=False)
-        created, errors = [], []
-        for t in res.get("topics", []):
-            code = t.get("error_code", 0)
-            if code == 0:
-                created.append(t["name"])
-            elif code != ALREADY_EXISTS:
-                errors.append(f"{t['name']}: {for_code(code).__name__} {t.get('error_message') or ''}".strip())
-        if errors:
-            raise RuntimeError("could not create topics: " + "; ".join(errors))
-        if created:
-            admin.wait_for_topics(created)
-        return sorted(created)
+        if wanted:
+            res = admin.create_topics(wanted, timeout_ms=int(timeout_s * 1000), raise_errors=False)
+            errors = []
+            for t in res.get("topics", []):
+                code = t.get("error_code", 0)
+                if code == 0:
+                    created.append(t["name"])
+                elif code != ALREADY_EXISTS:
+                    errors.append(f"{t['name']}: {for_code(code).__name__} {t.get('error_message') or ''}".strip())
+            if errors:
+                raise RuntimeError("could not create topics: " + "; ".join(errors))
+            if created:
+                admin.wait_for_topics(created)
     finally:
         admin.close()
+    check_partitions(settings, bootstrap)
+    return sorted(created)
+
+
+def check_partitions(settings: TopicSettings, bootstrap: str) -> None:
+    """Fail when an input or internal topic exists with another partition count: they must be co-partitioned
+    (a job's records of every kind on the same partition number), or jobs split across workers silently."""
+    counts = list_topics(bootstrap, settings.prefix)
+    wrong = [f"{t} has {counts[t]}" for t in (*settings.inputs, *settings.internal)
+             if t in counts and counts[t] != settings.partitions]
+    if wrong:
+        raise RuntimeError(f"topics must all have {settings.partitions} partitions (GANGWATCH_TOPIC_PARTITIONS): "
+                           + ", ".join(wrong))
 
 
 def list_topics(bootstrap: str, prefix: str = "") -> dict[str, int]:

@@ -13,6 +13,9 @@ import uuid
 
 import pytest
 
+from streams.topics import TopicSettings, create_topics
+from tests.integration.kafkakit import WorkerProc
+
 KAFKA = os.environ.get("GANGWATCH_KAFKA", "127.0.0.1:9092")
 CLICKHOUSE = os.environ.get("GANGWATCH_CLICKHOUSE", "127.0.0.1:9000")
 
@@ -52,3 +55,37 @@ def clickhouse_addr() -> tuple[str, int]:
 def unique() -> str:
     """A fresh name for a topic, group or database of one test."""
     return f"t{uuid.uuid4().hex[:12]}"
+
+
+# --- the worker under test: its topics and its processes ------------------------------------
+
+PARTITIONS = 4
+
+
+@pytest.fixture
+def topics(kafka_bootstrap, unique) -> TopicSettings:
+    settings = TopicSettings(prefix=f"{unique}.", partitions=PARTITIONS)
+    create_topics(settings, kafka_bootstrap)
+    yield settings
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    try:
+        mine = [t for t in admin.list_topics() if t.startswith(unique)]
+        admin.delete_topics(mine)
+    finally:
+        admin.close()
+
+
+@pytest.fixture
+def workers(tmp_path):
+    started: list[WorkerProc] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProc:
+        w = WorkerProc(list(args), tmp_path / f"worker{len(started)}.log", env=env)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.stop()

@@ -194,3 +194,13 @@ def caught_up(bootstrap: str, group: str, topics: Iterable[str]) -> bool:
     finally:
         consumer.close()
         admin.close()
+
+
+def group_members(bootstrap: str, group: str) -> int:
+    """Members of a consumer group that is Stable (0 while it is rebalancing or absent)."""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        info = admin.describe_groups([group]).get(group, {})
+        return len(info.get("members") or []) if info.get("group_state") == "Stable" else 0
+    finally:
+        admin.close()

@@ -1,0 +1,92 @@
+"""The production path end to end: records produced with kafka-python become rows in the real ClickHouse
+server, actions on the alert topic, and signed POSTs at a job-controller webhook that verifies them."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import orjson
+import pytest
+
+from schemas import decode
+from sinks.controller import verify_signature
+from sinks.store import ClickHouseStore
+from tests.integration.kafkakit import caught_up, messages, produce, read_all, scenario, wait_for, worker_args
+
+pytestmark = pytest.mark.integration
+
+SECRET = "test-secret-not-for-production"
+
+
+class Receiver:
+    """A local job controller: records every POST and whether its signature verified."""
+
+    def __init__(self) -> None:
+        self.posts: list[dict] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                ok = verify_signature(SECRET, body, self.headers.get("X-Gangwatch-Signature", ""))
+                outer.posts.append({"ok": ok, "key": self.headers.get("Idempotency-Key"), "body": orjson.loads(body)})
+                self.send_response(200 if ok else 401)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/actions"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def database(clickhouse_addr, unique):
+    host, port = clickhouse_addr
+    store = ClickHouseStore(host, port, database=unique)
+    yield store, f"clickhouse://{host}:{port}/{unique}"
+    store._client.execute(f"DROP DATABASE IF EXISTS {unique}")
+    store.close()
+
+
+def test_kafka_in_clickhouse_alert_topic_and_webhook_out(kafka_bootstrap, topics, unique, workers, receiver,
+                                                          database):
+    store, url = database
+    produce(kafka_bootstrap, messages(scenario(xid_node=None), topics))  # n001 goes silent at 20 s
+    w = workers(*worker_args(kafka_bootstrap, unique, topics, "--no-silence", "--store", url,
+                             "--webhook", receiver.url), env={"GANGWATCH_WEBHOOK_SECRET": SECRET})
+    wait_for(lambda: any(p["body"]["type"] == "replace" for p in receiver.posts), 90.0, "a signed replace action",
+             proc=w)
+    wait_for(lambda: caught_up(kafka_bootstrap, unique, topics.job_inputs), 90.0, "all input consumed", proc=w)
+
+    alerts = [decode(v)[0] for _, v in read_all(kafka_bootstrap, [topics.actions])[topics.actions]]
+    replace = [a for a in alerts if a.type == "replace"]
+    assert [a.nodes for a in replace] == [["n001"]]
+    posted = [p for p in receiver.posts if p["body"]["type"] == "replace"]
+    assert posted and all(p["ok"] for p in receiver.posts)
+    assert posted[0]["key"] == replace[0].id and posted[0]["body"]["id"] == replace[0].id
+
+    def stored() -> bool:
+        return bool(store.query("SELECT id FROM gw_actions FINAL WHERE type = 'replace'"))
+
+    wait_for(stored, 30.0, "the action row in ClickHouse", proc=w)
+    [row] = store.query("SELECT id, nodes, path FROM gw_actions FINAL WHERE type = 'replace'")
+    assert row == {"id": replace[0].id, "nodes": ["n001"], "path": "hot"}
+    findings = store.query("SELECT type, node FROM gw_findings FINAL WHERE type = 'fail_stop'")
+    assert findings == [{"type": "fail_stop", "node": "n001"}]
+    [inc] = store.query("SELECT class, culprit_nodes FROM gw_incidents FINAL")
+    assert inc == {"class": "fail_stop", "culprit_nodes": ["n001"]}

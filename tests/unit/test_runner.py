@@ -1,0 +1,177 @@
+"""The Faust worker's logic as plain functions: `JobRunner` and `NodeRouter` (no broker, no Faust)."""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+import pytest
+
+from schemas import Heartbeat, Hw, decode, encode, encode_batch
+from streams.runner import JobRunner, Msg, NodeRouter
+from streams.topics import TopicSettings, topic_for
+from tests.integration.kafkakit import T0, messages, scenario
+from triage.engine import Core
+
+pytestmark = pytest.mark.unit
+
+T = TopicSettings()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def as_msgs(triples, start=0) -> list[Msg]:
+    return [Msg(topic, 0, start + i, key, value) for i, (topic, key, value) in enumerate(triples)]
+
+
+def replay_core(recs) -> list:
+    core, out = Core(), []
+    for rec in sorted(recs, key=lambda r: r.ts):
+        o = core.process(rec)
+        out += [*o.findings, *o.actions, *o.incidents]
+    return out
+
+
+def emitted(res, t: TopicSettings = T) -> list:
+    return [decode(s.value)[0] for s in res.sends if s.topic in (t.findings, t.actions, t.incidents)]
+
+
+def test_one_shuffled_batch_gives_what_replay_gives():
+    recs = scenario(xid_node=None)
+    msgs = as_msgs(messages(recs, T))
+    random.Random(7).shuffle(msgs)  # topics interleave arbitrarily; the runner sorts by event time
+    res = JobRunner(T).on_batch(msgs)
+    got = emitted(res)
+    want = replay_core(recs)
+    assert got and sorted(got, key=lambda r: (r.kind, r.ts, r.id)) == sorted(want, key=lambda r: (r.kind, r.ts, r.id))
+    assert [r for r in got if r.kind == "finding"] == [r for r in want if r.kind == "finding"]
+
+
+def test_records_wait_for_their_job_record_then_run_in_event_time_order():
+    recs = scenario(xid_node=None)
+    msgs = messages(recs, T)
+    job_msg = [m for m in msgs if m[0] == T.jobs]
+    rest = [m for m in msgs if m[0] != T.jobs]
+    runner = JobRunner(T)
+    first = runner.on_batch(as_msgs(rest))  # telemetry before the topology: held, not rejected
+    assert first.sends == [] and sum(len(v) for v in runner.pending.values()) == len(recs) - 1
+    second = runner.on_batch(as_msgs(job_msg, start=10_000))
+    assert emitted(second) == replay_core(recs)
+    nodes = sorted(orjson.loads(s.value)["node"] for s in second.sends if s.topic == T.node_jobs)
+    assert nodes == ["n000", "n001", "n002", "n003"]
+    assert second.dirty == {"j1"}
+
+
+def test_records_whose_job_never_comes_go_to_the_dlq_after_the_hold():
+    clock = Clock()
+    runner = JobRunner(T, hold_s=5.0, clock=clock)
+    hb = Heartbeat(ts=T0, job="ghost", rank=0)
+    assert runner.on_batch([Msg(T.telemetry, 3, 42, b"ghost", encode(hb))]).sends == []
+    assert runner.on_tick().sends == []
+    clock.now += 5.0
+    [dead] = runner.on_tick().sends
+    d = orjson.loads(dead.value)
+    assert dead.topic == T.dlq and (d["topic"], d["partition"], d["offset"]) == (T.telemetry, 3, 42)
+    assert "ghost" in d["reason"] and d["kind"] == "heartbeat"
+
+
+def test_garbage_goes_to_the_dlq_with_where_it_came_from():
+    res = JobRunner(T).on_batch([Msg(T.telemetry, 2, 7, b"j1", b"\x00 not json")])
+    [dead] = res.sends
+    d = orjson.loads(dead.value)
+    assert (dead.topic, d["source"], d["partition"], d["offset"]) == (T.dlq, T.telemetry, 2, 7) and d["reason"]
+
+
+def test_silence_fires_missed_heartbeats_on_wall_time_only_when_caught_up():
+    clock = Clock()
+    recs = scenario(seconds=10, silent=None, xid_node=None)
+    runner = JobRunner(T, clock=clock)
+    assert emitted(runner.on_batch(as_msgs(messages(recs, T)))) == []
+    clock.now += 60.0
+    assert emitted(runner.on_tick(caught_up=lambda job: False)) == []  # a lagging consumer is not silence
+    fired = emitted(runner.on_tick())
+    assert "fail_stop" in {f.type for f in fired if f.kind == "finding"}
+    quiet = JobRunner(T, clock=clock, silence=False)
+    quiet.on_batch(as_msgs(messages(recs, T)))
+    clock.now += 60.0
+    assert emitted(quiet.on_tick()) == []
+
+
+def test_state_survives_a_handover():
+    recs = scenario(xid_node=None)
+    msgs = as_msgs(messages(recs, T))
+    cut = len(msgs) // 2
+    a = JobRunner(T)
+    out = emitted(a.on_batch(msgs[:cut]))
+    saved = a.state_of("j1")
+    assert a.drop_partitions({0}) == ["j1"] and a.cores == {}
+    b = JobRunner(T, load=lambda job: saved if job == "j1" else None)  # restored on first use
+    out += emitted(b.on_batch(msgs[cut:]))
+    assert out == replay_core(recs)
+
+
+def test_a_replayed_partition_is_skipped_not_observed_twice():
+    recs = scenario()
+    triples = messages(recs, T)
+    # the router's output: the Xid keyed by job on by-job, published twice (a router replay)
+    triples = [(T.by_job, b"j1", v) if topic == T.node_events else (topic, k, v) for topic, k, v in triples]
+    xid_msg = next(v for topic, _, v in triples if topic == T.by_job)
+    msgs = as_msgs(triples)
+    cut = len(msgs) * 3 // 4
+    a = JobRunner(T)
+    out = emitted(a.on_batch(msgs[:cut]))
+    saved = a.state_of("j1")
+    b = JobRunner(T, load=lambda job: saved)
+    again = msgs[:cut] + msgs[cut:] + [Msg(T.by_job, 0, 99_999, b"j1", xid_msg)]  # offsets committed late
+    out += emitted(b.on_batch(again))
+    assert out == replay_core(recs)
+    assert b.duplicates == sum(len(decode(m.value)) for m in msgs[:cut]) + 1
+
+
+# --- router -------------------------------------------------------------------------------
+
+
+def xid(node: str, ts: float) -> Hw:
+    return Hw(ts=ts, node=node, gpu=0, source="xid", code=79, message="Xid 79")
+
+
+def mapping(node: str, job: str | None, ts: float, was: str | None = None) -> Msg:
+    return Msg(T.node_jobs, 0, 0, node.encode(), orjson.dumps({"node": node, "job": job, "ts": ts, "was": was}))
+
+
+def test_router_rekeys_node_events_by_job_and_holds_them_until_the_map_knows_the_node():
+    table: dict[bytes, bytes] = {}
+    router = NodeRouter(T, table)
+    ev = xid("n002", T0 + 5)
+    held = router.on_batch([Msg(T.node_events, 0, 0, b"n002", encode(ev))])
+    assert held.sends == [] and "n002" in router.pending
+    res = router.on_batch([mapping("n002", "j1", T0)])
+    [sent] = res.sends
+    assert (sent.topic, sent.key) == (T.by_job, b"j1") and decode(sent.value) == [ev]
+    again = router.on_batch([Msg(T.node_events, 0, 1, b"n002", encode_batch([ev, ev], ev.ts))])
+    assert [s.key for s in again.sends] == [b"j1"] and len(decode(again.sends[0].value)) == 2
+
+
+def test_router_drops_events_older_than_the_job_and_forgets_nodes_the_job_released():
+    table: dict[bytes, bytes] = {}
+    router = NodeRouter(T, table, hold_s=1.0)
+    router.on_batch([Msg(T.node_events, 0, 0, b"n1", encode(xid("n1", T0 - 1)))])
+    assert router.on_batch([mapping("n1", "j1", T0)]).sends == [] and router.dropped == 1
+    router.on_batch([mapping("n1", "j2", T0 + 10)])  # the node moved to j2 ...
+    router.on_batch([mapping("n1", None, T0 + 11, was="j1")])  # ... so j1 letting it go changes nothing
+    assert orjson.loads(table[b"n1"])["job"] == "j2"
+    router.on_batch([mapping("n1", None, T0 + 12, was="j2")])
+    assert b"n1" not in table
+
+
+def test_topic_for_keys():
+    recs = scenario(seconds=1)
+    assert {topic_for(r, T) for r in recs if r.kind == "hw"} == {(T.node_events, "n002")}
+    assert topic_for(recs[0], T) == (T.jobs, "j1")
+    assert {topic_for(r, T)[0] for r in recs if r.kind in ("step", "heartbeat")} == {T.telemetry}
