@@ -5,6 +5,8 @@
 # shared docs for what that version lacks).
 set -euo pipefail
 
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
 RUN_DIR="${GANGWATCH_CH_DIR:-/tmp/gangwatch-clickhouse}"
 TCP_PORT="${GANGWATCH_CH_PORT:-9000}"
 HTTP_PORT="${GANGWATCH_CH_HTTP_PORT:-8123}"
@@ -46,6 +48,8 @@ EOF
 
 die() { echo "clickhouse: error: $*" >&2; exit 1; }
 say() { echo "clickhouse: $*"; }
+# shellcheck source=../lib.sh
+source "$HERE/../lib.sh"
 
 # --- binaries ----------------------------------------------------------------
 
@@ -198,16 +202,7 @@ cmd_stop() {
     say "not running"
     return 0
   fi
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 200); do   # 20 s
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  if kill -0 "$pid" 2>/dev/null; then
-    say "still alive after 20 s, sending KILL"
-    kill -KILL "$pid" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  fi
+  stop_pid "$pid"
   rm -f "$PID_FILE"
   say "stopped (pid $pid)"
 }

@@ -53,6 +53,8 @@ EOF
 
 die() { echo "kafka: error: $*" >&2; exit 1; }
 say() { echo "kafka: $*"; }
+# shellcheck source=../lib.sh
+source "$HERE/../lib.sh"
 
 java_bin() {
   if [[ -n "${JAVA_HOME:-}" ]]; then echo "$JAVA_HOME/bin/java"; else command -v java || true; fi
@@ -264,16 +266,7 @@ cmd_stop() {
     say "not running"
     return 0
   fi
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 200); do   # 20 s: controlled shutdown takes a few seconds
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  if kill -0 "$pid" 2>/dev/null; then
-    say "still alive after 20 s, sending KILL"
-    kill -KILL "$pid" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  fi
+  stop_pid "$pid"
   rm -f "$PID_FILE"
   say "stopped (pid $pid)"
 }

@@ -140,6 +140,21 @@ class WorkerProc:
         return "\n".join(lines[-n:])
 
 
+def consume(bootstrap: str, topic: str, group: str, n: int, timeout_ms: int = 15_000) -> list:
+    """The first `n` messages of `topic` read through consumer group `group` (fewer if the timeout passes)."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
+                             consumer_timeout_ms=timeout_ms, enable_auto_commit=False)
+    got = []
+    for msg in consumer:
+        got.append(msg)
+        if len(got) == n:
+            break
+    consumer.close()
+    return got
+
+
 def read_all(bootstrap: str, topics: Iterable[str]) -> dict[str, list[tuple[bytes | None, bytes]]]:
     """Every message now in `topics`, per topic, in partition order (no consumer group)."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
 from schemas import KINDS, DecodeError, decode, encode, encode_batch
 from tests.contract.samples import SAMPLES
+from tests.integration.kafkakit import consume
 
 pytestmark = pytest.mark.integration
 
@@ -22,18 +23,6 @@ def topic(kafka_bootstrap, unique):
     admin.close()
 
 
-def _consume(bootstrap: str, topic: str, group: str, n: int) -> list:
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
-                             consumer_timeout_ms=15_000, enable_auto_commit=False)
-    got = []
-    for msg in consumer:
-        got.append(msg)
-        if len(got) == n:
-            break
-    consumer.close()
-    return got
-
-
 def test_every_kind_survives_the_broker(kafka_bootstrap, topic, unique):
     recs = [decode(orjson.dumps(SAMPLES[k]))[0] for k in sorted(SAMPLES)]
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
@@ -43,7 +32,7 @@ def test_every_kind_survives_the_broker(kafka_bootstrap, topic, unique):
     producer.flush()
     producer.close()
 
-    msgs = _consume(kafka_bootstrap, topic, unique, len(recs) + 1)
+    msgs = consume(kafka_bootstrap, topic, unique, len(recs) + 1)
     assert len(msgs) == len(recs) + 1
     assert {m.partition for m in msgs} == {msgs[0].partition}  # one key, one partition, in order
     decoded = [decode(m.value) for m in msgs]
@@ -57,6 +46,6 @@ def test_a_bad_message_decodes_to_an_error_not_an_exception(kafka_bootstrap, top
     producer.send(topic, value=b'{"kind":"step","v":1,"ts":1,"job":"j","rank":-3,"step":1,"step_s":1}')
     producer.flush()
     producer.close()
-    [msg] = _consume(kafka_bootstrap, topic, unique, 1)
+    [msg] = consume(kafka_bootstrap, topic, unique, 1)
     [err] = decode(msg.value)
     assert isinstance(err, DecodeError) and err.field == "rank"

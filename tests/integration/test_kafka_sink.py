@@ -9,6 +9,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 
 from schemas import Action, DecodeError, Finding, Incident, decode
 from sinks.kafka import KafkaSink, KafkaSinkError
+from tests.integration.kafkakit import consume
 from triage.outputs import Outputs
 
 pytestmark = pytest.mark.integration
@@ -17,25 +18,13 @@ KINDS = ("findings", "actions", "incidents", "dlq")
 
 
 @pytest.fixture
-def topics(kafka_bootstrap, unique):
+def sink_topics(kafka_bootstrap, unique):
     names = {k: f"{unique}.{k}" for k in KINDS}
     admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id=unique)
     admin.create_topics([NewTopic(n, num_partitions=3, replication_factor=1) for n in names.values()])
     yield names
     admin.delete_topics(list(names.values()))
     admin.close()
-
-
-def _consume(bootstrap: str, topic: str, group: str, n: int) -> list:
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
-                             consumer_timeout_ms=15_000, enable_auto_commit=False)
-    got = []
-    for msg in consumer:
-        got.append(msg)
-        if len(got) == n:
-            break
-    consumer.close()
-    return got
 
 
 def _outputs() -> Outputs:
@@ -60,10 +49,10 @@ def _outputs() -> Outputs:
     return Outputs(findings=findings, actions=actions, incidents=incidents)
 
 
-def test_outputs_land_on_their_topics_keyed_by_job(kafka_bootstrap, topics, unique):
+def test_outputs_land_on_their_topics_keyed_by_job(kafka_bootstrap, sink_topics, unique):
     out = _outputs()
-    sink = KafkaSink(kafka_bootstrap, findings_topic=topics["findings"], actions_topic=topics["actions"],
-                     incidents_topic=topics["incidents"], dlq_topic=topics["dlq"])
+    sink = KafkaSink(kafka_bootstrap, findings_topic=sink_topics["findings"], actions_topic=sink_topics["actions"],
+                     incidents_topic=sink_topics["incidents"], dlq_topic=sink_topics["dlq"])
     sink.write(out)
     err = DecodeError("must be >= 0, got -3", "rank", "step", None, '{"kind":"step","rank":-3}')
     sink.reject(err, "gw.telemetry", 42, 104.0)
@@ -71,7 +60,7 @@ def test_outputs_land_on_their_topics_keyed_by_job(kafka_bootstrap, topics, uniq
     assert (sink.sent, sink.failed) == (8, 0)
 
     for kind, recs in (("findings", out.findings), ("actions", out.actions), ("incidents", out.incidents)):
-        msgs = _consume(kafka_bootstrap, topics[kind], f"{unique}-{kind}", len(recs))
+        msgs = consume(kafka_bootstrap, sink_topics[kind], f"{unique}-{kind}", len(recs))
         assert len(msgs) == len(recs), kind
         got = {m.value: m for m in msgs}
         by_id = {}
@@ -84,20 +73,20 @@ def test_outputs_land_on_their_topics_keyed_by_job(kafka_bootstrap, topics, uniq
         for job in {r.job for r in recs}:
             assert len({m.partition for m in got.values() if m.key == job.encode()}) == 1
 
-    [dead] = _consume(kafka_bootstrap, topics["dlq"], f"{unique}-dlq", 1)
+    [dead] = consume(kafka_bootstrap, sink_topics["dlq"], f"{unique}-dlq", 1)
     assert dead.key == b"gw.telemetry"
     assert orjson.loads(dead.value) == {"reason": "must be >= 0, got -3", "field": "rank", "kind": "step",
                                         "index": None, "raw": '{"kind":"step","rank":-3}',
                                         "source": "gw.telemetry", "where": 42, "ts": 104.0}
 
 
-def test_flush_waits_for_acknowledgement(kafka_bootstrap, topics, unique):
-    sink = KafkaSink(kafka_bootstrap, findings_topic=topics["findings"], actions_topic=topics["actions"],
-                     incidents_topic=topics["incidents"], dlq_topic=topics["dlq"], linger_ms=30_000)
+def test_flush_waits_for_acknowledgement(kafka_bootstrap, sink_topics, unique):
+    sink = KafkaSink(kafka_bootstrap, findings_topic=sink_topics["findings"], actions_topic=sink_topics["actions"],
+                     incidents_topic=sink_topics["incidents"], dlq_topic=sink_topics["dlq"], linger_ms=30_000)
     sink.write(Outputs(actions=_outputs().actions))
     sink.flush()  # with a 30 s linger, only flush() gets them to the broker now
     probe = KafkaConsumer(bootstrap_servers=kafka_bootstrap)
-    parts = [TopicPartition(topics["actions"], p) for p in range(3)]
+    parts = [TopicPartition(sink_topics["actions"], p) for p in range(3)]
     assert sum(probe.end_offsets(parts).values()) == 2
     probe.close()
     sink.close()
