@@ -85,6 +85,18 @@ class WorkerSettings:
     stats_every_s: float = 10.0  # log a progress line this often (0: never)
 
 
+async def _producer_knows(app: faust.App, tables: tuple[Any, ...]) -> None:
+    """Wait until the producer has metadata for the tables' changelog topics.
+
+    A table write picks its changelog partition from the producer's metadata; on a
+    fresh worker that metadata may not have the changelog topics yet, and the write
+    would crash the agent. Cheap once known (aiokafka answers from its cache).
+    """
+    producer = app.producer._ensure_producer()  # the aiokafka producer under faust-streaming 0.15's driver
+    for table in tables:
+        await producer.partitions_for(table.changelog_topic.get_topic_name())
+
+
 def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     """The Faust app of one gangwatch worker (agents, tables, timer), not started."""
     _fetch_wait(s.fetch_wait_ms)
@@ -133,6 +145,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
 
     @app.agent(job_src, name="gangwatch-jobs")
     async def jobs(stream: faust.StreamT) -> None:
+        await _producer_knows(app, (states, nodemap))
         async for events in stream.take_events(s.batch_max, within=s.batch_within_s):
             msgs = [glue.msg(e) for e in events]
             async with busy:
@@ -143,6 +156,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
 
     @app.agent(node_src, name="gangwatch-route")
     async def route(stream: faust.StreamT) -> None:
+        await _producer_knows(app, (states, nodemap))
         async for events in stream.take_events(s.batch_max, within=s.batch_within_s):
             res = router.on_batch([glue.msg(e, track=False) for e in events])
             await glue.publish(res)
@@ -151,6 +165,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     async def tick() -> None:
         if app.rebalancing or app.in_recovery:
             return
+        await _producer_knows(app, (states, nodemap))
         async with busy:
             glue.restore_assigned()
             res = runner.on_tick(glue.caught_up)
