@@ -253,13 +253,17 @@ class FailSlowDetector(StepScorer):
     def _finding(self, c: Closed, r: int, rel: np.ndarray, ind: np.ndarray, compute: np.ndarray,
                  comm: np.ndarray, med_c: np.ndarray, count: np.ndarray) -> Finding:
         slow = slowdown_frac(r, compute, comm, c.vals["step_s"], med_c, self.groups)
+        # the oldest hit still in the window: how many steps ago the straggling began, as far as we can tell
+        back = int(self.hist[r] & ((1 << self.config.window) - 1)).bit_length() - 1
+        step_s = c.vals["step_s"][np.isfinite(c.vals["step_s"])]
+        onset = c.ts - max(back, 0) * (median(step_s) if step_s.size else 0.0)
         return finding(
             ts=c.ts, job=self.topo.job, type="fail_slow", detector="failslow.compute", topo=self.topo,
             rank=r, key=(r, c.step), score=float(rel[r]),
             evidence={"relative": _fin(rel[r]), "individual": _fin(ind[r]), "slowdown_frac": round(slow, 6),
                       "steps_flagged": int(count[r]), "window": self.config.window, "step": c.step,
                       "pp": int(self.topo.pp[r]), "compute_s": _fin(compute[r]),
-                      "stage_median_s": _fin(med_c[r]), "comm_wait_s": _fin(comm[r])},
+                      "stage_median_s": _fin(med_c[r]), "comm_wait_s": _fin(comm[r]), "onset_ts": round(onset, 6)},
         )
 
     # --- state ---
