@@ -116,12 +116,10 @@ class HardwareDetector:
         down = self.nic_down.pop(key, None)
         if down is None:
             return []
-        out = []
-        if not down.get("reported") and rec.ts >= down["ts"] + self.config.nic_flap_s:  # advance lagged behind
-            out.append(self._nic_down_finding(key, down))
-        out.append(self._finding(rec.ts, rec.node, None, "nic", None, "precursor", "NIC_FLAP", 1, down["message"],
-                                 key=(key, down["ts"]), extra={"down_s": round(rec.ts - down["ts"], 3)}))
-        return out
+        if rec.ts >= down["ts"] + self.config.nic_flap_s:  # an outage, not a flap: reported as NIC_DOWN
+            return [] if down.get("reported") else [self._nic_down_finding(key, down)]  # (advance lagged behind)
+        return [self._finding(rec.ts, rec.node, None, "nic", None, "precursor", "NIC_FLAP", 1, down["message"],
+                              key=(key, down["ts"]), extra={"down_s": round(rec.ts - down["ts"], 3)})]
 
     def _gpu(self, rec: Gpu) -> list[Finding]:
         cfg = self.config

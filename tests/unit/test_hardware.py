@@ -220,6 +220,8 @@ def test_nic_down_for_good_is_fatal() -> None:
     assert (sev(f), f.evidence["name"], f.node, f.score) == ("fatal", "NIC_DOWN", "n001", 1.0)
     assert f.ts == pytest.approx(T0 + 30)
     assert det.advance(T0 + 600) == []  # reported once
+    # the link coming back after the outage is not a flap (a precursor) on top of the fatal outage
+    assert det.observe(nic(T0 + 700, "mlx5_core 0000:17:00.0 ens1np0: Link up")) == []
 
 
 def test_two_nics_of_one_node_are_told_apart() -> None:
