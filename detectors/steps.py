@@ -142,7 +142,7 @@ class Closed:
 
 
 class _Slot:
-    __slots__ = ("step", "first_ts", "count", "seen", "vals", "present", "codes", "index")
+    __slots__ = ("step", "first_ts", "count", "seen", "vals", "present", "codes", "index", "setters")
 
     def __init__(self, step: int, first_ts: float, size: int, fields: dict[str, str]) -> None:
         self.step, self.first_ts, self.count = step, first_ts, 0
@@ -151,6 +151,9 @@ class _Slot:
         self.present = {n: np.zeros(size, dtype=bool) for n, k in fields.items() if k == "nf"}
         self.codes = {n: np.full(size, -1, dtype=np.int32) for n, k in fields.items() if k == "c"}
         self.index: dict[str, dict[str, int]] = {n: {} for n in self.codes}  # value -> code, in arrival order
+        # per field, in `fields` order: (array, present array or None, vocabulary or None), for `StepBuffer.add`
+        self.setters = tuple((self.codes[n], None, self.index[n]) if k == "c" else
+                             (self.vals[n], self.present.get(n), None) for n, k in fields.items())
 
     def vocab(self) -> dict[str, list[str]]:
         return {n: list(idx) for n, idx in self.index.items()}
@@ -207,16 +210,15 @@ class StepBuffer:
             self.dropped += 1
             return out
         slot.seen[rank] = True
-        for name, v in zip(self.names, row, strict=True):
-            kind = self.fields[name]
-            if kind == "c":
-                if v is not None:
-                    idx = slot.index[name]
-                    slot.codes[name][rank] = idx.setdefault(v, len(idx))
-            elif v is not None:
-                slot.vals[name][rank] = v
-                if kind == "nf":
-                    slot.present[name][rank] = True
+        for (arr, present, vocab), v in zip(slot.setters, row, strict=True):
+            if v is None:
+                continue
+            if vocab is not None:
+                arr[rank] = vocab.setdefault(v, len(vocab))
+            else:
+                arr[rank] = v
+                if present is not None:
+                    present[rank] = True
         slot.count += 1
         if slot.count == self.need:
             out += self._close_through(step - self.config.lag, ts)
@@ -346,7 +348,7 @@ class StepBuffer:
             sl.seen[rk] = True
             for name, kind in self.fields.items():
                 if kind == "c":
-                    sl.index[name] = {v: i for i, v in enumerate(d[name]["vocab"])}
+                    sl.index[name].update({v: i for i, v in enumerate(d[name]["vocab"])})  # the dict `setters` holds
                     sl.codes[name][rk] = np.asarray(d[name]["codes"], dtype=np.int32)
                 else:
                     vals, present = decode_floats(d[name])
