@@ -59,14 +59,20 @@ def cmd_schema_export(args: argparse.Namespace) -> int:
 def cmd_ingest(args: argparse.Namespace) -> int:
     import orjson
 
-    from producers.dumps import flight_records, pyspy_records
+    from producers.dumps import flight_records, kmsg_records, pyspy_records
 
-    if not args.dir.is_dir():
-        print(f"gangwatch ingest: not a directory: {args.dir}", file=sys.stderr)
-        return 2
-    make = pyspy_records if args.format == "pyspy" else flight_records
     try:
-        recs = make(args.dir, job=args.job, gpus_per_node=args.gpus_per_node, ts=args.ts)
+        if args.format == "kmsg":
+            if not args.path.is_file():
+                raise ValueError(f"not a file: {args.path}")
+            gpu_of = dict(_pci_gpu(x) for x in args.gpu_of or ())
+            recs = kmsg_records(args.path, node=args.node, ts=args.ts, gpu_of=gpu_of, job=args.job,
+                                gpus_per_node=args.gpus_per_node)
+        else:
+            if not args.path.is_dir():
+                raise ValueError(f"not a directory: {args.path}")
+            make = pyspy_records if args.format == "pyspy" else flight_records
+            recs = make(args.path, job=args.job or "job", gpus_per_node=args.gpus_per_node, ts=args.ts)
     except ValueError as e:
         print(f"gangwatch ingest: {e}", file=sys.stderr)
         return 2
@@ -75,8 +81,15 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(data)
     else:
         args.out.write_bytes(data)
-        print(f"wrote {len(recs)} records ({len(recs) - 1} ranks) to {args.out}", file=sys.stderr)
+        print(f"wrote {len(recs)} records to {args.out}", file=sys.stderr)
     return 0
+
+
+def _pci_gpu(spec: str) -> tuple[str, int]:
+    pci, sep, gpu = spec.rpartition("=")
+    if not sep or not gpu.isdigit():
+        raise ValueError(f"--gpu-of wants PCI=GPU (e.g. 0000:3b:00=2), got {spec!r}")
+    return pci, int(gpu)
 
 
 # --- simulate / eval / demo ----------------------------------------------------------
@@ -256,18 +269,24 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-q", "--quiet", action="store_true", help="no summary")
     r.set_defaults(func=cmd_replay)
 
-    g = sub.add_parser("ingest", help="turn a folder of per-rank py-spy dumps or flight-recorder pickles into records",
-                       description="Read one file per rank (`*rank<N>*.txt` py-spy dumps or `*rank<N>*.pkl` PyTorch "
-                       "flight-recorder pickles, loaded without executing code) and write a replayable JSONL: a "
-                       "`job` record and one `stack`/`flight` record per rank, all in one snapshot.",
-                       epilog="example: gangwatch ingest pyspy ../shared/data/pyspy/dataloader-hang-8ranks "
-                       "--out sweep.jsonl && gangwatch replay sweep.jsonl --out out/")
-    g.add_argument("format", choices=["pyspy", "flight"], help="what the folder holds")
-    g.add_argument("dir", type=Path, metavar="DIR")
+    g = sub.add_parser("ingest", help="turn per-rank dumps or a node's kernel log into replayable records",
+                       description="pyspy / flight: read a folder with one file per rank (`*rank<N>*.txt` py-spy "
+                       "dumps or `*rank<N>*.pkl` PyTorch flight-recorder pickles, loaded without executing code) "
+                       "and write a `job` record and one `stack`/`flight` record per rank, all in one snapshot. "
+                       "kmsg: read one node's kernel log (dmesg text) and write an `hw` record per GPU, ECC, NIC, "
+                       "PCIe or NVLink event (multi-line firmware dumps fold into their Xid).",
+                       epilog="examples: gangwatch ingest pyspy ../shared/data/pyspy/dataloader-hang-8ranks "
+                       "--out sweep.jsonl && gangwatch replay sweep.jsonl --out out/ ; "
+                       "gangwatch ingest kmsg /var/log/dmesg.txt --node n003 --gpu-of 0000:3b:00=2 --out hw.jsonl")
+    g.add_argument("format", choices=["pyspy", "flight", "kmsg"], help="what PATH holds")
+    g.add_argument("path", type=Path, metavar="PATH", help="a folder of per-rank dumps, or a kernel log file")
     g.add_argument("--out", type=Path, help="JSONL file to write (default: stdout)")
-    g.add_argument("--job", default="job", help="job id to use (default: job)")
+    g.add_argument("--job", help="job id (pyspy/flight: default `job`; kmsg: also write a job record on --node)")
     g.add_argument("--gpus-per-node", type=int, default=1,
                    help="ranks per node when placing ranks on nodes n000, n001, ... (default 1: one node per rank)")
+    g.add_argument("--node", default="n000", help="kmsg: the node the log comes from (default n000)")
+    g.add_argument("--gpu-of", action="append", metavar="PCI=GPU",
+                   help="kmsg: map a PCI bus id as the log prints it to a GPU index; repeatable")
     g.add_argument("--ts", type=float, default=1_700_000_000.0, help="event time of the sweep (fixed by default)")
     g.set_defaults(func=cmd_ingest)
 

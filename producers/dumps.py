@@ -1,4 +1,4 @@
-"""Turn a directory of per-rank dumps (py-spy text, PyTorch flight-recorder pickles) into contract records.
+"""Turn what a node leaves behind (per-rank dumps, a kernel log) into contract records for replay.
 
 A stack or flight sweep of a hung job is usually a folder with one file per rank
 (`dump_rank5.txt`, `rank3.pkl`, ...). `gangwatch ingest` makes a replayable
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from producers.flight import load_dump, to_flight_record
+from producers.kmsg import parse_lines, to_hw_record
 
 _RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 DEFAULT_TS = 1_700_000_000.0
@@ -69,4 +70,26 @@ def flight_records(directory: Path, *, job: str = "job", gpus_per_node: int = 1,
     recs = [job_record(job, n, gpus_per_node, ts)]
     for rank, path in sorted(files.items()):
         recs.append(to_flight_record(load_dump(path), job=job, rank=rank, snapshot=snapshot, ts=ts + 1.0))
+    return recs
+
+
+def kmsg_records(path: Path, *, node: str, ts: float = DEFAULT_TS, gpu_of: dict[str, int] | None = None,
+                 job: str | None = None, gpus_per_node: int = 8) -> list[dict[str, Any]]:
+    """`hw` records of the GPU, ECC, NIC, PCIe and NVLink events in one node's kernel log (dmesg text).
+
+    Kernel timestamps are not interpreted (monotonic ones need the boot time): the
+    events keep their order, `ts` + 1 ms apart. `gpu_of` maps a PCI bus id as the
+    log prints it (e.g. `0000:3b:00`) to the GPU index on the node. With `job`, a
+    `job` record placing `gpus_per_node` ranks on `node` comes first, so that a
+    replay of the file alone attributes the events.
+    """
+    with open(path, errors="replace") as fh:
+        events = parse_lines(fh)
+    gpu_of = {k.lower(): v for k, v in (gpu_of or {}).items()}
+    recs = [job_record(job, gpus_per_node, gpus_per_node, ts)] if job else []
+    for r in recs[:1]:
+        for rank in r["ranks"]:
+            rank["node"] = node
+    for i, ev in enumerate(events):
+        recs.append(to_hw_record(ev, node=node, ts=ts + 1.0 + i * 1e-3, gpu=gpu_of.get((ev.pci or "").lower())))
     return recs

@@ -284,4 +284,9 @@ def to_hw_record(ev: KmsgEvent, *, node: str, ts: float, gpu: int | None = None)
     if ev.code is not None:
         record["code"] = ev.code
     record["message"] = ev.message
+    # what the parser worked out travels along (unknown fields are kept), so nobody parses the line twice
+    for name in ("pci", "pid", "process", "severity_hint", "link_up", "iface"):
+        value = getattr(ev, name)
+        if value is not None:
+            record[name] = value
     return record

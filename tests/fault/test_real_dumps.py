@@ -36,3 +36,21 @@ def test_ingest_rejects_a_folder_without_rank_files(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("hello")
     assert main(["ingest", "pyspy", str(tmp_path)]) == 2
     assert "no per-rank files" in capsys.readouterr().err
+
+
+def test_ingest_kmsg_turns_a_real_kernel_log_into_hw_records(tmp_path, shared_data):
+    out = tmp_path / "hw.jsonl"
+    assert main(["ingest", "kmsg", str(shared_data / "kmsg" / "h100-xid119.log"), "--node", "n001",
+                 "--gpu-of", "0000:9b:00=4", "--out", str(out)]) == 0
+    recs = [orjson.loads(x) for x in out.read_bytes().splitlines()]
+    assert [(r["kind"], r["code"], r["gpu"], r["pci"]) for r in recs] == [("hw", 119, 4, "0000:9b:00")] * 5
+    assert [r["process"] for r in recs][:3] == ["nvidia-smi"] * 3  # what the parser found travels along
+    from schemas import DecodeError, decode
+
+    assert not any(isinstance(d, DecodeError) for r in recs for d in decode(orjson.dumps(r)))
+
+
+def test_ingest_kmsg_of_a_benign_log_writes_nothing(tmp_path, shared_data):
+    out = tmp_path / "hw.jsonl"
+    assert main(["ingest", "kmsg", str(shared_data / "kmsg" / "benign-kmsg.log"), "--out", str(out)]) == 0
+    assert out.read_bytes() == b""

@@ -296,15 +296,20 @@ def test_to_hw_record_matches_the_contract() -> None:
         "source": "xid",
         "code": 79,
         "message": XID79,
+        "pci": "0000:3b:00",  # what the parser found travels along as fields the contract keeps
+        "pid": 1234,
+        "process": "python",
     }
     decoded = decode_obj(rec)
     assert isinstance(decoded, Hw) and (decoded.gpu, decoded.code) == (2, 79)
+    assert decoded.extra == {"pci": "0000:3b:00", "pid": 1234, "process": "python"}
 
 
 def test_to_hw_record_omits_unknown_gpu_and_code() -> None:
     ev = one("eth0: Link is Down")
     rec = to_hw_record(ev, node="n1", ts=5.0)
-    assert rec == {"kind": "hw", "v": 1, "ts": 5.0, "node": "n1", "source": "nic", "message": "eth0: Link is Down"}
+    assert rec == {"kind": "hw", "v": 1, "ts": 5.0, "node": "n1", "source": "nic", "message": "eth0: Link is Down",
+                   "link_up": False, "iface": "eth0"}
     assert isinstance(decode_obj(rec), Hw)
 
 
