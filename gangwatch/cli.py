@@ -31,9 +31,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"gangwatch replay: no such file: {', '.join(map(str, missing))}", file=sys.stderr)
         return 2
     out = args.out
+    extra = []
+    if args.publish:
+        from sinks.kafka import KafkaSink
+        from streams.topics import TopicSettings
+
+        t = TopicSettings.from_env()
+        extra.append(KafkaSink(args.publish, findings_topic=t.findings, actions_topic=t.actions,
+                               incidents_topic=t.incidents, dlq_topic=t.dlq))
+    if args.webhook:
+        from sinks.controller import WebhookSink
+
+        extra.append(WebhookSink(args.webhook))
     store = None if args.no_store else open_store(args.store or f"chdb:{out / 'store'}")
     try:
-        summary = replay.run(args.files, out, store, telemetry=args.telemetry, progress=args.progress)
+        summary = replay.run(args.files, out, store, telemetry=args.telemetry, progress=args.progress, sinks=extra)
     finally:
         if store is not None:
             store.close()
@@ -264,6 +276,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "(env GANGWATCH_STORE)")
     r.add_argument("--no-store", action="store_true", help="write JSONL only")
     r.add_argument("--telemetry", action="store_true", help="also store every raw input record (gw_telemetry)")
+    r.add_argument("--publish", metavar="BOOTSTRAP", default=_env("publish"),
+                   help="also publish findings, actions (the alert topic), incidents and rejects to Kafka "
+                   "(topic names as `gangwatch topics list`; env GANGWATCH_PUBLISH)")
+    r.add_argument("--webhook", default=_env("webhook"),
+                   help="also POST every action to this job-controller URL, signed with GANGWATCH_WEBHOOK_SECRET")
     r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: on when stderr is a terminal)")
     r.add_argument("-q", "--quiet", action="store_true", help="no summary")

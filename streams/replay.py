@@ -148,11 +148,11 @@ class Replay:
 
 
 def run(paths: list[Path], out_dir: Path, store: Store | None, *, telemetry: bool = False,
-        progress: bool | None = None, core: Core | None = None) -> Summary:
-    """Replay `paths` into `out_dir` (and `store`); returns the summary."""
+        progress: bool | None = None, core: Core | None = None, sinks: list[Sink] | None = None) -> Summary:
+    """Replay `paths` into `out_dir` (and `store`, and any further `sinks`); returns the summary."""
     if progress is None:
         progress = sys.stderr.isatty()
-    sinks: list[Sink] = [JsonlSink(out_dir)]
+    sinks = [JsonlSink(out_dir), *(sinks or [])]
     if store is not None:
         sinks.append(StoreSink(store, telemetry=telemetry, max_delay_s=float("inf")))
     rep = Replay(sinks, core)

@@ -90,3 +90,18 @@ def test_kafka_in_clickhouse_alert_topic_and_webhook_out(kafka_bootstrap, topics
     assert findings == [{"type": "fail_stop", "node": "n001"}]
     [inc] = store.query("SELECT class, culprit_nodes FROM gw_incidents FINAL")
     assert inc == {"class": "fail_stop", "culprit_nodes": ["n001"]}
+
+
+def test_replay_can_publish_to_the_alert_topic(kafka_bootstrap, unique, tmp_path, monkeypatch):
+    from gangwatch.cli import main
+    from streams.topics import TopicSettings, create_topics
+    from tests.integration.kafkakit import write_jsonl
+
+    monkeypatch.setenv("GANGWATCH_TOPIC_PREFIX", f"{unique}.")
+    t = TopicSettings.from_env()
+    create_topics(t, kafka_bootstrap)
+    src = write_jsonl(tmp_path / "run.jsonl", messages(scenario(xid_node=None), t))
+    assert main(["replay", str(src), "--out", str(tmp_path / "out"), "--no-store", "-q",
+                 "--publish", kafka_bootstrap]) == 0
+    alerts = [decode(v)[0] for _, v in read_all(kafka_bootstrap, [t.actions])[t.actions]]
+    assert [(a.type, a.nodes) for a in alerts if a.type == "replace"] == [("replace", ["n001"])]
