@@ -259,18 +259,6 @@ cmd_start() {
   say "log: $LOG"
 }
 
-cmd_stop() {
-  local pid
-  if ! pid="$(running_pid)"; then
-    rm -f "$PID_FILE"
-    say "not running"
-    return 0
-  fi
-  stop_pid "$pid"
-  rm -f "$PID_FILE"
-  say "stopped (pid $pid)"
-}
-
 cmd_status() {
   local pid
   pid="$(running_pid)" || { say "not running"; return 1; }
