@@ -7,7 +7,6 @@ saves/restores their state as one JSON-able value.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from detectors.base import Detector
@@ -24,8 +23,6 @@ from detectors.topology import Topology
 from schemas import Finding, Job, Record, to_dict
 from schemas.codec import decode_obj
 
-DetectorFactory = Callable[[Topology], Detector]
-
 # The detectors every job gets, in the order their findings are emitted.
 DEFAULT_DETECTORS: tuple[type, ...] = (
     FailStopDetector, HangDetector, FailSlowDetector, JobSlowdownDetector, SdcDetector, CommDetector,
@@ -39,7 +36,6 @@ class JobMonitor:
     def __init__(self, job: Job, detectors: tuple[type, ...] = DEFAULT_DETECTORS) -> None:
         self.job_record = job
         self.topo = Topology.from_job(job)
-        self.detector_types = detectors
         self.detectors: list[Detector] = [cls(self.topo) for cls in detectors]
         self._routes = self._build_routes()
 

@@ -21,7 +21,7 @@ snapshot's first record time plus a collection window.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, NamedTuple
 
@@ -360,8 +360,3 @@ class StackDetector(SweepDetector):
             det._interned[sid] = {s: s for s in table}
         det.done.extend(state["done"])
         return det
-
-
-def signatures_of(records: Iterable[Stack], threads_mode: str = "main") -> dict[int, tuple[str, ...]]:
-    """rank -> signature for a batch of `stack` records (the last record of a rank wins)."""
-    return {rec.rank: signature(thread_stacks(rec), threads_mode) for rec in records}
