@@ -33,7 +33,6 @@ import dataclasses
 import datetime
 import functools
 import hashlib
-import math
 import os
 import random
 import subprocess
@@ -66,6 +65,7 @@ from tests.contract.harness import (
     wire,
     wire_list,
 )
+from tests.helpers import assert_json_safe
 
 pytestmark = pytest.mark.contract
 
@@ -91,7 +91,7 @@ def test_detector_protocol(det_name):
     assert len(DETECTORS) == len(DEFAULT_DETECTORS), "detector names must be unique (JobMonitor keys state by name)"
     topo = Topology.from_job(stream("xid79")[0])
     st = cls(topo).state()
-    assert_plain_json(st)
+    assert_json_safe(st)
     assert orjson.loads(orjson.dumps(cls.from_state(orjson.loads(orjson.dumps(st)), topo).state())) == st
     for f in cls(topo).advance(topo.ts + 3600.0):  # silence from the start (fail-stop: nobody ever came up)
         assert decode(encode(f)) == [f]
@@ -172,22 +172,6 @@ def other_process():
 # --- 2. state round trip ------------------------------------------------------------------------
 
 
-def assert_plain_json(x: Any, path: str = "state") -> None:
-    """Only JSON values: dict with str keys, list, str, int, finite float, bool, None (exact types)."""
-    t = type(x)
-    if t is dict:
-        for k, v in x.items():
-            assert type(k) is str, f"{path}: key {k!r} is a {type(k).__name__}, not a str"
-            assert_plain_json(v, f"{path}.{k}")
-    elif t is list:
-        for i, v in enumerate(x):
-            assert_plain_json(v, f"{path}[{i}]")
-    elif t is float:
-        assert math.isfinite(x), f"{path}: {x} (JSON has no NaN/Infinity; orjson would write null)"
-    else:
-        assert x is None or t in (str, int, bool), f"{path}: a {t.__module__}.{t.__name__} is not a JSON value"
-
-
 def cut_points(det_name: str, sc_name: str) -> list[int]:
     """Where to save and restore: 25/50/75% of the records and of the event time, the middle record of
     each kind the detector observes (mid-sweep, mid-storm), and right after its first and last findings
@@ -219,7 +203,7 @@ def test_state_round_trip(det_name, sc_name):
     for i, rec in enumerate(recs):
         if i in cuts:
             st = orig.det.state()
-            assert_plain_json(st)
+            assert_json_safe(st)
             snaps.append((i, st, orjson.dumps(st), len(out), orig.topo))
         out += orig.feed(rec)
     out += orig.finish()

@@ -23,6 +23,7 @@ import orjson
 from detectors.steps import StepColumns
 from detectors.topology import Topology
 from schemas import Finding, Job, RankInfo, Step
+from tests.helpers import assert_json_safe  # noqa: F401 - re-exported for the step-detector tests
 
 
 def make_job(n_ranks: int = 128, *, gpus_per_node: int = 8, tp: int = 8, pp: int = 4, job: str = "j1",
@@ -191,22 +192,6 @@ def roundtrip(det: Any, topo: Topology) -> Any:
     st = det.state()
     assert_json_safe(st)
     return type(det).from_state(orjson.loads(orjson.dumps(st)), topo)
-
-
-def assert_json_safe(obj: Any, path: str = "$") -> None:
-    """Only plain JSON types, no numpy scalars, no NaN/Inf floats."""
-    t = type(obj)
-    if t is dict:
-        for k, v in obj.items():
-            assert type(k) is str, f"{path}: key {k!r} is not a str"
-            assert_json_safe(v, f"{path}.{k}")
-    elif t is list:
-        for i, v in enumerate(obj):
-            assert_json_safe(v, f"{path}[{i}]")
-    elif t is float:
-        assert math.isfinite(obj), f"{path}: non-finite float"
-    else:
-        assert obj is None or t in (str, int, bool), f"{path}: {t.__name__} is not plain JSON"
 
 
 def by_type(findings: Iterable[Finding], type_: str) -> list[Finding]:

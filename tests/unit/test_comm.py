@@ -10,6 +10,7 @@ import pytest
 from detectors.comm import CommDetector
 from detectors.topology import Topology
 from schemas import Framework, Job, RankInfo
+from tests.helpers import drive
 
 pytestmark = pytest.mark.unit
 
@@ -38,14 +39,7 @@ def random_storm(seed=0, n=300, size=64, span=3.0, exclude=()):
 
 
 def run(det, recs, tail=30.0):
-    found = []
-    for rec in recs:
-        found += det.advance(rec.ts)
-        found += det.observe(rec)
-    if recs:
-        found += det.advance(recs[-1].ts)
-        found += det.advance(recs[-1].ts + tail)
-    return found
+    return drive(det, recs, tail)
 
 
 def test_storm_of_300_timeouts_is_one_finding_after_window() -> None:

@@ -11,6 +11,7 @@ from detectors.hardware import HardwareDetector
 from detectors.topology import Topology
 from producers.kmsg import parse_line, parse_lines, to_hw_record
 from schemas import Gpu, Hw, Job, RankInfo, decode_obj
+from tests.helpers import drive
 
 pytestmark = pytest.mark.unit
 
@@ -24,15 +25,7 @@ def topo(nodes=2, per_node=8) -> Topology:
 
 
 def run(det, recs, tail=120.0):
-    """Advance to each record's time, observe it, then advance to the end and `tail` seconds past it."""
-    found = []
-    for rec in recs:
-        found += det.advance(rec.ts)
-        found += det.observe(rec)
-    if recs:
-        found += det.advance(recs[-1].ts)
-        found += det.advance(recs[-1].ts + tail)
-    return found
+    return drive(det, recs, tail)
 
 
 def hw_records(lines, node="n001", t0=T0, dt=0.01):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import orjson
 import pytest
@@ -20,18 +19,11 @@ from detectors.stacks import (
 )
 from detectors.topology import Topology
 from schemas import Job, RankInfo, Stack, decode
+from tests.helpers import shared_path
 
 pytestmark = pytest.mark.unit
 
 PYSPY = "pyspy/dataloader-hang-8ranks"
-
-
-def shared_data(sub: str) -> Path:
-    """A real dataset in the shared data dir beside the repo (read in place, never copied)."""
-    path = Path(__file__).resolve().parents[2].parent / "shared" / "data" / sub
-    if not path.is_dir():
-        pytest.fail(f"real dataset missing: {path} (expected shared/data beside the repository root)")
-    return path
 
 
 def topology(n: int, per_node: int = 8, job: str = "j1") -> Topology:
@@ -48,7 +40,7 @@ def stack_rec(rank: int, dump: str, ts: float, snapshot: str = "s-1", job: str =
 
 
 def real_records(ts0: float = 1000.0) -> list[Stack]:
-    root = shared_data(PYSPY)
+    root = shared_path(PYSPY)
     return [stack_rec(r, (root / f"dump_rank{r}.txt").read_text(), ts0 + 0.1 * r) for r in range(8)]
 
 
@@ -79,7 +71,7 @@ def pyspy_text(frames: list[tuple[str, str]], rng: random.Random, *, feeder: boo
 
 
 def test_parse_real_dump():
-    threads = parse_pyspy((shared_data(PYSPY) / "dump_rank0.txt").read_text())
+    threads = parse_pyspy((shared_path(PYSPY) / "dump_rank0.txt").read_text())
     assert [t.name for t in threads] == ["MainThread", "QueueFeederThread"]
     main = threads[0]
     assert main.is_main and main.state == "idle" and main.pid == 14149 and main.thread == "14149"

@@ -1,0 +1,48 @@
+"""Helpers shared by the test tiers: where the real material lives, driving a detector, plain-JSON checks."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def shared_path(sub: str) -> Path:
+    """A real dataset under `../shared/data` beside the repository (read in place, never copied)."""
+    path = SHARED_DATA / sub
+    if not path.exists():
+        pytest.fail(f"real test material missing: {path} (it lives beside the repository as ../shared/data)")
+    return path
+
+
+def drive(det: Any, recs: list, tail: float = 0.0) -> list:
+    """Advance a detector to each record's time and observe it; then advance to the end and `tail` past it."""
+    found = []
+    for rec in recs:
+        found += det.advance(rec.ts)
+        found += det.observe(rec)
+    if recs:
+        found += det.advance(recs[-1].ts)
+        found += det.advance(recs[-1].ts + tail)
+    return found
+
+
+def assert_json_safe(obj: Any, path: str = "$") -> None:
+    """Only plain JSON values: dicts with str keys, lists, str, int, finite float, bool, None (exact types)."""
+    t = type(obj)
+    if t is dict:
+        for k, v in obj.items():
+            assert type(k) is str, f"{path}: key {k!r} is a {type(k).__name__}, not a str"
+            assert_json_safe(v, f"{path}.{k}")
+    elif t is list:
+        for i, v in enumerate(obj):
+            assert_json_safe(v, f"{path}[{i}]")
+    elif t is float:
+        assert math.isfinite(obj), f"{path}: {obj} (JSON has no NaN/Infinity; orjson would write null)"
+    else:
+        assert obj is None or t in (str, int, bool), f"{path}: a {t.__module__}.{t.__name__} is not a JSON value"
