@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import orjson  # noqa: E402
 
 from gangwatch.evaluate import EVICTING  # noqa: E402
-from producers.simulate import Fault, Scenario, write  # noqa: E402
-from streams import replay  # noqa: E402
+from gangwatch.producers.simulate import Fault, Scenario, write  # noqa: E402
+from gangwatch.streams import replay  # noqa: E402
 
 
 def run(n: int, kind: str, tmp: Path) -> dict:

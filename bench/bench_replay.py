@@ -25,11 +25,11 @@ from pathlib import Path
 
 import orjson
 
-from producers.simulate import Scenario, write
-from schemas import DecodeError, decode
-from streams import replay
-from streams.replay import open_text
-from triage.engine import Core
+from gangwatch.producers.simulate import Scenario, write
+from gangwatch.schemas import DecodeError, decode
+from gangwatch.streams import replay
+from gangwatch.streams.replay import open_text
+from gangwatch.triage.engine import Core
 
 
 def scenario(n: int, duration_s: float) -> Scenario:

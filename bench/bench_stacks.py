@@ -21,9 +21,9 @@ import argparse  # noqa: E402
 import random  # noqa: E402
 import time  # noqa: E402
 
-from detectors.stacks import StackDetector, cluster_ranks, parse_pyspy, signature, suspect_clusters  # noqa: E402
-from detectors.topology import Topology  # noqa: E402
-from schemas import Job, RankInfo, Stack  # noqa: E402
+from gangwatch.detectors.stacks import StackDetector, cluster_ranks, parse_pyspy, signature, suspect_clusters  # noqa: E402
+from gangwatch.detectors.topology import Topology  # noqa: E402
+from gangwatch.schemas import Job, RankInfo, Stack  # noqa: E402
 
 TAIL = [("_engine_run_backward", "torch/autograd/graph.py"), ("backward", "torch/autograd/__init__.py"),
         ("Tensor.backward", "torch/_tensor.py"), ("train_step", "megatron/training.py"),

@@ -38,8 +38,8 @@ import orjson
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient
 
-from schemas import DecodeError, Heartbeat, Hw, Job, RankInfo, Step, decode, encode, encode_batch
-from streams.topics import TopicSettings, create_topics
+from gangwatch.schemas import DecodeError, Heartbeat, Hw, Job, RankInfo, Step, decode, encode, encode_batch
+from gangwatch.streams.topics import TopicSettings, create_topics
 from tests.integration.kafkakit import WorkerProc, group_members, wait_for, worker_args
 
 GPUS = 8
@@ -255,7 +255,7 @@ def triggers(produced: list[tuple[str, bytes]], jobs: list[Job]) -> dict[str, fl
     output's latency is measured from the moment it became decidable, however long the
     detectors deliberately wait on event time (storm windows, settle times, grids).
     """
-    from triage.engine import Core
+    from gangwatch.triage.engine import Core
 
     cores = {}
     for job in jobs:

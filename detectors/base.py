@@ -16,8 +16,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any, ClassVar, Protocol
 
-from detectors.topology import Topology
-from schemas import Finding, Record
+from gangwatch.detectors.topology import Topology
+from gangwatch.schemas import Finding, Record
 
 
 class Detector(Protocol):

@@ -15,9 +15,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from detectors.base import finding
-from detectors.topology import Topology
-from schemas import Finding, Record
+from gangwatch.detectors.base import finding
+from gangwatch.detectors.topology import Topology
+from gangwatch.schemas import Finding, Record
 
 _COMM_TYPES = frozenset({"nccl_timeout", "nccl_error", "barrier_timeout"})
 _GROUP_KINDS = frozenset({"tp", "pp", "dp"})

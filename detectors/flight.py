@@ -32,10 +32,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
-from detectors.base import finding
-from detectors.sweeps import Sweep, SweepDetector
-from detectors.topology import Topology
-from schemas import Finding, Flight, Record
+from gangwatch.detectors.base import finding
+from gangwatch.detectors.sweeps import Sweep, SweepDetector
+from gangwatch.detectors.topology import Topology
+from gangwatch.schemas import Finding, Flight, Record
 
 _REASON_ORDER = {"never_enqueued": 0, "never_started": 1, "op_mismatch": 2, "size_mismatch": 3, "dtype_mismatch": 4}
 _EVIDENCE_REASONS = 16

@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from detectors.base import finding
-from detectors.topology import Topology
-from schemas import Finding, Record
+from gangwatch.detectors.base import finding
+from gangwatch.detectors.topology import Topology
+from gangwatch.schemas import Finding, Record
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,10 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from detectors.base import finding
-from detectors.topology import Topology
-from detectors.xid import is_verdict, lookup
-from schemas import Finding, Gpu, Hw, Record
+from gangwatch.detectors.base import finding
+from gangwatch.detectors.topology import Topology
+from gangwatch.detectors.xid import is_verdict, lookup
+from gangwatch.schemas import Finding, Gpu, Hw, Record
 
 _THROTTLE_DEGRADED = frozenset({"hw_thermal", "sw_thermal", "hw_slowdown", "hw_power_brake", "power_brake"})
 # the link-state words the kernel prints (same phrases as producers/kmsg.py recognises)

@@ -9,19 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from detectors.base import Detector
-from detectors.comm import CommDetector
-from detectors.failslow import FailSlowDetector
-from detectors.failstop import FailStopDetector
-from detectors.flight import FlightDetector
-from detectors.hang import HangDetector
-from detectors.hardware import HardwareDetector
-from detectors.sdc import SdcDetector
-from detectors.slowdown import JobSlowdownDetector
-from detectors.stacks import StackDetector
-from detectors.topology import Topology
-from schemas import Finding, Job, Record, to_dict
-from schemas.codec import decode_obj
+from gangwatch.detectors.base import Detector
+from gangwatch.detectors.comm import CommDetector
+from gangwatch.detectors.failslow import FailSlowDetector
+from gangwatch.detectors.failstop import FailStopDetector
+from gangwatch.detectors.flight import FlightDetector
+from gangwatch.detectors.hang import HangDetector
+from gangwatch.detectors.hardware import HardwareDetector
+from gangwatch.detectors.sdc import SdcDetector
+from gangwatch.detectors.slowdown import JobSlowdownDetector
+from gangwatch.detectors.stacks import StackDetector
+from gangwatch.detectors.topology import Topology
+from gangwatch.schemas import Finding, Job, Record, to_dict
+from gangwatch.schemas.codec import decode_obj
 
 # The detectors every job gets, in the order their findings are emitted.
 DEFAULT_DETECTORS: tuple[type, ...] = (

@@ -26,11 +26,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from detectors.base import finding
-from detectors.steps import BufferConfig, Closed, StepBuffer, StepScorer, median
-from detectors.steps import finite_or_none as _fin
-from detectors.topology import Topology
-from schemas import Finding
+from gangwatch.detectors.base import finding
+from gangwatch.detectors.steps import BufferConfig, Closed, StepBuffer, StepScorer, median
+from gangwatch.detectors.steps import finite_or_none as _fin
+from gangwatch.detectors.topology import Topology
+from gangwatch.schemas import Finding
 
 _MAD_TO_SIGMA = 1.4826
 _METRICS = ("loss", "grad_norm")

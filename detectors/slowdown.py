@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from detectors.base import finding
-from detectors.steps import (
+from gangwatch.detectors.base import finding
+from gangwatch.detectors.steps import (
     BufferConfig,
     Closed,
     StepBuffer,
@@ -25,8 +25,8 @@ from detectors.steps import (
     finite_or_none,
     median,
 )
-from detectors.topology import Topology
-from schemas import Finding
+from gangwatch.detectors.topology import Topology
+from gangwatch.schemas import Finding
 
 
 @dataclass(frozen=True)

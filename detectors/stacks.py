@@ -29,10 +29,10 @@ import numpy as np
 from sklearn.cluster import AgglomerativeClustering
 from sklearn.feature_extraction.text import HashingVectorizer
 
-from detectors.base import finding
-from detectors.sweeps import Sweep, SweepDetector
-from detectors.topology import Topology
-from schemas import Finding, Record, Stack
+from gangwatch.detectors.base import finding
+from gangwatch.detectors.sweeps import Sweep, SweepDetector
+from gangwatch.detectors.topology import Topology
+from gangwatch.schemas import Finding, Record, Stack
 
 _THREAD_RE = re.compile(r'^Thread\s+(\S+)\s+\(([^)]*)\)(?::\s*"(.*)")?')
 _PROCESS_RE = re.compile(r"^Process\s+(\d+)")

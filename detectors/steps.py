@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from schemas import Finding, Record
+from gangwatch.schemas import Finding, Record
 
 _BATCH_MIN_RUN = 16  # shorter runs of one step go through the per-record path (cheaper, same result)
 

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from detectors.topology import Topology
-from schemas import Finding, Record
+from gangwatch.detectors.topology import Topology
+from gangwatch.schemas import Finding, Record
 
 
 @dataclass

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from schemas import Job, RankInfo
+from gangwatch.schemas import Job, RankInfo
 
 
 @dataclass(frozen=True)

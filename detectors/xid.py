@@ -1,7 +1,7 @@
 """The NVIDIA Xid catalog as code: name, fatal flag and category of every Xid 1-162.
 
 The fatal flag and name are NVIDIA's catalog (NVSentinel's mapping, mirrored in
-``shared/data/xid/xid-catalog.csv``; a unit test checks the two agree code by code).
+``tests/data/xid/xid-catalog.csv``; a unit test checks the two agree code by code).
 The table was generated once from that CSV and is kept here as reviewed source; it
 is never read at runtime. ``category`` is ours and decides how much an Xid weighs:
 

@@ -23,8 +23,8 @@ def _env(name: str, default: str | None = None) -> str | None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from sinks.store import open_store
-    from streams import replay
+    from gangwatch.sinks.store import open_store
+    from gangwatch.streams import replay
 
     missing = [p for p in args.files if not p.exists()]
     if missing:
@@ -33,14 +33,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
     out = args.out
     extra = []
     if args.publish:
-        from sinks.kafka import KafkaSink
-        from streams.topics import TopicSettings
+        from gangwatch.sinks.kafka import KafkaSink
+        from gangwatch.streams.topics import TopicSettings
 
         t = TopicSettings.from_env()
         extra.append(KafkaSink(args.publish, findings_topic=t.findings, actions_topic=t.actions,
                                incidents_topic=t.incidents, dlq_topic=t.dlq))
     if args.webhook:
-        from sinks.controller import WebhookSink
+        from gangwatch.sinks.controller import WebhookSink
 
         extra.append(WebhookSink(args.webhook))
     store = None if args.no_store else open_store(args.store or f"chdb:{out / 'store'}")
@@ -58,7 +58,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_schema_export(args: argparse.Namespace) -> int:
-    from schemas.jsonschema import export
+    from gangwatch.schemas.jsonschema import export
 
     paths = export(args.dir)
     print(f"wrote {len(paths)} JSON Schema files to {args.dir}")
@@ -71,7 +71,7 @@ def cmd_schema_export(args: argparse.Namespace) -> int:
 def cmd_ingest(args: argparse.Namespace) -> int:
     import orjson
 
-    from producers.dumps import flight_records, kmsg_records, pyspy_records
+    from gangwatch.producers.dumps import flight_records, kmsg_records, pyspy_records
 
     try:
         if args.format == "kmsg":
@@ -108,7 +108,7 @@ def _pci_gpu(spec: str) -> tuple[str, int]:
 
 
 def _suite(name: str, size: str) -> list:
-    from producers.simulate import standard_suite
+    from gangwatch.producers.simulate import standard_suite
 
     if name != "standard":
         raise SystemExit(f"gangwatch: unknown suite {name!r} (known: standard)")
@@ -116,7 +116,7 @@ def _suite(name: str, size: str) -> list:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from producers.simulate import Fault, Scenario, write
+    from gangwatch.producers.simulate import Fault, Scenario, write
 
     if args.suite:
         scenarios = _suite(args.suite, args.size)
@@ -157,8 +157,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from producers.simulate import Fault, Scenario, write
-    from streams import replay
+    from gangwatch.producers.simulate import Fault, Scenario, write
+    from gangwatch.streams import replay
 
     sc = Scenario("demo", seed=7, tp=8, pp=2, dp=4, duration_s=240.0, faults=(
         Fault("thermal_straggler", at_s=40.0, rank=21, magnitude=0.12),
@@ -168,7 +168,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     stream, truth = write(sc, out)
     print(f"simulated {sc.tp * sc.pp * sc.dp} ranks on {sc.pp * sc.dp} nodes for {sc.duration_s:.0f} s: "
           f"a thermal straggler (rank 21, +12%) at 40 s, then Xid 79 on n005 gpu 3 at 150 s -> {stream}")
-    from sinks.store import open_store
+    from gangwatch.sinks.store import open_store
 
     store = None if args.no_store else open_store(f"chdb:{out / 'store'}")
     summary = replay.run([stream], out, store, progress=None)
@@ -198,13 +198,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _topic_settings(args: argparse.Namespace):
-    from streams.topics import TopicSettings
+    from gangwatch.streams.topics import TopicSettings
 
     return TopicSettings.from_env(prefix=args.prefix, partitions=args.partitions, replication=args.replication)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from streams import worker
+    from gangwatch.streams import worker
 
     settings = worker.WorkerSettings(
         bootstrap=args.bootstrap, app_id=args.app_id, topics=_topic_settings(args), store=args.store,
@@ -223,7 +223,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_topics_create(args: argparse.Namespace) -> int:
-    from streams.topics import create_topics
+    from gangwatch.streams.topics import create_topics
 
     s = _topic_settings(args)
     made = create_topics(s, args.bootstrap)
@@ -233,7 +233,7 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
 
 
 def cmd_topics_list(args: argparse.Namespace) -> int:
-    from streams.topics import list_topics
+    from gangwatch.streams.topics import list_topics
 
     for name, n in list_topics(args.bootstrap, args.prefix or _env("topic_prefix", "gw.")).items():
         print(f"{name:<40} {n} partitions")
@@ -292,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "and write a `job` record and one `stack`/`flight` record per rank, all in one snapshot. "
                        "kmsg: read one node's kernel log (dmesg text) and write an `hw` record per GPU, ECC, NIC, "
                        "PCIe or NVLink event (multi-line firmware dumps fold into their Xid).",
-                       epilog="examples: gangwatch ingest pyspy ../shared/data/pyspy/dataloader-hang-8ranks "
+                       epilog="examples: gangwatch ingest pyspy tests/data/pyspy/dataloader-hang-8ranks "
                        "--out sweep.jsonl && gangwatch replay sweep.jsonl --out out/ ; "
                        "gangwatch ingest kmsg /var/log/dmesg.txt --node n003 --gpu-of 0000:3b:00=2 --out hw.jsonl")
     g.add_argument("format", choices=["pyspy", "flight", "kmsg"], help="what PATH holds")

@@ -103,8 +103,8 @@ def score(truth: dict[str, Any], findings: list[dict], actions: list[dict], inci
 
 def run_scenario(sc: Any, work: Path) -> ScenarioScore:
     """Generate one scenario, replay it (JSONL only), score it."""
-    from producers.simulate import write
-    from streams import replay
+    from gangwatch.producers.simulate import write
+    from gangwatch.streams import replay
 
     stream, truth_path = write(sc, work)
     out = work / f"{sc.name}.out"

@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from producers.flight import load_dump, to_flight_record
-from producers.kmsg import parse_lines, to_hw_record
+from gangwatch.producers.flight import load_dump, to_flight_record
+from gangwatch.producers.kmsg import parse_lines, to_hw_record
 
 _RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 DEFAULT_TS = 1_700_000_000.0

@@ -30,7 +30,7 @@ import pickle
 import re
 from typing import Any
 
-from schemas.records import FLIGHT_STATES
+from gangwatch.schemas.records import FLIGHT_STATES
 
 MAX_DUMP_BYTES = 256 * 1024 * 1024
 _INT_RE = re.compile(r"-?\d+")

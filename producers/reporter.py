@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from schemas import Framework, Heartbeat, Record, Step, encode, encode_batch
+from gangwatch.schemas import Framework, Heartbeat, Record, Step, encode, encode_batch
 
 Send = Callable[[str, bytes, bytes], None]  # (topic, key, value)
 

@@ -1,7 +1,7 @@
 """Wire contract v1: typed records, decode/encode, JSON Schema export. No I/O, no logic."""
 
-from schemas.codec import DecodeError, decode, decode_obj, encode, encode_batch, to_dict
-from schemas.records import (
+from gangwatch.schemas.codec import DecodeError, decode, decode_obj, encode, encode_batch, to_dict
+from gangwatch.schemas.records import (
     INPUT_KINDS,
     KINDS,
     OUTPUT_KINDS,

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from schemas.records import KINDS, VERSION, WIRE_NAMES, Meta, Record
+from gangwatch.schemas.records import KINDS, VERSION, WIRE_NAMES, Meta, Record
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 MAX_BATCH_ITEMS = 1_000_000

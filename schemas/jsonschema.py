@@ -12,8 +12,8 @@ from typing import Any
 
 import orjson
 
-from schemas.codec import unwrap
-from schemas.records import KINDS, VERSION, WIRE_NAMES, Meta
+from gangwatch.schemas.codec import unwrap
+from gangwatch.schemas.records import KINDS, VERSION, WIRE_NAMES, Meta
 
 _DRAFT = "https://json-schema.org/draft/2020-12/schema"
 

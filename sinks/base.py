@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from schemas import DecodeError, Record
-from triage.outputs import Outputs
+from gangwatch.schemas import DecodeError, Record
+from gangwatch.triage.outputs import Outputs
 
 
 class Sink(Protocol):

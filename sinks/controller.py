@@ -38,8 +38,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NoReturn
 
-from schemas import Action, DecodeError, Record, encode
-from triage.outputs import Outputs
+from gangwatch.schemas import Action, DecodeError, Record, encode
+from gangwatch.triage.outputs import Outputs
 
 log = logging.getLogger(__name__)
 

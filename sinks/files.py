@@ -7,8 +7,8 @@ from typing import Any
 
 import orjson
 
-from schemas import DecodeError, Record, encode
-from triage.outputs import Outputs
+from gangwatch.schemas import DecodeError, Record, encode
+from gangwatch.triage.outputs import Outputs
 
 
 def rejected_obj(err: DecodeError, source: str, where: int | None) -> dict[str, Any]:

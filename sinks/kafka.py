@@ -21,8 +21,8 @@ from typing import Any
 import orjson
 from kafka import KafkaProducer
 
-from schemas import DecodeError, Record, encode
-from triage.outputs import Outputs
+from gangwatch.schemas import DecodeError, Record, encode
+from gangwatch.triage.outputs import Outputs
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from sinks.tables import ddl
+from gangwatch.sinks.tables import ddl
 
 
 class Store(Protocol):

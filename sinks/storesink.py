@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from schemas import DecodeError, Record
-from sinks.store import Store
-from sinks.tables import ROW_OF, profile_row, rejected_row, telemetry_row
-from triage.outputs import Outputs
+from gangwatch.schemas import DecodeError, Record
+from gangwatch.sinks.store import Store
+from gangwatch.sinks.tables import ROW_OF, profile_row, rejected_row, telemetry_row
+from gangwatch.triage.outputs import Outputs
 
 log = logging.getLogger(__name__)
 

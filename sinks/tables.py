@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from schemas import Action, DecodeError, Finding, Incident, Record, to_dict
+from gangwatch.schemas import Action, DecodeError, Finding, Incident, Record, to_dict
 
 DDL: dict[str, str] = {
     "gw_findings": """

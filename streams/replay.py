@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from schemas import DecodeError, Record, decode
-from sinks.base import Sink
-from sinks.files import JsonlSink
-from sinks.store import Store
-from sinks.storesink import StoreSink
-from triage.engine import Core, CoreConfig
-from triage.outputs import Outputs
+from gangwatch.schemas import DecodeError, Record, decode
+from gangwatch.sinks.base import Sink
+from gangwatch.sinks.files import JsonlSink
+from gangwatch.sinks.store import Store
+from gangwatch.sinks.storesink import StoreSink
+from gangwatch.triage.engine import Core, CoreConfig
+from gangwatch.triage.outputs import Outputs
 
 
 def open_text(path: Path) -> IO[bytes]:

@@ -31,10 +31,10 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from schemas import DecodeError, Record, decode, encode, encode_batch
-from streams.topics import TopicSettings
-from triage.engine import Core, CoreConfig
-from triage.outputs import Outputs
+from gangwatch.schemas import DecodeError, Record, decode, encode, encode_batch
+from gangwatch.streams.topics import TopicSettings
+from gangwatch.triage.engine import Core, CoreConfig
+from gangwatch.triage.outputs import Outputs
 
 _NODE_KINDS = frozenset({"hw", "gpu"})
 MAX_PENDING = 200_000  # records held per job (or node) waiting for their job record (or mapping)

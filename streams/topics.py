@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from schemas import Record
+from gangwatch.schemas import Record
 
 ALREADY_EXISTS = 36  # Kafka error code TOPIC_ALREADY_EXISTS
 

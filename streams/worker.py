@@ -45,10 +45,10 @@ import faust
 from aiokafka.partitioner import murmur2
 from faust.types import TP
 
-from sinks.base import Sink
-from streams.runner import JobRunner, Msg, NodeRouter, Result
-from streams.topics import TopicSettings, create_topics
-from triage.engine import CoreConfig
+from gangwatch.sinks.base import Sink
+from gangwatch.streams.runner import JobRunner, Msg, NodeRouter, Result
+from gangwatch.streams.topics import TopicSettings, create_topics
+from gangwatch.triage.engine import CoreConfig
 
 log = logging.getLogger("gangwatch.worker")
 
@@ -333,12 +333,12 @@ def run(s: WorkerSettings, *, loglevel: str = "info", create: bool = True) -> No
             log.info("created topics: %s", ", ".join(made))
     sinks: list[Sink] = []
     if s.store:
-        from sinks.store import open_store
-        from sinks.storesink import StoreSink
+        from gangwatch.sinks.store import open_store
+        from gangwatch.sinks.storesink import StoreSink
 
         sinks.append(StoreSink(open_store(s.store), telemetry=s.telemetry))
     if s.webhook:
-        from sinks.controller import WebhookSink
+        from gangwatch.sinks.controller import WebhookSink
 
         sinks.append(WebhookSink(s.webhook))  # the secret comes from GANGWATCH_WEBHOOK_SECRET
     app = make_app(s, sinks)

@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+DATA = REPO / "tests" / "data"
 
 
-def shared_path(sub: str) -> Path:
-    """A real dataset under `../shared/data` beside the repository (read in place, never copied)."""
-    path = SHARED_DATA / sub
+def data_path(sub: str) -> Path:
+    """Real test material under `tests/data/` (see its README for what each file is and where it comes from)."""
+    path = DATA / sub
     if not path.exists():
-        pytest.fail(f"real test material missing: {path} (it lives beside the repository as ../shared/data)")
+        pytest.fail(f"real test material missing: {path} (tests/data/README.md lists what belongs there)")
     return path
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from triage.localize import Localization
+from gangwatch.triage.localize import Localization
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from detectors.monitor import JobMonitor
-from schemas import DecodeError, Job, Record, encode
-from triage.config import TriageConfig
-from triage.job import Triage
-from triage.outputs import Outputs
+from gangwatch.detectors.monitor import JobMonitor
+from gangwatch.schemas import DecodeError, Job, Record, encode
+from gangwatch.triage.config import TriageConfig
+from gangwatch.triage.job import Triage
+from gangwatch.triage.outputs import Outputs
 
 _JOB_KEYED = frozenset({"step", "heartbeat", "framework", "stack", "flight", "recovery"})
 _NODE_KEYED = frozenset({"hw", "gpu"})

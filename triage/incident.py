@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from schemas import Incident
-from triage.config import Budgets
+from gangwatch.schemas import Incident
+from gangwatch.triage.config import Budgets
 
 # Class precedence when evidence of several kinds joins one incident.
 CLASS_RANK = {"sdc": 5, "fail_stop": 4, "hang": 3, "fail_slow": 2, "unknown": 1, "planned": 6}

@@ -17,16 +17,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from detectors.base import stable_id
-from detectors.topology import Topology
-from schemas import Action, Finding, Record, decode_obj, to_dict
-from triage.config import TriageConfig
-from triage.decide import Decision, Situation, decide
-from triage.incident import Timeline
-from triage.localize import localize
-from triage.outputs import Outputs
-from triage.profile import NodeProfile
-from triage.safety import Guards
+from gangwatch.detectors.base import stable_id
+from gangwatch.detectors.topology import Topology
+from gangwatch.schemas import Action, Finding, Record, decode_obj, to_dict
+from gangwatch.triage.config import TriageConfig
+from gangwatch.triage.decide import Decision, Situation, decide
+from gangwatch.triage.incident import Timeline
+from gangwatch.triage.localize import localize
+from gangwatch.triage.outputs import Outputs
+from gangwatch.triage.profile import NodeProfile
+from gangwatch.triage.safety import Guards
 
 _CORROBORATE_S = 1800.0  # a numeric anomaly this soon after an SDC decision belongs to it
 _KEEP_WAITING = 16

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from detectors.topology import Topology
-from schemas import Finding
+from gangwatch.detectors.topology import Topology
+from gangwatch.schemas import Finding
 
 NODE_LEVEL = frozenset({"fail_stop", "hw_fault", "sdc_suspect"})
 

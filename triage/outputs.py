@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas import Action, DecodeError, Finding, Incident
+from gangwatch.schemas import Action, DecodeError, Finding, Incident
 
 
 @dataclass

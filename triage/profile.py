@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas import Finding
+from gangwatch.schemas import Finding
 
 # How much one finding adds to a node's risk (before decay), by type or hardware severity.
 RISK_WEIGHT = {"fatal": 1.0, "degraded": 0.3, "evidence": 0.2, "precursor": 0.1,

@@ -16,9 +16,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas import Ops
-from triage.config import Safety
-from triage.decide import Decision
+from gangwatch.schemas import Ops
+from gangwatch.triage.config import Safety
+from gangwatch.triage.decide import Decision
 
 EVICTING = frozenset({"replace", "evict_group", "isolate", "requeue"})
 

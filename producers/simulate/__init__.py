@@ -1,6 +1,6 @@
 """Deterministic simulator of contract-v1 telemetry for a whole synchronous training job, with ground truth.
 
-    from producers.simulate import Scenario, Fault, generate, truth, write, standard_suite
+    from gangwatch.producers.simulate import Scenario, Fault, generate, truth, write, standard_suite
 
     sc = Scenario("demo", seed=1, tp=8, pp=2, dp=8, duration_s=300,
                   faults=[Fault("thermal_straggler", at_s=60, node="n003", magnitude=0.1)])
@@ -16,9 +16,9 @@ noise), faults (resolution), physics (step timing, stops, restarts), traces (sta
 evidence: timeouts, stacks, flight recorder), emit (records), truth, writer, suite.
 """
 
-from producers.simulate.emit import generate, messages
-from producers.simulate.physics import simulate
-from producers.simulate.scenario import (
+from gangwatch.producers.simulate.emit import generate, messages
+from gangwatch.producers.simulate.physics import simulate
+from gangwatch.producers.simulate.scenario import (
     DEFAULT_MAGNITUDE,
     FAULT_CLASS,
     FAULT_KINDS,
@@ -27,9 +27,9 @@ from producers.simulate.scenario import (
     Noise,
     Scenario,
 )
-from producers.simulate.suite import standard_suite
-from producers.simulate.truth import RANK_MAPPING, truth
-from producers.simulate.writer import write
+from gangwatch.producers.simulate.suite import standard_suite
+from gangwatch.producers.simulate.truth import RANK_MAPPING, truth
+from gangwatch.producers.simulate.writer import write
 
 __all__ = [
     "DEFAULT_MAGNITUDE", "FAULT_CLASS", "FAULT_KINDS", "STALL_KINDS", "RANK_MAPPING",

@@ -1,4 +1,4 @@
-"""python -m producers.simulate OUT_DIR [--size ci|full] [--only NAME ...] [--jobs N]: write the standard suite."""
+"""python -m gangwatch.producers.simulate OUT_DIR [--size ci|full] [--only NAME ...] [--jobs N]: write the standard suite."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from producers.simulate.suite import SIZES, standard_suite
-from producers.simulate.writer import write
+from gangwatch.producers.simulate.suite import SIZES, standard_suite
+from gangwatch.producers.simulate.writer import write
 
 
 def _one(args: tuple) -> tuple[str, float, int]:
@@ -19,7 +19,7 @@ def _one(args: tuple) -> tuple[str, float, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m producers.simulate", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m gangwatch.producers.simulate", description=__doc__)
     ap.add_argument("out_dir")
     ap.add_argument("--size", choices=SIZES, default="ci")
     ap.add_argument("--only", nargs="*", help="scenario names (default: all)")

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from producers.simulate.scenario import Scenario
-from producers.simulate.topology import Topology, rng
+from gangwatch.producers.simulate.scenario import Scenario
+from gangwatch.producers.simulate.topology import Topology, rng
 
 
 @dataclass(frozen=True)

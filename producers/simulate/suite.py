@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from producers.simulate.scenario import Fault, Noise, Scenario
+from gangwatch.producers.simulate.scenario import Fault, Noise, Scenario
 
 SIZES = ("ci", "full")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from producers.simulate.physics import Plan, first_step_starting_at, simulate
-from producers.simulate.scenario import STALL_KINDS, Scenario
+from gangwatch.producers.simulate.physics import Plan, first_step_starting_at, simulate
+from gangwatch.producers.simulate.scenario import STALL_KINDS, Scenario
 
 RANK_MAPPING = ("rank = node_index * gpus_per_node + gpu; tp = rank % tp; pp = rank // tp % pp; "
                 "dp = rank // (tp * pp); nodes n000, n001, ...")

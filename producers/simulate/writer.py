@@ -9,10 +9,10 @@ from pathlib import Path
 
 import orjson
 
-from producers.simulate.emit import _merged
-from producers.simulate.physics import simulate
-from producers.simulate.scenario import Scenario
-from producers.simulate.truth import truth_of
+from gangwatch.producers.simulate.emit import _merged
+from gangwatch.producers.simulate.physics import simulate
+from gangwatch.producers.simulate.scenario import Scenario
+from gangwatch.producers.simulate.truth import truth_of
 
 COMPRESSLEVEL = 3  # level 5-6 saves ~15% of bytes for twice the time
 _CHUNK = 8192

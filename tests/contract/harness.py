@@ -8,10 +8,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from detectors.monitor import DEFAULT_DETECTORS
-from detectors.topology import Topology
-from producers.simulate import Fault, Scenario, generate
-from schemas import DecodeError, Finding, Record, decode_obj, to_dict
+from gangwatch.detectors.monitor import DEFAULT_DETECTORS
+from gangwatch.detectors.topology import Topology
+from gangwatch.producers.simulate import Fault, Scenario, generate
+from gangwatch.schemas import DecodeError, Finding, Record, decode_obj, to_dict
 
 REPO = Path(__file__).resolve().parents[2]
 

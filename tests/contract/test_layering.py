@@ -30,7 +30,8 @@ import pytest
 pytestmark = pytest.mark.contract
 
 REPO = Path(__file__).resolve().parents[2]
-PROJECT = frozenset({"gangwatch", "schemas", "producers", "detectors", "triage", "streams", "sinks"})
+LAYERS = frozenset({"schemas", "producers", "detectors", "triage", "streams", "sinks"})
+PROJECT = LAYERS | {"gangwatch"}
 STDLIB = frozenset(sys.stdlib_module_names)
 # brokers, stores and network clients; socket/urllib/http/ssl are stdlib but are I/O all the same
 FORBIDDEN_IN_CORE = frozenset({
@@ -58,7 +59,11 @@ class Import:
 
     @property
     def top(self) -> str:
-        return self.module.split(".")[0]
+        """The layer for project modules (`gangwatch.triage.job` -> `triage`), else the top-level module."""
+        parts = self.module.split(".")
+        if parts[0] == "gangwatch" and len(parts) > 1 and parts[1] in LAYERS:
+            return parts[1]
+        return parts[0]
 
 
 def package_files(package: str) -> list[Path]:
@@ -74,6 +79,8 @@ def parse(path: Path) -> ast.Module:
 
 def _resolve_relative(path: Path, module: str | None, level: int) -> str:
     parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[0] in LAYERS:  # the top-level folders install as gangwatch.<folder>
+        parts.insert(0, "gangwatch")
     base = parts[:-level]  # a module's package is its directory; level 1 = that package
     return ".".join([*base, *([module] if module else [])])
 
@@ -175,6 +182,14 @@ def test_no_clock_and_no_io_calls(package):
     assert not bad, "\n".join(bad)
 
 
+def test_project_imports_use_the_namespace():
+    """`from schemas import X` would pick up a training repository's own `schemas/`: always `gangwatch.schemas`."""
+    files = [f for p in [*LAYERS, "gangwatch", "tests", "bench"] for f in sorted((REPO / p).rglob("*.py"))]
+    bad = [f"{i.file}:{i.line}: imports {i.module}" for f in files for i in imports_of(f)
+           if i.module.split(".")[0] in LAYERS]
+    assert not bad, "\n".join(bad)
+
+
 # --- one-way data flow at the edges -------------------------------------------------------------
 
 
@@ -203,7 +218,7 @@ def test_checker_sees_imports_and_clock_calls(tmp_path, monkeypatch):
     (pkg / "probe.py").write_text(src)
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     assert [i.module for i in imports_of(pkg / "probe.py")] == [
-        "numpy", "detectors", "schemas", "time", "importlib", "socket", "kafka"]
+        "numpy", "gangwatch.detectors", "gangwatch.schemas", "time", "importlib", "socket", "kafka"]
     bad = violations("detectors", frozenset({"schemas", "detectors", "numpy"}), stdlib=True)
     assert len(bad) == 2 and "socket" in bad[0] + bad[1] and "kafka" in bad[0] + bad[1]
     with pytest.raises(AssertionError) as e:

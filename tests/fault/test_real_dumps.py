@@ -18,15 +18,15 @@ def _replay(tmp_path, fmt, folder):
     return read("findings.jsonl"), read("actions.jsonl"), read("incidents.jsonl")
 
 
-def test_pyspy_dataloader_hang_names_rank_5(tmp_path, shared_data):
-    findings, actions, incidents = _replay(tmp_path, "pyspy", shared_data / "pyspy" / "dataloader-hang-8ranks")
+def test_pyspy_dataloader_hang_names_rank_5(tmp_path, real_data):
+    findings, actions, incidents = _replay(tmp_path, "pyspy", real_data / "pyspy" / "dataloader-hang-8ranks")
     assert [(f["type"], f["rank"], f["node"]) for f in findings] == [("stack_outlier", 5, "n005")]
     assert [(a["type"], a["nodes"]) for a in actions] == [("replace", ["n005"])]
     assert incidents[-1]["class"] == "hang" and incidents[-1]["culprit_nodes"] == ["n005"]
 
 
-def test_flight_recorder_gloo_hang_names_rank_3(tmp_path, shared_data):
-    findings, actions, _ = _replay(tmp_path, "flight", shared_data / "flight-recorder" / "gloo-dataloader-hang-4ranks")
+def test_flight_recorder_gloo_hang_names_rank_3(tmp_path, real_data):
+    findings, actions, _ = _replay(tmp_path, "flight", real_data / "flight-recorder" / "gloo-dataloader-hang-4ranks")
     assert [(f["type"], f["rank"], f["evidence"]["reason"]) for f in findings] == [
         ("stack_outlier", 3, "never_enqueued")]
     assert [(a["type"], a["nodes"]) for a in actions] == [("replace", ["n003"])]
@@ -38,19 +38,19 @@ def test_ingest_rejects_a_folder_without_rank_files(tmp_path, capsys):
     assert "no per-rank files" in capsys.readouterr().err
 
 
-def test_ingest_kmsg_turns_a_real_kernel_log_into_hw_records(tmp_path, shared_data):
+def test_ingest_kmsg_turns_a_real_kernel_log_into_hw_records(tmp_path, real_data):
     out = tmp_path / "hw.jsonl"
-    assert main(["ingest", "kmsg", str(shared_data / "kmsg" / "h100-xid119.log"), "--node", "n001",
+    assert main(["ingest", "kmsg", str(real_data / "kmsg" / "h100-xid119.log"), "--node", "n001",
                  "--gpu-of", "0000:9b:00=4", "--out", str(out)]) == 0
     recs = [orjson.loads(x) for x in out.read_bytes().splitlines()]
     assert [(r["kind"], r["code"], r["gpu"], r["pci"]) for r in recs] == [("hw", 119, 4, "0000:9b:00")] * 5
     assert [r["process"] for r in recs][:3] == ["nvidia-smi"] * 3  # what the parser found travels along
-    from schemas import DecodeError, decode
+    from gangwatch.schemas import DecodeError, decode
 
     assert not any(isinstance(d, DecodeError) for r in recs for d in decode(orjson.dumps(r)))
 
 
-def test_ingest_kmsg_of_a_benign_log_writes_nothing(tmp_path, shared_data):
+def test_ingest_kmsg_of_a_benign_log_writes_nothing(tmp_path, real_data):
     out = tmp_path / "hw.jsonl"
-    assert main(["ingest", "kmsg", str(shared_data / "kmsg" / "benign-kmsg.log"), "--out", str(out)]) == 0
+    assert main(["ingest", "kmsg", str(real_data / "kmsg" / "benign-kmsg.log"), "--out", str(out)]) == 0
     assert out.read_bytes() == b""

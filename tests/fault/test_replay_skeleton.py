@@ -71,7 +71,7 @@ def test_same_input_gives_byte_identical_outputs(tmp_path):
 
 
 def test_store_holds_the_findings(tmp_path):
-    from sinks.store import ChdbStore
+    from gangwatch.sinks.store import ChdbStore
 
     src = write_stream(tmp_path / "run.jsonl")
     assert main(["replay", str(src), "--out", str(tmp_path / "out"), "-q"]) == 0

@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from gangwatch.evaluate import EVICTING
-from producers.simulate import Fault, Noise, Scenario, write
-from streams import replay
+from gangwatch.producers.simulate import Fault, Noise, Scenario, write
+from gangwatch.streams import replay
 
 pytestmark = pytest.mark.fault
 

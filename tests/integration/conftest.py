@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from streams.topics import TopicSettings, create_topics
+from gangwatch.streams.topics import TopicSettings, create_topics
 from tests.integration.kafkakit import WorkerProc
 
 KAFKA = os.environ.get("GANGWATCH_KAFKA", "127.0.0.1:9092")

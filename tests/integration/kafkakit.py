@@ -20,8 +20,8 @@ from pathlib import Path
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient
 
-from schemas import Heartbeat, Hw, Job, RankInfo, Record, Step, encode, encode_batch
-from streams.topics import TopicSettings, topic_for
+from gangwatch.schemas import Heartbeat, Hw, Job, RankInfo, Record, Step, encode, encode_batch
+from gangwatch.streams.topics import TopicSettings, topic_for
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000.0

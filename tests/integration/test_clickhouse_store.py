@@ -5,9 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from schemas import decode
-from sinks.store import ChdbStore, ClickHouseStore
-from sinks.tables import ROW_OF, TABLES, profile_row, telemetry_row
+from gangwatch.schemas import decode
+from gangwatch.sinks.store import ChdbStore, ClickHouseStore
+from gangwatch.sinks.tables import ROW_OF, TABLES, profile_row, telemetry_row
 from tests.contract.samples import SAMPLES
 
 pytestmark = pytest.mark.integration

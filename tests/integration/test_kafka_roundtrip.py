@@ -7,7 +7,7 @@ import pytest
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from schemas import KINDS, DecodeError, decode, encode, encode_batch
+from gangwatch.schemas import KINDS, DecodeError, decode, encode, encode_batch
 from tests.contract.samples import SAMPLES
 from tests.integration.kafkakit import consume
 
@@ -52,7 +52,7 @@ def test_a_bad_message_decodes_to_an_error_not_an_exception(kafka_bootstrap, top
 
 
 def test_the_trainer_reporter_publishes_to_the_broker(kafka_bootstrap, topic, unique):
-    from producers.reporter import Reporter
+    from gangwatch.producers.reporter import Reporter
 
     rep = Reporter("j7", 3, bootstrap=kafka_bootstrap, topic=topic)
     rep.heartbeat()

@@ -7,10 +7,10 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from schemas import Action, DecodeError, Finding, Incident, decode
-from sinks.kafka import KafkaSink, KafkaSinkError
+from gangwatch.schemas import Action, DecodeError, Finding, Incident, decode
+from gangwatch.sinks.kafka import KafkaSink, KafkaSinkError
 from tests.integration.kafkakit import consume
-from triage.outputs import Outputs
+from gangwatch.triage.outputs import Outputs
 
 pytestmark = pytest.mark.integration
 

@@ -31,9 +31,9 @@ import orjson
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from schemas import decode
-from streams import replay
-from streams.topics import TopicSettings
+from gangwatch.schemas import decode
+from gangwatch.streams import replay
+from gangwatch.streams.topics import TopicSettings
 from tests.integration.kafkakit import (
     caught_up,
     group_members,

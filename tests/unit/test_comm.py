@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from detectors.comm import CommDetector
-from detectors.topology import Topology
-from schemas import Framework, Job, RankInfo
+from gangwatch.detectors.comm import CommDetector
+from gangwatch.detectors.topology import Topology
+from gangwatch.schemas import Framework, Job, RankInfo
 from tests.helpers import drive
 
 pytestmark = pytest.mark.unit

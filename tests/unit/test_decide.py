@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from triage.decide import Situation, decide
-from triage.localize import Localization
+from gangwatch.triage.decide import Situation, decide
+from gangwatch.triage.localize import Localization
 
 pytestmark = pytest.mark.unit
 

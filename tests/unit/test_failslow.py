@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from detectors.failslow import (
+from gangwatch.detectors.failslow import (
     FailSlowConfig,
     FailSlowDetector,
     individual_scores,
@@ -16,7 +16,7 @@ from detectors.failslow import (
     relative_scores,
     threshold,
 )
-from schemas import to_dict
+from gangwatch.schemas import to_dict
 from tests.unit.stepgen import (
     JobSlow,
     Straggler,

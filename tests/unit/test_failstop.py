@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from detectors.failstop import FailStopDetector
-from detectors.topology import Topology
-from schemas import Framework, Heartbeat, Job, RankInfo
+from gangwatch.detectors.failstop import FailStopDetector
+from gangwatch.detectors.topology import Topology
+from gangwatch.schemas import Framework, Heartbeat, Job, RankInfo
 
 pytestmark = pytest.mark.unit
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from detectors.flight import FlightConfig, FlightDetector, localize, rank_view
-from detectors.topology import Topology
-from producers.flight import FlightDumpError, UnsafePickleError, load_dump, op_name, to_flight_record
-from schemas import Flight, Job, RankInfo, decode
-from tests.helpers import shared_path
+from gangwatch.detectors.flight import FlightConfig, FlightDetector, localize, rank_view
+from gangwatch.detectors.topology import Topology
+from gangwatch.producers.flight import FlightDumpError, UnsafePickleError, load_dump, op_name, to_flight_record
+from gangwatch.schemas import Flight, Job, RankInfo, decode
+from tests.helpers import data_path
 
 pytestmark = pytest.mark.unit
 
@@ -34,7 +34,7 @@ def as_flight(rec: dict) -> Flight:
 
 
 def real_records(ts0: float = 2000.0) -> list[Flight]:
-    root = shared_path(FR)
+    root = data_path(FR)
     return [as_flight(to_flight_record(load_dump(root / f"rank{r}.pkl"), job="j1", rank=r, snapshot="fr-1",
                                        ts=ts0 + r)) for r in range(4)]
 
@@ -56,14 +56,14 @@ def fr(rank: int, groups: list[tuple], entries: list[tuple] = (), *, ts: float =
 
 
 def test_real_pickles_hold_only_plain_data():
-    for path in sorted(shared_path(FR).glob("rank*.pkl")):
+    for path in sorted(data_path(FR).glob("rank*.pkl")):
         ops = {op.name for op, _, _ in pickletools.genops(path.read_bytes())}
         assert not ops & {"GLOBAL", "STACK_GLOBAL", "REDUCE", "BUILD", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX",
                           "EXT1", "EXT2", "EXT4", "PERSID", "BINPERSID"}, (path, ops)
 
 
 def test_load_real_dump():
-    root = shared_path(FR)
+    root = data_path(FR)
     dump = load_dump(root / "rank0.pkl")
     assert dump == load_dump((root / "rank0.pkl").read_bytes()) == load_dump(str(root / "rank0.pkl"))
     assert dump["version"] == "2.10"

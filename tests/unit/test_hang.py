@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from detectors.hang import HangDetector
-from detectors.topology import Topology
-from schemas import Job, RankInfo, Step
+from gangwatch.detectors.hang import HangDetector
+from gangwatch.detectors.topology import Topology
+from gangwatch.schemas import Job, RankInfo, Step
 
 pytestmark = pytest.mark.unit
 

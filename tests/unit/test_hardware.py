@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from detectors.hardware import HardwareDetector
-from detectors.topology import Topology
-from producers.kmsg import parse_line, parse_lines, to_hw_record
-from schemas import Gpu, Hw, Job, RankInfo, decode_obj
+from gangwatch.detectors.hardware import HardwareDetector
+from gangwatch.detectors.topology import Topology
+from gangwatch.producers.kmsg import parse_line, parse_lines, to_hw_record
+from gangwatch.schemas import Gpu, Hw, Job, RankInfo, decode_obj
 from tests.helpers import drive
 
 pytestmark = pytest.mark.unit
@@ -38,8 +38,8 @@ def hw_records(lines, node="n001", t0=T0, dt=0.01):
     return recs
 
 
-def read_log(shared_data: Path, name: str) -> list[str]:
-    path = shared_data / "kmsg" / name
+def read_log(real_data: Path, name: str) -> list[str]:
+    path = real_data / "kmsg" / name
     if not path.is_file():
         pytest.fail(f"real kernel log {path} missing from the shared test material")
     return path.read_text().splitlines()
@@ -70,8 +70,8 @@ def sev(f):
 # --- real kernel logs end to end -------------------------------------------------------------
 
 
-def test_real_h100_xid119_log_is_one_fatal_finding(shared_data: Path) -> None:
-    recs = hw_records(read_log(shared_data, "h100-xid119.log"))
+def test_real_h100_xid119_log_is_one_fatal_finding(real_data: Path) -> None:
+    recs = hw_records(read_log(real_data, "h100-xid119.log"))
     assert len(recs) == 5
     found = run(HardwareDetector(topo()), recs)
     assert len(found) == 1
@@ -83,8 +83,8 @@ def test_real_h100_xid119_log_is_one_fatal_finding(shared_data: Path) -> None:
     assert f.rank is None and f.gpu is None  # the producer did not map the PCI id to a GPU
 
 
-def test_real_xid13_xid43_storm_is_evidence_only(shared_data: Path) -> None:
-    recs = hw_records(read_log(shared_data, "xid13-xid43-storm.log"))
+def test_real_xid13_xid43_storm_is_evidence_only(real_data: Path) -> None:
+    recs = hw_records(read_log(real_data, "xid13-xid43-storm.log"))
     found = run(HardwareDetector(topo()), recs)
     assert found, "application-side Xids are evidence, not nothing"
     assert {sev(f) for f in found} == {"evidence"}  # no fatal verdict for application-side errors
@@ -92,8 +92,8 @@ def test_real_xid13_xid43_storm_is_evidence_only(shared_data: Path) -> None:
     assert all(f.type == "hw_fault" and f.node == "n001" for f in found)
 
 
-def test_real_benign_kmsg_has_no_finding(shared_data: Path) -> None:
-    lines = read_log(shared_data, "benign-kmsg.log")
+def test_real_benign_kmsg_has_no_finding(real_data: Path) -> None:
+    lines = read_log(real_data, "benign-kmsg.log")
     assert hw_records(lines) == []
     det = HardwareDetector(topo())
     assert det.advance(T0 + 3600) == []

@@ -8,16 +8,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from producers.kmsg import KmsgEvent, parse_line, parse_lines, strip_prefix, to_hw_record
-from schemas import Hw, decode_obj
+from gangwatch.producers.kmsg import KmsgEvent, parse_line, parse_lines, strip_prefix, to_hw_record
+from gangwatch.schemas import Hw, decode_obj
 
 pytestmark = pytest.mark.unit
 
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
 
 
-def read_log(shared_data: Path, name: str) -> list[str]:
-    path = shared_data / "kmsg" / name
+def read_log(real_data: Path, name: str) -> list[str]:
+    path = real_data / "kmsg" / name
     if not path.is_file():
         pytest.fail(f"real kernel log {path} missing from the shared test material")
     return path.read_text().splitlines()
@@ -32,8 +32,8 @@ def one(line: str) -> KmsgEvent:
 # --- real logs ------------------------------------------------------------------------------
 
 
-def test_h100_xid119_yields_the_five_xid_lines_and_folds_the_firmware_dump(shared_data: Path) -> None:
-    lines = read_log(shared_data, "h100-xid119.log")
+def test_h100_xid119_yields_the_five_xid_lines_and_folds_the_firmware_dump(real_data: Path) -> None:
+    lines = read_log(real_data, "h100-xid119.log")
     events = parse_lines(lines)
     # counted by hand: 16:24:18, 16:24:24, 16:24:30, 16:27:12, 16:30:13; the 34 lines of
     # GSP RPC history and call trace after the first one are its dump.
@@ -48,8 +48,8 @@ def test_h100_xid119_yields_the_five_xid_lines_and_folds_the_firmware_dump(share
     assert events[0].message.startswith("NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi, Timeout")
 
 
-def test_h100_dump_lines_are_no_events_even_alone(shared_data: Path) -> None:
-    lines = read_log(shared_data, "h100-xid119.log")
+def test_h100_dump_lines_are_no_events_even_alone(real_data: Path) -> None:
+    lines = read_log(real_data, "h100-xid119.log")
     dump = lines[3:37]  # the RPC history (mentions NVLINK_INBAND_RECEIVE) and the call trace
     assert dump[0].endswith("and data 0x0000000000002081 0x0000000000000004.")
     assert dump[-1].endswith("</TASK>")
@@ -57,8 +57,8 @@ def test_h100_dump_lines_are_no_events_even_alone(shared_data: Path) -> None:
     assert parse_lines(dump) == []
 
 
-def test_storm_yields_sixteen_xid13_then_one_xid43(shared_data: Path) -> None:
-    events = parse_lines(read_log(shared_data, "xid13-xid43-storm.log"))
+def test_storm_yields_sixteen_xid13_then_one_xid43(real_data: Path) -> None:
+    events = parse_lines(read_log(real_data, "xid13-xid43-storm.log"))
     assert [e.code for e in events] == [13] * 16 + [43]
     assert {e.source for e in events} == {"xid"} and {e.pci for e in events} == {"0000:38:00"}
     assert all(e.pid is None and e.process is None for e in events[:16])  # pid='<unknown>', name=<unknown>
@@ -66,10 +66,10 @@ def test_storm_yields_sixteen_xid13_then_one_xid43(shared_data: Path) -> None:
     assert events[0].message.endswith("Graphics SM Global Exception on (GPC 8, TPC 5, SM 1): Multiple Warp Errors")
 
 
-def test_benign_kmsg_yields_no_event(shared_data: Path) -> None:
+def test_benign_kmsg_yields_no_event(real_data: Path) -> None:
     # nvswitch opens, "IPv6: ADDRCONF(NETDEV_CHANGE): eth0: link becomes ready" (an address
     # configuration notice, not a NIC link-state report), wireguard, perf: no event at all.
-    lines = read_log(shared_data, "benign-kmsg.log")
+    lines = read_log(real_data, "benign-kmsg.log")
     assert parse_lines(lines) == []
     assert [parse_line(line) for line in lines] == [None] * len(lines)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from detectors.hardware import HardwareDetector
-from detectors.topology import Topology
-from producers.nvml import FakeNvml, NvmlUnavailable, RealNvml, sample_node, throttle_names
-from schemas import Gpu, Job, RankInfo, decode
+from gangwatch.detectors.hardware import HardwareDetector
+from gangwatch.detectors.topology import Topology
+from gangwatch.producers.nvml import FakeNvml, NvmlUnavailable, RealNvml, sample_node, throttle_names
+from gangwatch.schemas import Gpu, Job, RankInfo, decode
 
 pytestmark = pytest.mark.unit
 

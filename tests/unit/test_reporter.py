@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from producers.reporter import Reporter
-from schemas import DecodeError, Framework, Heartbeat, Step, decode
+from gangwatch.producers.reporter import Reporter
+from gangwatch.schemas import DecodeError, Framework, Heartbeat, Step, decode
 
 pytestmark = pytest.mark.unit
 

@@ -7,11 +7,11 @@ import random
 import orjson
 import pytest
 
-from schemas import Heartbeat, Hw, decode, encode, encode_batch
-from streams.runner import JobRunner, Msg, NodeRouter
-from streams.topics import TopicSettings, topic_for
+from gangwatch.schemas import Heartbeat, Hw, decode, encode, encode_batch
+from gangwatch.streams.runner import JobRunner, Msg, NodeRouter
+from gangwatch.streams.topics import TopicSettings, topic_for
 from tests.integration.kafkakit import T0, messages, scenario
-from triage.engine import Core
+from gangwatch.triage.engine import Core
 
 pytestmark = pytest.mark.unit
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from schemas import Ops
-from triage.config import Safety
-from triage.decide import Decision
-from triage.safety import Guards
+from gangwatch.schemas import Ops
+from gangwatch.triage.config import Safety
+from gangwatch.triage.decide import Decision
+from gangwatch.triage.safety import Guards
 
 pytestmark = pytest.mark.unit
 

@@ -13,7 +13,7 @@ import numpy as np
 import orjson
 import pytest
 
-from producers.simulate import (
+from gangwatch.producers.simulate import (
     FAULT_CLASS,
     FAULT_KINDS,
     Fault,
@@ -26,7 +26,7 @@ from producers.simulate import (
     truth,
     write,
 )
-from schemas import DecodeError, decode
+from gangwatch.schemas import DecodeError, decode
 
 pytestmark = pytest.mark.unit
 

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.failslow import FailSlowDetector
-from detectors.slowdown import JobSlowdownDetector, SlowdownConfig
-from detectors.steps import BufferConfig, StepBuffer, StepColumns
-from schemas import Step, to_dict
+from gangwatch.detectors.failslow import FailSlowDetector
+from gangwatch.detectors.slowdown import JobSlowdownDetector, SlowdownConfig
+from gangwatch.detectors.steps import BufferConfig, StepBuffer, StepColumns
+from gangwatch.schemas import Step, to_dict
 from tests.unit.stepgen import (
     JobSlow,
     Straggler,

@@ -7,7 +7,7 @@ import random
 import orjson
 import pytest
 
-from detectors.stacks import (
+from gangwatch.detectors.stacks import (
     StackConfig,
     StackDetector,
     cluster_ranks,
@@ -17,9 +17,9 @@ from detectors.stacks import (
     suspect_clusters,
     thread_stacks,
 )
-from detectors.topology import Topology
-from schemas import Job, RankInfo, Stack, decode
-from tests.helpers import shared_path
+from gangwatch.detectors.topology import Topology
+from gangwatch.schemas import Job, RankInfo, Stack, decode
+from tests.helpers import data_path
 
 pytestmark = pytest.mark.unit
 
@@ -40,7 +40,7 @@ def stack_rec(rank: int, dump: str, ts: float, snapshot: str = "s-1", job: str =
 
 
 def real_records(ts0: float = 1000.0) -> list[Stack]:
-    root = shared_path(PYSPY)
+    root = data_path(PYSPY)
     return [stack_rec(r, (root / f"dump_rank{r}.txt").read_text(), ts0 + 0.1 * r) for r in range(8)]
 
 
@@ -71,7 +71,7 @@ def pyspy_text(frames: list[tuple[str, str]], rng: random.Random, *, feeder: boo
 
 
 def test_parse_real_dump():
-    threads = parse_pyspy((shared_path(PYSPY) / "dump_rank0.txt").read_text())
+    threads = parse_pyspy((data_path(PYSPY) / "dump_rank0.txt").read_text())
     assert [t.name for t in threads] == ["MainThread", "QueueFeederThread"]
     main = threads[0]
     assert main.is_main and main.state == "idle" and main.pid == 14149 and main.thread == "14149"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from detectors.base import finding
-from detectors.topology import Topology
-from schemas import Job, Ops, RankInfo, Recovery, Step
-from triage.config import Safety, TriageConfig
-from triage.job import Triage
+from gangwatch.detectors.base import finding
+from gangwatch.detectors.topology import Topology
+from gangwatch.schemas import Job, Ops, RankInfo, Recovery, Step
+from gangwatch.triage.config import Safety, TriageConfig
+from gangwatch.triage.job import Triage
 
 pytestmark = pytest.mark.unit
 
@@ -30,7 +30,7 @@ def lost(topo, node, ts, last_seen=None):
 
 def run(tri, items):
     """Feed findings / records / ('advance', t) in order; collect outputs."""
-    from triage.outputs import Outputs
+    from gangwatch.triage.outputs import Outputs
 
     out = Outputs()
     for it in items:

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from detectors.xid import CATALOG, UNKNOWN, XidInfo, is_verdict, lookup
+from gangwatch.detectors.xid import CATALOG, UNKNOWN, XidInfo, is_verdict, lookup
 
 pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(scope="module")
-def catalog_rows(shared_data: Path) -> dict[int, dict[str, str]]:
-    path = shared_data / "xid" / "xid-catalog.csv"
+def catalog_rows(real_data: Path) -> dict[int, dict[str, str]]:
+    path = real_data / "xid" / "xid-catalog.csv"
     if not path.is_file():
         pytest.fail(f"Xid catalog {path} missing from the shared test material")
     with path.open(newline="") as f:
