@@ -29,12 +29,12 @@ import time  # noqa: E402
 import tracemalloc  # noqa: E402
 
 import orjson  # noqa: E402
-
 from gangwatch.detectors.failslow import FailSlowConfig, FailSlowDetector  # noqa: E402
 from gangwatch.detectors.sdc import SdcDetector  # noqa: E402
 from gangwatch.detectors.slowdown import JobSlowdownDetector, SlowdownConfig  # noqa: E402
 from gangwatch.detectors.steps import StepColumns  # noqa: E402
 from gangwatch.detectors.topology import Topology  # noqa: E402
+
 from tests.unit.stepgen import Straggler, gen_steps, make_topology  # noqa: E402
 
 KINDS = (FailSlowDetector, JobSlowdownDetector, SdcDetector)

@@ -19,10 +19,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import orjson  # noqa: E402
-
-from gangwatch.evaluate import EVICTING  # noqa: E402
 from gangwatch.producers.simulate import Fault, Scenario, write  # noqa: E402
 from gangwatch.streams import replay  # noqa: E402
+
+from gangwatch.evaluate import EVICTING  # noqa: E402
 
 
 def run(n: int, kind: str, tmp: Path) -> dict:

@@ -24,7 +24,6 @@ import tracemalloc
 from pathlib import Path
 
 import orjson
-
 from gangwatch.producers.simulate import Scenario, write
 from gangwatch.schemas import DecodeError, decode
 from gangwatch.streams import replay

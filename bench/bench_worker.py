@@ -35,11 +35,11 @@ import uuid
 from pathlib import Path
 
 import orjson
+from gangwatch.schemas import DecodeError, Heartbeat, Hw, Job, RankInfo, Step, decode, encode, encode_batch
+from gangwatch.streams.topics import TopicSettings, create_topics
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient
 
-from gangwatch.schemas import DecodeError, Heartbeat, Hw, Job, RankInfo, Step, decode, encode, encode_batch
-from gangwatch.streams.topics import TopicSettings, create_topics
 from tests.integration.kafkakit import WorkerProc, group_members, wait_for, worker_args
 
 GPUS = 8

@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-
 from gangwatch.detectors.base import finding
 from gangwatch.detectors.steps import BufferConfig, Closed, StepBuffer, StepScorer, decode_floats, encode_floats, median
 from gangwatch.detectors.steps import finite_or_none as _fin

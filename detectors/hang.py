@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-
 from gangwatch.detectors.base import finding
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Record

@@ -25,7 +25,6 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-
 from gangwatch.detectors.base import finding
 from gangwatch.detectors.steps import BufferConfig, Closed, StepBuffer, StepScorer, median
 from gangwatch.detectors.steps import finite_or_none as _fin

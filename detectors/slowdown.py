@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-
 from gangwatch.detectors.base import finding
 from gangwatch.detectors.steps import (
     BufferConfig,

@@ -26,13 +26,12 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
-from sklearn.cluster import AgglomerativeClustering
-from sklearn.feature_extraction.text import HashingVectorizer
-
 from gangwatch.detectors.base import finding
 from gangwatch.detectors.sweeps import Sweep, SweepDetector
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Record, Stack
+from sklearn.cluster import AgglomerativeClustering
+from sklearn.feature_extraction.text import HashingVectorizer
 
 _THREAD_RE = re.compile(r'^Thread\s+(\S+)\s+\(([^)]*)\)(?::\s*"(.*)")?')
 _PROCESS_RE = re.compile(r"^Process\s+(\d+)")

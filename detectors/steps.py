@@ -17,7 +17,6 @@ from operator import attrgetter
 from typing import Any, ClassVar
 
 import numpy as np
-
 from gangwatch.schemas import Finding, Record
 
 _BATCH_MIN_RUN = 16  # shorter runs of one step go through the per-record path (cheaper, same result)

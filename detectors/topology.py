@@ -10,7 +10,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from gangwatch.schemas import Job, RankInfo
 
 

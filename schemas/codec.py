@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-
 from gangwatch.schemas.records import KINDS, VERSION, WIRE_NAMES, Meta, Record
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024

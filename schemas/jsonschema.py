@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
 from gangwatch.schemas.codec import unwrap
 from gangwatch.schemas.records import KINDS, VERSION, WIRE_NAMES, Meta
 

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
 from gangwatch.schemas import DecodeError, Record, encode
 from gangwatch.triage.outputs import Outputs
 

@@ -19,10 +19,9 @@ import logging
 from typing import Any
 
 import orjson
-from kafka import KafkaProducer
-
 from gangwatch.schemas import DecodeError, Record, encode
 from gangwatch.triage.outputs import Outputs
+from kafka import KafkaProducer
 
 log = logging.getLogger(__name__)
 

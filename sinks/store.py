@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
-
 from gangwatch.sinks.tables import ddl
 
 

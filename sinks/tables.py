@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-
 from gangwatch.schemas import Action, DecodeError, Finding, Incident, Record, to_dict
 
 DDL: dict[str, str] = {

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import orjson
-
 from gangwatch.schemas import DecodeError, Record, decode, encode, encode_batch
 from gangwatch.streams.topics import TopicSettings
 from gangwatch.triage.engine import Core, CoreConfig

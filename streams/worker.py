@@ -44,7 +44,6 @@ from typing import Any
 import faust
 from aiokafka.partitioner import murmur2
 from faust.types import TP
-
 from gangwatch.sinks.base import Sink
 from gangwatch.streams.runner import JobRunner, Msg, NodeRouter, Result
 from gangwatch.streams.topics import TopicSettings, create_topics

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from operator import itemgetter
 
 import numpy as np
-
 from gangwatch.producers.simulate.physics import Plan, Segment, simulate
 from gangwatch.producers.simulate.scenario import Scenario
 from gangwatch.producers.simulate.topology import gpu_bus, nic_bus, rng

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
 from gangwatch.producers.simulate.scenario import Scenario
 from gangwatch.producers.simulate.topology import Topology, rng
 

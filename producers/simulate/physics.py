@@ -25,7 +25,6 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from gangwatch.producers.simulate.faults import Resolved, resolve
 from gangwatch.producers.simulate.noise import Benign, decaying, grad_curve, loss_curve, plan_benign
 from gangwatch.producers.simulate.scenario import STALL_KINDS, Scenario

@@ -17,7 +17,6 @@ sequence ids restart with each segment (new process groups); each step issues
 from __future__ import annotations
 
 import numpy as np
-
 from gangwatch.producers.simulate.physics import Plan, Segment, Stop
 from gangwatch.producers.simulate.topology import GROUP_DESC, rng
 

@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 
 import orjson
-
 from gangwatch.producers.simulate.emit import _merged
 from gangwatch.producers.simulate.physics import simulate
 from gangwatch.producers.simulate.scenario import Scenario

@@ -44,12 +44,12 @@ from unittest import mock
 
 import orjson
 import pytest
-
 from gangwatch.detectors.monitor import DEFAULT_DETECTORS
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import KINDS, DecodeError, Finding, Job, RankInfo, Record, decode, decode_obj, encode, to_dict
 from gangwatch.schemas.codec import unwrap
 from gangwatch.schemas.records import WIRE_NAMES
+
 from tests.contract.harness import (
     _LATENESS_S,
     DET_IDS,

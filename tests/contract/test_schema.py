@@ -8,11 +8,11 @@ import math
 
 import orjson
 import pytest
+from gangwatch.schemas import KINDS, DecodeError, Step, decode, encode, encode_batch, to_dict
+from gangwatch.schemas.jsonschema import export
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gangwatch.schemas import KINDS, DecodeError, Step, decode, encode, encode_batch, to_dict
-from gangwatch.schemas.jsonschema import export
 from tests.contract.samples import SAMPLES
 
 pytestmark = pytest.mark.contract

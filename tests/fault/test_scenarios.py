@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import orjson
 import pytest
-
-from gangwatch.evaluate import EVICTING
 from gangwatch.producers.simulate import Fault, Noise, Scenario, write
 from gangwatch.streams import replay
+
+from gangwatch.evaluate import EVICTING
 
 pytestmark = pytest.mark.fault
 

@@ -12,8 +12,8 @@ import socket
 import uuid
 
 import pytest
-
 from gangwatch.streams.topics import TopicSettings, create_topics
+
 from tests.integration.kafkakit import WorkerProc
 
 KAFKA = os.environ.get("GANGWATCH_KAFKA", "127.0.0.1:9092")

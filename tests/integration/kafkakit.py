@@ -17,11 +17,10 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import KafkaAdminClient
-
 from gangwatch.schemas import Heartbeat, Hw, Job, RankInfo, Record, Step, encode, encode_batch
 from gangwatch.streams.topics import TopicSettings, topic_for
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import KafkaAdminClient
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000.0

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import orjson
 import pytest
-
 from gangwatch.schemas import decode
 from gangwatch.sinks.store import ChdbStore, ClickHouseStore
 from gangwatch.sinks.tables import ROW_OF, TABLES, profile_row, telemetry_row
+
 from tests.contract.samples import SAMPLES
 
 pytestmark = pytest.mark.integration

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from gangwatch.schemas import KINDS, DecodeError, decode, encode, encode_batch
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from gangwatch.schemas import KINDS, DecodeError, decode, encode, encode_batch
 from tests.contract.samples import SAMPLES
 from tests.integration.kafkakit import consume
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from gangwatch.schemas import Action, DecodeError, Finding, Incident, decode
+from gangwatch.sinks.kafka import KafkaSink, KafkaSinkError
+from gangwatch.triage.outputs import Outputs
 from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from gangwatch.schemas import Action, DecodeError, Finding, Incident, decode
-from gangwatch.sinks.kafka import KafkaSink, KafkaSinkError
 from tests.integration.kafkakit import consume
-from gangwatch.triage.outputs import Outputs
 
 pytestmark = pytest.mark.integration
 

@@ -29,11 +29,11 @@ from pathlib import Path
 
 import orjson
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-
 from gangwatch.schemas import decode
 from gangwatch.streams import replay
 from gangwatch.streams.topics import TopicSettings
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
 from tests.integration.kafkakit import (
     caught_up,
     group_members,

@@ -8,10 +8,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import orjson
 import pytest
-
 from gangwatch.schemas import decode
 from gangwatch.sinks.controller import verify_signature
 from gangwatch.sinks.store import ClickHouseStore
+
 from tests.integration.kafkakit import caught_up, messages, produce, read_all, scenario, wait_for, worker_args
 
 pytestmark = pytest.mark.integration
@@ -93,8 +93,9 @@ def test_kafka_in_clickhouse_alert_topic_and_webhook_out(kafka_bootstrap, topics
 
 
 def test_replay_can_publish_to_the_alert_topic(kafka_bootstrap, unique, tmp_path, monkeypatch):
-    from gangwatch.cli import main
     from gangwatch.streams.topics import TopicSettings, create_topics
+
+    from gangwatch.cli import main
     from tests.integration.kafkakit import write_jsonl
 
     monkeypatch.setenv("GANGWATCH_TOPIC_PREFIX", f"{unique}.")

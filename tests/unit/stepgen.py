@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 import orjson
-
 from gangwatch.detectors.steps import StepColumns
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Job, RankInfo, Step
+
 from tests.helpers import assert_json_safe  # noqa: F401 - re-exported for the step-detector tests
 
 

@@ -6,10 +6,10 @@ import json
 import random
 
 import pytest
-
 from gangwatch.detectors.comm import CommDetector
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Framework, Job, RankInfo
+
 from tests.helpers import drive
 
 pytestmark = pytest.mark.unit

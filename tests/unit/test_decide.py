@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from gangwatch.triage.decide import Situation, decide
 from gangwatch.triage.localize import Localization
 

@@ -6,7 +6,6 @@ import dataclasses
 
 import numpy as np
 import pytest
-
 from gangwatch.detectors.failslow import (
     FailSlowConfig,
     FailSlowDetector,
@@ -17,6 +16,7 @@ from gangwatch.detectors.failslow import (
     threshold,
 )
 from gangwatch.schemas import to_dict
+
 from tests.unit.stepgen import (
     JobSlow,
     Straggler,

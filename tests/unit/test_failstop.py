@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from gangwatch.detectors.failstop import FailStopDetector
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Framework, Heartbeat, Job, RankInfo

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from gangwatch.detectors.hang import HangDetector
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Job, RankInfo, Step

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-
 from gangwatch.detectors.hardware import HardwareDetector
 from gangwatch.detectors.topology import Topology
 from gangwatch.producers.kmsg import parse_line, parse_lines, to_hw_record
 from gangwatch.schemas import Gpu, Hw, Job, RankInfo, decode_obj
+
 from tests.helpers import drive
 
 pytestmark = pytest.mark.unit

@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
 from gangwatch.producers.kmsg import KmsgEvent, parse_line, parse_lines, strip_prefix, to_hw_record
 from gangwatch.schemas import Hw, decode_obj
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytestmark = pytest.mark.unit
 

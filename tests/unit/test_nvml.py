@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import orjson
 import pytest
-
 from gangwatch.detectors.hardware import HardwareDetector
 from gangwatch.detectors.topology import Topology
 from gangwatch.producers.nvml import FakeNvml, NvmlUnavailable, RealNvml, sample_node, throttle_names

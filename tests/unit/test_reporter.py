@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from gangwatch.producers.reporter import Reporter
 from gangwatch.schemas import DecodeError, Framework, Heartbeat, Step, decode
 

@@ -6,12 +6,12 @@ import random
 
 import orjson
 import pytest
-
 from gangwatch.schemas import Heartbeat, Hw, decode, encode, encode_batch
 from gangwatch.streams.runner import JobRunner, Msg, NodeRouter
 from gangwatch.streams.topics import TopicSettings, topic_for
-from tests.integration.kafkakit import T0, messages, scenario
 from gangwatch.triage.engine import Core
+
+from tests.integration.kafkakit import T0, messages, scenario
 
 pytestmark = pytest.mark.unit
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from gangwatch.schemas import Ops
 from gangwatch.triage.config import Safety
 from gangwatch.triage.decide import Decision

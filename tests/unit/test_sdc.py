@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from gangwatch.detectors.sdc import SdcConfig, SdcDetector, digest_vote, job_value, jump_score
 from gangwatch.schemas import to_dict
+
 from tests.unit.stepgen import (
     DigestFault,
     assert_json_safe,

@@ -12,7 +12,6 @@ from functools import cache
 import numpy as np
 import orjson
 import pytest
-
 from gangwatch.producers.simulate import (
     FAULT_CLASS,
     FAULT_KINDS,

@@ -7,13 +7,13 @@ import math
 import numpy as np
 import orjson
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from gangwatch.detectors.failslow import FailSlowDetector
 from gangwatch.detectors.slowdown import JobSlowdownDetector, SlowdownConfig
 from gangwatch.detectors.steps import BufferConfig, StepBuffer, StepColumns
 from gangwatch.schemas import Step, to_dict
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from tests.unit.stepgen import (
     JobSlow,
     Straggler,

@@ -6,7 +6,6 @@ import random
 
 import orjson
 import pytest
-
 from gangwatch.detectors.stacks import (
     StackConfig,
     StackDetector,
@@ -19,6 +18,7 @@ from gangwatch.detectors.stacks import (
 )
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Job, RankInfo, Stack, decode
+
 from tests.helpers import data_path
 
 pytestmark = pytest.mark.unit

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from gangwatch.detectors.base import finding
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Job, Ops, RankInfo, Recovery, Step

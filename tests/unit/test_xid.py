@@ -6,7 +6,6 @@ import csv
 from pathlib import Path
 
 import pytest
-
 from gangwatch.detectors.xid import CATALOG, UNKNOWN, XidInfo, is_verdict, lookup
 
 pytestmark = pytest.mark.unit
