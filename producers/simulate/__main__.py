@@ -1,4 +1,4 @@
-"""python -m gangwatch.producers.simulate OUT_DIR [--size ci|full] [--only NAME ...] [--jobs N]: write the standard suite."""
+"""python -m gangwatch.producers.simulate OUT_DIR [--size ci|full] [--only NAME ...] [--jobs N]: the standard suite."""
 
 from __future__ import annotations
 
