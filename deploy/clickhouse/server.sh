@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run a real ClickHouse server on 127.0.0.1 for tests, CI and development, as a
 # plain background process (not the system service) with all state in a run dir.
-# On Debian 12 the packaged server is ClickHouse 18.16 (see docs/infra.md in the
-# shared docs for what that version lacks).
+# On Debian 12 the packaged server is ClickHouse 18.16 (see "Running the real
+# services" in docs/design.md for what that version lacks).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -95,7 +95,7 @@ def produce(bootstrap: str, msgs: Iterable[tuple[str, bytes, bytes]]) -> int:
 
 
 def worker_args(bootstrap: str, app_id: str, topics: TopicSettings, *extra: str) -> list[str]:
-    """`gangwatch worker` with the fast test settings of docs/infra.md."""
+    """`gangwatch worker` with the fast test settings (docs/design.md, "Running the real services")."""
     return [sys.executable, "-m", "gangwatch.cli", "worker", "--bootstrap", bootstrap, "--app-id", app_id,
             "--prefix", topics.prefix, "--partitions", str(topics.partitions), "--session-timeout", "6",
             "--heartbeat-interval", "1", "--request-timeout", "20", "--standby-replicas", "0",
