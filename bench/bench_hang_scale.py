@@ -36,7 +36,7 @@ def run(n: int, kind: str, tmp: Path) -> dict:
     stream, truth_path = write(sc, tmp)
     gen_s = time.perf_counter() - t0
     out = tmp / f"out_{kind}_{n}"
-    summary = replay.run([stream], out, None, progress=False)
+    summary = replay.run([stream], out, None, progress=None)
     truth = orjson.loads(truth_path.read_bytes())
     fault = truth["faults"][0]
     incs: dict[str, dict] = {}

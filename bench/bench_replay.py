@@ -57,12 +57,12 @@ def decode_only(path: Path) -> tuple[int, float]:
 
 def replay_run(path: Path, out: Path) -> tuple[int, float]:
     t0 = time.perf_counter()
-    s = replay.run([path], out, None, progress=False)
+    s = replay.run([path], out, None, progress=None)
     return s.records, time.perf_counter() - t0
 
 
 def memory_per_rank(path: Path, ranks: int) -> float:
-    records = [r for it in replay.merged([path]) if not isinstance(r := it.value, DecodeError)]
+    records = [r for it in replay.merged([replay.InputFile(path)]) if not isinstance(r := it.value, DecodeError)]
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]

@@ -108,7 +108,7 @@ def run_scenario(sc: Any, work: Path) -> ScenarioScore:
 
     stream, truth_path = write(sc, work)
     out = work / f"{sc.name}.out"
-    summary = replay.run([stream], out, None, progress=False)
+    summary = replay.run([stream], out, None, progress=None)
     read = lambda name: [orjson.loads(x) for x in (out / name).read_bytes().splitlines()]  # noqa: E731
     s = score(orjson.loads(truth_path.read_bytes()), read("findings.jsonl"), read("actions.jsonl"),
               read("incidents.jsonl"))

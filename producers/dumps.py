@@ -17,6 +17,7 @@ from gangwatch.producers.flight import load_dump, to_flight_record
 from gangwatch.producers.kmsg import parse_lines, to_hw_record
 
 _RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+_PYSPY_THREAD = re.compile(r"^Thread (0x[0-9a-fA-F]+|\d+) ", re.MULTILINE)
 DEFAULT_TS = 1_700_000_000.0
 
 
@@ -58,8 +59,28 @@ def pyspy_records(directory: Path, *, job: str = "job", gpus_per_node: int = 1, 
     recs = [job_record(job, n, gpus_per_node, ts)]
     for rank, path in sorted(files.items()):
         recs.append({"kind": "stack", "v": 1, "ts": ts + 1.0, "job": job, "rank": rank, "snapshot": snapshot,
-                     "format": "py-spy", "dump": path.read_text(errors="replace")})
+                     "format": "py-spy", "dump": read_pyspy(path)})
     return recs
+
+
+def read_text(path: Path, what: str) -> str:
+    """The file as text, refusing binary data (NUL bytes or mostly undecodable bytes) with the reason."""
+    data = path.read_bytes()
+    if b"\0" in data:
+        raise ValueError(f"{path} is not {what}: it holds binary data (NUL bytes)")
+    text = data.decode("utf-8", errors="replace")
+    if text.count("\ufffd") > max(8, len(text) // 100):
+        raise ValueError(f"{path} is not {what}: more than 1% of it is not UTF-8 text")
+    return text
+
+
+def read_pyspy(path: Path) -> str:
+    """The text of a `py-spy dump`, refusing files that are not one (no `Thread <id> ...` header)."""
+    text = read_text(path, "a py-spy dump")
+    if not _PYSPY_THREAD.search(text):
+        raise ValueError(f"{path} is not a py-spy dump: no 'Thread <id> (...)' line, as `py-spy dump --pid P` "
+                         "prints")
+    return text
 
 
 def flight_records(directory: Path, *, job: str = "job", gpus_per_node: int = 1, ts: float = DEFAULT_TS,
@@ -83,8 +104,7 @@ def kmsg_records(path: Path, *, node: str, ts: float = DEFAULT_TS, gpu_of: dict[
     `job` record placing `gpus_per_node` ranks on `node` comes first, so that a
     replay of the file alone attributes the events.
     """
-    with open(path, errors="replace") as fh:
-        events = parse_lines(fh)
+    events = parse_lines(read_text(path, "a kernel log").splitlines())
     gpu_of = {k.lower(): v for k, v in (gpu_of or {}).items()}
     recs = [job_record(job, gpus_per_node, gpus_per_node, ts)] if job else []
     for r in recs[:1]:

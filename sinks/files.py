@@ -18,9 +18,10 @@ def rejected_obj(err: DecodeError, source: str, where: int | None) -> dict[str, 
 class JsonlSink:
     """Writes `findings.jsonl`, `actions.jsonl`, `incidents.jsonl` and `rejected.jsonl` into a directory."""
 
-    def __init__(self, out_dir: Path) -> None:
+    def __init__(self, out_dir: Path, *, append: bool = False) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        self._files = {k: open(out_dir / f"{k}.jsonl", "wb") for k in ("findings", "actions", "incidents",
+        mode = "ab" if append else "wb"
+        self._files = {k: open(out_dir / f"{k}.jsonl", mode) for k in ("findings", "actions", "incidents",
                                                                          "rejected")}
 
     def write(self, out: Outputs) -> None:

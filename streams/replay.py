@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import gzip
 import heapq
-import sys
 import time
-from collections.abc import Iterable, Iterator
+import zlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -29,12 +29,57 @@ from gangwatch.triage.engine import Core, CoreConfig
 from gangwatch.triage.outputs import Outputs
 
 
+def _gunzipped(raw: IO[bytes]) -> IO[bytes]:
+    """`raw` itself, or a gunzipping reader over it when it starts with gzip's magic bytes (not by name)."""
+    magic = raw.read(2)
+    raw.seek(0)
+    return gzip.GzipFile(fileobj=raw) if magic == b"\x1f\x8b" else raw
+
+
 def open_text(path: Path) -> IO[bytes]:
-    """Open a JSONL file, gunzipping when it is gzip (by magic bytes, not by name)."""
-    fh = open(path, "rb")
-    magic = fh.read(2)
-    fh.seek(0)
-    return gzip.GzipFile(fileobj=fh) if magic == b"\x1f\x8b" else fh
+    """Open a JSONL file, gunzipping when it is gzip."""
+    return _gunzipped(open(path, "rb"))
+
+
+class InputFile:
+    """One input file, read line by line; remembers how far it got and why it stopped early, if it did."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.size = path.stat().st_size
+        self._raw: IO[bytes] | None = None
+        self.stopped: str | None = None  # "FILE line N: why", when the file ended before its end
+
+    @property
+    def read_bytes(self) -> int:
+        """Bytes of the file (compressed, for .gz) consumed so far."""
+        if self._raw is None:
+            return 0
+        return self.size if self._raw.closed else self._raw.tell()
+
+    def __iter__(self) -> Iterator[Item]:
+        """Decode every line (batches unpacked); blank lines are skipped. A file cut short (a truncated
+        gzip, an unreadable block) ends with one error item saying where, after everything before it."""
+        source = str(self.path)
+        last_ts = float("-inf")
+        n = 0
+        with open(self.path, "rb") as raw:
+            self._raw = raw
+            fh = _gunzipped(raw)
+            try:
+                for n, line in enumerate(fh, 1):
+                    if not line.strip():
+                        continue
+                    for v in decode(line):
+                        if isinstance(v, DecodeError):
+                            yield Item(last_ts, source, n, v)  # keep errors in place, by the previous record's time
+                        else:
+                            last_ts = v.ts
+                            yield Item(v.ts, source, n, v)
+            except (EOFError, OSError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+                why = str(e) or type(e).__name__
+                self.stopped = f"{source} stopped after line {n}: {why}"
+                yield Item(last_ts, source, n + 1, DecodeError(reason=f"input stopped: {why}"))
 
 
 @dataclass
@@ -47,25 +92,9 @@ class Item:
     value: Record | DecodeError
 
 
-def read_file(path: Path) -> Iterator[Item]:
-    """Decode every line of one file (batches unpacked); blank lines are skipped."""
-    source = str(path)
-    last_ts = float("-inf")
-    with open_text(path) as fh:
-        for n, raw in enumerate(fh, 1):
-            if not raw.strip():
-                continue
-            for v in decode(raw):
-                if isinstance(v, DecodeError):
-                    yield Item(last_ts, source, n, v)  # keep errors in place, by the previous record's time
-                else:
-                    last_ts = v.ts
-                    yield Item(v.ts, source, n, v)
-
-
-def merged(paths: Iterable[Path]) -> Iterator[Item]:
+def merged(inputs: Iterable[InputFile]) -> Iterator[Item]:
     """Items of all files merged by event time (stable: file order breaks ties)."""
-    return heapq.merge(*(read_file(p) for p in paths), key=lambda it: it.ts)
+    return heapq.merge(*inputs, key=lambda it: it.ts)
 
 
 @dataclass
@@ -79,21 +108,23 @@ class Summary:
     last_ts: float | None = None
     wall_s: float = 0.0
     by_type: dict[str, int] = field(default_factory=dict)
+    by_kind: dict[str, int] = field(default_factory=dict)  # input records by kind
+    stopped: list[str] = field(default_factory=list)  # inputs that ended early, and where
     out_dir: str = ""
 
-    def render(self) -> str:
-        span = (self.last_ts - self.first_ts) if self.first_ts is not None and self.last_ts is not None else 0.0
-        rate = self.records / self.wall_s if self.wall_s > 0 else 0.0
-        lines = [
-            f"replayed  {self.records:,} records ({span:,.0f} s of event time) in {self.wall_s:.2f} s"
-            f" ({rate:,.0f} records/s)",
-            f"rejected  {self.rejected:,}" + ("  -> rejected.jsonl" if self.rejected else ""),
-            f"findings  {self.findings:,}" + "".join(f"\n  {k:<14} {v:,}" for k, v in sorted(self.by_type.items())),
-            f"actions   {self.actions:,}",
-            f"incidents {self.incidents:,} updates",
-            f"outputs   {self.out_dir}",
-        ]
-        return "\n".join(lines)
+    def why_nothing(self) -> str | None:
+        """When nothing was found, the likely reason a person can act on (None when findings exist)."""
+        if self.findings:
+            return None
+        if not self.records:
+            return "the inputs held no valid record" + (" (see rejected.jsonl)" if self.rejected else "")
+        if "job" not in self.by_kind:
+            node_only = set(self.by_kind) <= {"hw", "gpu", "ops"}
+            what = "only node events (" + ", ".join(sorted(self.by_kind)) + ")" if node_only else "no `job` record"
+            return (f"the inputs hold {what}: detectors run per job, and a node's events reach a job through "
+                    "the job record's topology. Replay them with the job's telemetry, or give `ingest kmsg` "
+                    "--job JOB to write a job record on that node")
+        return None
 
 
 class Replay:
@@ -111,6 +142,7 @@ class Replay:
             self._reject(v, item.source, item.line, item.ts)
             return
         s.records += 1
+        s.by_kind[v.kind] = s.by_kind.get(v.kind, 0) + 1
         if s.first_ts is None:
             s.first_ts = v.ts
         s.last_ts = v.ts if s.last_ts is None else max(s.last_ts, v.ts)
@@ -147,32 +179,32 @@ class Replay:
         return self.summary
 
 
+Progress = Callable[[Summary, float], None]  # (summary so far, fraction of the input bytes read)
+
+
 def run(paths: list[Path], out_dir: Path, store: Store | None, *, telemetry: bool = False,
-        progress: bool | None = None, core: Core | None = None, sinks: list[Sink] | None = None) -> Summary:
-    """Replay `paths` into `out_dir` (and `store`, and any further `sinks`); returns the summary."""
-    if progress is None:
-        progress = sys.stderr.isatty()
-    sinks = [JsonlSink(out_dir), *(sinks or [])]
+        progress: Progress | None = None, core: Core | None = None, sinks: list[Sink] | None = None,
+        append: bool = False) -> Summary:
+    """Replay `paths` into `out_dir` (and `store`, and any further `sinks`); returns the summary.
+
+    The JSONL outputs are replaced unless `append`. An input cut short keeps what was read
+    before the cut in every output; `Summary.stopped` says where it stopped.
+    """
+    inputs = [InputFile(p) for p in paths]
+    total = sum(i.size for i in inputs) or 1
+    sinks = [JsonlSink(out_dir, append=append), *(sinks or [])]
     if store is not None:
         sinks.append(StoreSink(store, telemetry=telemetry, max_delay_s=float("inf")))
     rep = Replay(sinks, core)
     rep.summary.out_dir = str(out_dir)
     started = time.monotonic()
     next_print = started
-    for item in merged(paths):
+    for item in merged(inputs):
         rep.feed(item)
-        if progress and rep.summary.records % 4096 == 0 and time.monotonic() >= next_print:
+        if progress is not None and rep.summary.records % 4096 == 0 and time.monotonic() >= next_print:
             next_print = time.monotonic() + 0.2
-            _progress(rep.summary, time.monotonic() - started)
+            progress(rep.summary, sum(i.read_bytes for i in inputs) / total)
     summary = rep.close()
     summary.wall_s = time.monotonic() - started
-    if progress:
-        sys.stderr.write("\r\x1b[2K")
+    summary.stopped = [i.stopped for i in inputs if i.stopped]
     return summary
-
-
-def _progress(s: Summary, elapsed: float) -> None:
-    rate = s.records / elapsed if elapsed > 0 else 0.0
-    sys.stderr.write(f"\r\x1b[2Kreplaying: {s.records:,} records ({rate:,.0f}/s), {s.findings} findings, "
-                     f"{s.actions} actions, {s.rejected} rejected")
-    sys.stderr.flush()

@@ -11,7 +11,7 @@ PORT="${GANGWATCH_KAFKA_PORT:-9092}"
 CONTROLLER_PORT="${GANGWATCH_KAFKA_CONTROLLER_PORT:-9093}"
 READY_TIMEOUT="${GANGWATCH_KAFKA_TIMEOUT:-90}"
 HEAP_OPTS="${GANGWATCH_KAFKA_HEAP_OPTS:--Xms256m -Xmx768m}"
-PYTHON="${PYTHON:-python3}"
+PYTHON="${PYTHON:-$(if [[ -x "$HERE/../../.venv/bin/python" ]]; then echo "$HERE/../../.venv/bin/python"; else echo python3; fi)}"
 
 PID_FILE="$RUN_DIR/broker.pid"
 PROPS="$RUN_DIR/server.properties"

@@ -34,7 +34,7 @@ def test_flight_recorder_gloo_hang_names_rank_3(tmp_path, real_data):
 
 def test_ingest_rejects_a_folder_without_rank_files(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("hello")
-    assert main(["ingest", "pyspy", str(tmp_path)]) == 2
+    assert main(["ingest", "pyspy", str(tmp_path)]) == 3
     assert "no per-rank files" in capsys.readouterr().err
 
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.fault
 def run(tmp_path, sc: Scenario):
     stream, truth = write(sc, tmp_path)
     out = tmp_path / "out"
-    replay.run([stream], out, None, progress=False)
+    replay.run([stream], out, None, progress=None)
     read = lambda name: [orjson.loads(x) for x in (out / name).read_bytes().splitlines()]  # noqa: E731
     incidents: dict[str, dict] = {}
     for inc in read("incidents.jsonl"):

@@ -54,7 +54,7 @@ DEADLINE = 90.0
 
 def replay_outputs(tmp_path: Path, msgs) -> dict[str, list]:
     src = write_jsonl(tmp_path / "scenario.jsonl", msgs)
-    replay.run([src], tmp_path / "replay", None, progress=False)
+    replay.run([src], tmp_path / "replay", None, progress=None)
     out = {}
     for name in ("findings", "actions", "incidents", "rejected"):
         out[name] = [orjson.loads(line) for line in (tmp_path / "replay" / f"{name}.jsonl").read_bytes().splitlines()]

@@ -1,0 +1,109 @@
+"""The `gangwatch` command line.
+
+One module per group of commands, each with a `register(subparsers)`:
+`replay` (replay, store query), `simulate` (simulate, eval, demo), `ingest`
+(ingest, schema export), `kafka` (worker, topics, publish). Options that take a
+value also read `GANGWATCH_<OPTION>` (see `options.opt`); the help of each says so.
+
+A user's mistake is one line on stderr with an exit code of its own (see
+`options`), never a traceback; `--debug` (or GANGWATCH_DEBUG=1) shows it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from gangwatch import __version__
+from gangwatch.cli import ingest, kafka, replay, simulate
+from gangwatch.cli.options import (
+    EXIT_EXTRA,
+    EXIT_INPUT,
+    EXIT_INTERNAL,
+    EXIT_SERVICE,
+    UserError,
+    boolean,
+    resolve,
+)
+
+COMMANDS = (replay, simulate, ingest, kafka)
+
+# The extra that brings each optional top-level module.
+EXTRAS = {
+    "numpy": "replay", "chdb": "embedded", "clickhouse_driver": "store", "faust": "worker", "aiokafka": "worker",
+    "mode": "worker", "sklearn": "stacks", "scipy": "stacks", "pynvml": "nvml", "torch": "torch",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gangwatch",
+        description="Watch large GPU training jobs as a stream: what broke, where, and what to do.",
+        epilog="Start with `gangwatch demo`. Exit codes: 2 bad option or environment value, 3 bad path or input, "
+        "4 input cut short (what was read is kept), 5 service unreachable, 6 optional dependency missing. "
+        "Docs: README.md and docs/.",
+    )
+    p.add_argument("--version", action="version", version=f"gangwatch {__version__}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks (env GANGWATCH_DEBUG=1)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in COMMANDS:
+        module.register(sub)
+    return p
+
+
+def _debug(args: argparse.Namespace) -> bool:
+    if args.debug:
+        return True
+    try:
+        return boolean(os.environ.get("GANGWATCH_DEBUG") or "0")
+    except ValueError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    flagged = "--debug" in argv  # accepted anywhere on the line, not only before the command
+    args = build_parser().parse_args([a for a in argv if a != "--debug"])
+    args.debug = args.debug or flagged
+    debug = _debug(args)
+    name = f"gangwatch {args.command}"
+    try:
+        resolve(args)
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+    except UserError as e:
+        if debug:
+            raise
+        print(f"{name}: error: {e}", file=sys.stderr)
+        return e.code
+    except ModuleNotFoundError as e:
+        top = (e.name or "").split(".")[0]
+        if debug or top not in EXTRAS:
+            raise
+        print(f"{name}: error: this needs {top}, which is not installed: "
+              f"pip install 'gangwatch[{EXTRAS[top]}]'", file=sys.stderr)
+        return EXIT_EXTRA
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
+        if debug:
+            raise
+        print(f"{name}: error: {e.strerror or e}: {e.filename}", file=sys.stderr)
+        return EXIT_INPUT
+    except ConnectionError as e:
+        if debug:
+            raise
+        print(f"{name}: error: {e}", file=sys.stderr)
+        return EXIT_SERVICE
+    except Exception as e:
+        if debug:
+            raise
+        print(f"{name}: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback, and "
+              "please report it)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""`gangwatch worker`, `topics` and `publish`: the production path on Kafka."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from gangwatch.cli import report
+from gangwatch.cli.options import (
+    EXIT_CORRUPT,
+    UserError,
+    at_least_zero,
+    integer,
+    iso,
+    number,
+    opt,
+    positive,
+)
+from gangwatch.cli.replay import check_inputs, connect_timeout_opt
+from gangwatch.cli.services import wait_for_kafka, wait_for_store
+
+
+def _topic_settings(args: argparse.Namespace):
+    from gangwatch.streams.topics import TopicSettings
+
+    return TopicSettings.from_env(prefix=args.prefix, partitions=args.partitions, replication=args.replication)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from gangwatch.streams import worker
+
+    wait_for_kafka(args.bootstrap, args.connect_timeout)
+    if args.store:
+        wait_for_store(args.store, args.connect_timeout)
+    settings = worker.WorkerSettings(
+        bootstrap=args.bootstrap, app_id=args.app_id, topics=_topic_settings(args), store=args.store,
+        webhook=args.webhook,
+        telemetry=args.telemetry, batch_max=args.batch_max, batch_within_s=args.batch_within, tick_s=args.tick,
+        silence=args.silence, lateness_s=args.lateness, hold_s=args.hold, table_store=args.table_store,
+        datadir=args.datadir, session_timeout_s=args.session_timeout, heartbeat_interval_s=args.heartbeat_interval,
+        request_timeout_s=(max(args.session_timeout + 10, 40.0) if args.request_timeout is None
+                           else args.request_timeout),
+        commit_interval_s=args.commit_interval, standby_replicas=args.standby_replicas,
+        offset_reset=args.offset_reset, web=args.web_port is not None, web_port=args.web_port or 6066,
+        fetch_wait_ms=args.fetch_wait, stats_every_s=args.stats_every,
+    )
+    worker.run(settings, loglevel=args.loglevel, create=args.create_topics)
+    return 0
+
+
+def cmd_topics_create(args: argparse.Namespace) -> int:
+    from gangwatch.streams.topics import create_topics
+
+    wait_for_kafka(args.bootstrap, args.connect_timeout)
+    s = _topic_settings(args)
+    made = create_topics(s, args.bootstrap)
+    print(f"created {len(made)} topics" + "".join(f"\n  {t}" for t in made) if made else
+          f"all {len(s.all())} topics exist ({s.prefix}*, {s.partitions} partitions)")
+    return 0
+
+
+def cmd_topics_list(args: argparse.Namespace) -> int:
+    from gangwatch.streams.topics import list_topics
+
+    wait_for_kafka(args.bootstrap, args.connect_timeout)
+    for name, n in list_topics(args.bootstrap, _topic_settings(args).prefix).items():
+        print(f"{name:<40} {n} partitions")
+    return 0
+
+
+def cmd_topics_tail(args: argparse.Namespace) -> int:
+    """Print what arrives on a topic, one line per record, times in ISO 8601."""
+    import orjson
+    from kafka import KafkaConsumer
+
+    wait_for_kafka(args.bootstrap, args.connect_timeout)
+    topic = args.topic if "." in args.topic else _topic_settings(args).name(args.topic)
+    consumer = KafkaConsumer(topic, bootstrap_servers=args.bootstrap, client_id="gangwatch-tail",
+                             auto_offset_reset="earliest" if args.from_beginning else "latest",
+                             enable_auto_commit=False, consumer_timeout_ms=int(args.timeout * 1000))
+    shown = 0
+    try:
+        for msg in consumer:
+            if args.json:
+                print(msg.value.decode(errors="replace"), flush=True)
+            else:
+                try:
+                    obj = orjson.loads(msg.value)
+                except orjson.JSONDecodeError:
+                    obj = {"raw": msg.value[:200].decode(errors="replace")}
+                print(report.one_line(obj), flush=True)
+            shown += 1
+            if args.max and shown >= args.max:
+                break
+    finally:
+        consumer.close()
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from gangwatch.streams.publish import kafka_send, publish
+
+    check_inputs(args.files)
+    wait_for_kafka(args.bootstrap, args.connect_timeout)
+    send, close = kafka_send(args.bootstrap)
+    show = args.progress if args.progress is not None else sys.stderr.isatty()
+    progress = report.ProgressLine("publishing") if show else None
+    try:
+        done = publish(args.files, send, _topic_settings(args), envelope=args.envelope, rate=args.rate,
+                       speed=args.realtime, progress=progress)
+    finally:
+        if progress is not None:
+            progress.done()
+        close()
+    rate = done.records / done.wall_s if done.wall_s > 0 else 0.0
+    print(f"published {done.records:,} records in {done.messages:,} messages to {args.bootstrap} in "
+          f"{done.wall_s:.1f} s ({rate:,.0f} records/s); event time {iso(done.first_ts)} .. {iso(done.last_ts)}")
+    if done.rejected:
+        print(f"{done.rejected:,} lines did not decode: sent to the dead-letter topic with the reason")
+    if done.stopped:
+        raise UserError("; ".join(done.stopped) + " (everything before it was published)", EXIT_CORRUPT)
+    return 0
+
+
+def kafka_opts(p: argparse.ArgumentParser) -> None:
+    opt(p, "--bootstrap", default="127.0.0.1:9092", help="Kafka bootstrap servers, comma-separated")
+    opt(p, "--prefix", env="GANGWATCH_TOPIC_PREFIX", help="topic name prefix", shown_default="gw.")
+    opt(p, "--partitions", type=positive(integer), env="GANGWATCH_TOPIC_PARTITIONS",
+        help="partitions of every topic; all job-keyed inputs must agree", shown_default=8)
+    opt(p, "--replication", type=positive(integer), env="GANGWATCH_TOPIC_REPLICATION",
+        help="replication factor of new topics", shown_default=1)
+    connect_timeout_opt(p)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    w = sub.add_parser("worker", help="run the detectors and triage on Kafka (a Faust worker; run one per machine)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Consume the gangwatch input topics, run the detectors and triage per job on event "
+                       "time, and publish findings, actions (the alert topic) and incidents keyed by job; bad "
+                       "messages go to the DLQ topic with the reason, topic, partition and offset. Start several "
+                       "workers with the same --app-id to share the partitions; a worker that dies is replaced "
+                       "with its jobs' state (Faust tables backed by changelog topics). Stop with Ctrl-C / TERM.",
+                       epilog="topics (prefix gw. by default): inputs telemetry (step, heartbeat, framework; key job), "
+                       "jobs (job), node-events (hw, gpu; key node), traces (stack, flight), ops (ops, recovery); "
+                       "outputs findings, actions, incidents, dlq. They are created if missing.\n"
+                       "example: gangwatch worker --bootstrap kafka1:9092 --store clickhouse://ch1:9000/gangwatch")
+    kafka_opts(w)
+    opt(w, "--app-id", default="gangwatch", help="Faust app id = consumer group and table changelog prefix")
+    opt(w, "--store", help="also write outputs to chdb:PATH or clickhouse://HOST:PORT[/DB] (default: Kafka only)")
+    w.add_argument("--telemetry", action="store_true", help="with --store: also store every raw input record")
+    opt(w, "--webhook", help="job-controller URL: every action is POSTed there, signed with HMAC-SHA256 "
+        "(X-Gangwatch-Signature) using the secret in GANGWATCH_WEBHOOK_SECRET")
+    opt(w, "--batch-max", type=positive(integer), default=20000, help="messages per batch")
+    opt(w, "--batch-within", type=positive(number), default=0.1, help="seconds to wait filling a batch")
+    opt(w, "--tick", type=positive(number), default=0.5, help="silence timer period, seconds")
+    opt(w, "--silence", type=bool, default=True,
+        help="advance event time through wall-clock silence, so missed heartbeats fire when nothing arrives; "
+        "--no-silence behaves like replay: no input, no time")
+    opt(w, "--lateness", type=at_least_zero(number), default=1.0,
+        help="seconds behind the newest event time that timeouts are evaluated")
+    opt(w, "--hold", type=at_least_zero(number), default=30.0,
+        help="seconds a record waits for its job record, a node event for its job")
+    opt(w, "--table-store", default="memory://",
+        help="Faust table store: memory:// (rebuilt from the changelog at start) or rocksdb://")
+    opt(w, "--datadir", help="Faust data directory, one per worker (default in the temp dir)")
+    opt(w, "--session-timeout", type=positive(number), default=30.0, help="Kafka consumer session timeout, seconds")
+    opt(w, "--heartbeat-interval", type=positive(number), default=3.0,
+        help="Kafka consumer heartbeat interval, seconds")
+    opt(w, "--request-timeout", type=positive(number),
+        help="Kafka request timeout, seconds; at least the session timeout", shown_default="session + 10, >= 40")
+    opt(w, "--commit-interval", type=positive(number), default=2.8, help="seconds between offset commits")
+    opt(w, "--standby-replicas", type=at_least_zero(integer), default=1,
+        help="table standby replicas kept warm on other workers")
+    opt(w, "--offset-reset", choices=("earliest", "latest"), default="earliest",
+        help="where a new consumer group starts")
+    opt(w, "--fetch-wait", type=positive(integer), default=50,
+        help="ms the broker may hold a fetch that finds no data (Faust's own 1500 starves a busy partition)")
+    opt(w, "--stats-every", type=at_least_zero(number), default=10.0,
+        help="seconds between progress lines in the log; 0: none")
+    opt(w, "--web-port", type=positive(integer), help="serve Faust's web views on this port (default: off)")
+    w.add_argument("--no-create-topics", dest="create_topics", action="store_false",
+                   help="do not create missing topics at start")
+    opt(w, "-l", "--loglevel", dest="loglevel", default="info", choices=("debug", "info", "warning", "error"),
+        help="log level")
+    w.set_defaults(func=cmd_worker)
+
+    t = sub.add_parser("topics", help="create or list the Kafka topics gangwatch uses")
+    tsub = t.add_subparsers(dest="topics_command", metavar="ACTION", required=True)
+    tc = tsub.add_parser("create", help="create every missing gangwatch topic (existing topics are left alone)")
+    kafka_opts(tc)
+    tc.set_defaults(func=cmd_topics_create)
+    tl = tsub.add_parser("list", help="list the topics with the prefix and their partition counts")
+    kafka_opts(tl)
+    tl.set_defaults(func=cmd_topics_list)
+    tt = tsub.add_parser("tail", help="print the records arriving on a topic (e.g. actions), one line each",
+                         epilog="example: gangwatch topics tail actions --from-beginning")
+    tt.add_argument("topic", metavar="TOPIC", help="a topic name, or a suffix such as actions, findings, dlq")
+    kafka_opts(tt)
+    tt.add_argument("--from-beginning", action="store_true", help="start at the oldest record (default: new only)")
+    tt.add_argument("--max", type=positive(integer), help="stop after this many records")
+    tt.add_argument("--timeout", type=positive(number), default=float("inf"),
+                    help="stop after this many seconds without a record (default: never)")
+    tt.add_argument("--json", action="store_true", help="print the records as they are (JSON lines)")
+    tt.set_defaults(func=cmd_topics_tail)
+
+    p = sub.add_parser("publish", help="put contract-v1 JSONL(.gz) files onto the Kafka input topics",
+                       description="Merge the files by event time and send each record to the topic of its kind, "
+                       "keyed as the worker expects (job id; node id for node events), consecutive records of one "
+                       "topic and key packed into batch envelopes. Lines that do not decode go to the dead-letter "
+                       "topic with the reason. By default as fast as Kafka takes them (a backlog).",
+                       epilog="example: gangwatch simulate --fault xid79:60:n003 --out sim/ && "
+                       "gangwatch publish sim/sim.jsonl.gz --bootstrap 127.0.0.1:9092 --realtime")
+    p.add_argument("files", nargs="+", type=Path, metavar="FILE", help="JSONL or JSONL.gz files of contract-v1 records")
+    kafka_opts(p)
+    pace = p.add_mutually_exclusive_group()
+    pace.add_argument("--rate", type=positive(number), help="records per second (default: as fast as possible)")
+    pace.add_argument("--realtime", type=positive(number), nargs="?", const=1.0, metavar="SPEED",
+                      help="pace by the records' event time, SPEED x real time (default 1: live delivery)")
+    opt(p, "--envelope", type=positive(integer), default=64,
+        help="records per batch envelope (consecutive records of one topic and key)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress line with percentage and ETA (default: on when stderr is a terminal)")
+    p.set_defaults(func=cmd_publish)

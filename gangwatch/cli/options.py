@@ -1,0 +1,152 @@
+"""Options that also read `GANGWATCH_<NAME>` environment variables, and the errors a user can act on.
+
+    opt(parser, "--batch-max", type=int, default=20000, help="messages per batch")
+
+adds `--batch-max` whose help ends in "(env GANGWATCH_BATCH_MAX; default 20000)".
+The variable is read only after parsing, for options the command line left out,
+so a bad value never breaks `--help` and becomes one line naming the variable.
+An option declared with `env=False` reads no variable and says nothing about one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# Exit codes: one per kind of problem, so scripts can tell them apart.
+EXIT_USAGE = 2  # a bad option or environment value (argparse uses 2 too)
+EXIT_INPUT = 3  # a path that is missing, of the wrong kind, or not what it claims to be
+EXIT_CORRUPT = 4  # an input cut short or corrupt: what was read is kept, the message says where it stopped
+EXIT_SERVICE = 5  # Kafka or ClickHouse unreachable within the wait
+EXIT_EXTRA = 6  # an optional dependency (an extra) is not installed
+EXIT_INTERNAL = 70  # a bug: rerun with --debug for the traceback
+
+
+class UserError(Exception):
+    """A mistake the user can fix: printed as one line with its exit code, never as a traceback."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+TRUE = frozenset({"1", "true", "yes", "on"})
+FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def boolean(raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in TRUE:
+        return True
+    if low in FALSE:
+        return False
+    raise ValueError("not a boolean (use 1/0, true/false, yes/no, on/off)")
+
+
+@dataclass(frozen=True)
+class EnvOption:
+    dest: str
+    flag: str
+    env: str
+    convert: Callable[[str], Any]
+    default: Any
+    choices: tuple[str, ...] | None = None
+
+
+def env_name(dest: str) -> str:
+    return f"GANGWATCH_{dest.upper()}"
+
+
+def opt(p: argparse.ArgumentParser, *flags: str, type: Callable[[str], Any] = str, default: Any = None,
+        env: bool | str = True, help: str = "", **kw: Any) -> None:
+    """`p.add_argument` for an option with a value (or a --x/--no-x switch with `type=bool`)."""
+    dest = kw.pop("dest", None) or flags[0].lstrip("-").replace("-", "_")
+    name = env if isinstance(env, str) else env_name(dest)
+    shown = kw.pop("shown_default", default)
+    notes = []
+    if env:
+        notes.append(f"env {name}")
+    if shown is not None and shown is not False:
+        notes.append(f"default {shown}")
+    full = f"{help} ({'; '.join(notes)})" if notes else help
+    if type is bool:
+        p.add_argument(*flags, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=full, **kw)
+        convert: Callable[[str], Any] = boolean
+    else:
+        p.add_argument(*flags, dest=dest, type=type, default=None, help=full, **kw)
+        convert = type
+    specs = p.get_default("_env_options")
+    if specs is None:
+        specs = []
+        p.set_defaults(_env_options=specs)
+    specs.append(EnvOption(dest, flags[0], name if env else "", convert, default,
+                           tuple(kw["choices"]) if "choices" in kw else None))
+
+
+def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> None:
+    """Fill options left out on the command line from their variables, then their defaults."""
+    environ = os.environ if environ is None else environ
+    for spec in getattr(args, "_env_options", None) or ():
+        if getattr(args, spec.dest) is not None:
+            continue
+        raw = environ.get(spec.env) if spec.env else None
+        if raw is None or raw == "":
+            setattr(args, spec.dest, spec.default)
+            continue
+        try:
+            value = spec.convert(raw)
+        except (ValueError, TypeError, argparse.ArgumentTypeError) as e:
+            why = str(e) or "not a valid value"
+            raise UserError(f"{spec.env}={raw!r}: {why} (it sets {spec.flag}); fix or unset it") from None
+        if spec.choices and value not in spec.choices:
+            raise UserError(f"{spec.env}={raw!r}: choose one of {', '.join(spec.choices)} (it sets {spec.flag})")
+        setattr(args, spec.dest, value)
+
+
+def integer(raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError("not an integer") from None
+
+
+def number(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError("not a finite number")
+    return value
+
+
+def positive(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A converter that also refuses zero and negative numbers."""
+    def check(raw: str) -> Any:
+        value = convert(raw)
+        if value <= 0:
+            raise ValueError("must be greater than 0")
+        return value
+    check.__name__ = f"positive {convert.__name__}"
+    return check
+
+
+def at_least_zero(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    def check(raw: str) -> Any:
+        value = convert(raw)
+        if value < 0:
+            raise ValueError("must not be negative")
+        return value
+    check.__name__ = convert.__name__
+    return check
+
+
+def iso(ts: float | None) -> str:
+    """Event time for a person: ISO 8601 UTC to the second (files keep epoch seconds)."""
+    if ts is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

@@ -1,0 +1,180 @@
+"""`gangwatch replay` and `gangwatch store query`: files through the core, and SQL over what it stored."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from gangwatch.cli import report
+from gangwatch.cli.options import EXIT_CORRUPT, EXIT_INPUT, UserError, number, opt, positive
+from gangwatch.cli.services import wait_for_kafka, wait_for_store
+
+
+def check_inputs(files: list[Path]) -> None:
+    for p in files:
+        if not p.exists():
+            raise UserError(f"no such file: {p}", EXIT_INPUT)
+        if p.is_dir():
+            raise UserError(f"{p} is a directory; give JSONL or JSONL.gz files (`gangwatch ingest` turns a "
+                            "folder of dumps into one)", EXIT_INPUT)
+
+
+def prepare_out(out: Path, *, append: bool) -> None:
+    """`out` is a directory we may write; a rerun replaces the previous outputs (store included) unless
+    `append`."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give a directory", EXIT_INPUT)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".gangwatch-write-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"cannot write to --out {out}: {e.strerror or e}", EXIT_INPUT) from None
+    if not append and (out / "store").is_dir():
+        shutil.rmtree(out / "store")
+
+
+def open_store_for(args: argparse.Namespace, out: Path):
+    """The store the outputs also go to, or None."""
+    if args.no_store:
+        return None
+    from gangwatch.sinks.store import open_store
+
+    url = args.store or f"chdb:{out / 'store'}"
+    wait_for_store(url, args.connect_timeout)
+    return open_store(url)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from gangwatch.streams import replay
+
+    check_inputs(args.files)
+    out = args.out
+    prepare_out(out, append=args.append)
+    extra = []
+    if args.publish:
+        from gangwatch.sinks.kafka import KafkaSink
+        from gangwatch.streams.topics import TopicSettings
+
+        wait_for_kafka(args.publish, args.connect_timeout)
+        t = TopicSettings.from_env()
+        extra.append(KafkaSink(args.publish, findings_topic=t.findings, actions_topic=t.actions,
+                               incidents_topic=t.incidents, dlq_topic=t.dlq))
+    if args.webhook:
+        from gangwatch.sinks.controller import WebhookSink
+
+        extra.append(WebhookSink(args.webhook))
+    store = open_store_for(args, out)
+    show = args.progress if args.progress is not None else sys.stderr.isatty()
+    progress = report.ProgressLine() if show and not args.quiet else None
+    try:
+        summary = replay.run(args.files, out, store, telemetry=args.telemetry, progress=progress, sinks=extra,
+                             append=args.append)
+    finally:
+        if progress is not None:
+            progress.done()
+        if store is not None:
+            store.close()
+    if not args.quiet:
+        print(report.summary(summary))
+        shown = report.outcome(out)
+        if shown:
+            print(shown)
+        why = summary.why_nothing()
+        if why:
+            print(report.wrapped(f"nothing found: {why}", 0))
+    if summary.stopped:
+        raise UserError("; ".join(summary.stopped) + " (everything before it was replayed and stored)",
+                        EXIT_CORRUPT)
+    return 0
+
+
+def cmd_store_query(args: argparse.Namespace) -> int:
+    import orjson
+
+    if args.store is None:
+        path = args.out / "store"
+        if not path.is_dir():
+            raise UserError(f"no store at {path}: replay something first, or pass --store", EXIT_INPUT)
+        args.store = f"chdb:{path}"
+    from gangwatch.sinks.store import open_store
+
+    wait_for_store(args.store, args.connect_timeout)
+    store = open_store(args.store)
+    try:
+        rows = store.query(args.sql)
+    except Exception as e:  # the store's own SQL error: its first line says what is wrong
+        raise UserError(f"the query failed: {str(e).strip().splitlines()[0] if str(e).strip() else e}") from None
+    finally:
+        store.close()
+    if args.format == "jsonl":
+        for r in rows:
+            sys.stdout.buffer.write(orjson.dumps(r) + b"\n")
+        return 0
+    if not rows:
+        print("(no rows)")
+        return 0
+    cols = list(rows[0])
+    cells = [[_cell(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+    print(f"({len(rows)} rows)")
+    return 0
+
+
+def _cell(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return "" if v is None else str(v)
+
+
+def connect_timeout_opt(p: argparse.ArgumentParser) -> None:
+    opt(p, "--connect-timeout", type=positive(number), default=15.0,
+        help="seconds to wait for an unreachable Kafka or ClickHouse before giving up")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    r = sub.add_parser("replay", help="replay JSONL(.gz) telemetry files through the detectors and triage",
+                       description="Decode the files (batches unpacked), merge them by event time, run the "
+                       "detectors and triage, and write findings/actions/incidents as JSONL plus the embedded "
+                       "chDB store. Bad lines go to rejected.jsonl with the reason. A rerun into the same --out "
+                       "replaces its outputs (store included) unless --append.",
+                       epilog="example: gangwatch replay run.jsonl.gz --out out/ && "
+                       "gangwatch store query 'SELECT type, count() FROM gw_findings GROUP BY type' --out out/")
+    r.add_argument("files", nargs="+", type=Path, metavar="FILE", help="JSONL or JSONL.gz files of contract-v1 records")
+    opt(r, "--out", type=Path, default=Path("gangwatch-out"), help="output directory")
+    opt(r, "--store", help="where rows go: chdb:PATH (embedded, default OUT/store) or clickhouse://HOST:PORT[/DB]",
+        shown_default="chdb:OUT/store")
+    r.add_argument("--no-store", action="store_true", help="write JSONL only")
+    r.add_argument("--append", action="store_true", help="add to the outputs already in --out instead of replacing")
+    r.add_argument("--telemetry", action="store_true", help="also store every raw input record (gw_telemetry)")
+    opt(r, "--publish", metavar="BOOTSTRAP", help="also publish findings, actions (the alert topic), incidents and "
+        "rejects to this Kafka (topic names as `gangwatch topics list`)")
+    opt(r, "--webhook", help="also POST every action to this job-controller URL, signed with "
+        "GANGWATCH_WEBHOOK_SECRET")
+    connect_timeout_opt(r)
+    r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress line with percentage and ETA (default: on when stderr is a terminal)")
+    r.add_argument("-q", "--quiet", action="store_true", help="no summary")
+    r.set_defaults(func=cmd_replay)
+
+    s = sub.add_parser("store", help="query the store (embedded chDB or a ClickHouse server) with SQL")
+    ssub = s.add_subparsers(dest="store_command", metavar="ACTION", required=True)
+    q = ssub.add_parser("query", help="run one SQL query and print the rows",
+                        description="Run SQL on the store a replay wrote (--out DIR, default ./gangwatch-out) or "
+                        "on a ClickHouse server (--store clickhouse://HOST:PORT/DB). Tables: gw_findings, "
+                        "gw_actions, gw_incidents (use FINAL for the latest state), gw_node_profiles, "
+                        "gw_rejected, gw_telemetry.",
+                        epilog="example: gangwatch store query \"SELECT class, culprit_nodes, stage_names, "
+                        "stage_seconds FROM gw_incidents FINAL\" --out gangwatch-demo")
+    q.add_argument("sql", metavar="SQL", help="one ClickHouse SQL statement")
+    opt(q, "--out", type=Path, default=Path("gangwatch-out"), help="a replay's output directory (its store/)")
+    opt(q, "--store", help="chdb:PATH or clickhouse://HOST:PORT[/DB] instead of OUT/store")
+    q.add_argument("--format", choices=("table", "jsonl"), default="table", help="output format (default table)")
+    connect_timeout_opt(q)
+    q.set_defaults(func=cmd_store_query)

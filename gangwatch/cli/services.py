@@ -1,0 +1,81 @@
+"""Waiting for Kafka and ClickHouse before a command uses them: visible, bounded, one line when they stay away.
+
+Client libraries retry silently for 30 s or more and then raise a long traceback
+when a service is down. Commands check the address first: a TCP connection to
+each given `host:port`, retried once a second with a line on stderr saying what
+is awaited, for at most `--connect-timeout` seconds.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from urllib.parse import urlsplit
+
+from gangwatch.cli.options import EXIT_SERVICE, EXIT_USAGE, UserError
+
+
+def hostports(spec: str, default_port: int) -> list[tuple[str, int]]:
+    """`a:9092,b` -> [(a, 9092), (b, default_port)]; bad ports are a user error."""
+    out = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        if part.startswith("["):  # [v6]:port
+            host, _, rest = part[1:].partition("]")
+            port = rest[1:] if rest.startswith(":") else ""
+        elif ":" in part:
+            host, _, port = part.rpartition(":")
+        else:
+            host, port = part, ""
+        port = port or str(default_port)
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise UserError(f"bad address {part!r}: want HOST:PORT", EXIT_USAGE)
+        out.append((host or "127.0.0.1", int(port)))
+    if not out:
+        raise UserError(f"no address in {spec!r}: want HOST:PORT", EXIT_USAGE)
+    return out
+
+
+def _try(host: str, port: int) -> str | None:
+    """None when a TCP connection opens, else why not."""
+    try:
+        with socket.create_connection((host, port), timeout=2.0):
+            return None
+    except OSError as e:
+        return e.strerror or type(e).__name__
+
+
+def wait_for(what: str, addresses: list[tuple[str, int]], timeout_s: float, *, hint: str) -> None:
+    """Return once any address accepts a connection; else, after `timeout_s`, a one-line UserError."""
+    started = time.monotonic()
+    shown = False
+    while True:
+        reasons = {f"{h}:{p}": _try(h, p) for h, p in addresses}
+        if any(r is None for r in reasons.values()):
+            if shown:
+                print(f"{what} is up", file=sys.stderr)
+            return
+        waited = time.monotonic() - started
+        where = ", ".join(f"{a} ({r})" for a, r in reasons.items())
+        if waited >= timeout_s:
+            raise UserError(f"cannot reach {what} at {where} after {timeout_s:.0f} s; {hint}", EXIT_SERVICE)
+        print(f"waiting for {what} at {where}: {waited:.0f}/{timeout_s:.0f} s", file=sys.stderr, flush=True)
+        shown = True
+        time.sleep(min(1.0, max(0.0, timeout_s - waited)))
+
+
+def wait_for_kafka(bootstrap: str, timeout_s: float) -> None:
+    wait_for("Kafka", hostports(bootstrap, 9092), timeout_s,
+             hint="start it (deploy/dev.sh up) or pass --bootstrap HOST:PORT")
+
+
+def wait_for_store(url: str, timeout_s: float) -> None:
+    """For `clickhouse://HOST:PORT/DB` stores; the embedded chDB store needs no wait."""
+    if not url.startswith("clickhouse://"):
+        return
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 9000
+    wait_for("ClickHouse", [(host, port)], timeout_s,
+             hint="start it (deploy/dev.sh up) or pass --store clickhouse://HOST:PORT/DB")

@@ -1,0 +1,250 @@
+"""Every user error is one line with its own exit code and no traceback; `--debug` shows the traceback."""
+
+from __future__ import annotations
+
+import gzip
+import socket
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gangwatch.cli import build_parser, main
+from gangwatch.cli.options import (
+    EXIT_CORRUPT,
+    EXIT_EXTRA,
+    EXIT_INPUT,
+    EXIT_INTERNAL,
+    EXIT_SERVICE,
+    EXIT_USAGE,
+    resolve,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err + out
+    return code, out, err
+
+
+def one_error(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ": error: " in ln or ": internal error: " in ln]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def stream(tmp_path_factory) -> Path:
+    """A small simulated job with a fault, as a .jsonl.gz."""
+    from gangwatch.producers.simulate import Fault, Scenario, write
+
+    sc = Scenario("cli", seed=3, tp=4, pp=1, dp=4, gpus_per_node=4, duration_s=120.0,
+                  faults=(Fault("xid79", at_s=60.0, node="n001", params={"gpu": 1}),))
+    path, _ = write(sc, tmp_path_factory.mktemp("sim"))
+    return path
+
+
+# --- paths --------------------------------------------------------------------------------------
+
+
+def test_replay_of_a_directory(capsys, tmp_path):
+    code, _, err = run(capsys, "replay", str(tmp_path), "--out", str(tmp_path / "o"))
+    assert code == EXIT_INPUT and "is a directory" in one_error(err)
+
+
+def test_replay_of_a_missing_file(capsys, tmp_path):
+    code, _, err = run(capsys, "replay", str(tmp_path / "nope.jsonl"))
+    assert code == EXIT_INPUT and "no such file" in one_error(err)
+
+
+def test_out_naming_an_existing_file(capsys, tmp_path, stream):
+    (tmp_path / "f").write_text("x")
+    code, _, err = run(capsys, "replay", str(stream), "--out", str(tmp_path / "f"), "--no-store")
+    assert code == EXIT_INPUT and "is a file; give a directory" in one_error(err)
+
+
+def test_out_that_cannot_be_written(capsys, tmp_path, stream):
+    (tmp_path / "f").write_text("x")
+    code, _, err = run(capsys, "replay", str(stream), "--out", str(tmp_path / "f" / "sub"), "--no-store")
+    assert code == EXIT_INPUT and "cannot write to --out" in one_error(err)
+
+
+# --- corrupt and truncated input ------------------------------------------------------------------
+
+
+def test_truncated_gzip_keeps_what_was_read_everywhere(capsys, tmp_path, stream):
+    data = stream.read_bytes()
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(data[: int(len(data) * 0.95)])
+    out = tmp_path / "o"
+    code, stdout, err = run(capsys, "replay", str(cut), "--out", str(out))
+    line = one_error(err)
+    assert code == EXIT_CORRUPT and "stopped after line" in line and str(cut) in line
+    findings = (out / "findings.jsonl").read_bytes().splitlines()
+    assert findings, "what was read before the cut must be replayed"
+    code, rows, _ = run(capsys, "store", "query", "SELECT count() AS n FROM gw_findings", "--out", str(out),
+                        "--format", "jsonl")
+    assert code == 0 and orjson.loads(rows)["n"] == len(findings)
+    rejected = [orjson.loads(x) for x in (out / "rejected.jsonl").read_bytes().splitlines()]
+    assert rejected[-1]["reason"].startswith("input stopped")
+
+
+def test_ingest_refuses_random_bytes_as_pyspy_dumps(capsys, tmp_path):
+    (tmp_path / "dump_rank0.txt").write_bytes(bytes(range(256)) * 20)
+    code, _, err = run(capsys, "ingest", "pyspy", str(tmp_path))
+    assert code == EXIT_INPUT and "is not a py-spy dump" in one_error(err)
+
+
+def test_ingest_refuses_text_that_is_not_a_pyspy_dump(capsys, tmp_path):
+    (tmp_path / "dump_rank0.txt").write_text("hello\nworld\n" * 50)
+    code, _, err = run(capsys, "ingest", "pyspy", str(tmp_path))
+    assert code == EXIT_INPUT and "no 'Thread <id>" in one_error(err)
+
+
+def test_ingest_kmsg_refuses_a_binary_file(capsys, tmp_path):
+    (tmp_path / "k.log").write_bytes(b"\x7fELF\0\0\0" * 100)
+    code, _, err = run(capsys, "ingest", "kmsg", str(tmp_path / "k.log"))
+    assert code == EXIT_INPUT and "is not a kernel log" in one_error(err)
+
+
+def test_replay_of_node_events_only_says_why_nothing_was_found(capsys, tmp_path, real_data):
+    hw = tmp_path / "hw.jsonl"
+    assert run(capsys, "ingest", "kmsg", str(real_data / "kmsg" / "h100-xid119.log"), "--out", str(hw))[0] == 0
+    code, out, _ = run(capsys, "replay", str(hw), "--out", str(tmp_path / "o"), "--no-store")
+    assert code == 0 and "nothing found" in out and "only node events" in out and "--job" in out
+
+
+# --- reruns ---------------------------------------------------------------------------------------
+
+
+def _store_count(capsys, out: Path) -> int:
+    code, rows, _ = run(capsys, "store", "query", "SELECT count() AS n FROM gw_findings", "--out", str(out),
+                        "--format", "jsonl")
+    assert code == 0
+    return orjson.loads(rows)["n"]
+
+
+def test_rerun_into_the_same_out_replaces_the_store_and_append_adds(capsys, tmp_path, stream):
+    out = tmp_path / "o"
+    assert run(capsys, "replay", str(stream), "--out", str(out), "-q")[0] == 0
+    once = _store_count(capsys, out)
+    assert once > 0
+    assert run(capsys, "replay", str(stream), "--out", str(out), "-q")[0] == 0
+    assert _store_count(capsys, out) == once == len((out / "findings.jsonl").read_bytes().splitlines())
+    assert run(capsys, "replay", str(stream), "--out", str(out), "-q", "--append")[0] == 0
+    assert _store_count(capsys, out) == 2 * once == len((out / "findings.jsonl").read_bytes().splitlines())
+
+
+# --- services -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ["topics", "list"], ["topics", "create"], ["worker"], ["publish", "{stream}"],
+    ["replay", "{stream}", "--no-store", "--publish", "127.0.0.1:{port}"],
+])
+def test_unreachable_kafka_is_one_line_after_a_bounded_visible_wait(capsys, tmp_path, stream, argv):
+    port = closed_port()
+    argv = [a.format(stream=stream, port=port) for a in argv]
+    if "--publish" not in argv:
+        argv += ["--bootstrap", f"127.0.0.1:{port}"]
+    code, _, err = run(capsys, *argv, "--connect-timeout", "1", *(["--out", str(tmp_path / "o")]
+                                                                   if argv[0] == "replay" else []))
+    assert code == EXIT_SERVICE
+    assert "cannot reach Kafka" in one_error(err) and f"127.0.0.1:{port}" in one_error(err)
+    assert "waiting for Kafka" in err
+
+
+def test_unreachable_clickhouse(capsys, tmp_path, stream):
+    port = closed_port()
+    code, _, err = run(capsys, "replay", str(stream), "--out", str(tmp_path / "o"),
+                       "--store", f"clickhouse://127.0.0.1:{port}/db", "--connect-timeout", "1")
+    assert code == EXIT_SERVICE and "cannot reach ClickHouse" in one_error(err)
+
+
+# --- options and environment ----------------------------------------------------------------------
+
+
+def test_simulate_with_an_unknown_node(capsys, tmp_path):
+    code, _, err = run(capsys, "simulate", "--fault", "xid79:60:n999", "--out", str(tmp_path))
+    assert code == EXIT_USAGE and "unknown node 'n999'" in one_error(err)
+
+
+def test_simulate_with_a_malformed_fault(capsys, tmp_path):
+    code, _, err = run(capsys, "simulate", "--fault", "xid79", "--out", str(tmp_path))
+    assert code == EXIT_USAGE and "bad --fault 'xid79'" in one_error(err)
+
+
+def test_a_bad_environment_value_names_the_variable_and_spares_help(capsys, monkeypatch):
+    monkeypatch.setenv("GANGWATCH_BATCH_MAX", "abc")
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    with pytest.raises(SystemExit) as e:
+        main(["worker", "--help"])
+    assert e.value.code == 0 and "GANGWATCH_BATCH_MAX" in capsys.readouterr().out
+    code, _, err = run(capsys, "worker")
+    line = one_error(err)
+    assert code == EXIT_USAGE and "GANGWATCH_BATCH_MAX='abc'" in line and "--batch-max" in line
+
+
+@pytest.mark.parametrize(("raw", "want"), [("false", False), ("0", False), ("off", False), ("yes", True),
+                                           ("1", True)])
+def test_boolean_environment_values(raw, want):
+    args = build_parser().parse_args(["worker"])
+    resolve(args, {"GANGWATCH_SILENCE": raw})
+    assert args.silence is want
+
+
+def test_a_flag_wins_over_the_environment():
+    args = build_parser().parse_args(["worker", "--batch-max", "7"])
+    resolve(args, {"GANGWATCH_BATCH_MAX": "9"})
+    assert args.batch_max == 7
+    args = build_parser().parse_args(["worker"])
+    resolve(args, {"GANGWATCH_BATCH_MAX": "9"})
+    assert args.batch_max == 9
+
+
+def test_every_option_with_a_value_names_its_variable_in_help(capsys):
+    for cmd in (["worker"], ["replay"], ["publish"], ["topics", "create"]):
+        with pytest.raises(SystemExit):
+            main([*cmd, "--help"])
+        text = capsys.readouterr().out
+        assert text.count("env GANGWATCH_") >= 3, cmd
+
+
+# --- missing extras and bugs ----------------------------------------------------------------------
+
+
+def test_a_missing_extra_names_the_extra(capsys, monkeypatch, tmp_path, stream):
+    monkeypatch.setitem(__import__("sys").modules, "chdb", None)
+    code, _, err = run(capsys, "replay", str(stream), "--out", str(tmp_path / "o"))
+    assert code == EXIT_EXTRA and "pip install 'gangwatch[embedded]'" in one_error(err)
+
+
+def test_an_internal_error_is_one_line_and_debug_shows_the_traceback(capsys, monkeypatch, tmp_path, stream):
+    from gangwatch.streams import replay
+
+    def broken(*a, **k):
+        raise KeyError("boom")
+
+    monkeypatch.setattr(replay, "run", broken)
+    code, _, err = run(capsys, "replay", str(stream), "--out", str(tmp_path / "o"), "--no-store")
+    assert code == EXIT_INTERNAL and "--debug" in one_error(err)
+    with pytest.raises(KeyError):
+        main(["replay", str(stream), "--out", str(tmp_path / "o"), "--no-store", "--debug"])
+
+
+def test_gzip_member_garbage_is_reported_not_raised(capsys, tmp_path):
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_bytes(gzip.compress(b'{"kind":"heartbeat"}\n')[:10] + b"garbage" * 10)
+    code, _, err = run(capsys, "replay", str(bad), "--out", str(tmp_path / "o"), "--no-store")
+    assert code == EXIT_CORRUPT and "stopped after line" in one_error(err)
