@@ -1,14 +1,38 @@
-"""Fail-stop: ranks that stop heartbeating, and processes that exit or crash.
+"""Fail-stop: ranks that stop heartbeating, processes that exit or crash, and jobs that never start.
 
-A rank is missing when neither a heartbeat nor a step arrived for
-`miss_factor` x the job's `heartbeat_s`. Missing ranks are reported per node:
-when every rank of a node is missing, one finding names the node and all its
-ranks; a node where only some ranks are missing is reported once the first of
-them has been missing for a further `grace_factor` periods (time for its
-siblings to time out too), so a node is one finding, not eight.
+Every rank of a job is in one of four states:
 
-Timeouts are evaluated on a fixed event-time grid (half a heartbeat period),
-so the findings do not depend on how often `advance` is called.
+- not started: not heard from since the job record. Imports, data loading and
+  communicator set-up take minutes at scale, so a rank's silence before its first
+  record is start-up, not a fault. A job whose ranks have not all appeared
+  `start_timeout_s` after its job record gets one `start_timeout` finding naming
+  the ranks that never did and their nodes (triage informs a human; nobody is
+  evicted for a start that never happened).
+- live: heard from (a heartbeat, a step or a framework event). It is missing once
+  `miss_factor` heartbeat periods plus `slack_s` pass without a record: two periods
+  forgive one lost or late heartbeat (reporters beat from their own thread, so a
+  long step or a GC pause delays a heartbeat, it does not stop them).
+- silent: reported missing; a newer record makes it live again.
+- exited: it sent an `exit` record, so its silence afterwards is expected, not news.
+  An exit with a non-zero or unknown `code` is a fail-stop at once; a clean one
+  (`code` 0, as every rank of a finished job sends) is no finding at all.
+
+Missing ranks are reported per node: when no rank of a node is left alive, one
+finding names the node and its silent ranks; a node where only some ranks are
+missing is reported once the first of them has been missing for `grace_factor`
+periods plus `slack_s` more (a node's ranks beat out of phase, up to a period
+apart: time for its siblings to time out too), so a node is one finding, not eight.
+
+Silence is a node's only while the rest of the job is heard from. If no rank of
+the job has sent anything for a period plus `slack_s`, missing ranks are held;
+once every live rank is missing the job went silent as a whole, which is the
+monitoring path failing (sidecars, broker, collector) or the job stopping without
+a word, never a node fault: one job-level `monitoring_gap` finding instead.
+
+Timeouts are evaluated on a fixed event-time grid of `tick_s`, so the findings do
+not depend on how often `advance` is called, and a finding's ts is the grid point
+it was found at: a node gone silent is reported at most `miss_factor` periods +
+`slack_s` + `tick_s` after its last heartbeat (2 periods + 1 s by default).
 """
 
 from __future__ import annotations
@@ -23,56 +47,83 @@ from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Framework, Record
 
 _CRASH_TYPES = frozenset({"exit", "exception", "oom"})
+NOT_STARTED, LIVE, SILENT, EXITED = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
 class FailStopConfig:
-    miss_factor: float = 3.0  # heartbeat periods of silence before a rank is missing
-    grace_factor: float = 1.0  # extra periods to wait for the rest of a node before reporting part of it
+    miss_factor: float = 2.0  # heartbeat periods of silence before a rank is missing ...
+    slack_s: float = 0.5  # ... plus this, for heartbeats sent or timestamped a little late
+    grace_factor: float = 1.0  # extra periods (+ slack) to wait for the rest of a node before reporting part of it
+    tick_s: float = 0.5  # the event-time grid timeouts are evaluated on
+    start_timeout_s: float = 600.0  # every rank must have been heard from this long after the job record
+
+
+def clean_exit(rec: Framework) -> bool:
+    """An `exit` with code 0 (an optional `code` field, as on `hw` records): the process finished its work."""
+    return rec.type == "exit" and rec.extra.get("code") == 0
 
 
 class FailStopDetector:
-    """Missed heartbeats and crashed processes of one job."""
+    """Start-up, missed heartbeats and crashed processes of one job."""
 
     name: ClassVar[str] = "failstop"
     kinds: ClassVar[frozenset[str]] = frozenset({"heartbeat", "step", "framework"})
 
     def __init__(self, topo: Topology, config: FailStopConfig | None = None) -> None:
         self.config = config or FailStopConfig()
-        self.topo = topo
         self._reset(topo)
 
     def _reset(self, topo: Topology) -> None:
+        cfg = self.config
+        hb = topo.heartbeat_s
         self.topo = topo
-        self.last_seen = np.full(topo.size, topo.ts, dtype=np.float64)
-        self.reported = np.zeros(topo.size, dtype=bool)
-        self.tick = topo.heartbeat_s / 2
-        self.timeout = topo.heartbeat_s * self.config.miss_factor
-        self.grace = topo.heartbeat_s * self.config.grace_factor
-        self.next_tick = self._grid_at_or_after(topo.ts + self.timeout)
+        self.status = np.full(topo.size, NOT_STARTED, dtype=np.int8)
+        self.last_seen = np.full(topo.size, topo.ts, dtype=np.float64)  # exited ranks: when they exited
+        self.timeout = cfg.miss_factor * hb + cfg.slack_s
+        self.grace = cfg.grace_factor * hb + cfg.slack_s
+        self.quiet = hb + cfg.slack_s  # no record from any rank for this long: the whole job is quiet
+        self.start_deadline = topo.ts + cfg.start_timeout_s
+        self.start_checked = False
+        self.next_tick = self._grid_at_or_after(self.start_deadline)
 
     def _grid_at_or_after(self, t: float) -> float:
-        return t if math.isinf(t) else math.ceil(t / self.tick) * self.tick
+        return t if math.isinf(t) else math.ceil(t / self.config.tick_s) * self.config.tick_s
 
     def set_topology(self, topo: Topology) -> None:
-        self._reset(topo)
+        """A new job record: the job (re)started, so every rank starts up again.
+
+        The same record delivered twice (at-least-once transport) is not a restart
+        and must not forget which ranks are silent.
+        """
+        if (topo.ts, topo.ranks) != (self.topo.ts, self.topo.ranks):
+            self._reset(topo)
 
     # --- observe --------------------------------------------------------------
 
     def observe(self, rec: Record) -> list[Finding]:
         rank = rec.rank
-        if rank >= self.topo.size:
-            return []
-        if rec.kind == "framework":
-            return self._crash(rec) if rec.type in _CRASH_TYPES else []
-        if rec.ts > self.last_seen[rank]:
-            self.last_seen[rank] = rec.ts
-            if self.reported[rank]:
-                self.reported[rank] = False  # it came back: watch it again
-            deadline = rec.ts + self.timeout
-            if deadline < self.next_tick:  # only after a lull; keep the grid aligned
-                self.next_tick = self._grid_at_or_after(deadline)
+        if rank >= self.topo.size or rec.ts < self.topo.ts:
+            return []  # not a rank of this job, or a record of the run before the job record
+        if rec.kind == "framework" and rec.type == "exit":
+            self.status[rank] = EXITED
+            self._heard(rank, rec.ts)
+        else:
+            state = self.status[rank]
+            # an exited process's own last records are not a comeback; a record a period later is a new process
+            after = self.last_seen[rank] + (self.topo.heartbeat_s if state == EXITED else 0.0)
+            if state == NOT_STARTED or rec.ts > after:
+                self.status[rank] = LIVE
+                self._heard(rank, rec.ts)
+        if rec.kind == "framework" and rec.type in _CRASH_TYPES and not clean_exit(rec):
+            return self._crash(rec)
         return []
+
+    def _heard(self, rank: int, ts: float) -> None:
+        self.last_seen[rank] = max(self.last_seen[rank], ts)
+        deadline = self.last_seen[rank] + self.timeout
+        if deadline < self.next_tick:  # only after a lull; keep the grid aligned
+            self.next_tick = self._grid_at_or_after(deadline)
 
     def _crash(self, rec: Framework) -> list[Finding]:
         node = self.topo.node_of(rec.rank)
@@ -90,55 +141,86 @@ class FailStopDetector:
         while self.next_tick <= now:
             t = self.next_tick
             out += self._evaluate(t)
-            self.next_tick = max(t + self.tick, self._grid_at_or_after(self._next_event()))
+            self.next_tick = max(t + self.config.tick_s, self._grid_at_or_after(self._next_event()))
         return out
 
     def _next_event(self) -> float:
-        watching = ~self.reported
-        if not watching.any():
-            return math.inf
-        return float(self.last_seen[watching].min()) + self.timeout
+        live = self.status == LIVE
+        silence = float(self.last_seen[live].min()) + self.timeout if live.any() else math.inf
+        return silence if self.start_checked else min(silence, self.start_deadline)
 
     def _evaluate(self, t: float) -> list[Finding]:
-        deadline = self.last_seen + self.timeout
-        missing = (deadline <= t) & ~self.reported
-        if not missing.any():
-            return []
         out = []
-        node_index = self.topo.node_index
-        for ni in np.unique(node_index[missing]):
+        if not self.start_checked and t >= self.start_deadline:
+            self.start_checked = True
+            out += self._start_timeout(t)
+        live = self.status == LIVE
+        deadline = self.last_seen + self.timeout
+        missing = live & (deadline <= t)
+        if not missing.any():
+            return out
+        if float(self.last_seen.max()) + self.quiet <= t:  # nobody in the job spoke lately
+            if (missing == live).all():
+                out.append(self._monitoring_gap(t, live))
+            return out  # else hold: the rest of the job may be falling silent too
+        alive = live & ~missing
+        for ni in np.unique(self.topo.node_index[missing]):
             node = self.topo.nodes[ni]
             ranks = np.asarray(self.topo.node_ranks[node])
             new = ranks[missing[ranks]]
-            all_gone = bool(((deadline[ranks] <= t) | self.reported[ranks]).all())
-            first = float(deadline[new].min())
-            if not all_gone and t < first + self.grace:
+            whole = not alive[ranks].any()
+            if not whole and t < float(deadline[new].min()) + self.grace:
                 continue  # give its siblings time to time out too
-            ts = float(deadline[ranks].max()) if all_gone else first + self.grace
-            self.reported[new] = True
+            self.status[new] = SILENT
             silent_since = float(self.last_seen[new].min())
             out.append(finding(
-                ts=ts, job=self.topo.job, type="fail_stop", detector="failstop.heartbeat", node=node,
+                ts=t, job=self.topo.job, type="fail_stop", detector="failstop.heartbeat", node=node,
                 key=(node, silent_since), score=len(new) / len(ranks),
                 rank=int(new[0]) if len(new) == 1 else None, topo=self.topo,
                 evidence={"cause": "heartbeat", "ranks": new.tolist(), "node_ranks": len(ranks),
-                          "whole_node": all_gone, "first_silent_ts": round(silent_since, 6),
+                          "whole_node": whole, "first_silent_ts": round(silent_since, 6),
                           "last_seen_ts": round(float(self.last_seen[new].max()), 6),
                           "timeout_s": self.timeout},
             ))
         return out
 
+    def _monitoring_gap(self, t: float, live: np.ndarray) -> Finding:
+        self.status[live] = SILENT
+        seen = self.last_seen[live]
+        return finding(
+            ts=t, job=self.topo.job, type="monitoring_gap", detector="failstop.heartbeat",
+            key=("job", float(seen.max())), score=1.0,
+            evidence={"cause": "heartbeat", "silent_ranks": int(live.sum()), "job_ranks": self.topo.size,
+                      "silent_nodes": len(np.unique(self.topo.node_index[live])),
+                      "first_silent_ts": round(float(seen.min()), 6), "last_seen_ts": round(float(seen.max()), 6),
+                      "timeout_s": self.timeout},
+        )
+
+    def _start_timeout(self, t: float) -> list[Finding]:
+        never = np.flatnonzero(self.status == NOT_STARTED)
+        if not len(never):
+            return []
+        nodes = self.topo.nodes_of(never)
+        return [finding(
+            ts=t, job=self.topo.job, type="start_timeout", detector="failstop.start",
+            key=("start", self.topo.ts), node=nodes[0] if len(nodes) == 1 else None,
+            score=len(never) / self.topo.size,
+            evidence={"ranks": never.tolist(), "nodes": nodes, "job_ranks": self.topo.size,
+                      "job_ts": round(self.topo.ts, 6), "start_timeout_s": self.config.start_timeout_s},
+        )]
+
     # --- state ----------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
-        return {"config": asdict(self.config), "last_seen": self.last_seen.tolist(),
-                "reported": self.reported.tolist(),
+        return {"config": asdict(self.config), "status": self.status.tolist(), "last_seen": self.last_seen.tolist(),
+                "start_checked": self.start_checked,
                 "next_tick": None if math.isinf(self.next_tick) else self.next_tick}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> FailStopDetector:
         det = cls(topo, FailStopConfig(**state["config"]))
+        det.status = np.asarray(state["status"], dtype=np.int8)
         det.last_seen = np.asarray(state["last_seen"], dtype=np.float64)
-        det.reported = np.asarray(state["reported"], dtype=bool)
+        det.start_checked = state["start_checked"]
         det.next_tick = math.inf if state["next_tick"] is None else state["next_tick"]
         return det

@@ -42,6 +42,7 @@ FLIGHT_STATES = ("scheduled", "started", "completed")
 RECOVERY_PHASES = ("accepted", "replaced", "ckpt_loaded", "comm_ready", "resumed", "failed")
 FINDING_TYPES = (
     "fail_stop", "fail_slow", "hang", "sdc_suspect", "hw_fault", "job_slowdown", "comm_error", "stack_outlier",
+    "start_timeout", "monitoring_gap",
 )
 ACTION_TYPES = (
     "replace", "evict_group", "rollback", "isolate", "dual_run", "degrade",

@@ -8,6 +8,7 @@ cost (domain.md):
 | planned operation                           | none                            |            |
 | SDC with a suspect node                     | rollback + isolate + dual_run   | hot / cold |
 | SDC with numeric corroboration only         | rollback + escalate             | manual     |
+| never started / all silent, no culprit      | escalate (saying which)         | manual     |
 | no culprit, or confidence below threshold   | escalate                        | manual     |
 | evidence narrowed to a group, not a node    | evict_group                     | hot / cold |
 | fail-slow whose cost is below eviction cost | degrade (keep running, watch)   | non_stop   |
@@ -46,6 +47,7 @@ class Situation:
     slowdown_frac: float = 0.0  # fail-slow: how much slower the straggler makes the job
     software_ranks: tuple[int, ...] = ()  # ranks whose process exited / raised, without hardware evidence
     numeric_only: bool = False  # SDC suspected from loss / grad-norm only
+    job_level: tuple[str, ...] = ()  # what job-level findings (start-up timeouts, monitoring gaps) say, for a human
     summary: str = ""  # one line of what happened, for reasons
     extra: dict = field(default_factory=dict)
 
@@ -80,6 +82,8 @@ def decide(s: Situation) -> list[Decision]:
                          f"{loc.innocent_nodes} presumably healthy nodes")]
     if s.software_ranks and not culprits:
         return _software(s)
+    if s.job_level and not culprits:  # a job that never fully started or went silent whole: nobody to evict
+        return [Decision("escalate", (), "manual", f"{s.summary}; {'; '.join(s.job_level)}")]
     if not culprits or loc.confidence < s.threshold:
         hint = f"; weak suspects {sorted(loc.per_node)[:8]}" if loc.per_node else ""
         return [Decision("escalate", (), "manual", f"{s.summary}; no culprit with confidence{hint}")]

@@ -5,12 +5,16 @@ Flow, all on event time:
    numeric blips stop there.
 2. A finding that signals an interruption opens the job's incident (or joins the
    open one, possibly raising its class: a hang explained by a dead node is a
-   fail-stop). A hang also asks the sidecars for a stack sweep at once.
+   fail-stop). A hang also asks the sidecars for a stack sweep at once. Job-level
+   findings (ranks that never started, the whole job silent at once) open an
+   `unknown` incident: they name no culprit, so it goes to a human, never evicts.
 3. The decision waits a class-specific time for the rest of the evidence: a few
    seconds for a fail-stop, the stack sweep for a hang, the hysteresis hold for
    a straggler. Then findings are fused (`triage.localize`), the decision tree
    runs (`triage.decide`) and the guards review it (`triage.safety`).
 4. `recovery` records and steps resuming past the stall close the incident.
+   Once every rank has exited cleanly the job is over: later findings (the steps
+   have stopped, after all) open nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from gangwatch.detectors.base import stable_id
+from gangwatch.detectors.failstop import clean_exit
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Action, Finding, Record, decode_obj, to_dict
 from gangwatch.triage.config import TriageConfig
@@ -31,7 +36,7 @@ from gangwatch.triage.safety import Guards
 _CORROBORATE_S = 1800.0  # a numeric anomaly this soon after an SDC decision belongs to it
 _KEEP_WAITING = 16
 _OPENS = {"fail_stop": "fail_stop", "hang": "hang", "fail_slow": "fail_slow", "sdc_suspect": "sdc",
-          "comm_error": "hang", "stack_outlier": "hang"}
+          "comm_error": "hang", "stack_outlier": "hang", "start_timeout": "unknown", "monitoring_gap": "unknown"}
 
 
 class Triage:
@@ -51,11 +56,13 @@ class Triage:
         self.spares_used = 0
         self.max_step = -1
         self.degraded: dict[str, float] = {}  # node -> when it was last left running as a straggler
+        self.finished: set[int] = set()  # ranks that exited cleanly since the job (re)started
 
     # --- inputs ---------------------------------------------------------------
 
     def on_topology(self, topo: Topology) -> None:
         self.topo = topo
+        self.finished = set()
 
     # Each input method appends what it produces to `out` (a new `Outputs` when not given) and returns it.
 
@@ -85,7 +92,13 @@ class Triage:
             self._on_recovery(rec, out)
         elif rec.kind == "ops":
             self.guards.on_ops(rec, self.config.planned_window_s)
+        elif rec.kind == "framework" and clean_exit(rec) and self.topo is not None and rec.rank < self.topo.size:
+            self.finished.add(rec.rank)
         return out
+
+    def _job_over(self) -> bool:
+        """Every rank exited cleanly: the job finished, and the silence and stalled steps after it are no fault."""
+        return self.topo is not None and len(self.finished) == self.topo.size
 
     def _on_recovery(self, rec: Record, out: Outputs) -> None:
         inc = self.incident
@@ -113,6 +126,8 @@ class Triage:
     # --- incidents --------------------------------------------------------------
 
     def _consider(self, f: Finding, out: Outputs) -> None:
+        if self._job_over():
+            return  # recorded in the profiles; nothing left to recover
         cls = _OPENS.get(f.type)
         severity = f.evidence.get("severity")
         if f.type == "hw_fault" and severity == "fatal":
@@ -135,7 +150,7 @@ class Triage:
             inc = self._open(f, cls)
             inc.findings.append(f.id)
             self.evidence.append(f)
-            if f.type in ("hang", "comm_error"):
+            if f.type in ("hang", "comm_error") and inc.cls != "planned":  # a planned stop is no stall to debug
                 self._collect_stacks(f, out)
         else:
             changed = cls is not None and inc.promote(cls)
@@ -186,6 +201,7 @@ class Triage:
                                  and f.evidence.get("cause") in ("exit", "exception", "oom")),
             numeric_only=not loc.culprits and any(f.type == "sdc_suspect" for f in self.evidence),
             summary=self._summary(),
+            job_level=tuple(d for d in map(_job_level, self.evidence) if d),
         )
         already = set(inc.evicted_nodes)
         decisions = [d for d in decide(situation) if not (d.nodes and set(d.nodes) <= already)]
@@ -256,7 +272,7 @@ class Triage:
                 "evidence": [to_dict(f) for f in self.evidence],
                 "profiles": {n: p.to_dict() for n, p in sorted(self.profiles.items())},
                 "guards": self.guards.to_dict(), "spares_used": self.spares_used, "max_step": self.max_step,
-                "degraded": dict(self.degraded)}
+                "degraded": dict(self.degraded), "finished": sorted(self.finished)}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], config: TriageConfig, topo: Topology) -> Triage:
@@ -269,6 +285,7 @@ class Triage:
         tri.spares_used = state["spares_used"]
         tri.max_step = state["max_step"]
         tri.degraded = dict(state["degraded"])
+        tri.finished = set(state["finished"])
         return tri
 
 
@@ -286,6 +303,22 @@ def _stall_reason(f: Finding) -> str:
     if f.type == "comm_error":
         return f"{ev.get('reports', '?')} collective timeouts from {ev.get('reporting_ranks', '?')} ranks"
     return f"no step progress for {ev.get('threshold_s', '?')} s after step {ev.get('last_step', '?')}"
+
+
+def _job_level(f: Finding) -> str | None:
+    """What a job-level finding tells the human it is escalated to (None for any other finding)."""
+    ev = f.evidence
+    if f.type == "start_timeout":
+        nodes = ev.get("nodes", [])
+        more = f" and {len(nodes) - 8} more" if len(nodes) > 8 else ""
+        return (f"{len(ev.get('ranks', []))} of {ev.get('job_ranks', '?')} ranks never reported within "
+                f"{ev.get('start_timeout_s', '?')} s of the job start (on {', '.join(nodes[:8])}{more}): check how "
+                "they were launched; a start that never happened evicts nobody")
+    if f.type == "monitoring_gap":
+        return (f"all {ev.get('silent_ranks', '?')} live ranks on {ev.get('silent_nodes', '?')} nodes fell silent at "
+                "once: the monitoring path (sidecars, broker, collector) failed or the job stopped without a word, "
+                "which is no node's fault: check them before touching any node")
+    return None
 
 
 def _numeric_fault(f: Finding) -> bool:

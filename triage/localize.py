@@ -17,10 +17,14 @@ from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding
 
 NODE_LEVEL = frozenset({"fail_stop", "hw_fault", "sdc_suspect"})
+# facts about the whole job (ranks that never started, every rank silent at once): never evidence against a node
+JOB_LEVEL = frozenset({"start_timeout", "monitoring_gap"})
 
 
 def weight(f: Finding) -> float:
     """How strongly one finding points at its node on its own (0: not at all)."""
+    if f.type in JOB_LEVEL:
+        return 0.0
     if f.type == "fail_stop":
         if f.evidence.get("cause") == "heartbeat":
             return 0.9 if f.evidence.get("whole_node") else 0.7

@@ -15,8 +15,10 @@ from typing import Any
 from gangwatch.schemas import Finding
 
 # How much one finding adds to a node's risk (before decay), by type or hardware severity.
+# A node whose ranks never started is mildly suspect; a monitoring gap is the job's, never a node's.
 RISK_WEIGHT = {"fatal": 1.0, "degraded": 0.3, "evidence": 0.2, "precursor": 0.1,
-               "fail_stop": 0.8, "fail_slow": 0.3, "sdc_suspect": 0.8, "stack_outlier": 0.3, "hang": 0.0}
+               "fail_stop": 0.8, "fail_slow": 0.3, "sdc_suspect": 0.8, "stack_outlier": 0.3, "hang": 0.0,
+               "start_timeout": 0.2, "monitoring_gap": 0.0}
 _KEEP = 32
 
 

@@ -98,26 +98,38 @@ def _steps(plan: Plan, batch: bool) -> Iterator[tuple[float, dict]]:
 
 def _heartbeats(plan: Plan) -> Iterator[tuple[float, dict]]:
     sc = plan.sc
-    job, hb = sc.job_id, sc.heartbeat_s
+    job = sc.job_id
     for seg in plan.segments:
-        order = np.argsort(seg.hb_phase, kind="stable")
-        phase = seg.hb_phase[order]
-        until = np.minimum(seg.alive_until[order], seg.t_end)
-        ranks = order.tolist()
-        j = 0
-        while True:
-            ts = np.round(seg.t0 + j * hb + phase, 6)
-            if ts[0] >= seg.t_end:
-                break
-            live = ts < until
-            idx = np.searchsorted(seg.end, ts, side="right") - 1
-            for rank, t, ix, ok in zip(ranks, ts.tolist(), idx.tolist(), live.tolist(), strict=True):
-                if ok:
-                    rec = {"kind": "heartbeat", "v": 1, "ts": t, "job": job, "rank": rank}
-                    if ix >= 0:
-                        rec["step"] = seg.step0 + ix
-                    yield t, rec
-            j += 1
+        times = _beat_times(sc, seg)
+        rank, k = np.nonzero(times < np.minimum(seg.alive_until, seg.t_end)[:, None])
+        ts = times[rank, k]
+        order = np.lexsort((rank, ts))
+        idx = np.searchsorted(seg.end, ts, side="right") - 1
+        for r, t, ix in zip(rank[order].tolist(), ts[order].tolist(), idx[order].tolist(), strict=True):
+            rec = {"kind": "heartbeat", "v": 1, "ts": t, "job": job, "rank": r}
+            if ix >= 0:
+                rec["step"] = seg.step0 + ix
+            yield t, rec
+
+
+def _beat_times(sc: Scenario, seg: Segment) -> np.ndarray:
+    """(R, K) heartbeat times of every rank of a segment, rounded to the microsecond.
+
+    A rank's heartbeat thread beats a period after its previous beat, always a little
+    late and now and then much later (see `Noise`); the delays add up, as a thread
+    that waits a period after each beat drifts.
+    """
+    nz, hb = sc.noise, sc.heartbeat_s
+    n_ranks, n_beats = len(seg.hb_first), int((seg.t_end - seg.t0) // hb) + 2
+    late = np.zeros((n_ranks, n_beats))
+    r = rng(sc.seed, "hb-delay", seg.index)
+    if nz.hb_delay_s > 0:
+        late[:, 1:] += r.exponential(nz.hb_delay_s, (n_ranks, n_beats - 1))
+    if nz.hb_pause_prob > 0:
+        paused = r.random((n_ranks, n_beats - 1)) < nz.hb_pause_prob
+        late[:, 1:] += paused * r.uniform(0.0, nz.hb_pause_s, (n_ranks, n_beats - 1))
+    nominal = seg.t0 + np.arange(n_beats) * hb + seg.hb_first[:, None]
+    return np.round(nominal + np.cumsum(late, axis=1), 6)
 
 
 # --- NVML samples ----------------------------------------------------------------------------

@@ -52,7 +52,7 @@ class Segment:
     """One run of the job processes: from a `job` record to the end, a stop or a restart."""
 
     index: int
-    t0: float  # processes start: job record, heartbeats begin
+    t0: float  # the job record; processes come up within `launch_s`
     t_end: float  # next segment's t0, or the scenario end
     nodes: list[str]  # node name by node index
     step0: int
@@ -65,7 +65,7 @@ class Segment:
     loss: np.ndarray  # (n,)
     grad_norm: np.ndarray  # (n,)
     ckpt: list[tuple[int, float, float]]  # (step, start, end of the save)
-    hb_phase: np.ndarray  # (R,) heartbeat phase in (0, heartbeat_s]
+    hb_first: np.ndarray  # (R,) each rank's first heartbeat, seconds after t0 (process up + phase in (0, hb])
     alive_until: np.ndarray  # (R,) when each rank's process goes silent
     stop: Stop | None = None
     loss_spikes: list[int] = field(default_factory=list)
@@ -170,7 +170,8 @@ def _run_segment(sc: Scenario, topo: Topology, faults: list[Resolved], benign: B
     nz, R = sc.noise, topo.n
     r_jit, r_data, r_comm, r_loss = (rng(sc.seed, "seg", index, what) for what in ("jitter", "data", "comm", "loss"))
     r_fault = {f.index: rng(sc.seed, "fault", f.index, "seg", index) for f in faults}
-    first_start = t0 + sc.startup_s
+    up = sc.launch_s * rng(sc.seed, "launch", index).random(R) if sc.launch_s > 0 else np.zeros(R)
+    first_start = t0 + float(up.max()) + sc.startup_s  # synchronous: nobody steps before the last rank is up
     # stage baselines: the first stage (embedding) and the last (output layer, loss) do more work
     stage = np.ones(sc.pp)
     if sc.pp > 1:
@@ -245,7 +246,7 @@ def _run_segment(sc: Scenario, topo: Topology, faults: list[Resolved], benign: B
     seg = Segment(
         index, t0, sc.end_ts, nodes, step0, first_start, np.array(starts), np.array(ends),
         np.array(comps).reshape(n, R), np.array(datas).reshape(n, R), np.array(comms),
-        np.zeros(n), np.zeros(n), ckpts, sc.heartbeat_s * (1.0 - rng(sc.seed, "hb", index).random(R)),
+        np.zeros(n), np.zeros(n), ckpts, up + sc.heartbeat_s * (1.0 - rng(sc.seed, "hb", index).random(R)),
         np.full(R, sc.end_ts), stop, spikes)
     _losses(sc, seg, faults, r_loss)
     _lifetimes(sc, topo, seg)

@@ -88,7 +88,11 @@ class Noise:
     - rare job-wide loss / grad-norm spikes (`loss_spike_prob` per step);
     - correctable ECC (`ecc_sbe`) ticking up on a share of GPUs (`ecc_gpu_frac`);
     - `nic_flaps` NIC link flaps (down, then up within `flap_s` seconds) on random nodes;
-    - small input waits (`data_wait_mean_s`, exponential).
+    - small input waits (`data_wait_mean_s`, exponential);
+    - heartbeats late: each rank beats from its own thread a period after its previous beat,
+      a little late every time (`hb_delay_s`, exponential mean; the delays add up) and now
+      and then held up by a GC pause or a call holding the GIL (`hb_pause_prob` per beat,
+      up to `hb_pause_s`, uniform). Delayed, never stopped.
 
     `enabled=False` (or `Noise.off()`) turns all of it off: perfectly regular steps.
     """
@@ -104,12 +108,16 @@ class Noise:
     nic_flaps: int = 1
     flap_s: tuple[float, float] = (1.5, 6.0)
     data_wait_mean_s: float = 0.004
+    hb_delay_s: float = 0.002
+    hb_pause_prob: float = 0.01
+    hb_pause_s: float = 2.0
 
     @classmethod
     def off(cls) -> Noise:
         """No benign noise at all (exactly regular steps)."""
         return cls(enabled=False, warmup_steps=0, warmup_extra=0.0, jitter=0.0, ckpt_every_s=0.0, ckpt_s=0.0,
-                   loss_spike_prob=0.0, ecc_gpu_frac=0.0, nic_flaps=0, data_wait_mean_s=0.0)
+                   loss_spike_prob=0.0, ecc_gpu_frac=0.0, nic_flaps=0, data_wait_mean_s=0.0, hb_delay_s=0.0,
+                   hb_pause_prob=0.0)
 
 
 @dataclass(frozen=True)
@@ -129,6 +137,9 @@ class Scenario:
     False puts every healthy rank in the gradient all_reduce. `abort_on_timeout`: the
     watchdog kills every process a few seconds after the timeout (heartbeats stop).
     `batch`: `write` packs each node's step records of a step into one `batch` message.
+    `launch_s`: each (re)start's processes come up at random within this many seconds
+    of the `job` record (imports, data loading, communicator set-up: minutes at scale);
+    a rank's heartbeats begin when it is up, steps when the last one is.
     """
 
     name: str
@@ -145,7 +156,8 @@ class Scenario:
     faults: tuple[Fault, ...] = ()
     job: str | None = None  # job id; default: the scenario name
     start_step: int = 0
-    startup_s: float = 2.0  # process start (job record, heartbeats) to the first step
+    launch_s: float = 0.0  # ranks' processes come up spread over this long after the job record
+    startup_s: float = 2.0  # the last process up to the first step
     stage_skew: float = 0.06
     gpu_sample_s: float = 10.0
     nccl_timeout_s: float = 60.0
@@ -166,6 +178,8 @@ class Scenario:
             raise ValueError(f"tp*pp*dp = {self.n_ranks} is not a multiple of gpus_per_node {self.gpus_per_node}")
         if self.heartbeat_s <= 0 or self.base_step_s <= 0 or self.duration_s <= 0 or self.gpu_sample_s <= 0:
             raise ValueError("heartbeat_s, base_step_s, duration_s and gpu_sample_s must be > 0")
+        if self.launch_s < 0:
+            raise ValueError("launch_s must be >= 0")
         for f in self.faults:
             if f.at_s >= self.duration_s:
                 raise ValueError(f"{f.kind}: at_s {f.at_s} is past the scenario's duration {self.duration_s}")

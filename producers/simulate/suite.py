@@ -43,7 +43,10 @@ def standard_suite(size: str = "full") -> list[Scenario]:
     add("healthy_{n}", 102, 4, 32, 300.0)
     add("healthy_{n}_batch", 103, 4, 64, 240.0, batch=True)
     add("healthy_noisy_{n}", 104, 2, 16, 600.0, noise=Noise(
-        jitter=0.03, ckpt_every_s=90.0, ckpt_s=9.0, loss_spike_prob=0.02, ecc_gpu_frac=0.05, nic_flaps=3))
+        jitter=0.03, ckpt_every_s=90.0, ckpt_s=9.0, loss_spike_prob=0.02, ecc_gpu_frac=0.05, nic_flaps=3,
+        hb_pause_prob=0.02, hb_pause_s=4.0))
+    # ranks come up over four minutes after the job record (imports, data loading, NCCL set-up)
+    add("healthy_slow_start_{n}", 105, 4, 16, 420.0, launch_s=240.0)
     # fail-stop
     add("xid79_{n}", 201, 2, 16, 200.0, [("xid79", 100.0, 0.1, 0.0, {"gpu": 2})])
     add("xid79_late_node_{n}", 202, 4, 64, 190.0, [("xid79", 90.0, 0.78, 0.0, {"gpu": 5})])

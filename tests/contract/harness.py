@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 # --- the input: one small job per fault, so that every detector fires somewhere -----------------
 
 
-def _scenario(name: str, seed: int, *faults: Fault) -> Scenario:
-    return Scenario(name, seed, tp=8, pp=2, dp=4, duration_s=200.0, faults=faults)
+def _scenario(name: str, seed: int, *faults: Fault, **kw) -> Scenario:
+    return Scenario(name, seed, tp=8, pp=2, dp=4, duration_s=200.0, faults=faults, **kw)
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
@@ -34,6 +34,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     # planned maintenance: the job stops and restarts on a spare node (a second `job` record)
     _scenario("planned", 15, Fault("planned_maintenance", 90.0, node="n005",
                                    params={"lead_s": 30.0, "restart_after_s": 30.0})),
+    # start-up: the ranks come up over two minutes after the job record, then train; no fault at all
+    _scenario("slow_start", 16, launch_s=120.0),
 )}
 
 DETECTORS = {cls.name: cls for cls in DEFAULT_DETECTORS}

@@ -1,74 +1,92 @@
-"""Fail-stop detector: missed heartbeats grouped per node, crashes, event-time determinism."""
+"""Fail-stop detector: start-up is not silence, silent nodes within 2 periods + 1 s, a silent job is the
+monitoring path's, crashes and clean exits, event-time determinism; start-up and monitoring findings
+through triage end to end."""
 
 from __future__ import annotations
 
 import pytest
 from gangwatch.detectors.failstop import FailStopDetector
 from gangwatch.detectors.topology import Topology
-from gangwatch.schemas import Framework, Heartbeat, Job, RankInfo
+from gangwatch.schemas import Framework, Heartbeat, Job, RankInfo, Step
+from gangwatch.triage.engine import Core
+from gangwatch.triage.outputs import Outputs
+
+from tests.helpers import drive
 
 pytestmark = pytest.mark.unit
 
 T0 = 1_000.0
+HB = 5.0
+INF = float("inf")
 
 
-def topo(nodes=4, per_node=8, hb=5.0) -> Topology:
-    ranks = [RankInfo(rank=n * per_node + g, node=f"n{n:03d}", gpu=g) for n in range(nodes) for g in range(per_node)]
-    return Topology.from_job(Job(ts=T0, job="j", ranks=ranks, heartbeat_s=hb))
+def job(nodes=4, per_node=8, ts=T0, first_node=0) -> Job:
+    ranks = [RankInfo(rank=n * per_node + g, node=f"n{first_node + n:03d}", gpu=g)
+             for n in range(nodes) for g in range(per_node)]
+    return Job(ts=ts, job="j", ranks=ranks, heartbeat_s=HB)
 
 
-def beats(t: Topology, until: float, dead_nodes=(), dead_at=float("inf"), jitter=0.37):
-    """Heartbeats every period from every rank, staggered; ranks of `dead_nodes` stop at `dead_at`."""
+def topo(**kw) -> Topology:
+    return Topology.from_job(job(**kw))
+
+
+def beats(t: Topology, until: float, dead_nodes=(), dead_at=INF, up=None, start=T0, steps=False):
+    """Every rank's heartbeats each period, staggered, from `start` (or from `up[rank]`, when it is up)
+    until `until`; the ranks of `dead_nodes` stop at `dead_at`. With `steps`, a step record per beat too."""
     out, k = [], 0
-    while T0 + k * t.heartbeat_s <= until:
+    while start + k * HB <= until:
         for r in t.ranks:
-            ts = T0 + k * t.heartbeat_s + (r.rank * jitter) % t.heartbeat_s
-            if ts > until or (r.node in dead_nodes and ts >= dead_at):
+            ts = start + k * HB + (r.rank * 0.37) % HB
+            if ts > until or (r.node in dead_nodes and ts >= dead_at) or (up and ts < up.get(r.rank, INF)):
                 continue
             out.append(Heartbeat(ts=ts, job="j", rank=r.rank))
+            if steps:
+                out.append(Step(ts=ts, job="j", rank=r.rank, step=k, step_s=1.0))
         k += 1
     return sorted(out, key=lambda h: h.ts)
 
 
-def run(det, recs, step=None):
-    found = []
-    for rec in recs:
-        found += det.advance(rec.ts)
-        found += det.observe(rec)
-    return found
+def last_beat(recs, t: Topology, node: str) -> float:
+    return max(r.ts for r in recs if t.node_of(r.rank) == node)
 
 
-def test_silent_node_is_one_finding_naming_the_node_and_its_ranks():
+# --- silence ------------------------------------------------------------------------------------
+
+
+def test_silent_node_is_one_finding_within_two_periods_and_a_second():
     t = topo()
-    det = FailStopDetector(t)
-    found = run(det, beats(t, T0 + 120, dead_nodes={"n002"}, dead_at=T0 + 50))
-    assert len(found) == 1
-    f = found[0]
-    assert (f.type, f.node) == ("fail_stop", "n002")
-    assert f.evidence["ranks"] == list(range(16, 24)) and f.evidence["whole_node"]
-    # known within three heartbeat periods of the node's last sign of life
-    assert f.ts - f.evidence["last_seen_ts"] <= 3 * t.heartbeat_s + 1e-9
-    assert f.ts - (T0 + 50) <= 3 * t.heartbeat_s
+    recs = beats(t, T0 + 120, dead_nodes={"n002"}, dead_at=T0 + 50)
+    [f] = drive(FailStopDetector(t), recs)
+    assert (f.type, f.node, f.evidence["ranks"], f.evidence["whole_node"]) == ("fail_stop", "n002", list(range(16, 24)),
+                                                                             True)
+    latency = f.ts - last_beat(recs, t, "n002")
+    assert f.evidence["last_seen_ts"] == last_beat(recs, t, "n002")
+    assert 2 * HB < latency <= 2 * HB + 1.0  # one lost heartbeat is forgiven; the second is not
 
 
-def test_healthy_job_has_no_findings():
+def test_late_and_lost_heartbeats_are_forgiven():
     t = topo()
-    assert run(FailStopDetector(t), beats(t, T0 + 600)) == []
+    recs = [h for h in beats(t, T0 + 600) if not (h.rank == 3 and T0 + 100 < h.ts < T0 + 106)]  # one lost
+    # a GC pause holds a heartbeat back by most of a period
+    recs = sorted((Heartbeat(ts=h.ts + 4.0, job="j", rank=h.rank) if h.rank == 9 and T0 + 200 < h.ts < T0 + 206
+                   else h for h in recs), key=lambda h: h.ts)
+    assert drive(FailStopDetector(t), recs, tail=0.9) == []
 
 
 def test_partial_node_reported_after_grace():
     t = topo(nodes=2, per_node=4)
-    det = FailStopDetector(t)
     recs = [h for h in beats(t, T0 + 100) if not (h.rank == 5 and h.ts > T0 + 30)]
-    found = run(det, recs)
+    found = drive(FailStopDetector(t), recs)
     assert [(f.node, f.evidence["ranks"], f.rank) for f in found] == [("n001", [5], 5)]
     assert not found[0].evidence["whole_node"]
+    last = max(h.ts for h in recs if h.rank == 5)
+    assert 3 * HB < found[0].ts - last <= 3 * HB + 1.5  # two periods + one of grace for its siblings
 
 
 def test_findings_do_not_depend_on_advance_cadence():
     t = topo()
     recs = beats(t, T0 + 200, dead_nodes={"n001", "n003"}, dead_at=T0 + 70)
-    a = run(FailStopDetector(t), recs)
+    a = drive(FailStopDetector(t), recs)
     det = FailStopDetector(t)
     b = []
     for i, rec in enumerate(recs):
@@ -80,14 +98,130 @@ def test_findings_do_not_depend_on_advance_cadence():
 
 
 def test_rank_that_comes_back_is_rearmed():
-    t = topo(nodes=1, per_node=2)
+    t = topo(nodes=2, per_node=2)
     det = FailStopDetector(t)
-    recs = [h for h in beats(t, T0 + 200) if not (T0 + 30 < h.ts < T0 + 80)]
-    found = run(det, recs)
-    assert len(found) == 1  # the outage
-    found2 = run(det, [h for h in beats(t, T0 + 400) if h.ts > T0 + 200 and h.ts < T0 + 300])
-    found2 += det.advance(T0 + 400)
+    recs = [h for h in beats(t, T0 + 200) if not (h.rank == 3 and T0 + 30 < h.ts < T0 + 80)]
+    found = drive(det, recs)
+    assert [f.evidence["ranks"] for f in found] == [[3]]  # the outage
+    found2 = drive(det, [h for h in beats(t, T0 + 300) if h.ts > T0 + 200 and not (h.rank == 3 and h.ts > T0 + 250)])
     assert len(found2) == 1 and found2[0].id != found[0].id  # a second, distinct outage
+
+
+# --- start-up -------------------------------------------------------------------------------------
+
+
+def test_ranks_appearing_minutes_after_the_job_record_are_not_silent():
+    t = topo()
+    up = {r: T0 + 30.0 + 8.0 * r for r in range(t.size)}  # the last one after more than four minutes
+    assert drive(FailStopDetector(t), beats(t, T0 + 900, up=up)) == []
+
+
+def test_rank_that_never_appears_gets_one_start_timeout_and_no_fail_stop():
+    t = topo()
+    recs = [h for h in beats(t, T0 + 1200) if h.rank != 13]
+    det = FailStopDetector(t)
+    assert drive(det, [h for h in recs if h.ts < T0 + 599]) == []  # not before the deadline
+    [f] = drive(det, [h for h in recs if h.ts >= T0 + 599])
+    assert (f.type, f.detector, f.node, f.rank) == ("start_timeout", "failstop.start", "n001", None)
+    assert f.evidence["ranks"] == [13] and f.evidence["nodes"] == ["n001"] and f.evidence["job_ranks"] == 32
+    assert T0 + 600 <= f.ts <= T0 + 600.5
+
+
+def test_start_timeout_names_every_missing_rank_and_node_once():
+    t = topo()
+    missing = {3, *range(16, 24)}
+    det = FailStopDetector(t)
+    found = drive(det, [h for h in beats(t, T0 + 2000) if h.rank not in missing])
+    assert [f.type for f in found] == ["start_timeout"]  # once, though the ranks stay missing for 1,400 s more
+    f = found[0]
+    assert f.evidence["ranks"] == sorted(missing) and f.evidence["nodes"] == ["n000", "n002"] and f.node is None
+
+
+def test_a_restart_starts_up_again():
+    t = topo()
+    det = FailStopDetector(t)
+    assert drive(det, beats(t, T0 + 100)) == []
+    t1 = T0 + 130.0  # the job restarts on other nodes: the ranks take minutes to come up again
+    moved = Topology.from_job(job(ts=t1, first_node=4))
+    det.set_topology(moved)
+    up = {r: t1 + 120.0 for r in range(moved.size) if r != 30}  # rank 30 never comes back
+    found = drive(det, beats(moved, t1 + 800, up=up, start=t1))
+    assert [(f.type, f.evidence["ranks"], f.evidence["nodes"]) for f in found] == [("start_timeout", [30], ["n007"])]
+    assert t1 + 600 <= found[0].ts <= t1 + 600.5
+
+
+def test_the_same_job_record_delivered_twice_forgets_nothing():
+    t = topo()
+    det = FailStopDetector(t)
+    recs = beats(t, T0 + 200, dead_nodes={"n001"}, dead_at=T0 + 50)
+    first = drive(det, [h for h in recs if h.ts < T0 + 100])
+    det.set_topology(topo())  # the job record again (at-least-once delivery)
+    assert len(first) == 1 and drive(det, [h for h in recs if h.ts >= T0 + 100]) == []
+
+
+# --- the whole job silent -------------------------------------------------------------------------
+
+
+def test_whole_job_silent_at_once_is_one_monitoring_gap_not_node_faults():
+    t = topo()
+    det = FailStopDetector(t)
+    recs = beats(t, T0 + 100)
+    found = drive(det, recs) + det.advance(T0 + 400)
+    assert [(f.type, f.node, f.rank) for f in found] == [("monitoring_gap", None, None)]
+    f = found[0]
+    assert f.evidence["silent_ranks"] == 32 and f.evidence["silent_nodes"] == 4
+    assert f.ts - recs[-1].ts <= 2 * HB + 1.0
+    # the path comes back: watched again, and a node lost afterwards is a node fault again
+    later = beats(t, T0 + 600, dead_nodes={"n003"}, dead_at=T0 + 550, start=T0 + 500)
+    assert [(f.type, f.node) for f in drive(det, later)] == [("fail_stop", "n003")]
+
+
+def _through_core(recs, until: float):
+    """Records through `Core`, then event time on to `until` a second at a time, as the live worker's
+    silence timer moves it when no record arrives."""
+    core = Core()
+    out = Outputs()
+    for rec in recs:
+        core.process(rec, out)
+    now = recs[-1].ts
+    while now < until:
+        now = min(now + 1.0, until)
+        core.advance(now, out)
+    return out
+
+
+@pytest.mark.parametrize("case", ["whole job silent", "rank never started"])
+def test_job_level_findings_through_triage_escalate_and_never_evict(case):
+    t = topo()
+    if case == "whole job silent":  # the steps stop too: the hang detector fires as well
+        recs, until, want, why = beats(t, T0 + 100, steps=True), T0 + 400, "monitoring_gap", "monitoring path"
+    else:
+        recs, until, want, why = [r for r in beats(t, T0 + 700, steps=True) if r.rank != 7], T0 + 700, \
+            "start_timeout", "1 of 32 ranks never reported within 600.0 s of the job start (on n000)"
+    out = _through_core([job(), *recs], until)
+    assert want in [f.type for f in out.findings] and "fail_stop" not in [f.type for f in out.findings]
+    assert [(a.type, a.nodes, a.path) for a in out.actions] == [("escalate", [], "manual")]
+    assert why in out.actions[0].reason
+    assert out.incidents[-1].cls in ("unknown", "hang") and out.incidents[-1].evicted_nodes == []
+
+
+def test_a_finished_job_through_triage_is_no_incident():
+    """Every rank exits cleanly: the steps stop (the hang detector says so) and the heartbeats too; no action."""
+    t = topo()
+    recs = sorted(beats(t, T0 + 300, steps=True) + exits(t, T0 + 300.5, code=0), key=lambda r: r.ts)
+    out = _through_core([job(), *recs], T0 + 900)
+    assert "monitoring_gap" not in [f.type for f in out.findings] and out.actions == [] and out.incidents == []
+
+
+def test_the_same_job_losing_one_node_through_triage_replaces_it():
+    """The contrast to the test above: a node silent while the rest of the job goes on is a node fault."""
+    t = topo()
+    out = _through_core([job(), *beats(t, T0 + 100, dead_nodes={"n002"}, dead_at=T0 + 50, steps=True)], T0 + 100)
+    assert [(f.type, f.node) for f in out.findings] == [("fail_stop", "n002")]
+    assert [(a.type, a.nodes) for a in out.actions] == [("replace", ["n002"])]
+
+
+# --- processes ------------------------------------------------------------------------------------
 
 
 def test_process_exit_is_immediate():
@@ -98,21 +232,53 @@ def test_process_exit_is_immediate():
     assert det.observe(Framework(ts=T0 + 3, job="j", rank=3, type="nccl_timeout")) == []
 
 
+def exits(t: Topology, ts: float, **extra):
+    return [Framework(ts=ts + 0.01 * r, job="j", rank=r, type="exit", extra=extra) for r in range(t.size)]
+
+
+def test_every_rank_exiting_cleanly_is_the_end_of_the_job():
+    t = topo()
+    recs = beats(t, T0 + 100) + exits(t, T0 + 100.5, code=0)
+    assert drive(FailStopDetector(t), recs, tail=600.0) == []
+
+
+def test_exits_without_a_clean_code_are_crashes_and_their_silence_is_no_news():
+    t = topo()
+    recs = beats(t, T0 + 100) + exits(t, T0 + 100.5, code=134)
+    found = drive(FailStopDetector(t), recs, tail=600.0)
+    assert {(f.type, f.detector) for f in found} == {("fail_stop", "failstop.process")} and len(found) == 32
+
+
+def test_an_exited_rank_is_watched_again_only_as_a_new_process():
+    t = topo(nodes=2, per_node=2)
+    det = FailStopDetector(t)
+    recs = beats(t, T0 + 50)
+    drive(det, recs)
+    det.observe(Framework(ts=T0 + 50.2, job="j", rank=3, type="exit", extra={"code": 0}))
+    det.observe(Heartbeat(ts=T0 + 50.4, job="j", rank=3))  # its heartbeat thread's last word
+    assert drive(det, [h for h in beats(t, T0 + 120) if h.ts > T0 + 50 and h.rank != 3]) == []
+    det.observe(Heartbeat(ts=T0 + 130, job="j", rank=3))  # started again in place
+    found = drive(det, [h for h in beats(t, T0 + 160) if h.ts > T0 + 130 and h.rank != 3])
+    assert [(f.type, f.evidence["ranks"]) for f in found] == [("fail_stop", [3])]
+
+
+# --- state ----------------------------------------------------------------------------------------
+
+
 def test_state_round_trip_mid_stream():
     t = topo()
-    recs = beats(t, T0 + 200, dead_nodes={"n000"}, dead_at=T0 + 100)
+    recs = beats(t, T0 + 200, dead_nodes={"n000"}, dead_at=T0 + 100, up={r: T0 + 20 for r in range(32)})
     half = len(recs) // 2
     det = FailStopDetector(t)
-    first = run(det, recs[:half])
+    first = drive(det, recs[:half])
     clone = FailStopDetector.from_state(det.state(), t)
-    assert run(det, recs[half:]) == run(clone, recs[half:])
+    assert drive(det, recs[half:]) == drive(clone, recs[half:])
     assert first == []
 
 
 def test_new_topology_resets_ranks():
     t = topo(nodes=2, per_node=2)
     det = FailStopDetector(t)
-    run(det, beats(t, T0 + 20))
-    bigger = topo(nodes=3, per_node=2)
-    det.set_topology(bigger)
-    assert det.last_seen.shape == (6,)
+    drive(det, beats(t, T0 + 20))
+    det.set_topology(topo(nodes=3, per_node=2, ts=T0 + 30))
+    assert det.last_seen.shape == (6,) and not det.status.any()

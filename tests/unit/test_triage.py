@@ -98,6 +98,13 @@ def test_planned_stop_is_planned_and_evicts_nobody(topo):
     assert out.incidents[-1].cls == "planned" and out.incidents[-1].planned
 
 
+def test_a_stall_during_a_planned_stop_sweeps_no_stacks(topo):
+    tri = Triage("j", TriageConfig(), topo)
+    hang = finding(ts=T0 + 60, job="j", type="hang", detector="hang.progress", key=1, evidence={})
+    out = run(tri, [Ops(ts=T0, type="maintenance", job="j", planned=True), hang, ("advance", T0 + 200)])
+    assert out.actions == [] and out.incidents[-1].cls == "planned"
+
+
 def test_hang_asks_for_stacks_then_replaces_the_outlier_node(topo):
     tri = Triage("j", TriageConfig(), topo)
     hang = finding(ts=T0 + 40, job="j", type="hang", detector="hang.progress", key=1,
