@@ -5,7 +5,7 @@ decides what happens to a record can be tested as plain functions (Faust's
 `take()` cannot be exercised through its test context).
 
 - `JobRunner` (the main agent): messages of the job-keyed input topics (plus
-  node events already re-keyed by job) -> one `Core` per job, driven on event
+  node events already re-keyed by job) -> one `JobCore` per job, driven on event
   time -> findings / actions / incidents keyed by job, rejects to the DLQ, the
   node -> job map to `node-jobs`, and the jobs whose state must be saved.
   Within a batch the records of a job are processed in event-time order (stable:
@@ -23,16 +23,17 @@ decides what happens to a record can be tested as plain functions (Faust's
 from __future__ import annotations
 
 import hashlib
+import heapq
 import time
 import zlib
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import orjson
 from gangwatch.schemas import DecodeError, Record, decode, encode, encode_batch
 from gangwatch.streams.topics import TopicSettings
-from gangwatch.triage.engine import Core, CoreConfig
+from gangwatch.triage.engine import CoreConfig, JobCore
 from gangwatch.triage.outputs import Outputs
 
 _NODE_KINDS = frozenset({"hw", "gpu"})
@@ -87,17 +88,24 @@ def dlq_value(err: DecodeError, msg: Msg, ts: float | None = None) -> bytes:
 
 @dataclass
 class JobState:
-    """What a job's table entry holds: the core, and what it has already seen.
+    """Everything the worker holds for one job: its core and what it has already seen.
 
     `offsets` ("topic:partition" -> next offset) are saved in the same value as the core,
     so a partition replayed after a rebalance or crash (offsets commit later than state)
     is skipped instead of observed twice. `seen` does the same for node events, which the
     router may re-publish at new offsets: digest -> event time, kept for `SEEN_S`.
+    The rest lives in memory only: `held` are records that arrived ahead of the job's
+    slowest input (see `JobRunner`), `pending` records that wait for the job record.
     """
 
-    core: Core
+    core: JobCore | None = None
     offsets: dict[str, int] = field(default_factory=dict)
     seen: dict[str, float] = field(default_factory=dict)
+    partition: int = -1  # the job's partition number (the same on every job-keyed topic)
+    arrived: float | None = None  # wall clock of the newest batch processed
+    held: list[_Item] = field(default_factory=list)  # a heap by (ts, seq)
+    pending: list[_Item] = field(default_factory=list)  # no job record yet
+    pending_since: float | None = None
 
 
 SEEN_S = 600.0  # event-time horizon of node-event de-duplication
@@ -105,14 +113,29 @@ _DEDUP_KINDS = frozenset({"hw", "ops"})  # gpu samples are periodic and many: a 
 
 
 def pack_state(st: JobState) -> bytes:
-    """A job's state as a table value: JSON, zlib-compressed (a 2,048-rank job: ~150 KB -> ~15 KB)."""
-    return zlib.compress(orjson.dumps({"core": st.core.state(), "offsets": st.offsets, "seen": st.seen},
+    """A job's saved state as a table value: JSON, zlib-compressed (a 2,048-rank job: ~150 KB -> ~15 KB).
+
+    Records still held are not in the core yet: the saved offsets stop before them and their
+    digests are left out of `seen`, so a worker that takes over reads them again.
+    """
+    assert st.core is not None
+    offsets, seen = st.offsets, st.seen
+    if st.held:
+        offsets = dict(offsets)
+        for it in st.held:
+            where = f"{it.msg.topic}:{it.msg.partition}"
+            offsets[where] = min(offsets.get(where, it.msg.offset), it.msg.offset)
+        unseen = {_digest(it.rec) for it in st.held if it.rec.kind in _DEDUP_KINDS}
+        seen = {d: ts for d, ts in seen.items() if d not in unseen}
+    return zlib.compress(orjson.dumps({"core": st.core.state(), "offsets": offsets, "seen": seen},
                                       option=orjson.OPT_SERIALIZE_NUMPY), 1)
 
 
-def unpack_state(value: bytes) -> JobState:
+def unpack_state(value: bytes, config: CoreConfig) -> JobState:
+    """A saved job, running with today's `config` (settings are never read back from state)."""
     obj = orjson.loads(zlib.decompress(value))
-    return JobState(Core.from_state(obj["core"]), dict(obj.get("offsets") or {}), dict(obj.get("seen") or {}))
+    return JobState(JobCore.from_state(obj["core"], config), dict(obj.get("offsets") or {}),
+                    dict(obj.get("seen") or {}))
 
 
 def _digest(rec: Record) -> str:
@@ -124,8 +147,25 @@ def _reject(res: Result, err: DecodeError, msg: Msg, ts: float | None, dlq: str)
     res.rejects.append((err, f"{msg.topic}[{msg.partition}]", msg.offset, msg.timestamp if ts is None else ts))
 
 
+Lagging = Callable[[str, int], bool]  # (topic, partition) -> data is left to read there
+Upstream = Callable[[], float]  # event time from which the router may still publish onto by-job (inf: nothing)
+NEVER_LAGGING: Lagging = lambda topic, partition: False  # noqa: E731
+NOTHING_UPSTREAM: Upstream = lambda: float("inf")  # noqa: E731
+
+
 class JobRunner:
-    """One `Core` per job over batches of job-partitioned messages; no I/O."""
+    """One `JobCore` per job over batches of job-partitioned messages; no I/O.
+
+    Event time must not depend on delivery speed. A job is fed by several inputs (each
+    job-keyed topic and `by-job` at the job's partition); a consumer catching up on a
+    backlog reads them at different speeds, so records of a fast input are held until
+    every input that still has data to read has reached their time: a job's release
+    point is the minimum, over its inputs with data left to read (`lagging`), of the
+    newest event time read from each, and of the time from which the node router may
+    still publish onto `by-job` (`upstream`). An input with nothing left to read holds
+    no one back. Live, inputs are read up between batches and records pass at once; as
+    a backlog, the same records reach the core in the same order as live.
+    """
 
     def __init__(self, topics: TopicSettings, config: CoreConfig | None = None, *, hold_s: float = 30.0,
                  silence: bool = True, load: Callable[[str], bytes | None] = lambda job: None,
@@ -137,39 +177,51 @@ class JobRunner:
         self.silence = silence
         self.load = load
         self.clock = clock
-        self.cores: dict[str, Core] = {}
-        self.offsets: dict[str, dict[str, int]] = {}  # job -> JobState.offsets
-        self.seen: dict[str, dict[str, float]] = {}  # job -> JobState.seen
+        self.jobs: dict[str, JobState] = {}
+        self.frontier: dict[tuple[str, int], float] = {}  # (topic, partition) -> newest event time read
+        self.inputs = (*topics.job_inputs, topics.by_job)
         self.duplicates = 0  # replayed records skipped
-        self.partition: dict[str, int] = {}  # job -> its partition number (same on every job-keyed topic)
-        self.arrived: dict[str, float] = {}  # job -> wall clock of its newest processed batch
-        self.pending: dict[str, list[_Item]] = {}  # job -> records waiting for the job record
-        self.pending_since: dict[str, float] = {}
         self.records = 0
         self._seq = 0
 
+    @property
+    def cores(self) -> dict[str, JobCore]:
+        return {job: st.core for job, st in self.jobs.items() if st.core is not None}
+
+    def _state(self, job: str) -> JobState:
+        st = self.jobs.get(job)
+        if st is None:
+            saved = self.load(job)
+            st = self.jobs[job] = unpack_state(saved, self.config) if saved is not None else JobState()
+        return st
+
     # --- batches --------------------------------------------------------------------
 
-    def on_batch(self, msgs: list[Msg]) -> Result:
+    def on_batch(self, msgs: list[Msg], lagging: Lagging = NEVER_LAGGING,
+                 upstream: Upstream = NOTHING_UPSTREAM) -> Result:
         res = Result()
         by_job: dict[str, list[_Item]] = {}
+        frontier = self.frontier
         for msg in msgs:
             if msg.value is None:
                 continue
+            where = (msg.topic, msg.partition)
             for v in decode(msg.value):
                 if isinstance(v, DecodeError):
                     _reject(res, v, msg, None, self.topics.dlq)
                     continue
+                if v.ts > frontier.get(where, float("-inf")):
+                    frontier[where] = v.ts
                 job = self._job_of(v, msg)
                 if job is None:  # a node event on a job-keyed topic: let the router re-key it
                     res.sends.append(Send(self.topics.node_events, (v.node or "").encode(), encode(v)))
                     continue
                 self._seq += 1
                 by_job.setdefault(job, []).append(_Item(v.ts, self._seq, v, msg))
-                self.partition[job] = msg.partition
+                self._state(job).partition = msg.partition
         now = self.clock()
-        for job in sorted(by_job):
-            self._run_job(job, by_job[job], now, res)
+        for job in sorted(set(by_job) | {j for j, st in self.jobs.items() if st.held}):
+            self._run_job(job, by_job.get(job, []), now, lagging, upstream, res)
         return res
 
     def _job_of(self, rec: Record, msg: Msg) -> str | None:
@@ -180,22 +232,17 @@ class JobRunner:
             return msg.key.decode() if msg.topic == self.topics.by_job and msg.key else None
         return None
 
-    def _core(self, job: str) -> Core | None:
-        core = self.cores.get(job)
-        if core is None:
-            saved = self.load(job)
-            if saved is not None:
-                self._take(job, unpack_state(saved))
-                core = self.cores[job]
-        return core
+    def release_point(self, partition: int, lagging: Lagging, upstream: Upstream) -> float:
+        """Event time up to which a job of `partition` has all its inputs (see the class docstring)."""
+        point = upstream()
+        for topic in self.inputs:
+            if lagging(topic, partition):
+                point = min(point, self.frontier.get((topic, partition), float("-inf")))
+        return point
 
-    def _take(self, job: str, st: JobState) -> None:
-        self.cores[job], self.offsets[job], self.seen[job] = st.core, st.offsets, st.seen
-
-    def _fresh(self, job: str, items: list[_Item]) -> list[_Item]:
+    def _fresh(self, st: JobState, items: list[_Item]) -> list[_Item]:
         """Drop what the job's state already holds (replayed offsets, re-published node events)."""
-        offs = self.offsets.setdefault(job, {})
-        seen = self.seen.setdefault(job, {})
+        offs, seen = st.offsets, st.seen
         by_job = self.topics.by_job
         fresh = []
         last: Msg | None = None
@@ -221,46 +268,64 @@ class JobRunner:
         self.duplicates += len(items) - len(fresh)
         return fresh
 
-    def _run_job(self, job: str, items: list[_Item], now: float, res: Result) -> None:
-        core = self._core(job)
-        if job in self.pending:
-            items = self.pending.pop(job) + items
-            self.pending_since.pop(job, None)
+    def _run_job(self, job: str, items: list[_Item], now: float, lagging: Lagging, upstream: Upstream,
+                 res: Result) -> None:
+        st = self._state(job)
+        if st.pending:
+            items = st.pending + items
+            st.pending, st.pending_since = [], None
         items.sort()
-        if core is None:
-            if not any(it.rec.kind == "job" for it in items):
-                self._hold(job, items, now, res)
-                return
-            core = self.cores[job] = Core(self.config)
-        items = self._fresh(job, items)
-        process = core.process
+        if st.core is None and not any(it.rec.kind == "job" for it in (*items, *st.held)):
+            self._hold(st, job, items, now, res)
+            return
+        items = self._fresh(st, items)  # offsets advance as read, held or not: held items live in memory
+        for it in items:
+            heapq.heappush(st.held, it)
+        point = self.release_point(st.partition, lagging, upstream)
+        if len(st.held) > MAX_PENDING:  # memory bound: past it, the oldest go ahead of their inputs
+            point = max(point, heapq.nsmallest(len(st.held) - MAX_PENDING, st.held)[-1].ts)
+        ready = []
+        while st.held and st.held[0].ts <= point:
+            ready.append(heapq.heappop(st.held))
+        if ready:
+            self._process(job, st, ready, now, res)
+
+    def _process(self, job: str, st: JobState, items: list[_Item], now: float, res: Result) -> None:
         for it in items:
             rec = it.rec
+            if st.core is None:
+                if rec.kind != "job":
+                    self._no_job(job, it, res)
+                    continue
+                st.core = JobCore(rec, self.config)
+                self._publish_nodes(job, rec.ts, set(), set(st.core.nodes), res)
+                continue
             if rec.kind == "job":
-                before = set(core.node_job)
-                out = process(rec)
-                self._publish_nodes(job, rec.ts, before, set(core.node_job), res)
+                before = set(st.core.nodes)
+                out = st.core.process(rec)
+                self._publish_nodes(job, rec.ts, before, set(st.core.nodes), res)
             else:
-                out = process(rec)
+                out = st.core.process(rec)
             if out:
                 self._emit(job, out, it, res)
         self.records += len(items)
         if self.keep_records:
             res.records += [it.rec for it in items]
-        self.arrived[job] = now
+        st.arrived = now
         res.dirty.add(job)
-        seen = self.seen[job]
-        if seen and len(seen) > 64:
-            horizon = core.max_ts - SEEN_S
+        seen = st.seen
+        if seen and len(seen) > 64 and st.core is not None:
+            horizon = st.core.max_ts - SEEN_S
             for d in [d for d, ts in seen.items() if ts < horizon]:
                 del seen[d]
 
-    def _hold(self, job: str, items: list[_Item], now: float, res: Result) -> None:
-        keep = items[-MAX_PENDING:]
-        for it in items[:-MAX_PENDING] if len(items) > MAX_PENDING else ():
-            self._no_job(job, it, res)
-        self.pending[job] = keep
-        self.pending_since.setdefault(job, now)
+    def _hold(self, st: JobState, job: str, items: list[_Item], now: float, res: Result) -> None:
+        if len(items) > MAX_PENDING:
+            for it in items[:-MAX_PENDING]:
+                self._no_job(job, it, res)
+            items = items[-MAX_PENDING:]
+        st.pending = items
+        st.pending_since = now if st.pending_since is None else st.pending_since
 
     def _no_job(self, job: str, it: _Item, res: Result) -> None:
         err = DecodeError(f"no `job` record seen for job {job!r} within the hold time", "job", it.rec.kind,
@@ -288,8 +353,10 @@ class JobRunner:
 
     # --- time -----------------------------------------------------------------------
 
-    def on_tick(self, caught_up: Callable[[str], bool] = lambda job: True) -> Result:
-        """Advance silent jobs through wall-clock time; give up on records that waited too long for a job.
+    def on_tick(self, caught_up: Callable[[str], bool] = lambda job: True, lagging: Lagging = NEVER_LAGGING,
+                upstream: Upstream = NOTHING_UPSTREAM) -> Result:
+        """Release held records whose inputs caught up; advance silent jobs through wall-clock time; give up on
+        records that waited too long for a job.
 
         A job's watermark is its largest event time + the wall time since its newest
         batch arrived - `lateness_s`, advanced only while `caught_up(job)` (nothing of
@@ -297,18 +364,22 @@ class JobRunner:
         """
         res = Result()
         now = self.clock()
-        for job in sorted(self.pending_since):
-            if now - self.pending_since[job] >= self.hold_s:
-                del self.pending_since[job]
-                for it in self.pending.pop(job, []):
+        for job in sorted(self.jobs):
+            st = self.jobs[job]
+            if st.held:
+                self._run_job(job, [], now, lagging, upstream, res)
+            if st.pending_since is not None and now - st.pending_since >= self.hold_s:
+                for it in st.pending:
                     self._no_job(job, it, res)
+                st.pending, st.pending_since = [], None
         if not self.silence:
             return res
-        for job in sorted(self.cores):
-            core = self.cores[job]
-            if core.max_ts == float("-inf") or job not in self.arrived or not caught_up(job):
+        for job in sorted(self.jobs):
+            st = self.jobs[job]
+            core = st.core
+            if core is None or st.arrived is None or st.held or not caught_up(job):
                 continue
-            out = core.advance(core.max_ts + (now - self.arrived[job]) - self.config.lateness_s)
+            out = core.advance(core.max_ts + (now - st.arrived) - self.config.lateness_s)
             if out:
                 self._emit(job, out, None, res)
                 res.dirty.add(job)
@@ -318,27 +389,28 @@ class JobRunner:
 
     def restore(self, job: str, saved: bytes, partition: int) -> None:
         """Take over a job from its saved state (after a rebalance); silence counts from now."""
-        self._take(job, unpack_state(saved))
-        self.partition[job] = partition
-        self.arrived[job] = self.clock()
+        st = self.jobs[job] = unpack_state(saved, self.config)
+        st.partition = partition
+        st.arrived = self.clock()
 
     def drop_partitions(self, partitions: set[int]) -> list[str]:
         """Forget the jobs of partitions this worker lost (their state is in the table)."""
-        gone = [j for j, p in self.partition.items() if p in partitions]
+        gone = [j for j, st in self.jobs.items() if st.partition in partitions]
         for job in gone:
-            for d in (self.cores, self.offsets, self.seen, self.partition, self.arrived, self.pending,
-                      self.pending_since):
-                d.pop(job, None)
+            del self.jobs[job]
+        for where in [w for w in self.frontier if w[1] in partitions]:
+            del self.frontier[where]
         return gone
 
     def resume(self) -> None:
         """After a rebalance pause: silence counts from now, not from before the pause."""
         now = self.clock()
-        for job in self.arrived:
-            self.arrived[job] = now
+        for st in self.jobs.values():
+            if st.arrived is not None:
+                st.arrived = now
 
     def state_of(self, job: str) -> bytes:
-        return pack_state(JobState(self.cores[job], self.offsets.get(job, {}), self.seen.get(job, {})))
+        return pack_state(self.jobs[job])
 
 
 class NodeRouter:
@@ -355,8 +427,14 @@ class NodeRouter:
         self.hold_s = hold_s
         self.clock = clock
         self.pending: dict[str, list[tuple[float, Record]]] = {}  # node -> (wall time held, record)
+        self.frontier: dict[tuple[str, int], float] = {}  # (topic, partition) -> newest event time read
         self.dropped = 0
         self.routed = 0
+
+    def upstream(self, inputs: Iterable[tuple[str, int]], lagging: Lagging) -> float:
+        """Event time from which this router may still publish onto by-job: the oldest frontier among its
+        `inputs` (topic, partition) that still have data to read (inf when it has read everything)."""
+        return min((self.frontier.get(tp, float("-inf")) for tp in inputs if lagging(*tp)), default=float("inf"))
 
     def on_batch(self, msgs: list[Msg]) -> Result:
         res = Result()
@@ -368,11 +446,14 @@ class NodeRouter:
                 entry = orjson.loads(msg.value)
                 items.append((float(entry.get("ts") or 0.0), 0, entry, msg))
                 continue
+            where = (msg.topic, msg.partition)
             for v in decode(msg.value):
                 if isinstance(v, DecodeError):
                     _reject(res, v, msg, None, self.topics.dlq)
                 else:
                     items.append((v.ts, 1, v, msg))
+                    if v.ts > self.frontier.get(where, float("-inf")):
+                        self.frontier[where] = v.ts
         items.sort(key=lambda x: (x[0], x[1]))  # stable: arrival order breaks ties
         out: dict[str, list[Record]] = {}
         now = self.clock()

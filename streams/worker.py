@@ -135,7 +135,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     runner = JobRunner(t, CoreConfig(lateness_s=s.lateness_s), hold_s=s.hold_s, silence=s.silence, load=load,
                        keep_records=bool(sinks) and s.telemetry)
     router = NodeRouter(t, nodemap, hold_s=s.hold_s)
-    glue = _Glue(app, runner, states, job_topics, sinks or [], s.telemetry)
+    glue = _Glue(app, runner, router, states, job_topics, (t.node_events, t.node_jobs), sinks or [], s.telemetry)
     app.gangwatch = glue  # type: ignore[attr-defined]  # for tests and introspection
 
     # the jobs agent and the timer both move cores: one at a time from "process" to "state saved", so a
@@ -148,7 +148,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         async for events in stream.take_events(s.batch_max, within=s.batch_within_s):
             msgs = [glue.msg(e) for e in events]
             async with busy:
-                res = runner.on_batch(msgs)
+                res = runner.on_batch(msgs, glue.lagging, glue.upstream)
                 await glue.publish(res)  # delivered before the state that says "done" is written
                 glue.save(res)
             glue.batch_done(res)
@@ -157,7 +157,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     async def route(stream: faust.StreamT) -> None:
         await _producer_knows(app, (states, nodemap))
         async for events in stream.take_events(s.batch_max, within=s.batch_within_s):
-            res = router.on_batch([glue.msg(e, track=False) for e in events])
+            res = router.on_batch([glue.msg(e) for e in events])
             await glue.publish(res)
 
     @app.timer(s.tick_s)
@@ -167,7 +167,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         await _producer_knows(app, (states, nodemap))
         async with busy:
             glue.restore_assigned()
-            res = runner.on_tick(glue.caught_up)
+            res = runner.on_tick(glue.caught_up, glue.lagging, glue.upstream)
             await glue.publish(res)
             glue.save(res)
         router.on_tick()
@@ -219,12 +219,14 @@ def _fetch_wait(ms: int) -> None:
 class _Glue:
     """The I/O half of the worker: Faust events -> `Msg`, `Result` -> sends, table writes, sinks."""
 
-    def __init__(self, app: faust.App, runner: JobRunner, states: Any, job_topics: tuple[str, ...],
-                 sinks: list[Sink], telemetry: bool) -> None:
+    def __init__(self, app: faust.App, runner: JobRunner, router: NodeRouter, states: Any,
+                 job_topics: tuple[str, ...], node_topics: tuple[str, ...], sinks: list[Sink], telemetry: bool) -> None:
         self.app = app
         self.runner = runner
+        self.router = router
         self.states = states
         self.job_topics = job_topics
+        self.node_topics = node_topics
         self.sinks = sinks
         self.telemetry = telemetry
         self.next_offset: dict[tuple[str, int], int] = {}
@@ -237,10 +239,9 @@ class _Glue:
         self._started = time.monotonic()
         self._last_stats = self._started
 
-    def msg(self, event: Any, track: bool = True) -> Msg:
+    def msg(self, event: Any) -> Msg:
         m = event.message
-        if track:
-            self.next_offset[(m.topic, m.partition)] = m.offset + 1
+        self.next_offset[(m.topic, m.partition)] = m.offset + 1
         ts = (m.timestamp or 0.0)
         return Msg(m.topic, m.partition, m.offset, m.key, m.value, ts / 1000.0 if ts > 1e11 else ts)
 
@@ -248,7 +249,7 @@ class _Glue:
         """Write the state of every job the batch touched (a job a revoke took meanwhile is skipped:
         its batch was not acked in time and will be replayed by the new owner)."""
         for job in sorted(res.dirty):
-            if job in self.runner.cores:
+            if self.runner.jobs.get(job) is not None and self.runner.jobs[job].core is not None:
                 self.states[job.encode()] = self.runner.state_of(job)
                 self.saves += 1
 
@@ -272,27 +273,49 @@ class _Glue:
 
     def batch_done(self, res: Result) -> None:
         self.batches += 1
-        newest = max((c.max_ts for j, c in self.runner.cores.items() if j in res.dirty), default=None)
+        cores = self.runner.cores
+        newest = max((cores[j].max_ts for j in res.dirty if j in cores), default=None)
         if newest is not None:
             self.lag_s = time.time() - newest
 
     def caught_up(self, job: str) -> bool:
         """Nothing of the job's partition is left to read on any of its topics (as far as we know)."""
-        p = self.runner.partition.get(job)
-        if p is None:
+        st = self.runner.jobs.get(job)
+        if st is None or st.partition < 0:
             return True
         consumer = self.app.consumer
         for topic in self.job_topics:
-            pos = self.next_offset.get((topic, p))
+            pos = self.next_offset.get((topic, st.partition))
             if pos is None:
                 continue
             try:
-                hw = consumer.highwater(TP(topic, p))
+                hw = consumer.highwater(TP(topic, st.partition))
             except Exception:  # not assigned / not known yet
                 continue
             if hw is not None and pos < hw:
                 return False
         return True
+
+    def lagging(self, topic: str, partition: int) -> bool:
+        """Data is left to read at (topic, partition), or we cannot tell yet (no fetch has reported its end)."""
+        try:
+            hw = self.app.consumer.highwater(TP(topic, partition))
+        except Exception:  # not assigned to us: not ours to wait for
+            return False
+        if hw is None:
+            return True
+        pos = self.next_offset.get((topic, partition))
+        if pos is None:  # nothing read since start: compare with where the group left off
+            committed = self.app.consumer._committed_offset.get(TP(topic, partition))
+            if committed is None:  # a new group starts at the start (earliest) or at the end (latest)
+                return hw > 0 and self.app.conf.consumer_auto_offset_reset == "earliest"
+            pos = committed + 1
+        return pos < hw
+
+    def upstream(self) -> float:
+        """Event time from which the router (ours) may still publish node events onto by-job."""
+        inputs = [(tp.topic, tp.partition) for tp in self.app.consumer.assignment() if tp.topic in self.node_topics]
+        return self.router.upstream(inputs, self.lagging)
 
     def restore_assigned(self) -> None:
         """After a rebalance: bring every saved job of our partitions into memory (so silence is watched)."""
@@ -304,7 +327,7 @@ class _Glue:
         for key in list(self.states.keys()):
             job = key.decode()
             p = (murmur2(key) & 0x7FFFFFFF) % n
-            if p in self.assigned and job not in self.runner.cores:
+            if p in self.assigned and getattr(self.runner.jobs.get(job), "core", None) is None:
                 saved = self.states.get(key)
                 if saved:
                     self.runner.restore(job, saved, p)

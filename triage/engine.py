@@ -1,16 +1,24 @@
 """The pure core: records in, findings + actions + incidents out, on event time.
 
-`Core` is what both runtimes drive (replay in-process, the Faust worker on
-Kafka). It keeps one `JobMonitor` per job, maps node-keyed records (hw, gpu) to
-the job running on that node, and hands every finding to the job's `Triage`.
+`JobCore` is one job's unit: its detectors (`JobMonitor`) and its triage, with
+its own watermark. It is the only thing the runtimes drive: the Faust worker
+holds one per job (node events arrive already re-keyed by job), and replay
+holds one per job the same way, through `Core`, which routes a file's records
+to their job (node events through the node -> job map built from `job`
+records) and moves every job's time with the stream.
 
-Event time: `process(rec)` first advances everything to the watermark
-(the largest event time seen, less `lateness_s`), then observes the record.
+Event time: `JobCore.process(rec)` first advances the job to its watermark (the
+largest event time it has seen, less `lateness_s`), then observes the record.
+A job none of whose records arrive is advanced from outside (`advance(now)`):
+by the wall-clock silence timer in the worker, by the stream's time in replay.
+
+Settings are passed in, never read back from saved state: `state()` holds data
+only (with a version), so a redeploy with new thresholds reaches restored jobs.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from gangwatch.detectors.monitor import JobMonitor
@@ -19,8 +27,9 @@ from gangwatch.triage.config import TriageConfig
 from gangwatch.triage.job import Triage
 from gangwatch.triage.outputs import Outputs
 
-_JOB_KEYED = frozenset({"step", "heartbeat", "framework", "stack", "flight", "recovery"})
-_NODE_KEYED = frozenset({"hw", "gpu"})
+JOB_KEYED = frozenset({"step", "heartbeat", "framework", "stack", "flight", "recovery"})
+NODE_KEYED = frozenset({"hw", "gpu"})
+STATE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -30,22 +39,25 @@ class CoreConfig:
     triage: TriageConfig = field(default_factory=TriageConfig)
 
 
-class Core:
-    """Every job's detectors and triage, driven by event time."""
+class JobCore:
+    """One job's detectors and triage, driven by the job's own event time."""
 
-    def __init__(self, config: CoreConfig | None = None) -> None:
+    def __init__(self, job: Job, config: CoreConfig | None = None) -> None:
         self.config = config or CoreConfig()
-        self.monitors: dict[str, JobMonitor] = {}
-        self.triage: dict[str, Triage] = {}
-        self.node_job: dict[str, str] = {}
+        self.job = job.job
+        self.monitor = JobMonitor(job)
+        self.triage = Triage(job.job, self.config.triage)
+        self.triage.on_topology(self.monitor.topo)
         self.watermark = float("-inf")
-        self.max_ts = float("-inf")
+        self.max_ts = job.ts
         self.records = 0
 
-    # --- records ----------------------------------------------------------------
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(self.monitor.topo.nodes)
 
     def process(self, rec: Record, out: Outputs | None = None) -> Outputs:
-        """Observe one input record (after advancing time to the watermark); outputs are appended to `out`."""
+        """Observe one record of this job (after advancing time to the watermark); outputs go to `out`."""
         self.records += 1
         out = Outputs() if out is None else out
         if rec.ts > self.max_ts:
@@ -53,47 +65,17 @@ class Core:
             if rec.ts - self.config.lateness_s >= self.watermark + self.config.tick_s:
                 self.advance(rec.ts - self.config.lateness_s, out)
         kind = rec.kind
-        if kind in _JOB_KEYED:
-            job = rec.job
-            mon = self.monitors.get(job)
-            if mon is None:
-                out.rejected.append(DecodeError(f"no `job` record seen for job {job!r}", "job", kind,
-                                                raw=_short(rec)))
-                return out
-        elif kind in _NODE_KEYED:
-            job = self.node_job.get(rec.node)
-            if job is None:
-                return out  # a node running no job we know: nothing to attribute it to
-            mon = self.monitors[job]
-        elif kind == "job":
-            self._on_job(rec)
+        if kind == "job":
+            self.monitor.replace_topology(rec)
+            self.triage.on_topology(self.monitor.topo)
             return out
-        else:  # ops
-            for job in ([rec.job] if rec.job else sorted({self.node_job.get(rec.node)} - {None})):
-                if job in self.triage:
-                    self.triage[job].on_record(rec, out)
-            return out
-        tri = self.triage[job]
-        findings = mon.observe(rec)
+        if kind == "ops":
+            return self.triage.on_record(rec, out)
+        findings = self.monitor.observe(rec)
         if findings:
-            tri.on_findings(findings, out)
-        tri.on_record(rec, out)
+            self.triage.on_findings(findings, out)
+        self.triage.on_record(rec, out)
         return out
-
-    def _on_job(self, rec: Job) -> None:
-        mon = self.monitors.get(rec.job)
-        if mon is None:
-            self.monitors[rec.job] = JobMonitor(rec)
-            self.triage[rec.job] = Triage(rec.job, self.config.triage)
-        else:
-            for node in mon.topo.nodes:
-                self.node_job.pop(node, None)
-            mon.replace_topology(rec)
-        for r in rec.ranks:
-            self.node_job[r.node] = rec.job
-        self.triage[rec.job].on_topology(self.monitors[rec.job].topo)
-
-    # --- time -------------------------------------------------------------------
 
     def advance(self, now: float, out: Outputs | None = None) -> Outputs:
         """Fire every timeout up to event time `now` (never backwards)."""
@@ -101,46 +83,108 @@ class Core:
         if now <= self.watermark:
             return out
         self.watermark = now
-        for job in sorted(self.monitors):
-            tri = self.triage[job]
-            findings = self.monitors[job].advance(now)
-            if findings:
-                tri.on_findings(findings, out)
-            tri.advance(now, out)
+        findings = self.monitor.advance(now)
+        if findings:
+            self.triage.on_findings(findings, out)
+        self.triage.advance(now, out)
         return out
 
-    def finish(self) -> Outputs:
-        """End of input: advance to the last event time seen (the end of a file is not silence)."""
-        return self.advance(self.max_ts)
-
-    # --- state ------------------------------------------------------------------
+    # --- state: data only -------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
         return {
-            "config": {"lateness_s": self.config.lateness_s, "tick_s": self.config.tick_s,
-                       "triage": asdict(self.config.triage)},
+            "v": STATE_VERSION,
             "watermark": None if self.watermark == float("-inf") else self.watermark,
-            "max_ts": None if self.max_ts == float("-inf") else self.max_ts,
+            "max_ts": self.max_ts,
             "records": self.records,
-            "jobs": {job: {"monitor": self.monitors[job].state(), "triage": self.triage[job].state()}
-                     for job in sorted(self.monitors)},
+            "monitor": self.monitor.state(),
+            "triage": self.triage.state(),
         }
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> Core:
-        cfg = state["config"]
-        core = cls(CoreConfig(cfg["lateness_s"], cfg["tick_s"], TriageConfig.from_dict(cfg["triage"])))
+    def from_state(cls, state: dict[str, Any], config: CoreConfig | None = None) -> JobCore:
+        """A job restored from `state()`, running with `config` (today's settings, not the saved ones)."""
+        if state.get("v") != STATE_VERSION:
+            raise ValueError(f"job state version {state.get('v')!r} is not {STATE_VERSION}; it cannot be restored")
+        core = cls.__new__(cls)
+        core.config = config or CoreConfig()
+        core.monitor = JobMonitor.from_state(state["monitor"])
+        core.job = core.monitor.job_record.job
+        core.triage = Triage.from_state(state["triage"], core.config.triage, core.monitor.topo)
         core.watermark = float("-inf") if state["watermark"] is None else state["watermark"]
-        core.max_ts = float("-inf") if state["max_ts"] is None else state["max_ts"]
+        core.max_ts = state["max_ts"]
         core.records = state["records"]
-        for job, js in state["jobs"].items():
-            mon = JobMonitor.from_state(js["monitor"])
-            core.monitors[job] = mon
-            core.triage[job] = Triage.from_state(js["triage"], core.config.triage, mon.topo)
-            for node in mon.topo.nodes:
-                core.node_job[node] = job
         return core
 
 
-def _short(rec: Record) -> str:
-    return encode(rec).decode()[:4096]
+class Core:
+    """Replay's driver of `JobCore`s: routes a stream of many jobs' records to their jobs.
+
+    Job-keyed records go to their job; node events (hw, gpu) to the job running on
+    their node (the map comes from `job` records); `ops` to the job it names or the
+    job on its node. With `silence` (the default, as the worker's silence timer),
+    every job's time moves with the stream's, so a job that falls silent is
+    noticed while other jobs keep the stream going.
+    """
+
+    def __init__(self, config: CoreConfig | None = None, *, silence: bool = True) -> None:
+        self.config = config or CoreConfig()
+        self.silence = silence
+        self.jobs: dict[str, JobCore] = {}
+        self.node_job: dict[str, str] = {}
+        self.max_ts = float("-inf")
+        self.clock = float("-inf")  # the stream's time, in steps of tick_s
+        self.records = 0
+
+    def process(self, rec: Record, out: Outputs | None = None) -> Outputs:
+        self.records += 1
+        out = Outputs() if out is None else out
+        if rec.ts > self.max_ts:
+            self.max_ts = rec.ts
+            if self.silence and rec.ts - self.config.lateness_s >= self.clock + self.config.tick_s:
+                self.advance(rec.ts - self.config.lateness_s, out)
+        kind = rec.kind
+        if kind == "job":
+            self._on_job(rec, out)
+            return out
+        if kind in JOB_KEYED:
+            core = self.jobs.get(rec.job)
+            if core is None:
+                out.rejected.append(DecodeError(f"no `job` record seen for job {rec.job!r}", "job", kind,
+                                                raw=encode(rec).decode()[:4096]))
+                return out
+            return core.process(rec, out)
+        if kind in NODE_KEYED:
+            job = self.node_job.get(rec.node)
+            return self.jobs[job].process(rec, out) if job else out  # a node in no job: nothing to attribute
+        for job in ([rec.job] if rec.job else sorted({self.node_job.get(rec.node)} - {None})):  # ops
+            if job in self.jobs:
+                self.jobs[job].process(rec, out)
+        return out
+
+    def _on_job(self, rec: Job, out: Outputs) -> None:
+        core = self.jobs.get(rec.job)
+        if core is None:
+            core = self.jobs[rec.job] = JobCore(rec, self.config)
+        else:
+            for node in core.nodes:
+                self.node_job.pop(node, None)
+            core.process(rec, out)
+        for node in core.nodes:
+            self.node_job[node] = rec.job
+
+    def advance(self, now: float, out: Outputs | None = None) -> Outputs:
+        """Every job to event time `now`."""
+        out = Outputs() if out is None else out
+        self.clock = max(self.clock, now)
+        for job in sorted(self.jobs):
+            self.jobs[job].advance(now, out)
+        return out
+
+    def finish(self) -> Outputs:
+        """End of input: every job to the last event time seen (the end of a file is not silence)."""
+        out = Outputs()
+        for job in sorted(self.jobs):
+            core = self.jobs[job]
+            core.advance((self.max_ts if self.silence else core.max_ts), out)
+        return out

@@ -82,5 +82,5 @@ def test_store_holds_the_findings(tmp_path):
 
 
 def test_missing_file_is_a_clear_error(tmp_path, capsys):
-    assert main(["replay", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o")]) == 2
+    assert main(["replay", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o")]) == 3
     assert "no such file" in capsys.readouterr().err

@@ -6,7 +6,7 @@ import random
 
 import orjson
 import pytest
-from gangwatch.schemas import Heartbeat, Hw, decode, encode, encode_batch
+from gangwatch.schemas import Gpu, Heartbeat, Hw, decode, encode, encode_batch
 from gangwatch.streams.runner import JobRunner, Msg, NodeRouter
 from gangwatch.streams.topics import TopicSettings, topic_for
 from gangwatch.triage.engine import Core
@@ -132,6 +132,69 @@ def test_a_replayed_partition_is_skipped_not_observed_twice():
     out += emitted(b.on_batch(again))
     assert out == replay_core(recs)
     assert b.duplicates == sum(len(decode(m.value)) for m in msgs[:cut]) + 1
+
+
+def _backlog(recs, chunks: int) -> list[list[Msg]]:
+    """The scenario as a consumer catching up sees it: the job record and a first chunk of telemetry, then every
+    node event (re-keyed onto by-job, far ahead in event time: the router raced through its backlog), then the
+    rest of the telemetry in `chunks` batches."""
+    triples = [(T.by_job, b"j1", v) if topic == T.node_events else (topic, k, v) for topic, k, v in messages(recs, T)]
+    jobs = as_msgs([t for t in triples if t[0] == T.jobs])
+    nodes = as_msgs([t for t in triples if t[0] == T.by_job], start=500)
+    telemetry = as_msgs([t for t in triples if t[0] == T.telemetry], start=1000)
+    size = -(-len(telemetry) // (chunks + 1))
+    parts = [telemetry[i:i + size] for i in range(0, len(telemetry), size)]
+    return [jobs + parts[0], nodes, *parts[1:]]
+
+
+def _node_events(recs):
+    """GPU samples of every node every second, as an agent sends them."""
+    extra = [Gpu(ts=T0 + k + 0.0003, node=f"n{i:03d}", gpu=0, temp_c=60.0) for k in range(1, 40) for i in range(4)]
+    return sorted([*recs, *extra], key=lambda r: r.ts)
+
+
+def test_a_backlog_gives_what_live_delivery_gives():
+    """Node events read long before the telemetry of their time wait for it: the release point is the slowest
+    input that still has data to read. Without that, the node events move the job's time far ahead of its
+    heartbeats, and every node looks silent."""
+    recs = _node_events(scenario(xid_node="n002"))
+    want = replay_core(recs)
+    batches = _backlog(recs, chunks=5)
+    runner = JobRunner(T)
+    left = [len(batches) - 2]  # telemetry batches still unread after the current one
+    lagging = lambda topic, p: topic == T.telemetry and left[0] > 0  # noqa: E731
+    out = emitted(runner.on_batch(batches[0], lagging)) + emitted(runner.on_batch(batches[1], lagging))
+    assert sum(len(st.held) for st in runner.jobs.values()) > 100  # the node events wait
+    for batch in batches[2:]:
+        left[0] -= 1
+        out += emitted(runner.on_batch(batch, lagging))
+    assert out == want
+    eager = JobRunner(T)
+    wrong = [r for b in batches for r in emitted(eager.on_batch(b))]
+    assert wrong != want and {f.type for f in wrong if f.kind == "finding"} - {f.type for f in want
+                                                                               if f.kind == "finding"}
+
+
+def test_held_records_are_not_saved_as_done():
+    """A worker that dies while records are held: its successor reads them again from the saved offsets."""
+    recs = _node_events(scenario(xid_node="n002"))
+    batches = _backlog(recs, chunks=4)
+    a = JobRunner(T)
+    lagging = lambda topic, p: topic == T.telemetry  # noqa: E731
+    out = emitted(a.on_batch(batches[0], lagging)) + emitted(a.on_batch(batches[1], lagging))
+    saved = a.state_of("j1")
+    b = JobRunner(T, load=lambda job: saved)
+    out += emitted(b.on_batch([m for batch in batches for m in batch]))  # all of it again, offsets as before
+    assert out == replay_core(recs)
+
+
+def test_the_router_frontier_holds_back_by_job_until_the_router_has_read_its_inputs():
+    router = NodeRouter(T, {})
+    router.on_batch([Msg(T.node_events, 2, 0, b"n002", encode(xid("n002", T0 + 5)))])
+    inputs = [(T.node_events, 2), (T.node_events, 3)]
+    assert router.upstream(inputs, lambda topic, p: p == 2) == T0 + 5
+    assert router.upstream(inputs, lambda topic, p: True) == float("-inf")  # partition 3: nothing read yet
+    assert router.upstream(inputs, lambda topic, p: False) == float("inf")
 
 
 # --- router -------------------------------------------------------------------------------
