@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ sits beside the packages
 
-from bench import bench_detectors, bench_replay, bench_stacks  # noqa: E402
+from bench import bench_detectors, bench_replay, bench_stacks, bench_trainer  # noqa: E402
 
 
 def main() -> None:
@@ -34,6 +34,9 @@ def main() -> None:
     for m in det_rows:
         print(f"{m['ranks']:>7} ranks: {m['record_rps']:,.0f} rec/s per record, {m['batch_rps']:,.0f} rec/s batch, "
               f"{m['held_b']:.0f} B/rank held", flush=True)
+    print("\n== trainer client overhead per step (CPU, side by side with a bare loop)", flush=True)
+    trainer = bench_trainer.measure(20_000 if args.quick else 100_000)
+    print(bench_trainer.render(trainer), flush=True)
     print("\n== stack clustering", flush=True)
     st = bench_stacks.measure(stack_ranks)
     print(f"{st['ranks']} ranks: parse {st['parse_s']:.3f} s + cluster {st['cluster_s']:.3f} s; detector "
@@ -42,6 +45,7 @@ def main() -> None:
     big = replay_rows[-1]
     first = replay_rows[0]
     growth = (big["replay_rps"] / first["replay_rps"])
+    full = next(r for r in trainer["rows"] if r["variant"] == "context + 2 sections")
     rows = [
         ("replay / orjson-decode records/s", f"{big['ratio']:.3f} at {big['ranks']:,} ranks", ">= 0.30"),
         ("replay records/s", f"{big['replay_rps']:,.0f} at {big['ranks']:,} ranks", "-"),
@@ -51,6 +55,8 @@ def main() -> None:
         *[(f"step detectors records/s ({m['ranks']:,} ranks)", f"{m['record_rps']:,.0f} / {m['batch_rps']:,.0f} batch",
            "-") for m in det_rows],
         (f"stack parse+cluster ({st['ranks']:,} ranks)", f"{st['total_s']:.2f} s", "<= 2 s at 16,384"),
+        ("trainer client added per step (step_context + 2 sections)",
+         f"{full['added_us']:.1f} us ({full['thread_us']:.1f} + {full['send_us']:.1f} alone)", "< 20 us"),
     ]
     print("\n== summary")
     w = max(len(r[0]) for r in rows)

@@ -49,17 +49,3 @@ def test_a_bad_message_decodes_to_an_error_not_an_exception(kafka_bootstrap, top
     [msg] = consume(kafka_bootstrap, topic, unique, 1)
     [err] = decode(msg.value)
     assert isinstance(err, DecodeError) and err.field == "rank"
-
-
-def test_the_trainer_reporter_publishes_to_the_broker(kafka_bootstrap, topic, unique):
-    from gangwatch.producers.reporter import Reporter
-
-    rep = Reporter("j7", 3, bootstrap=kafka_bootstrap, topic=topic)
-    rep.heartbeat()
-    for k in range(3):
-        rep.step(k, 1.0, compute_s=0.6)
-    rep.close()
-    msgs = consume(kafka_bootstrap, topic, unique, 4)
-    recs = [r for m in msgs for r in decode(m.value)]
-    assert [(r.kind, r.job, r.rank) for r in recs] == [("heartbeat", "j7", 3)] + [("step", "j7", 3)] * 3
-    assert {m.key for m in msgs} == {b"j7"}

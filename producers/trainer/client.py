@@ -1,0 +1,356 @@
+"""`TrainerClient`: what a training process creates once and calls every step.
+
+Two threads do the work besides training, so that no call on the training
+thread waits for the network, the disk or the GPU:
+
+- the *heartbeat* thread puts a `heartbeat` record in the control queue every
+  `heartbeat_s` (the period also announced in the `job` record), whatever the
+  training loop is doing, with the last finished step and, once anything was
+  lost, `dropped`: the number of records lost so far;
+- the *sending* thread wakes every `flush_s` (or at once for a heartbeat or an
+  event), turns queued steps into `step` records (once their CUDA events have
+  completed), and hands everything to `Delivery` (delivery.py): one `batch`
+  message per topic, or the spool while the broker is away.
+
+The training thread only appends to two in-memory queues. The step queue is
+bounded (`queue_max`): when the sending thread cannot keep up, the *oldest*
+step is dropped and counted. The control queue (heartbeats, framework events,
+the job record) is never dropped; it grows by one record per heartbeat period
+at most, and the sending thread empties it every flush.
+
+Exit: `close()` (also registered with `atexit`) stops the heartbeats and sends
+what is left, waiting at most `timeout_s`; whatever cannot be sent by then
+stays in the spool for the next process of this job and rank. An uncaught
+exception first queues a `framework` record of type `exception` with its
+message (a `sys.excepthook` that then calls the previous hook).
+
+For tests: `send=` replaces Kafka, `clock=` (event time) and `timer=`
+(durations) replace real time, and `background=False` starts no thread:
+`flush()` and `heartbeat()` then run on the caller's thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import re
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from gangwatch.producers.trainer.delivery import Delivery, KafkaSend, Send
+from gangwatch.producers.trainer.launch import JOBS, TELEMETRY, Launch
+from gangwatch.producers.trainer.loop import StepContext
+from gangwatch.producers.trainer.optimizer import watch_optimizer
+from gangwatch.producers.trainer.sections import CpuSection, CudaPair, CudaSection, EventPool, resolve
+from gangwatch.producers.trainer.spool import Spool
+from gangwatch.producers.trainer.topology import job_record
+from gangwatch.schemas import Framework, Heartbeat, Record, Step
+
+log = logging.getLogger("gangwatch.trainer")
+STEP_SECTIONS = ("compute", "comm_wait", "data_wait")  # sections with a field of their own in `step` records
+
+
+class TrainerClient:
+    """Steps, heartbeats and events of one rank, sent to Kafka without ever holding up training.
+
+    Topology (rank 0 announces it in a `job` record): `tp`, `pp` and `order` place
+    each rank in its parallel groups (topology.py); `nodes` names the nodes when
+    torch.distributed is not initialised yet; `gpus=False` for a job without GPUs.
+    Identity: `job`, `rank`, `world_size`, `local_rank`, `local_world_size` and
+    `node` override what the launcher's environment says (launch.py).
+    Delivery: `bootstrap` (default `GANGWATCH_BOOTSTRAP`) or a `send` function;
+    `spool_dir` (default `<tmp>/gangwatch-spool/<job>/rank<rank>`) and its bound
+    `spool_bytes`. `cuda=True` times sections with CUDA events.
+    """
+
+    def __init__(self, *, tp: int = 1, pp: int = 1, order: str = "tp-dp-pp", nodes: Sequence[str] | None = None,
+                 gpus: bool = True, job: str | None = None, rank: int | None = None, world_size: int | None = None,
+                 local_rank: int | None = None, local_world_size: int | None = None, node: str | None = None,
+                 bootstrap: str | None = None, send: Send | None = None, topic_prefix: str | None = None,
+                 heartbeat_s: float = 5.0, flush_s: float = 1.0, queue_max: int = 10_000, batch_max: int = 1000,
+                 spool_dir: str | Path | None = None, spool_bytes: int = 64 << 20, cuda: bool = False,
+                 announce: bool = True, background: bool = True, exit_hooks: bool = True,
+                 clock: Callable[[], float] = time.time, timer: Callable[[], float] = time.perf_counter) -> None:
+        self.launch = Launch.from_env(job=job, rank=rank, world_size=world_size, local_rank=local_rank,
+                                      local_world_size=local_world_size, node=node, bootstrap=bootstrap,
+                                      topic_prefix=topic_prefix)
+        if send is None:
+            if not self.launch.bootstrap:
+                raise ValueError("no Kafka address: set GANGWATCH_BOOTSTRAP or pass bootstrap= (or send=)")
+            send = KafkaSend(self.launch.bootstrap)
+        self._clock, self._timer = clock, timer
+        self.heartbeat_s, self._flush_s, self._queue_max = heartbeat_s, flush_s, queue_max
+        spool = Spool(Path(spool_dir) if spool_dir else default_spool_dir(self.launch), spool_bytes)
+        self.delivery = Delivery(send, self.launch.job, spool, batch_max=batch_max, clock=timer)
+
+        # training thread -> sending thread
+        self._lock = threading.Lock()
+        self._steps: deque[tuple] = deque()  # finished steps, bounded by queue_max (oldest dropped)
+        self._control: deque[Record] = deque()  # heartbeats, events, the job record: never dropped
+        self._dropped = 0  # steps dropped from the full queue
+        self._waiting: deque[tuple] = deque()  # sending thread only: steps whose CUDA events are pending
+
+        # the step being timed (training thread only)
+        self._totals: dict[str, float] = {}  # wall-clock seconds per section name
+        self._pairs: list[CudaPair] = []  # CUDA event pairs per section
+        self._events = EventPool() if cuda else None
+        self._sections: dict[str, CpuSection | CudaSection] = {}
+        self._created = timer()
+        self._last_end: float | None = None  # when the previous step ended (timer)
+        self.last_step: int | None = None
+
+        # records that must exist before the first step: the topology (rank 0) and "I am alive"
+        if announce:  # every rank builds it (placing the ranks may be a collective); rank 0 sends it
+            job_rec = job_record(self.launch, clock(), heartbeat_s, tp=tp, pp=pp, order=order, nodes=nodes,
+                                 gpus=gpus)
+            if self.launch.rank == 0:
+                self._control.append(job_rec)
+
+        # the threads, and how they are told to flush or stop
+        self._background = background
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._flushed = threading.Condition()
+        self._flush_asked = self._flush_done = 0
+        self._close_deadline: float | None = None
+        self._closed = False
+        self._threads: list[threading.Thread] = []
+        self.heartbeat()
+        if background:
+            for target, name in ((self._send_loop, "gangwatch-send"), (self._heartbeat_loop, "gangwatch-heartbeat")):
+                t = threading.Thread(target=target, name=name, daemon=True)
+                t.start()
+                self._threads.append(t)
+        self._hook = None
+        if exit_hooks:
+            self._install_exit_hooks()
+
+    # --- what the training loop calls ------------------------------------------------------------
+
+    def section(self, name: str) -> CpuSection | CudaSection:
+        """A context manager timing part of the current step: `compute`, `comm_wait`, `data_wait`, or any name.
+
+        Other names travel in the step record's extra fields as `<name>_s`.
+        """
+        timer = self._sections.get(name)
+        if timer is None:
+            if self._events is None or name == "data_wait":
+                timer = CpuSection(name, self._totals, self._timer)
+            else:
+                timer = CudaSection(name, self._pairs, self._events)
+            self._sections[name] = timer
+        return timer
+
+    def begin_step(self) -> None:
+        """The step's work starts now: the time since the previous step ended counts as `data_wait`."""
+        now = self._timer()
+        if self._last_end is None:
+            self._last_end = now  # the first step is timed from here
+        else:
+            self._totals["data_wait"] = self._totals.get("data_wait", 0.0) + now - self._last_end
+
+    def step_context(self, step: int) -> StepContext:
+        """`with client.step_context(step) as s: ...` = begin_step(), the body, then step(); see loop.py."""
+        return StepContext(self, step)
+
+    def step(self, step: int, *, loss: Any = None, grad_norm: Any = None, replica_digest: str | None = None,
+             **extra: Any) -> None:
+        """Step `step` is finished: queue its record (step_s = time since the previous step ended).
+
+        `loss` and `grad_norm` may be tensors: they are read on the sending thread, so
+        passing a CUDA tensor costs no synchronization here. `extra`: plain JSON values.
+        """
+        now = self._timer()
+        start = self._created if self._last_end is None else self._last_end
+        self._last_end = now
+        self.last_step = step = int(step)
+        totals = self._totals.copy()
+        self._totals.clear()
+        pairs = None
+        if self._pairs:
+            pairs = self._pairs.copy()
+            self._pairs.clear()
+        item = (self._clock(), step, now - start, totals, pairs, _detached(loss), _detached(grad_norm),
+                replica_digest, extra)
+        with self._lock:
+            if len(self._steps) >= self._queue_max:
+                self._steps.popleft()
+                self._dropped += 1
+            self._steps.append(item)
+
+    def event(self, type: str, message: str | None = None, **fields: Any) -> None:
+        """A `framework` record (nccl_timeout, exception, oom, ...; `op`, `seq`, `pg`, `peer`), sent at once."""
+        self._control.append(Framework(ts=self._clock(), job=self.launch.job, rank=self.launch.rank, type=type,
+                                       message=message, **fields))
+        self._wake.set()
+
+    def heartbeat(self) -> None:
+        """Queue a heartbeat now (the heartbeat thread calls this every `heartbeat_s`)."""
+        dropped = self.dropped
+        self._control.append(Heartbeat(ts=self._clock(), job=self.launch.job, rank=self.launch.rank,
+                                       step=self.last_step, extra={"dropped": dropped} if dropped else {}))
+        self._wake.set()
+
+    def watch_optimizer(self, optimizer: Any, **options: Any) -> Any:
+        """Report a step after every `optimizer.step()`; see optimizer.py for `options`."""
+        return watch_optimizer(self, optimizer, **options)
+
+    @property
+    def dropped(self) -> int:
+        """Records lost so far: steps dropped from the full queue, and records the spool had to give up."""
+        return self._dropped + self.delivery.dropped
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Send (or spool) everything queued; False if the sending thread did not finish within `timeout_s`."""
+        if self._closed:
+            return False
+        if not self._background:
+            self._cycle()
+            return True
+        with self._flushed:
+            self._flush_asked += 1
+            ticket = self._flush_asked
+        self._wake.set()
+        with self._flushed:
+            return self._flushed.wait_for(lambda: self._flush_done >= ticket, timeout_s)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the heartbeats and send what is left (waiting at most `timeout_s`); safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self._remove_exit_hooks()
+        self._close_deadline = self._timer() + 0.8 * timeout_s  # sending stops here; the rest stays spooled
+        self._stop.set()
+        self._wake.set()
+        if self._background:
+            for t in self._threads:
+                t.join(timeout_s)
+        else:
+            self._final_cycle()
+
+    # --- the sending thread ----------------------------------------------------------------------
+
+    def _send_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self._flush_s)
+            self._wake.clear()
+            with self._flushed:
+                ticket = self._flush_asked
+            self._cycle()
+            with self._flushed:
+                self._flush_done = ticket
+                self._flushed.notify_all()
+        self._final_cycle()
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            self.heartbeat()
+
+    def _cycle(self, final: bool = False) -> None:
+        """Collect what the training thread queued and deliver it; never raises."""
+        try:
+            recs = self._collect(wait_gpu=final)
+            jobs = [r for r in recs if r.kind == "job"]
+            telemetry = sorted((r for r in recs if r.kind != "job"), key=lambda r: r.ts)
+            self.delivery.deliver([(self.launch.topic(JOBS), jobs), (self.launch.topic(TELEMETRY), telemetry)],
+                                  ts=self._clock(), deadline=self._close_deadline if final else None)
+        except Exception:
+            log.exception("gangwatch: a flush failed; training goes on")
+
+    def _final_cycle(self) -> None:
+        self._cycle(final=True)
+        try:
+            send_close = getattr(self.delivery.send, "close", None)
+            if send_close is not None:
+                send_close()
+            self.delivery.spool.close()
+        except Exception:
+            log.exception("gangwatch: closing failed")
+
+    def _collect(self, wait_gpu: bool) -> list[Record]:
+        recs: list[Record] = []  # steps first: on a tie in time the step came before the heartbeat naming it
+        with self._lock:
+            self._waiting.extend(self._steps)
+            self._steps.clear()
+        lost = 0
+        while self._waiting:
+            try:
+                rec = self._step_record(self._waiting[0], wait_gpu)
+            except Exception as e:  # e.g. a loss that is not one number
+                log.warning("gangwatch: step record dropped: %s: %s", type(e).__name__, e)
+                self._waiting.popleft()
+                lost += 1
+                continue
+            if rec is None:  # the GPU has not got there yet; later steps wait behind it
+                break
+            self._waiting.popleft()
+            recs.append(rec)
+        while len(self._waiting) > self._queue_max:
+            self._waiting.popleft()
+            lost += 1
+        if lost:
+            with self._lock:
+                self._dropped += lost
+        while self._control:  # popleft is atomic: appends from other threads are never lost
+            recs.append(self._control.popleft())
+        return recs
+
+    def _step_record(self, item: tuple, wait_gpu: bool) -> Step | None:
+        ts, step, step_s, totals, pairs, loss, grad_norm, digest, extra = item
+        if pairs:
+            gpu = resolve(pairs, wait=wait_gpu)
+            if gpu is None:
+                return None
+            self._events.give_back(pairs)
+            for name, secs in gpu.items():
+                totals[name] = totals.get(name, 0.0) + secs
+        fields: dict[str, float] = {}
+        extra = dict(extra)
+        for name, secs in totals.items():
+            (fields if name in STEP_SECTIONS else extra)[f"{name}_s"] = secs
+        return Step(ts=ts, job=self.launch.job, rank=self.launch.rank, step=step, step_s=step_s,
+                    loss=_number(loss), grad_norm=_number(grad_norm), replica_digest=digest, extra=extra, **fields)
+
+    # --- process exit ------------------------------------------------------------------------------
+
+    def _install_exit_hooks(self) -> None:
+        previous = sys.excepthook
+
+        def hook(etype: type[BaseException], value: BaseException, tb: Any) -> None:
+            self.event("exception", f"{etype.__name__}: {value}"[:65_536])
+            previous(etype, value, tb)
+
+        self._hook, self._previous_hook = hook, previous
+        sys.excepthook = hook
+        atexit.register(self.close)
+
+    def _remove_exit_hooks(self) -> None:
+        if self._hook is None:
+            return
+        if sys.excepthook is self._hook:
+            sys.excepthook = self._previous_hook
+        atexit.unregister(self.close)
+        self._hook = None
+
+
+def default_spool_dir(launch: Launch) -> Path:
+    """`<tmp>/gangwatch-spool/<job>/rank<rank>` (the job id made safe as a directory name)."""
+    job = re.sub(r"[^A-Za-z0-9._-]", "_", launch.job)
+    return Path(tempfile.gettempdir()) / "gangwatch-spool" / job / f"rank{launch.rank}"
+
+
+def _detached(v: Any) -> Any:
+    """A tensor without its autograd graph (holding the graph would keep the step's activations alive)."""
+    return v.detach() if hasattr(v, "detach") else v
+
+
+def _number(v: Any) -> float | None:
+    """A Python float from a float, a numpy scalar or a one-element tensor (read here, on the sending thread)."""
+    return None if v is None else float(v)

@@ -1,0 +1,94 @@
+"""The trainer client against the real broker: what it publishes arrives; with no broker, training never waits.
+
+The outage: nothing here can stop and restart the shared broker, so the client
+first runs against a port where nothing listens (every call must return at
+once while its records spool to disk), then a client of the same job and rank
+starts against the real broker and must send that backlog first, in order.
+"""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import time
+
+import pytest
+from gangwatch.producers.trainer import TrainerClient
+from gangwatch.producers.trainer.delivery import KafkaSend
+from gangwatch.schemas import DecodeError, decode
+
+from tests.integration.kafkakit import read_all, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def records(bootstrap: str, topic: str) -> list:
+    msgs = read_all(bootstrap, [topic])[topic]
+    recs = [r for _, v in msgs for r in decode(v)]
+    assert not [r for r in recs if isinstance(r, DecodeError)]
+    return recs
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_steps_heartbeats_events_and_the_job_reach_the_broker(kafka_bootstrap, topics, tmp_path):
+    client = TrainerClient(job="j7", rank=0, world_size=2, nodes=["n001"], bootstrap=kafka_bootstrap,
+                           topic_prefix=topics.prefix, heartbeat_s=0.2, flush_s=0.05, spool_dir=tmp_path / "spool",
+                           exit_hooks=False)
+    for k in range(5):
+        with client.step_context(k) as s:
+            with client.section("compute"):
+                time.sleep(0.01)
+            s.loss = 2.0 / (k + 1)
+    client.event("nccl_timeout", "Watchdog caught collective operation timeout", op="allreduce", pg="0", seq=17)
+    time.sleep(0.5)  # heartbeats keep coming while the loop does nothing
+    client.close()
+
+    msgs = read_all(kafka_bootstrap, [topics.telemetry])[topics.telemetry]
+    assert {k for k, _ in msgs} == {b"j7"} and all(v.startswith(b'{"kind":"batch"') for _, v in msgs)
+    recs = records(kafka_bootstrap, topics.telemetry)
+    steps = [r for r in recs if r.kind == "step"]
+    assert [(s.step, s.loss) for s in steps] == [(k, 2.0 / (k + 1)) for k in range(5)]
+    assert all(s.compute_s >= 0.01 and s.job == "j7" for s in steps)
+    assert sum(r.kind == "heartbeat" for r in recs) >= 3
+    [event] = [r for r in recs if r.kind == "framework"]
+    assert (event.type, event.op, event.seq) == ("nccl_timeout", "allreduce", 17)
+    [job] = records(kafka_bootstrap, topics.jobs)
+    assert [(r.rank, r.node) for r in job.ranks] == [(0, "n001"), (1, "n001")]
+    assert not list((tmp_path / "spool").glob("*.spool"))  # nothing was left behind
+
+
+def test_without_a_broker_steps_return_at_once_and_the_backlog_is_sent_when_one_is_there(kafka_bootstrap, topics,
+                                                                                        tmp_path):
+    spool = tmp_path / "spool"
+    nowhere = f"127.0.0.1:{closed_port()}"
+    client = TrainerClient(job="j8", topic_prefix=topics.prefix, send=KafkaSend(nowhere, timeout_s=1.0), flush_s=0.05,
+                           heartbeat_s=0.2, spool_dir=spool, exit_hooks=False)
+    took = []
+    for k in range(300):
+        t0 = time.perf_counter()
+        with client.step_context(k), client.section("compute"):
+            pass
+        took.append(time.perf_counter() - t0)
+        time.sleep(0.005)
+    wait_for(lambda: list(spool.glob("*.spool")), 20, "records spooled to disk")
+    t0 = time.perf_counter()
+    client.close(timeout_s=5)
+    closing = time.perf_counter() - t0
+    assert not any(t.is_alive() for t in client._threads)
+    # a step costs microseconds; the worst case is a thread switch (5 ms), never a network timeout (1 s)
+    assert statistics.median(took) < 0.001 and max(took) < 0.1, (statistics.median(took), max(took))
+    assert closing < 5
+    assert client.dropped == 0
+
+    after = TrainerClient(job="j8", topic_prefix=topics.prefix, bootstrap=kafka_bootstrap, spool_dir=spool,
+                          exit_hooks=False)
+    after.step(300)
+    after.close()
+    recs = records(kafka_bootstrap, topics.telemetry)
+    assert [r.step for r in recs if r.kind == "step"] == list(range(301))  # the outage's steps first, in order
+    assert not list(spool.glob("*.spool"))
