@@ -6,7 +6,8 @@
 
 Each section name has one reusable timer object, so entering one costs two
 clock reads and a dict update (no allocation). Time of the same name adds up
-within a step (forward and backward in two blocks, micro-batches).
+within a step (forward and backward in two blocks, micro-batches); a name
+cannot be open twice at once, and sections belong to the training thread.
 
 On CPU a section is wall clock (`time.perf_counter`). With CUDA timing
 (`TrainerClient(cuda=True)`) a section records a pair of CUDA events on the
