@@ -18,11 +18,13 @@ step is dropped and counted. The control queue (heartbeats, framework events,
 the job record) is never dropped; it grows by one record per heartbeat period
 at most, and the sending thread empties it every flush.
 
-Exit: `close()` (also registered with `atexit`) stops the heartbeats and sends
+Exit: `close()` (also registered with `atexit`) queues a `framework` record of
+type `exit` with `code` 0 (the rank finished: when every rank of a job sends
+one, the job ended and its silence is no fault), stops the heartbeats and sends
 what is left, waiting at most `timeout_s`; whatever cannot be sent by then
 stays in the spool for the next process of this job and rank. An uncaught
-exception first queues a `framework` record of type `exception` with its
-message (a `sys.excepthook` that then calls the previous hook).
+exception instead queues a `framework` record of type `exception` with its
+message (a `sys.excepthook` that then calls the previous hook), and no clean exit.
 
 For tests: `send=` replaces Kafka, `clock=` (event time) and `timer=`
 (durations) replace real time, and `background=False` starts no thread:
@@ -128,6 +130,7 @@ class TrainerClient:
                 t.start()
                 self._threads.append(t)
         self._hook = None
+        self._crashed = False  # an uncaught exception was reported: no clean `exit` at close
         if exit_hooks:
             self._install_exit_hooks()
 
@@ -224,6 +227,8 @@ class TrainerClient:
         """Stop the heartbeats and send what is left (waiting at most `timeout_s`); safe to call twice."""
         if self._closed:
             return
+        if not self._crashed:
+            self.event("exit", "closed", extra={"code": 0})
         self._closed = True
         self._remove_exit_hooks()
         self._close_deadline = self._timer() + 0.8 * timeout_s  # sending stops here; the rest stays spooled
@@ -324,6 +329,7 @@ class TrainerClient:
         previous = sys.excepthook
 
         def hook(etype: type[BaseException], value: BaseException, tb: Any) -> None:
+            self._crashed = True
             self.event("exception", f"{etype.__name__}: {value}"[:65_536])
             previous(etype, value, tb)
 

@@ -338,6 +338,15 @@ def test_an_uncaught_exception_is_reported_then_passed_to_the_previous_hook(tmp_
     assert (exc.type, exc.message, exc.rank) == ("exception", "ValueError: loss is NaN", 2)
 
 
+def test_a_clean_close_says_the_rank_finished(tmp_path):
+    send = Recorder()
+    client = TrainerClient(job="j1", rank=1, world_size=4, send=send, background=False, spool_dir=tmp_path)
+    client.step(0)
+    client.close()
+    [done] = [r for r in send.records() if r.kind == "framework"]
+    assert (done.type, done.extra.get("code"), done.rank) == ("exit", 0, 1)
+
+
 def test_a_crashing_script_reports_the_exception_and_flushes_at_exit(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(
