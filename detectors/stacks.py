@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from functools import cache
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -30,8 +31,6 @@ from gangwatch.detectors.base import finding
 from gangwatch.detectors.sweeps import Sweep, SweepDetector
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Record, Stack
-from sklearn.cluster import AgglomerativeClustering
-from sklearn.feature_extraction.text import HashingVectorizer
 
 _THREAD_RE = re.compile(r'^Thread\s+(\S+)\s+\(([^)]*)\)(?::\s*"(.*)")?')
 _PROCESS_RE = re.compile(r"^Process\s+(\d+)")
@@ -170,7 +169,12 @@ def _tokens(sig: Sequence[str]) -> list[str]:
     return toks + pairs or ["<empty>"]
 
 
-_VECTORIZER = HashingVectorizer(analyzer=_tokens, n_features=2**18, alternate_sign=False, binary=True, norm="l2")
+@cache
+def _vectorizer() -> Any:
+    """scikit-learn is imported on the first sweep, not at start-up (it costs ~2 s to import)."""
+    from sklearn.feature_extraction.text import HashingVectorizer
+
+    return HashingVectorizer(analyzer=_tokens, n_features=2**18, alternate_sign=False, binary=True, norm="l2")
 
 
 # --- clustering ------------------------------------------------------------------------
@@ -202,7 +206,7 @@ def cluster_ranks(
     keys = sorted(groups, key=lambda k: (-len(groups[k]), groups[k][0]))
     if not keys:
         return []
-    x = _VECTORIZER.transform(keys)
+    x = _vectorizer().transform(keys)
     labels = _labels(x, distance_threshold, max_distinct)
     members: dict[int, list[int]] = {}
     rep: dict[int, int] = {}  # label -> index of its most common signature (keys are sorted by count)
@@ -227,6 +231,8 @@ def _labels(x: Any, threshold: float, max_distinct: int) -> np.ndarray:
     if head == 1:
         labels[0] = 0
     else:
+        from sklearn.cluster import AgglomerativeClustering
+
         dist = np.clip(1.0 - (x[:head] @ x[:head].T).toarray(), 0.0, 2.0)
         np.fill_diagonal(dist, 0.0)
         model = AgglomerativeClustering(
