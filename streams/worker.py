@@ -64,6 +64,7 @@ class WorkerSettings:
     store: str | None = None  # sink URL: chdb:PATH or clickhouse://HOST:PORT[/DB]; None: Kafka outputs only
     telemetry: bool = False  # also store every input record (gw_telemetry)
     webhook: str | None = None  # job-controller URL that gets every action (signed; GANGWATCH_WEBHOOK_SECRET)
+    alertmanager: str | None = None  # Alertmanager base URL that gets incidents as alerts
     batch_max: int = 20_000  # records (messages) per take() batch
     batch_within_s: float = 0.1  # ... or whatever arrived within this time
     tick_s: float = 0.5  # silence timer period
@@ -363,5 +364,9 @@ def run(s: WorkerSettings, *, loglevel: str = "info", create: bool = True) -> No
         from gangwatch.sinks.controller import WebhookSink
 
         sinks.append(WebhookSink(s.webhook))  # the secret comes from GANGWATCH_WEBHOOK_SECRET
+    if s.alertmanager:
+        from gangwatch.sinks.alertmanager import AlertmanagerSink
+
+        sinks.append(AlertmanagerSink(s.alertmanager))
     app = make_app(s, sinks)
     faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()

@@ -17,7 +17,7 @@ from gangwatch.cli.options import (
     opt,
     positive,
 )
-from gangwatch.cli.replay import check_inputs, connect_timeout_opt
+from gangwatch.cli.replay import check_inputs, connect_timeout_opt, http_url
 from gangwatch.cli.services import wait_for_kafka, wait_for_store
 
 
@@ -35,7 +35,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         wait_for_store(args.store, args.connect_timeout)
     settings = worker.WorkerSettings(
         bootstrap=args.bootstrap, app_id=args.app_id, topics=_topic_settings(args), store=args.store,
-        webhook=args.webhook,
+        webhook=args.webhook, alertmanager=args.alertmanager,
         telemetry=args.telemetry, batch_max=args.batch_max, batch_within_s=args.batch_within, tick_s=args.tick,
         silence=args.silence, lateness_s=args.lateness, hold_s=args.hold, table_store=args.table_store,
         datadir=args.datadir, session_timeout_s=args.session_timeout, heartbeat_interval_s=args.heartbeat_interval,
@@ -151,6 +151,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--telemetry", action="store_true", help="with --store: also store every raw input record")
     opt(w, "--webhook", help="job-controller URL: every action is POSTed there, signed with HMAC-SHA256 "
         "(X-Gangwatch-Signature) using the secret in GANGWATCH_WEBHOOK_SECRET")
+    opt(w, "--alertmanager", metavar="URL", type=http_url, help="push incidents as alerts to this Alertmanager (http://HOST:9093)")
     opt(w, "--batch-max", type=positive(integer), default=20000, help="messages per batch")
     opt(w, "--batch-within", type=positive(number), default=0.1, help="seconds to wait filling a batch")
     opt(w, "--tick", type=positive(number), default=0.5, help="silence timer period, seconds")

@@ -21,6 +21,15 @@ def check_inputs(files: list[Path]) -> None:
                             "folder of dumps into one)", EXIT_INPUT)
 
 
+def http_url(raw: str) -> str:
+    """An http(s)://HOST[:PORT][/path] option value (e.g. --alertmanager)."""
+    from urllib.parse import urlsplit
+
+    if urlsplit(raw).scheme not in ("http", "https") or not urlsplit(raw).hostname:
+        raise ValueError("want http(s)://HOST[:PORT]")
+    return raw
+
+
 def prepare_out(out: Path, *, append: bool) -> None:
     """`out` is a directory we may write; a rerun replaces the previous outputs (store included) unless
     `append`."""
@@ -67,6 +76,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         from gangwatch.sinks.controller import WebhookSink
 
         extra.append(WebhookSink(args.webhook))
+    if args.alertmanager:
+        from gangwatch.sinks.alertmanager import AlertmanagerSink
+
+        extra.append(AlertmanagerSink(args.alertmanager))
     store = open_store_for(args, out)
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     progress = report.ProgressLine() if show and not args.quiet else None
@@ -157,6 +170,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "rejects to this Kafka (topic names as `gangwatch topics list`)")
     opt(r, "--webhook", help="also POST every action to this job-controller URL, signed with "
         "GANGWATCH_WEBHOOK_SECRET")
+    opt(r, "--alertmanager", metavar="URL", type=http_url, help="also push incidents as alerts to this Alertmanager "
+        "(http://HOST:9093; its v2 API)")
     connect_timeout_opt(r)
     r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress line with percentage and ETA (default: on when stderr is a terminal)")

@@ -1,0 +1,117 @@
+"""Real daemons a test starts itself (Alertmanager, munged, slurmctld, slurmd): find, start, wait, stop.
+
+The convention of conftest.py holds: a program that is not installed skips the
+test with the reason (and the package to install), except under
+GANGWATCH_REQUIRE_SERVICES=1 (CI), where it fails the run instead of hiding it.
+Every wait polls against a deadline; every daemon started is stopped (TERM, then
+KILL) even when the test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+T = TypeVar("T")
+
+
+def require_program(*names: str, package: str) -> str:
+    """The path of the first of `names` found on PATH (or in /usr/sbin); else skip, or fail in CI."""
+    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    for name in names:
+        found = shutil.which(name, path=search)
+        if found:
+            return found
+    msg = f"{' / '.join(names)} not found; install it with `apt-get install -y {package}`"
+    if os.environ.get("GANGWATCH_REQUIRE_SERVICES") == "1":
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_port_range(n: int) -> int:
+    """The first of `n` consecutive free ports (for Slurm's Port=[a-b])."""
+    for _ in range(50):
+        first = free_port()
+        if first + n >= 65536:
+            continue
+        socks = []
+        try:
+            for p in range(first, first + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports found")
+
+
+def wait_until(check: Callable[[], T], timeout_s: float, what: str, *, every_s: float = 0.1,
+               alive: Daemon | None = None) -> T:
+    """Poll `check()` until it returns something truthy; fail with `what` (and a log tail) after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    last_error = ""
+    while True:
+        try:
+            got = check()
+            if got:
+                return got
+        except Exception as e:  # not up yet: remember why for the failure message
+            last_error = f"{type(e).__name__}: {e}"
+        if alive is not None and alive.exited():
+            pytest.fail(f"{alive.name} exited (code {alive.proc.returncode}) while waiting for {what}\n"
+                        f"{alive.tail()}")
+        if time.monotonic() > deadline:
+            tail = f"\n{alive.tail()}" if alive is not None else ""
+            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}"
+                        f"{' (last error: ' + last_error + ')' if last_error else ''}{tail}")
+        time.sleep(every_s)
+
+
+class Daemon:
+    """One process in the foreground of its own session, output to `log`; `stop()` is safe to call twice."""
+
+    def __init__(self, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.log = log
+        self._out = log.open("ab")
+        self.proc = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env, start_new_session=True)
+
+    def exited(self) -> bool:
+        return self.proc.poll() is not None
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return f"--- last lines of {self.log} ---\n" + "\n".join(text[-lines:])
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(grace_s)
+        self._out.close()
