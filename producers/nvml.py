@@ -78,7 +78,7 @@ class RealNvml:
         put("power_w", lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0)
         put("sm_clock_mhz", lambda: float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)))
         put("util_pct", lambda: float(nv.nvmlDeviceGetUtilizationRates(h).gpu))
-        put("throttle", lambda: throttle_names(nv.nvmlDeviceGetCurrentClocksEventReasons(h)))
+        put("throttle", lambda: throttle_names(_clock_event_reasons(nv, h)))
         put("ecc_sbe", lambda: int(nv.nvmlDeviceGetTotalEccErrors(h, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED,
                                                                     nv.NVML_VOLATILE_ECC)))
         put("ecc_dbe", lambda: int(nv.nvmlDeviceGetTotalEccErrors(h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
@@ -94,6 +94,19 @@ class RealNvml:
         if crc:
             out["nvlink_crc"] = crc
         return out
+
+
+def _clock_event_reasons(nv: Any, handle: Any) -> int:
+    """The active throttle-reason bits of a GPU, on old and new drivers alike.
+
+    Drivers from R535 (and nvidia-ml-py 12.535) call it "clock event reasons"; older
+    drivers only have the call under its first name, "clocks throttle reasons". The
+    bits are the same.
+    """
+    try:
+        return nv.nvmlDeviceGetCurrentClocksEventReasons(handle)
+    except (AttributeError, nv.NVMLError_FunctionNotFound):  # an older nvidia-ml-py, or an older driver
+        return nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle)
 
 
 @dataclass

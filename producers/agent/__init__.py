@@ -1,0 +1,184 @@
+"""The node agent: one process per node that reports what the training processes cannot see themselves.
+
+    from gangwatch.producers.agent import Agent, AgentSettings
+
+    agent = Agent(AgentSettings(node="n017", bootstrap="kafka1:9092", flight_dir=Path("/var/fr")))
+    agent.run()            # until agent.stop() (the CLI calls it on SIGTERM / SIGINT)
+
+Collectors, each in its own module and its own thread:
+
+| collector       | module      | reads                               | publishes                             |
+|-----------------|-------------|-------------------------------------|---------------------------------------|
+| GPU samples     | `gpu`       | NVML, every `gpu_every_s`           | `gpu` on `node-events`, key node      |
+| kernel log      | `kernel`    | /dev/kmsg, journalctl -k, or a file | `hw` (Xid, ECC, NVLink, PCIe, NIC), same |
+| stack sweeps    | `stacks`    | `collect_stacks` actions; py-spy    | `stack` on `traces`, key job          |
+| flight recorder | `flightdir` | new dumps in `flight_dir`           | `flight` on `traces`, key job         |
+
+`procs` finds the job's ranks on this node in /proc; `outbox` sends everything
+with the trainer client's delivery (bounded queue, one sending thread, a spool
+on disk while the broker is away, resent in order).
+
+A collector that cannot start (no GPU, no readable kernel log) is left out with
+one line in the log; one that fails while running logs the failure once and is
+tried again at its next turn. Nothing waits for the broker: records spool until
+it answers. `run_once()` makes one pass of the GPU, kernel-log and flight
+collectors, sends or spools what they found, and returns (tests, cron); it does
+not listen for actions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from gangwatch.producers.agent.flightdir import FlightWatcher
+from gangwatch.producers.agent.gpu import GpuSampler, open_nvml
+from gangwatch.producers.agent.kernel import KernelLog, open_source
+from gangwatch.producers.agent.outbox import Outbox
+from gangwatch.producers.agent.procs import PROC, RankProcess, rank_processes
+from gangwatch.producers.agent.stacks import ActionListener, StackSweeper
+from gangwatch.producers.nvml import Nvml, RealNvml
+from gangwatch.producers.trainer.delivery import KafkaSend, Send
+
+log = logging.getLogger("gangwatch.agent")
+ACTIONS = "actions"  # the alert topic's suffix (as streams/topics.py names it)
+
+
+def default_node() -> str:
+    """This node's name as the trainer client names it (launch.py): Slurm's node name, else the hostname."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def default_py_spy() -> str:
+    """py-spy on the PATH, else the one installed next to this Python (a virtual environment's bin/)."""
+    return shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+
+
+def default_spool_dir(node: str) -> Path:
+    """`<tmp>/gangwatch-agent-spool/<node>`: agents of several simulated nodes on one host keep apart."""
+    return Path(tempfile.gettempdir()) / "gangwatch-agent-spool" / re.sub(r"[^A-Za-z0-9._-]", "_", node)
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """What the agent reads and where it sends it (the `gangwatch agent` options)."""
+
+    node: str = field(default_factory=default_node)
+    bootstrap: str = "127.0.0.1:9092"
+    topic_prefix: str = "gw."
+    kmsg: str = "auto"  # auto, off, /dev/kmsg, journal, or a file path (kernel.open_source)
+    gpu_every_s: float = 5.0  # 0: no GPU samples
+    flight_dir: Path | None = None
+    spool_dir: Path | None = None  # default: `default_spool_dir(node)`
+    from_start: bool = False  # read the kernel log from its start, publish the flight dumps already there
+    py_spy: str = field(default_factory=default_py_spy)
+
+
+class Collector(Protocol):
+    name: str
+    every_s: float  # pause between two polls
+
+    def poll(self, now: float) -> list[dict[str, Any]]:
+        """Contract-v1 records of what is new since the last poll; `now` is the wall-clock time."""
+
+    def close(self) -> None: ...
+
+
+class Agent:
+    """The collectors of one node and the outbox they share.
+
+    For tests: `nvml` makes the NVML reader (a `FakeNvml`), `send` replaces
+    Kafka for the outbox, `proc_root` replaces /proc for process discovery.
+    """
+
+    def __init__(self, settings: AgentSettings, *, nvml: Callable[[], Nvml] = RealNvml, send: Send | None = None,
+                 proc_root: Path = PROC, clock: Callable[[], float] = time.time) -> None:
+        self.settings, self._clock = settings, clock
+        self.spool_dir = settings.spool_dir or default_spool_dir(settings.node)
+        self.outbox = Outbox(send or KafkaSend(settings.bootstrap), self.spool_dir,
+                             topic_prefix=settings.topic_prefix, clock=clock)
+        self._stop = threading.Event()
+
+        def processes() -> list[RankProcess]:
+            return rank_processes(settings.node, proc_root)
+
+        self.listener = ActionListener(settings.bootstrap, settings.topic_prefix + ACTIONS, settings.node,
+                                       StackSweeper(py_spy=settings.py_spy, processes=processes, clock=clock))
+        self.collectors: list[Collector] = []
+        gpus = open_nvml(nvml) if settings.gpu_every_s > 0 else None
+        if gpus is not None:
+            self.collectors.append(GpuSampler(gpus, settings.node, settings.gpu_every_s))
+        source = open_source(settings.kmsg, settings.from_start)
+        if source is not None:
+            log.info("following the kernel log %s", source.what)
+            self.collectors.append(KernelLog(source, settings.node))
+        if settings.flight_dir is not None:
+            log.info("watching %s for flight-recorder dumps", settings.flight_dir)
+            self.collectors.append(FlightWatcher(settings.flight_dir, processes=processes,
+                                                 sweep_of=self.listener.sweep_of, from_start=settings.from_start))
+
+    def run(self, close_timeout_s: float = 10.0) -> None:
+        """Run every collector (and the action listener) until `stop()`; then send what is left and return."""
+        self.outbox.start()
+        everyone: list[Collector] = [*self.collectors, self.listener]
+        threads = [threading.Thread(target=self._keep_polling, args=(c,), name=f"gangwatch-agent {c.name}",
+                                    daemon=True) for c in everyone]
+        for t in threads:
+            t.start()
+        log.info("agent of node %s running: %s; sending to %s (spool %s)", self.settings.node,
+                 ", ".join(c.name for c in everyone), self.settings.bootstrap, self.spool_dir)
+        self._stop.wait()
+        log.info("stopping: sending what is left")
+        deadline = time.monotonic() + close_timeout_s / 2
+        for c, t in zip(everyone, threads, strict=True):
+            t.join(max(0.0, deadline - time.monotonic()))
+            if not t.is_alive():  # a collector still busy (a long py-spy run) is left to the process exit
+                c.close()
+        self.outbox.close(close_timeout_s / 2)
+        self._report()
+
+    def run_once(self, close_timeout_s: float = 10.0) -> None:
+        """One pass of the GPU, kernel-log and flight collectors; send (or spool) the records; return."""
+        for c in self.collectors:
+            try:
+                self.outbox.put(c.poll(self._clock()))
+            except Exception:
+                log.exception("%s failed", c.name)
+            c.close()
+        self.outbox.close(close_timeout_s)
+        self._report()
+
+    def stop(self) -> None:
+        """Ask `run()` to finish (safe from a signal handler or another thread)."""
+        self._stop.set()
+
+    def _keep_polling(self, c: Collector) -> None:
+        failing: str | None = None  # the failure last logged, so a lasting one is logged once
+        while not self._stop.is_set():
+            try:
+                self.outbox.put(c.poll(self._clock()))
+                if failing is not None:
+                    log.info("%s: working again", c.name)
+                    failing = None
+            except Exception as e:
+                why = f"{type(e).__name__}: {e}"
+                if why != failing:
+                    log.exception("%s failed; trying again every %.1f s", c.name, max(c.every_s, 1.0))
+                    failing = why
+            self._stop.wait(c.every_s if failing is None else max(c.every_s, 1.0))  # a failure: not in a tight loop
+
+    def _report(self) -> None:
+        box = self.outbox
+        log.info("agent stopped: %d messages sent, %d records lost%s", box.sent, box.dropped,
+                 f"; a backlog stays in {box.spool_dir} for the next start" if box.backlog else "")

@@ -1,0 +1,182 @@
+"""Getting the agent's records to Kafka: a bounded queue, one sending thread, a spool per key.
+
+Collectors hand records (contract-v1 dicts) to `Outbox.put` from their own
+threads. Each is checked against the contract first (`decode_obj`): a record
+the worker would refuse is dropped here, with the reason in the log. The queue
+is bounded (`queue_max`); when the sending thread cannot keep up, the oldest
+record is dropped and counted.
+
+The sending thread wakes when records are queued, and at least every
+`flush_s`, and hands them to the trainer client's delivery
+(`trainer/delivery.py`): batch envelopes per topic, sent in order; while the
+broker is away they go to a bounded spool on local disk and are sent first,
+oldest first, when it is back. The agent never waits for the broker to start.
+
+Where records go (the worker's expectations, docs/contract.md):
+
+| kinds        | topic                  | key  |
+|--------------|------------------------|------|
+| hw, gpu      | `<prefix>node-events`  | node |
+| stack, flight| `<prefix>traces`       | job  |
+
+A `Delivery` sends under one key, so there is one per key, each with its own
+spool directory under `spool_dir` (named after the key, with a file `key`
+holding it): a restarted agent finds its predecessor's backlog there and sends
+it before anything new.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from gangwatch.producers.trainer.delivery import Delivery, Send
+from gangwatch.producers.trainer.spool import Spool
+from gangwatch.schemas import DecodeError, Record, decode_obj
+
+log = logging.getLogger("gangwatch.agent")
+NODE_EVENTS, TRACES = "node-events", "traces"  # topic suffixes (as streams/topics.py names them)
+
+
+def destination(rec: Record, prefix: str) -> tuple[str, str]:
+    """(topic, key) of an agent record: node events keyed by node, traces keyed by job."""
+    if rec.kind in ("hw", "gpu"):
+        return prefix + NODE_EVENTS, rec.node
+    return prefix + TRACES, rec.job
+
+
+def spool_name(key: str) -> str:
+    """A directory name for a key: readable, and distinct for keys that only differ in unsafe characters."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", key)[:100]
+    return f"{safe}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+
+
+class Outbox:
+    """Records from every collector, sent to Kafka by one thread, or spooled while it is away."""
+
+    def __init__(self, send: Send, spool_dir: Path, *, topic_prefix: str = "gw.", queue_max: int = 10_000,
+                 flush_s: float = 1.0, spool_bytes: int = 64 << 20, clock: Callable[[], float] = time.time,
+                 timer: Callable[[], float] = time.monotonic) -> None:
+        self.send, self.spool_dir, self.topic_prefix = send, Path(spool_dir), topic_prefix
+        self.queue_max, self.flush_s, self.spool_bytes = queue_max, flush_s, spool_bytes
+        self._clock, self._timer = clock, timer
+        self._lock = threading.Lock()
+        self._queue: deque[Record] = deque()
+        self._lost = 0  # records dropped here: invalid, or pushed out of the full queue
+        self.sent = 0  # messages the broker acknowledged
+        self._deliveries: dict[str, Delivery] = {}
+        for keyfile in sorted(self.spool_dir.glob("*/key")):  # a predecessor's backlog goes first
+            self._delivery(keyfile.read_text())
+        self._wake, self._stop = threading.Event(), threading.Event()
+        self._deadline: float | None = None  # set by close(): sending stops there, the rest stays spooled
+        self._thread: threading.Thread | None = None
+
+    # --- the collectors' side ----------------------------------------------------------------------
+
+    def put(self, records: Iterable[dict[str, Any]]) -> None:
+        """Queue contract-v1 records for sending; invalid ones are logged and dropped."""
+        queued = False
+        for obj in records:
+            rec = decode_obj(obj)
+            if isinstance(rec, DecodeError):
+                log.warning("a %s record was dropped, it breaks the contract: %s", obj.get("kind"), rec)
+                with self._lock:
+                    self._lost += 1
+                continue
+            with self._lock:
+                if len(self._queue) >= self.queue_max:
+                    self._queue.popleft()
+                    self._lost += 1
+                self._queue.append(rec)
+            queued = True
+        if queued:
+            self._wake.set()
+
+    @property
+    def dropped(self) -> int:
+        """Records lost so far: invalid, pushed out of the full queue, or given up by a full spool."""
+        return self._lost + sum(d.dropped for d in list(self._deliveries.values()))
+
+    @property
+    def backlog(self) -> bool:
+        """Whether spooled messages wait for the broker."""
+        return any(d.spool for d in list(self._deliveries.values()))
+
+    # --- the sending side --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Send from a background thread from now on (without it, `flush()` sends on the caller's thread)."""
+        self._thread = threading.Thread(target=self._loop, name="gangwatch-agent-send", daemon=True)
+        self._thread.start()
+
+    def flush(self) -> None:
+        """Send (or spool) what is queued, on the caller's thread; only without a background thread."""
+        self._cycle()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Send what is left, for at most about `timeout_s` (the rest stays spooled), then close the spools."""
+        self._deadline = self._timer() + 0.8 * timeout_s
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        else:
+            self._final()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.flush_s)
+            self._wake.clear()
+            self._cycle()
+        self._final()
+
+    def _cycle(self) -> None:
+        """Deliver what is queued, grouped by key and topic in arrival order; drain older spools; never raises."""
+        try:
+            with self._lock:
+                recs = list(self._queue)
+                self._queue.clear()
+            groups: dict[str, dict[str, list[Record]]] = {}
+            for rec in recs:
+                topic, key = destination(rec, self.topic_prefix)
+                groups.setdefault(key, {}).setdefault(topic, []).append(rec)
+            ts = self._clock()
+            for key, by_topic in groups.items():
+                self._delivery(key).deliver(by_topic.items(), ts=ts, deadline=self._deadline)
+            for key, delivery in self._deliveries.items():
+                if key not in groups and delivery.spool:
+                    delivery.deliver((), ts=ts, deadline=self._deadline)  # nothing new: only the backlog
+        except Exception:
+            log.exception("sending failed; the agent goes on")
+
+    def _final(self) -> None:
+        self._cycle()
+        try:
+            close = getattr(self.send, "close", None)
+            if close is not None:
+                close()
+            for delivery in self._deliveries.values():
+                delivery.spool.close()
+        except Exception:
+            log.exception("closing the sender failed")
+
+    def _send(self, topic: str, key: bytes, value: bytes) -> None:
+        self.send(topic, key, value)  # raises when the broker did not take it
+        self.sent += 1
+
+    def _delivery(self, key: str) -> Delivery:
+        delivery = self._deliveries.get(key)
+        if delivery is None:
+            directory = self.spool_dir / spool_name(key)
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / "key").write_text(key)
+            delivery = Delivery(self._send, key, Spool(directory, self.spool_bytes), clock=self._timer)
+            self._deliveries[key] = delivery
+        return delivery

@@ -1,0 +1,129 @@
+"""`gangwatch agent` as a process against the real broker.
+
+- Real Xid lines appended to the kernel-log file it follows arrive as `hw` records on
+  node-events, keyed by the node, each firmware dump folded into its Xid.
+- A `collect_stacks` action published on the actions topic makes it run the real py-spy on
+  a real sleeping Python process of that job, and publish its `stack` record on traces,
+  keyed by the job, with the action's id as the snapshot.
+- Started where no broker answers, it spools; the next agent with the same spool sends it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from gangwatch.schemas import Action, DecodeError, decode, encode
+
+from tests.helpers import data_path
+from tests.integration.kafkakit import REPO, WorkerProc, produce, read_all, wait_for
+
+pytestmark = pytest.mark.integration
+
+PY_SPY = Path(sys.executable).with_name("py-spy")
+CLI = [sys.executable, "-m", "gangwatch"]
+
+
+def agent_args(bootstrap: str, prefix: str, kmsg: Path, spool: Path, *extra: str) -> list[str]:
+    return [*CLI, "agent", "--node", "n042", "--bootstrap", bootstrap, "--prefix", prefix, "--kmsg", str(kmsg),
+            "--gpu-every", "0", "--spool-dir", str(spool), "--py-spy", str(PY_SPY), *extra]
+
+
+def records(bootstrap: str, topic: str) -> list[tuple[bytes, object]]:
+    """(key, record) of every record on `topic` now."""
+    out = [(k, r) for k, v in read_all(bootstrap, [topic])[topic] for r in decode(v)]
+    assert not [r for _, r in out if isinstance(r, DecodeError)]
+    return out
+
+
+def log_has(agent: WorkerProc, text: str) -> bool:
+    return text in agent.log.read_text(errors="replace")
+
+
+@pytest.fixture
+def agents(tmp_path):
+    started: list[WorkerProc] = []
+
+    def start(args: list[str]) -> WorkerProc:
+        a = WorkerProc(args, tmp_path / f"agent{len(started)}.log")
+        started.append(a)
+        return a
+
+    yield start
+    for a in started:
+        a.stop()
+
+
+def test_xid_lines_appended_to_the_kernel_log_arrive_as_hw_records_keyed_by_node(kafka_bootstrap, topics, tmp_path,
+                                                                                agents):
+    kmsg = tmp_path / "kern.log"
+    kmsg.write_text(data_path("kmsg/benign-kmsg.log").read_text())  # there before the agent: not reported
+    agent = agents(agent_args(kafka_bootstrap, topics.prefix, kmsg, tmp_path / "spool"))
+    wait_for(lambda: log_has(agent, "agent of node n042 running"), 30, "the agent to start", proc=agent)
+
+    with open(kmsg, "a") as f:
+        f.write(data_path("kmsg/h100-xid119.log").read_text())  # five Xid 119, the first with a 34-line dump
+        f.write("[Sun Feb 23 16:31:00 2025] NVRM: Xid (PCI:0000:9b:00): 79, pid=1, name=python, GPU has fallen off "
+                "the bus.\n")  # the last line: everything before it has arrived once it has
+    wait_for(lambda: any(r.code == 79 for _, r in records(kafka_bootstrap, topics.node_events)), 30,
+             "the Xid 79 on node-events", proc=agent)
+
+    got = records(kafka_bootstrap, topics.node_events)
+    assert [(k, r.kind, r.node, r.source, r.code) for k, r in got] == \
+        [(b"n042", "hw", "n042", "xid", 119)] * 5 + [(b"n042", "hw", "n042", "xid", 79)]
+    assert got[0][1].extra["pci"] == "0000:9b:00" and got[0][1].extra["process"] == "nvidia-smi"
+    assert agent.stop() == 0
+    assert log_has(agent, "agent stopped")
+
+
+@pytest.mark.skipif(not PY_SPY.exists(), reason=f"py-spy is not installed beside {sys.executable}")
+def test_a_collect_stacks_action_makes_the_agent_py_spy_the_jobs_process_here(kafka_bootstrap, topics, tmp_path,
+                                                                             agents, unique):
+    job = f"job-{unique}"
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text("import sys, time\n\ndef wait_for_work():\n    print('ready', flush=True)\n"
+                       "    sys.stdin.read()\n\nwait_for_work()\n")
+    child = subprocess.Popen([sys.executable, str(sleeper)], env={**os.environ, "GANGWATCH_JOB": job, "RANK": "3"},
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        agent = agents(agent_args(kafka_bootstrap, topics.prefix, tmp_path / "kern.log", tmp_path / "spool"))
+        wait_for(lambda: log_has(agent, "listening for collect_stacks actions"), 60, "the agent to listen",
+                 proc=agent)
+        act = Action(id=f"a-{unique}", ts=1.0, job=job, incident="i-1", type="collect_stacks",
+                     reason="hang: sweep stacks and flight-recorder dumps")
+        produce(kafka_bootstrap, [(topics.actions, job.encode(), encode(act))])
+        wait_for(lambda: records(kafka_bootstrap, topics.traces), 60, "the stack record on traces", proc=agent)
+    finally:
+        child.stdin.close()
+        child.wait(10)
+
+    [(key, rec)] = records(kafka_bootstrap, topics.traces)
+    assert key == job.encode()
+    assert (rec.kind, rec.job, rec.rank, rec.snapshot, rec.format) == ("stack", job, 3, act.id, "py-spy")
+    assert f"Process {child.pid}:" in rec.dump and "wait_for_work (sleeper.py:" in rec.dump
+
+
+def test_without_a_broker_the_agent_spools_and_the_next_one_sends_the_backlog(kafka_bootstrap, topics, tmp_path):
+    with socket.socket() as s:  # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        nowhere = f"127.0.0.1:{s.getsockname()[1]}"
+    kmsg = tmp_path / "kern.log"
+    kmsg.write_text(data_path("kmsg/xid13-xid43-storm.log").read_text())
+    spool = tmp_path / "spool"
+    once = [*agent_args(nowhere, topics.prefix, kmsg, spool), "--once", "--from-start"]
+    done = subprocess.run(once, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert list(spool.glob("*/*.spool")) and records(kafka_bootstrap, topics.node_events) == []
+
+    kmsg.write_text("")  # nothing new: the second agent only has the backlog to send
+    again = [*agent_args(kafka_bootstrap, topics.prefix, kmsg, spool), "--once"]
+    done = subprocess.run(again, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    codes = [r.code for _, r in records(kafka_bootstrap, topics.node_events)]
+    assert codes == [13] * 16 + [43]
+    assert not list(spool.glob("*/*.spool"))

@@ -1,0 +1,96 @@
+"""Answering `collect_stacks` actions: py-spy on each local rank, one `stack` record per rank, once per action."""
+
+from __future__ import annotations
+
+import logging
+import stat
+from pathlib import Path
+
+import pytest
+from gangwatch.producers.agent.procs import RankProcess
+from gangwatch.producers.agent.stacks import ActionListener, StackSweeper
+from gangwatch.schemas import Action, Stack, decode_obj
+
+from tests.helpers import data_path
+
+pytestmark = pytest.mark.unit
+
+RANKS = [RankProcess(pid=4101, job="j1", rank=4), RankProcess(pid=4102, job="j1", rank=5),
+         RankProcess(pid=5101, job="other", rank=0)]
+
+
+def fake_py_spy(tmp_path: Path, *, fail_pid: int | None = None) -> str:
+    """An executable that answers `dump --pid P` with a real rank's dump text (or fails for `fail_pid`)."""
+    real = data_path("pyspy/dataloader-hang-8ranks/dump_rank5.txt")
+    script = tmp_path / "py-spy"
+    script.write_text(f"""#!/bin/sh
+[ "$1" = dump ] && [ "$2" = --pid ] || exit 64
+if [ "$3" = "{fail_pid}" ]; then echo "Error: Permission denied (os error 13)" >&2; exit 1; fi
+echo "Process $3: python3 -u train.py"
+tail -n +2 {real}
+""")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)
+
+
+def action(id: str = "a-1", job: str = "j1", nodes: list[str] | None = None) -> Action:
+    return Action(id=id, ts=1.0, job=job, incident="i-1", type="collect_stacks", nodes=nodes or [])
+
+
+def test_a_sweep_dumps_every_local_rank_of_the_job_into_one_snapshot(tmp_path):
+    sweeper = StackSweeper(py_spy=fake_py_spy(tmp_path), processes=lambda: RANKS, clock=lambda: 7.0)
+    recs = [decode_obj(r) for r in sweeper.sweep("j1", "a-9")]
+    assert all(isinstance(r, Stack) for r in recs)
+    assert [(r.job, r.rank, r.snapshot, r.format, r.ts) for r in recs] == [("j1", 4, "a-9", "py-spy", 7.0),
+                                                                           ("j1", 5, "a-9", "py-spy", 7.0)]
+    assert recs[0].dump.startswith("Process 4101: ") and "Thread 14154 (idle)" in recs[0].dump
+
+
+def test_a_rank_py_spy_cannot_dump_is_left_out_with_the_reason(tmp_path, caplog):
+    sweeper = StackSweeper(py_spy=fake_py_spy(tmp_path, fail_pid=4102), processes=lambda: RANKS)
+    with caplog.at_level(logging.WARNING, "gangwatch.agent"):
+        recs = sweeper.sweep("j1", "a-1")
+    assert [r["rank"] for r in recs] == [4]
+    assert "Permission denied" in caplog.text and "CAP_SYS_PTRACE" in caplog.text
+
+
+def test_without_py_spy_the_sweep_says_how_to_get_it(tmp_path, caplog):
+    sweeper = StackSweeper(py_spy=str(tmp_path / "nowhere" / "py-spy"), processes=lambda: RANKS)
+    with caplog.at_level(logging.WARNING, "gangwatch.agent"):
+        assert sweeper.sweep("j1", "a-1") == []
+    assert "pip install py-spy" in caplog.text
+
+
+def test_a_job_without_ranks_here_gives_nothing(tmp_path):
+    sweeper = StackSweeper(py_spy=fake_py_spy(tmp_path), processes=lambda: RANKS)
+    assert sweeper.sweep("absent", "a-1") == []
+
+
+def test_each_action_is_answered_once_and_only_where_it_points(tmp_path):
+    sweeper = StackSweeper(py_spy=fake_py_spy(tmp_path), processes=lambda: RANKS)
+    listener = ActionListener("127.0.0.1:1", "gw.actions", "n1", sweeper)
+    assert len(listener.handle(action("a-1"), now=100.0)) == 2
+    assert listener.handle(action("a-1"), now=101.0) == []  # delivered again
+    assert listener.handle(action("a-2", nodes=["n2"]), now=102.0) == []  # another node's business
+    assert len(listener.handle(action("a-3", nodes=["n2", "n1"]), now=103.0)) == 2
+
+
+def test_the_latest_sweep_of_a_job_is_remembered_for_a_while(tmp_path):
+    sweeper = StackSweeper(py_spy=fake_py_spy(tmp_path), processes=lambda: [])
+    listener = ActionListener("127.0.0.1:1", "gw.actions", "n1", sweeper, sweep_window_s=600.0)
+    listener.handle(action("a-1"), now=1000.0)
+    listener.handle(action("a-2"), now=1100.0)
+    assert listener.sweep_of("j1", 1100.0 + 600.0) == "a-2"
+    assert listener.sweep_of("j1", 1100.0 + 601.0) is None
+    assert listener.sweep_of("other", 1100.0) is None
+
+
+def test_without_a_broker_the_listener_says_so_once_and_keeps_trying(tmp_path, caplog):
+    sweeper = StackSweeper(py_spy=fake_py_spy(tmp_path), processes=lambda: [])
+    listener = ActionListener("127.0.0.1:1", "gw.actions", "n1", sweeper, retry_s=3.0, connect_timeout_s=0.2)
+    with caplog.at_level(logging.WARNING, "gangwatch.agent"):
+        assert listener.poll(1.0) == []
+        assert listener.poll(2.0) == []
+    assert caplog.text.count("not listening for collect_stacks actions yet") == 1
+    assert listener.every_s == 3.0  # the agent polls it again after the retry period
+    listener.close()
