@@ -1,0 +1,53 @@
+"""`gangwatch kubernetes apply|resume`: cordon and taint Kubernetes nodes that gangwatch takes out."""
+
+from __future__ import annotations
+
+import argparse
+
+from gangwatch.cli import fence
+from gangwatch.cli.options import at_least_zero, integer, opt
+
+
+def _backend(args: argparse.Namespace):
+    from gangwatch.streams.kubernetes import KubernetesBackend, connect
+
+    return KubernetesBackend(connect(args.kubeconfig, args.context), evict_pods=getattr(args, "evict_pods", False),
+                             pod_selector=getattr(args, "pod_selector", None) or "",
+                             grace_s=getattr(args, "grace", None))
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    return fence.apply(args, _backend(args))
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    return fence.resume(args, _backend(args))
+
+
+def _opts(p: argparse.ArgumentParser) -> None:
+    opt(p, "--kubeconfig", env="KUBECONFIG", help="kubeconfig file (default: ~/.kube/config, or the pod's "
+        "service account inside a cluster)")
+    opt(p, "--context", env="GANGWATCH_KUBERNETES_CONTEXT", help="kubeconfig context (default: the current one)")
+    if p.prog.endswith("apply"):
+        p.add_argument("--evict-pods", action="store_true",
+                       help="also evict the node's pods through the Eviction API (PodDisruptionBudgets apply; "
+                       "DaemonSet and mirror pods stay)")
+        opt(p, "--pod-selector", env="GANGWATCH_KUBERNETES_POD_SELECTOR",
+            help="with --evict-pods: only pods matching this label selector; {job} is the action's job "
+            "(e.g. gangwatch.io/job={job})")
+        opt(p, "--grace", type=at_least_zero(integer), env=False,
+            help="with --evict-pods: grace period seconds (default: each pod's own)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    fence.add_commands(
+        sub, "kubernetes", help="cordon and taint the nodes gangwatch takes out in Kubernetes; dry run unless --act",
+        description="The Kubernetes adapter: for each replace, isolate or evict_group action, cordon each of its "
+        "nodes and taint it gangwatch.io/fault=<class>:NoSchedule (one PATCH, annotated with the reason), once "
+        "per action id; --evict-pods also evicts its pods. Nodes come back only with `gangwatch kubernetes "
+        "resume NODE --repaired NOTE --act`, and only what gangwatch did is undone (an operator's cordon stays).",
+        fence="cordon and taint", backend_opts=_opts, cmd_apply=cmd_apply, cmd_resume=cmd_resume,
+        example="examples:\n  gangwatch kubernetes apply --from out/actions.jsonl        # dry run\n"
+        "  gangwatch kubernetes apply --bootstrap kafka1:9092 --act --evict-pods --pod-selector "
+        "'gangwatch.io/job={job}'\n  gangwatch kubernetes resume gpu-node-17 --repaired 'ticket 88: NIC reseated' "
+        "--act")

@@ -1,0 +1,40 @@
+"""`gangwatch slurm apply|resume`: drain Slurm nodes that gangwatch takes out, resume them after repair."""
+
+from __future__ import annotations
+
+import argparse
+
+from gangwatch.cli import fence
+from gangwatch.cli.options import opt
+
+
+def _backend(args: argparse.Namespace):
+    from gangwatch.streams.slurm import SlurmBackend
+
+    return SlurmBackend(args.scontrol)
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    return fence.apply(args, _backend(args))
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    return fence.resume(args, _backend(args))
+
+
+def _opts(p: argparse.ArgumentParser) -> None:
+    opt(p, "--scontrol", default="scontrol", env="GANGWATCH_SCONTROL",
+        help="the scontrol program (it finds the cluster through SLURM_CONF or /etc/slurm/slurm.conf)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    fence.add_commands(
+        sub, "slurm", help="drain the nodes gangwatch takes out in Slurm (scontrol); dry run unless --act",
+        description="The Slurm adapter: for each replace, isolate or evict_group action, `scontrol update "
+        "NodeName=N State=DRAIN Reason=\"gangwatch: <incident> <type>: <reason>\"` for each of its nodes, once "
+        "per action id. A node already drained is left as it is (another drain's reason is kept). Nodes come "
+        "back only with `gangwatch slurm resume NODE --repaired NOTE --act`, and only those gangwatch drained.",
+        fence="drain", backend_opts=_opts, cmd_apply=cmd_apply, cmd_resume=cmd_resume,
+        example="examples:\n  gangwatch slurm apply --from out/actions.jsonl              # dry run: what would "
+        "be drained\n  gangwatch slurm apply --bootstrap kafka1:9092 --act --state /var/lib/gangwatch/slurm.jsonl\n"
+        "  gangwatch slurm resume gpu-0003 --repaired 'RMA 4711: GPU swapped, dcgmi diag -r 3 passed' --act")

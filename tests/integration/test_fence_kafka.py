@@ -1,0 +1,91 @@
+"""The fencing adapters' Kafka source on a real broker: actions from the alert topic, applied once, offsets committed.
+
+A recording backend stands in for Slurm / Kubernetes (they have tests of their
+own); what is checked here is the consumer: a fresh group reading from the
+beginning with --from-beginning, a duplicated action applied once, records that
+are not actions skipped, committed offsets (a second consumer of the same group
+sees nothing new), and a failure that leaves the offsets uncommitted.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from gangwatch.schemas import Action, Finding, encode
+from gangwatch.streams.fence import ActionTopic, FenceError, Fencer, Outcome, follow
+from kafka import KafkaProducer
+
+pytestmark = pytest.mark.integration
+
+
+class Recording:
+    name = "recording"
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fenced: list[tuple[str, str]] = []
+        self.fail = fail
+
+    def fence(self, node: str, action: Action, *, cls: str, act: bool) -> Outcome:
+        if self.fail:
+            return Outcome(node, "down", error="scheduler unreachable")
+        self.fenced.append((action.id, node))
+        return Outcome(node, "fenced", changed=True)
+
+    def restore(self, node: str, note: str, *, act: bool) -> Outcome:
+        raise AssertionError("never called here")
+
+
+def act(id: str, nodes: list[str]) -> Action:
+    return Action(id=id, ts=1.0, job="j1", incident="i-1", type="replace", nodes=nodes, reason="Xid 79")
+
+
+def publish(bootstrap: str, topic: str, recs: list) -> None:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    try:
+        for r in recs:
+            producer.send(topic, key=b"j1", value=encode(r)).get(timeout=30)
+    finally:
+        producer.close()
+
+
+def test_actions_from_the_topic_are_applied_once_and_committed(kafka_bootstrap, topics, unique):
+    finding = Finding(id="f-1", ts=1.0, job="j1", type="hang", detector="hang")
+    publish(kafka_bootstrap, topics.actions, [act("a-1", ["n1"]), finding, act("a-1", ["n1"]), act("a-2", ["n2"])])
+    backend = Recording()
+    source = ActionTopic(kafka_bootstrap, topics, unique, from_beginning=True)
+    try:
+        source.wait_assigned(30)
+        follow(Fencer(backend, act=True), source, threading.Event(), idle_timeout_s=3, poll_s=0.5)
+    finally:
+        source.close()
+    assert backend.fenced == [("a-1", "n1"), ("a-2", "n2")]
+
+    publish(kafka_bootstrap, topics.actions, [act("a-3", ["n3"])])
+    later = Recording()
+    source = ActionTopic(kafka_bootstrap, topics, unique, from_beginning=True)  # same group: committed offsets
+    try:
+        source.wait_assigned(30)
+        follow(Fencer(later, act=True), source, threading.Event(), idle_timeout_s=3, poll_s=0.5)
+    finally:
+        source.close()
+    assert later.fenced == [("a-3", "n3")]
+
+
+def test_a_failed_action_is_not_committed(kafka_bootstrap, topics, unique):
+    publish(kafka_bootstrap, topics.actions, [act("a-1", ["n1"])])
+    source = ActionTopic(kafka_bootstrap, topics, unique, from_beginning=True)
+    try:
+        source.wait_assigned(30)
+        with pytest.raises(FenceError, match="scheduler unreachable"):
+            follow(Fencer(Recording(fail=True), act=True, retries=0), source, threading.Event(), idle_timeout_s=10)
+    finally:
+        source.close()
+    backend = Recording()
+    source = ActionTopic(kafka_bootstrap, topics, unique, from_beginning=True)
+    try:
+        source.wait_assigned(30)
+        follow(Fencer(backend, act=True), source, threading.Event(), idle_timeout_s=3, poll_s=0.5)
+    finally:
+        source.close()
+    assert backend.fenced == [("a-1", "n1")]  # delivered again to the restarted adapter
