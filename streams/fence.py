@@ -5,10 +5,11 @@
         fencer.handle(rec)
 
 What is applied. An `action` whose type takes nodes out of service
-(`replace`, `isolate`, `evict_group`: `FENCING`) has each of its nodes
+(`replace`, `isolate`, `evict_group`, and a `requeue` that names nodes: it
+restarts the job *without* them; `FENCING`) has each of its nodes
 *fenced* by the backend: drained in Slurm, cordoned and tainted in
-Kubernetes, so no new work lands there. Every other action type (rollback,
-degrade, requeue, escalate, collect_stacks, ...) is the job controller's or a
+Kubernetes, so no new work lands there. Every other action (rollback, degrade,
+a requeue naming no node, escalate, collect_stacks, ...) is the job controller's or a
 human's business and is passed over with a line saying so. Records that are
 not actions are ignored, except `incident` records, whose class is remembered
 to name the fault (the Kubernetes taint's value).
@@ -55,7 +56,7 @@ from gangwatch.streams.topics import TopicSettings
 
 log = logging.getLogger("gangwatch.fence")
 
-FENCING = frozenset({"replace", "isolate", "evict_group"})
+FENCING = frozenset({"replace", "isolate", "evict_group", "requeue"})  # those naming nodes
 REASON_PREFIX = "gangwatch:"  # how a backend recognizes a node gangwatch fenced
 
 

@@ -9,7 +9,7 @@ credentials of a kubeconfig or, inside a pod, of its service account (RBAC:
 - the taint `gangwatch.io/fault=<class>:NoSchedule`, where `<class>` is the
   incident's class when known (`fail_stop`, `hang`, `sdc`, ...; from an
   `incident` record seen before the action, or the action's `extra.class`),
-  else the action type (`replace`, `isolate`, `evict_group`);
+  else the action type (`replace`, `isolate`, `evict_group`, `requeue`);
 - annotations `gangwatch.io/reason` (`gangwatch: <incident> <type>: <reason>`)
   and, only when gangwatch did the cordoning, `gangwatch.io/cordoned`
   (the incident), so a restore never uncordons a node an operator cordoned.

@@ -111,11 +111,11 @@ def add_commands(sub: argparse._SubParsersAction, name: str, *, help: str, descr
                          formatter_class=argparse.RawDescriptionHelpFormatter, epilog=example)
     tsub = top.add_subparsers(dest=f"{name}_command", metavar="ACTION", required=True)
 
-    a = tsub.add_parser("apply", help=f"{fence} the nodes of each replace / isolate / evict_group action, once",
-                        description=f"Read actions from JSONL(.gz) files (--from; e.g. a replay's actions.jsonl) or "
-                        "from the alert topic, and for every replace, isolate or evict_group action "
-                        f"{fence} its nodes, once per action id (ids kept in --state). Other actions are listed "
-                        "and left to the job controller. Dry run unless --act.")
+    a = tsub.add_parser("apply", help=f"{fence} the nodes of replace, isolate, evict_group, requeue actions, once",
+                        description=f"Read actions from JSONL(.gz) files (--from; e.g. a replay's "
+                        "actions.jsonl) or from the alert topic, and for every replace, isolate, evict_group or "
+                        f"requeue action naming nodes {fence} its nodes, once per action id (ids kept in --state). "
+                        "Other actions are listed and left to the job controller. Dry run unless --act.")
     a.add_argument("--from", dest="files", nargs="+", type=Path, metavar="FILE",
                    help="read actions from these JSONL(.gz) files instead of Kafka (other records are skipped)")
     a.add_argument("--act", action="store_true", help=f"really {fence} (default: dry run, nothing changes)")

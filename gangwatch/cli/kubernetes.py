@@ -42,10 +42,11 @@ def _opts(p: argparse.ArgumentParser) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     fence.add_commands(
         sub, "kubernetes", help="cordon and taint the nodes gangwatch takes out in Kubernetes; dry run unless --act",
-        description="The Kubernetes adapter: for each replace, isolate or evict_group action, cordon each of its "
-        "nodes and taint it gangwatch.io/fault=<class>:NoSchedule (one PATCH, annotated with the reason), once "
-        "per action id; --evict-pods also evicts its pods. Nodes come back only with `gangwatch kubernetes "
-        "resume NODE --repaired NOTE --act`, and only what gangwatch did is undone (an operator's cordon stays).",
+        description="The Kubernetes adapter: for each replace, isolate, evict_group or requeue action naming "
+        "nodes, cordon each of its nodes and taint it gangwatch.io/fault=<class>:NoSchedule (one PATCH, "
+        "annotated with the reason), once per action id; --evict-pods also evicts its pods. Nodes come back "
+        "only with `gangwatch kubernetes resume NODE --repaired NOTE --act`, and only what gangwatch did is "
+        "undone (an operator's cordon stays).",
         fence="cordon and taint", backend_opts=_opts, cmd_apply=cmd_apply, cmd_resume=cmd_resume,
         example="examples:\n  gangwatch kubernetes apply --from out/actions.jsonl        # dry run\n"
         "  gangwatch kubernetes apply --bootstrap kafka1:9092 --act --evict-pods --pod-selector "

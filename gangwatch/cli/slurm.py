@@ -30,10 +30,11 @@ def _opts(p: argparse.ArgumentParser) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     fence.add_commands(
         sub, "slurm", help="drain the nodes gangwatch takes out in Slurm (scontrol); dry run unless --act",
-        description="The Slurm adapter: for each replace, isolate or evict_group action, `scontrol update "
-        "NodeName=N State=DRAIN Reason=\"gangwatch: <incident> <type>: <reason>\"` for each of its nodes, once "
-        "per action id. A node already drained is left as it is (another drain's reason is kept). Nodes come "
-        "back only with `gangwatch slurm resume NODE --repaired NOTE --act`, and only those gangwatch drained.",
+        description="The Slurm adapter: for each replace, isolate, evict_group or requeue action naming "
+        "nodes, `scontrol update NodeName=N State=DRAIN Reason=\"gangwatch: <incident> <type>: <reason>\"` "
+        "for each of its nodes, once per action id. A node already drained is left as it is (another drain's "
+        "reason is kept). Nodes come back only with `gangwatch slurm resume NODE --repaired NOTE --act`, and "
+        "only those gangwatch drained.",
         fence="drain", backend_opts=_opts, cmd_apply=cmd_apply, cmd_resume=cmd_resume,
         example="examples:\n  gangwatch slurm apply --from out/actions.jsonl              # dry run: what would "
         "be drained\n  gangwatch slurm apply --bootstrap kafka1:9092 --act --state /var/lib/gangwatch/slurm.jsonl\n"

@@ -64,13 +64,16 @@ def test_only_fencing_actions_reach_the_backend_with_mapped_names_and_the_incide
     b = Scripted()
     f = Fencer(b, act=True, node_map={"n1": "gpu-0001"})
     assert f.handle(Incident(id="i-1", ts=1.0, job="j", cls="sdc")) == []
-    for t in ("rollback", "degrade", "requeue", "escalate", "collect_stacks", "restart_in_process", "dual_run"):
+    for t in ("rollback", "degrade", "escalate", "collect_stacks", "restart_in_process", "dual_run"):
         [o] = f.handle(action(id=f"a-{t}", type=t))
         assert "nothing for scripted to do" in o.what
+    [o] = f.handle(action(id="a-rq0", type="requeue", nodes=()))  # software failures: no node to blame
+    assert "nothing for scripted to do" in o.what
     f.handle(action(id="a-x", type="isolate", nodes=("n1", "n2")))
     f.handle(action(id="a-y", type="evict_group", extra={"class": "hang"}))
+    f.handle(action(id="a-z", type="requeue", nodes=("n9",)))  # no spare: requeued *without* n9
     assert b.calls == [("fence", "gpu-0001", "sdc", True), ("fence", "n2", "sdc", True),
-                       ("fence", "gpu-0001", "hang", True)]
+                       ("fence", "gpu-0001", "hang", True), ("fence", "n9", "sdc", True)]
 
 
 def test_a_failure_is_retried_then_not_counted_as_applied(tmp_path):

@@ -1,0 +1,133 @@
+"""The deployment examples in deploy/compose and deploy/systemd parse, and name only commands that exist.
+
+Containers and systemd cannot run here, so each file is checked by parsing it:
+the compose file and the Prometheus / Alertmanager configs with PyYAML, the
+unit files with configparser. Every `gangwatch` command line in them must name
+a real subcommand, only options its `--help` lists, and only GANGWATCH_*
+variables that command (or a sink it builds) reads. Where `amtool` is installed
+the Alertmanager config is also checked by Alertmanager's own parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import configparser
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+
+from gangwatch.sinks.alertmanager import REPORT_URL_ENV  # noqa: E402 - after the skip
+from gangwatch.sinks.controller import SECRET_ENV  # noqa: E402
+
+from gangwatch.cli import build_parser  # noqa: E402
+
+pytestmark = pytest.mark.unit
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+COMPOSE = DEPLOY / "compose" / "docker-compose.yml"
+UNITS = sorted((DEPLOY / "systemd").glob("*.service"))
+READ_BY_SINKS = {REPORT_URL_ENV, SECRET_ENV}  # variables a sink reads itself, not an option
+
+
+def subparser(words: list[str]) -> argparse.ArgumentParser:
+    """The parser of `gangwatch WORD WORD...` (e.g. ["slurm", "apply"]); fails when a word is no subcommand."""
+    p = build_parser()
+    for w in words:
+        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        assert subs and w in subs[0].choices, f"`{w}` is not a gangwatch command (in {p.prog})"
+        p = subs[0].choices[w]
+    return p
+
+
+def check_command(argv: list[str], env: dict[str, str], where: str) -> None:
+    """`argv` (after `gangwatch`) names a command, options of its help, and variables it reads."""
+    words = []
+    rest = list(argv)
+    while rest and not rest[0].startswith("-"):
+        words.append(rest.pop(0))
+        p = subparser(words)
+        if not any(isinstance(a, argparse._SubParsersAction) for a in p._actions):
+            break
+    p = subparser(words)
+    help_text = p.format_help()
+    for arg in rest:
+        if arg.startswith("--"):
+            flag = arg.split("=", 1)[0]
+            assert f"{flag} " in help_text or f"{flag}\n" in help_text or f"{flag}," in help_text, \
+                f"{where}: `gangwatch {' '.join(words)} --help` has no {flag}"
+    reads = {spec.env for spec in p.get_default("_env_options") or () if spec.env} | READ_BY_SINKS
+    for name in env:
+        if name.startswith("GANGWATCH_"):
+            assert name in reads, f"{where}: `gangwatch {' '.join(words)}` reads no {name}"
+    p.parse_args([a for a in rest])  # the whole line parses (argparse exits on a bad value)
+
+
+def test_compose_file_has_the_services_and_valid_gangwatch_commands():
+    spec = yaml.safe_load(COMPOSE.read_text())
+    services = spec["services"]
+    assert set(services) >= {"kafka", "clickhouse", "worker", "agent", "prometheus", "alertmanager"}
+    assert services["kafka"]["image"].startswith("apache/kafka:")
+    assert services["clickhouse"]["image"].startswith("clickhouse/clickhouse-server:")
+    build = services["worker"]["build"]
+    assert (COMPOSE.parent / build["context"] / build["dockerfile"]).resolve() == COMPOSE.parent / "Dockerfile"
+    for name in ("worker", "agent"):
+        svc = services[name]
+        assert svc["image"] == services["worker"]["image"]
+        check_command(list(svc["command"]), svc.get("environment") or {}, f"compose service {name}")
+        for dep in svc.get("depends_on", {}):
+            assert dep in services
+    for name, svc in services.items():
+        for vol in svc.get("volumes", []):
+            source = vol.split(":")[0]
+            if source.startswith("./"):
+                assert (COMPOSE.parent / source).is_file(), f"{name} mounts missing {source}"
+            elif not source.startswith(("/", "$")):
+                assert source in spec["volumes"], f"{name} uses undeclared volume {source}"
+    worker = " ".join(services["worker"]["command"])
+    assert "--alertmanager=http://alertmanager:9093" in worker and "kafka:9092" in worker
+
+
+def test_dockerfile_copies_every_installed_package_folder():
+    text = (COMPOSE.parent / "Dockerfile").read_text()
+    ignore = (COMPOSE.parent / "Dockerfile.dockerignore").read_text()
+    for folder in ("gangwatch", "schemas", "producers", "detectors", "triage", "streams", "sinks"):
+        assert f"COPY {folder} ./{folder}" in text and f"!{folder}/" in ignore
+    assert 'ENTRYPOINT ["gangwatch"]' in text
+
+
+def test_prometheus_and_alertmanager_configs():
+    prom = yaml.safe_load((COMPOSE.parent / "prometheus.yml").read_text())
+    [am] = prom["alerting"]["alertmanagers"]
+    assert am["static_configs"][0]["targets"] == ["alertmanager:9093"]
+    conf = COMPOSE.parent / "alertmanager.yml"
+    route = yaml.safe_load(conf.read_text())["route"]
+    assert route["group_by"] == ["job"]
+    amtool = shutil.which("amtool")
+    if amtool:
+        out = subprocess.run([amtool, "check-config", str(conf)], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=[u.name for u in UNITS])
+def test_systemd_units_parse_and_run_real_commands(unit):
+    assert {u.name for u in UNITS} >= {"gangwatch-agent.service", "gangwatch-worker.service"}
+    cp = configparser.ConfigParser(strict=False, interpolation=None)  # systemd repeats keys (Environment=)
+    cp.optionxform = str
+    cp.read_string(unit.read_text())
+    assert set(cp.sections()) == {"Unit", "Service", "Install"}
+    svc = cp["Service"]
+    argv = shlex.split(svc["ExecStart"])
+    assert argv[0].endswith("/gangwatch"), argv[0]
+    env: dict[str, str] = {}
+    for line in unit.read_text().splitlines():  # configparser keeps only the last of repeated keys
+        if line.startswith("Environment="):
+            name, _, value = line[len("Environment="):].partition("=")
+            env[name] = value
+    check_command(argv[1:], env, unit.name)
+    assert cp["Install"]["WantedBy"] == "multi-user.target"
+    assert svc["Restart"] in ("always", "on-failure")
