@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-EVICTING = frozenset({"replace", "evict_group", "isolate", "requeue"})
+from gangwatch.schemas import EVICTING_ACTIONS as EVICTING
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """Wire contract v1: typed records, decode/encode, JSON Schema export. No I/O, no logic."""
 
 from gangwatch.schemas.codec import DecodeError, decode, decode_obj, encode, encode_batch, to_dict
+from gangwatch.schemas.outputs import DeadLetter, Outputs, ProfileSnapshot
 from gangwatch.schemas.records import (
+    EVICTING_ACTIONS,
     INPUT_KINDS,
     KINDS,
     OUTPUT_KINDS,
@@ -27,6 +29,7 @@ from gangwatch.schemas.records import (
 
 __all__ = [
     "DecodeError", "decode", "decode_obj", "encode", "encode_batch", "to_dict",
+    "DeadLetter", "Outputs", "ProfileSnapshot", "EVICTING_ACTIONS",
     "INPUT_KINDS", "KINDS", "OUTPUT_KINDS", "Action", "Finding", "FlightEntry", "FlightGroup", "Flight", "Frame",
     "Framework", "Gpu", "Heartbeat", "Hw", "Incident", "Job", "Ops", "RankInfo", "Record", "Recovery", "Stack", "Step",
 ]

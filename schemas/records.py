@@ -48,6 +48,8 @@ ACTION_TYPES = (
     "replace", "evict_group", "rollback", "isolate", "dual_run", "degrade",
     "restart_in_process", "requeue", "collect_stacks", "escalate",
 )
+# the actions that take nodes out of the job (the blast-radius guard and the evaluator count these)
+EVICTING_ACTIONS = frozenset({"replace", "evict_group", "isolate", "requeue"})
 INCIDENT_CLASSES = ("fail_stop", "fail_slow", "hang", "sdc", "planned", "unknown")
 RECOVERY_PATHS = ("hot", "cold", "in_process", "non_stop", "manual")
 

@@ -67,8 +67,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gangwatch.schemas import Action, DecodeError, Finding, Incident, Record
-from gangwatch.triage.outputs import Outputs
+from gangwatch.schemas import Action, DeadLetter, Finding, Incident, Outputs, Record
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +181,7 @@ class AlertmanagerSink:
             for inc in out.incidents:
                 self._on_incident(inc)
 
-    def reject(self, err: DecodeError, source: str, where: int | None, ts: float) -> None:
+    def reject(self, dead: DeadLetter) -> None:
         pass
 
     def observe(self, rec: Record) -> None:

@@ -1,7 +1,8 @@
 """The sink interface: where the core's outputs go.
 
-A sink takes `Outputs` (findings, actions, incidents, rejected messages) as
-they are produced, and `flush()`es at checkpoints: the replay end, or before a
+A sink takes `Outputs` (findings, actions, incidents, node-profile snapshots)
+and `DeadLetter`s (rejected messages, with where they came from) as they are
+produced, and `flush()`es at checkpoints: the replay end, or before a
 Faust worker commits offsets. Sinks are idempotent on the record ids, so a
 retried flush or a replayed partition does not double anything downstream.
 """
@@ -10,16 +11,15 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gangwatch.schemas import DecodeError, Record
-from gangwatch.triage.outputs import Outputs
+from gangwatch.schemas import DeadLetter, Outputs, Record
 
 
 class Sink(Protocol):
     def write(self, out: Outputs) -> None:
         """Take the outputs of one core call (may buffer)."""
 
-    def reject(self, err: DecodeError, source: str, where: int | None, ts: float) -> None:
-        """Take one rejected message (dead letter) with where it came from."""
+    def reject(self, dead: DeadLetter) -> None:
+        """Take one rejected message, with why and where it came from."""
 
     def observe(self, rec: Record) -> None:
         """Take one raw input record (for sinks that keep telemetry)."""

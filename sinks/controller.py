@@ -38,8 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NoReturn
 
-from gangwatch.schemas import Action, DecodeError, Record, encode
-from gangwatch.triage.outputs import Outputs
+from gangwatch.schemas import Action, DeadLetter, Outputs, Record, encode
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +198,7 @@ class WebhookSink:
         for action in out.actions:
             self.deliver(action)
 
-    def reject(self, err: DecodeError, source: str, where: int | None, ts: float) -> None:
+    def reject(self, dead: DeadLetter) -> None:
         pass
 
     def observe(self, rec: Record) -> None:

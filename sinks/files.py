@@ -3,16 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-import orjson
-from gangwatch.schemas import DecodeError, Record, encode
-from gangwatch.triage.outputs import Outputs
-
-
-def rejected_obj(err: DecodeError, source: str, where: int | None) -> dict[str, Any]:
-    """The dead-letter form of a rejected message: where it came from, why, and its text."""
-    return {"source": source, "line": where, **err.to_dict()}
+from gangwatch.schemas import DeadLetter, Outputs, Record, encode
 
 
 class JsonlSink:
@@ -30,8 +22,8 @@ class JsonlSink:
             for rec in recs:
                 fh.write(encode(rec) + b"\n")
 
-    def reject(self, err: DecodeError, source: str, where: int | None, ts: float) -> None:
-        self._files["rejected"].write(orjson.dumps(rejected_obj(err, source, where)) + b"\n")
+    def reject(self, dead: DeadLetter) -> None:
+        self._files["rejected"].write(dead.encode() + b"\n")
 
     def observe(self, rec: Record) -> None:
         pass

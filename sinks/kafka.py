@@ -4,8 +4,8 @@ findings → `gw.findings`, actions → `gw.actions` (the alert topic a job
 controller may consume instead of the webhook), incidents → `gw.incidents`,
 rejected messages → `gw.dlq`. Each record is `schemas.encode(record)` keyed by
 its job id, so every record of a job lands in one partition, in order. A dead
-letter is a JSON object with the reason, field, kind, index and raw text of the
-`DecodeError` plus its `source`, `where` and `ts`; it is keyed by its source.
+letter is `schemas.DeadLetter` (why, where it came from, its text), keyed by
+its source.
 
 Sends are asynchronous; `flush()` waits for every one to be acknowledged by all
 in-sync replicas (`acks='all'`, idempotent producer) and raises
@@ -18,9 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import orjson
-from gangwatch.schemas import DecodeError, Record, encode
-from gangwatch.triage.outputs import Outputs
+from gangwatch.schemas import DeadLetter, Outputs, Record, encode
 from kafka import KafkaProducer
 
 log = logging.getLogger(__name__)
@@ -33,11 +31,6 @@ DLQ_TOPIC = "gw.dlq"
 
 class KafkaSinkError(Exception):
     """Some records were not acknowledged by the broker since the last flush."""
-
-
-def dead_letter(err: DecodeError, source: str, where: int | None, ts: float) -> dict[str, Any]:
-    """The dead-letter form of a rejected message: why, where it came from, and its text."""
-    return {**err.to_dict(), "source": source, "where": where, "ts": ts}
 
 
 class KafkaSink:
@@ -66,9 +59,8 @@ class KafkaSink:
         for rec in (*out.findings, *out.actions, *out.incidents):
             self._send(self.topics[rec.kind], rec.job.encode(), encode(rec), rec.id)
 
-    def reject(self, err: DecodeError, source: str, where: int | None, ts: float) -> None:
-        what = f"{source}:{where}" if where is not None else source
-        self._send(self.dlq_topic, source.encode(), orjson.dumps(dead_letter(err, source, where, ts)), what)
+    def reject(self, dead: DeadLetter) -> None:
+        self._send(self.dlq_topic, dead.source.encode(), dead.encode(), dead.where)
 
     def observe(self, rec: Record) -> None:
         pass

@@ -5,18 +5,19 @@
 - `ClickHouseStore`: a ClickHouse server over the native protocol
   (clickhouse-driver), as used in production and integration tests.
 
-Both run the DDL of `sinks.tables` and take rows as dicts.
+Both run the DDL of `sinks.tables` (adding the columns a store of an older
+release lacks) and take rows as dicts.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
-from gangwatch.sinks.tables import ddl
+from gangwatch.sinks.tables import ADDED_COLUMNS, ddl, upgrades
 
 
 class Store(Protocol):
@@ -41,6 +42,8 @@ class ChdbStore:
 
     def create_tables(self) -> None:
         for stmt in ddl():
+            self._session.query(stmt)
+        for stmt in upgrades(_columns(self.query)):
             self._session.query(stmt)
 
     def insert(self, table: str, rows: list[dict[str, Any]]) -> None:
@@ -73,6 +76,8 @@ class ClickHouseStore:
     def create_tables(self) -> None:
         for stmt in ddl():
             self._client.execute(stmt)
+        for stmt in upgrades(_columns(self.query)):
+            self._client.execute(stmt)
 
     def insert(self, table: str, rows: list[dict[str, Any]]) -> None:
         if not rows:
@@ -88,6 +93,16 @@ class ClickHouseStore:
 
     def close(self) -> None:
         self._client.disconnect()
+
+
+def _columns(query: Callable[[str], list[dict[str, Any]]]) -> dict[str, set[str]]:
+    """The columns now in the tables that have `ADDED_COLUMNS` (current database)."""
+    names = ", ".join(f"'{t}'" for t in sorted(ADDED_COLUMNS))
+    out: dict[str, set[str]] = {}
+    for row in query(f"SELECT table, name FROM system.columns WHERE database = currentDatabase() "
+                     f"AND table IN ({names})"):
+        out.setdefault(row["table"], set()).add(row["name"])
+    return out
 
 
 def _server_row(row: dict[str, Any], cols: Iterable[str]) -> tuple:

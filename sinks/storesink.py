@@ -14,10 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gangwatch.schemas import DecodeError, Record
+from gangwatch.schemas import DeadLetter, Outputs, Record
 from gangwatch.sinks.store import Store
 from gangwatch.sinks.tables import ROW_OF, profile_row, rejected_row, telemetry_row
-from gangwatch.triage.outputs import Outputs
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +46,8 @@ class StoreSink:
         for p in out.profiles:
             self._add("gw_node_profiles", profile_row(p))
 
-    def reject(self, err: DecodeError, source: str, where: int | None, ts: float) -> None:
-        self._add("gw_rejected", rejected_row(err, source if where is None else f"{source}:{where}", max(ts, 0.0)))
+    def reject(self, dead: DeadLetter) -> None:
+        self._add("gw_rejected", rejected_row(dead))
 
     def observe(self, rec: Record) -> None:
         if self.telemetry:

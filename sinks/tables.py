@@ -8,6 +8,11 @@ Every table has `ts Float64` (event time, exact) and `event_time DateTime`
 (the same instant, for date functions and partitions). Tables of outputs are
 ReplacingMergeTree keyed by the record id, so a retried insert of the same
 rows collapses to one row (`SELECT ... FINAL` to read the deduplicated view).
+
+A column added to a table after it was first released is also listed in
+`ADDED_COLUMNS`: a store made by an older release gets it with `ALTER TABLE ...
+ADD COLUMN` (18.16 has no `ADD COLUMN IF NOT EXISTS`, so the store asks
+`system.columns` first).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from gangwatch.schemas import Action, DecodeError, Finding, Incident, Record, to_dict
+from gangwatch.schemas import Action, DeadLetter, Finding, Incident, ProfileSnapshot, Record, to_dict
 
 DDL: dict[str, str] = {
     "gw_findings": """
@@ -50,10 +55,19 @@ CREATE TABLE IF NOT EXISTS {db}gw_node_profiles (
     job String, node String, ts Float64, event_time DateTime, version UInt64, risk Float64,
     recent_types Array(String), recent_ids Array(String), evictions UInt32, repeat_offender UInt8
 ) ENGINE = ReplacingMergeTree(version) PARTITION BY toYYYYMM(event_time) ORDER BY (job, node)""",
+    # one row per `schemas.DeadLetter`; its `index` is `batch_index` here (INDEX is a keyword in a column list)
     "gw_rejected": """
 CREATE TABLE IF NOT EXISTS {db}gw_rejected (
-    event_time DateTime, source String, reason String, field String, kind String, raw String
+    event_time DateTime, source String, reason String, field String, kind String, raw String,
+    ts Float64, batch_index Nullable(Int64), line Nullable(Int64), topic String, partition Nullable(Int32),
+    offset Nullable(Int64)
 ) ENGINE = MergeTree PARTITION BY toYYYYMM(event_time) ORDER BY (event_time, source)""",
+}
+
+# table -> columns (name, type) added after its first release, in the order they were added
+ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    "gw_rejected": (("ts", "Float64"), ("batch_index", "Nullable(Int64)"), ("line", "Nullable(Int64)"),
+                    ("topic", "String"), ("partition", "Nullable(Int32)"), ("offset", "Nullable(Int64)")),
 }
 
 TABLES = tuple(DDL)
@@ -63,6 +77,15 @@ def ddl(db: str = "") -> list[str]:
     """The CREATE statements, optionally qualified with a database name."""
     prefix = f"{db}." if db else ""
     return [s.format(db=prefix).strip() for s in DDL.values()]
+
+
+def upgrades(existing: dict[str, set[str]]) -> list[str]:
+    """ALTER statements that add the `ADDED_COLUMNS` missing from tables made by an older release.
+
+    `existing`: table -> its column names now (from `system.columns`); a table not in it is left alone.
+    """
+    return [f"ALTER TABLE {table} ADD COLUMN {name} {type_}" for table, cols in ADDED_COLUMNS.items()
+            if table in existing for name, type_ in cols if name not in existing[table]]
 
 
 def _num(x: float | None) -> float | None:
@@ -105,15 +128,18 @@ def telemetry_row(r: Record) -> dict[str, Any]:
             "payload": orjson.dumps(to_dict(r)).decode()}
 
 
-def profile_row(p: dict[str, Any]) -> dict[str, Any]:
-    """A node-profile snapshot (see `triage.profile.NodeProfile.snapshot`); the latest per node wins."""
-    return {**p, "event_time": _dt(p["ts"]), "version": int(round(p["ts"] * 1e6)),
-            "repeat_offender": int(p["repeat_offender"])}
+def profile_row(p: ProfileSnapshot) -> dict[str, Any]:
+    """A node-profile snapshot; the latest per node wins."""
+    return {**p.to_dict(), "event_time": _dt(p.ts), "version": int(round(p.ts * 1e6)),
+            "repeat_offender": int(p.repeat_offender)}
 
 
-def rejected_row(e: DecodeError, source: str, ts: float) -> dict[str, Any]:
-    return {"event_time": _dt(ts), "source": source, "reason": e.reason, "field": e.field, "kind": e.kind or "",
-            "raw": e.raw}
+def rejected_row(d: DeadLetter) -> dict[str, Any]:
+    """A dead letter, field for field (rows of older releases hold `FILE:LINE` or `TOPIC[P]:OFFSET` in `source`)."""
+    ts = max(d.ts or 0.0, 0.0)
+    return {"event_time": _dt(ts), "source": d.source, "reason": d.reason, "field": d.field, "kind": d.kind or "",
+            "raw": d.raw, "ts": ts, "batch_index": d.index, "line": d.line, "topic": d.topic or "",
+            "partition": d.partition, "offset": d.offset}
 
 
 ROW_OF: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {

@@ -22,9 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-from gangwatch.schemas import DecodeError, Record, encode, encode_batch
-from gangwatch.sinks.kafka import dead_letter
+from gangwatch.schemas import DeadLetter, DecodeError, Record, encode, encode_batch
 from gangwatch.streams.replay import InputFile, merged
 from gangwatch.streams.topics import TopicSettings, topic_for
 
@@ -66,7 +64,7 @@ class Publisher:
     def reject(self, err: DecodeError, source: str, line: int, ts: float) -> None:
         self.flush()
         self.result.rejected += 1
-        self.send(self.topics.dlq, source.encode(), orjson.dumps(dead_letter(err, source, line, ts)))
+        self.send(self.topics.dlq, source.encode(), DeadLetter.of(err, source, line=line, ts=ts).encode())
 
     def flush(self) -> None:
         if not self._pending:

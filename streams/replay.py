@@ -20,13 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from gangwatch.schemas import DecodeError, Record, decode
+from gangwatch.schemas import DeadLetter, DecodeError, Outputs, Record, decode
 from gangwatch.sinks.base import Sink
 from gangwatch.sinks.files import JsonlSink
 from gangwatch.sinks.store import Store
 from gangwatch.sinks.storesink import StoreSink
 from gangwatch.triage.engine import Core, CoreConfig
-from gangwatch.triage.outputs import Outputs
 
 
 def _gunzipped(raw: IO[bytes]) -> IO[bytes]:
@@ -152,10 +151,11 @@ class Replay:
         if out:
             self._emit(out, item)
 
-    def _reject(self, err: DecodeError, source: str, line: int | None, ts: float) -> None:
+    def _reject(self, err: DecodeError, source: str, line: int | None, ts: float | None) -> None:
         self.summary.rejected += 1
+        dead = DeadLetter.of(err, source, line=line, ts=ts)
         for sink in self.sinks:
-            sink.reject(err, source, line, ts)
+            sink.reject(dead)
 
     def _emit(self, out: Outputs, item: Item | None) -> None:
         s = self.summary
@@ -168,7 +168,7 @@ class Replay:
             sink.write(out)
         for err in out.rejected:
             if item is None:
-                self._reject(err, "core", None, 0.0)
+                self._reject(err, "core", None, None)
             else:
                 self._reject(err, item.source, item.line, item.ts)
 

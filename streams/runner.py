@@ -31,10 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import orjson
-from gangwatch.schemas import DecodeError, Record, decode, encode, encode_batch
+from gangwatch.schemas import DeadLetter, DecodeError, Outputs, Record, decode, encode, encode_batch
 from gangwatch.streams.topics import TopicSettings
 from gangwatch.triage.engine import CoreConfig, JobCore
-from gangwatch.triage.outputs import Outputs
 
 _NODE_KINDS = frozenset({"hw", "gpu"})
 MAX_PENDING = 200_000  # records held per job (or node) waiting for their job record (or mapping)
@@ -65,7 +64,7 @@ class Result:
 
     sends: list[Send] = field(default_factory=list)
     outputs: Outputs = field(default_factory=Outputs)  # for sinks
-    rejects: list[tuple[DecodeError, str, int | None, float]] = field(default_factory=list)  # for sinks
+    rejects: list[DeadLetter] = field(default_factory=list)  # for sinks
     records: list[Record] = field(default_factory=list)  # inputs processed (for telemetry sinks)
     dirty: set[str] = field(default_factory=set)  # jobs whose state changed
     dropped: int = 0  # node events dropped for want of a job
@@ -80,10 +79,10 @@ class _Item(NamedTuple):
     msg: Msg
 
 
-def dlq_value(err: DecodeError, msg: Msg, ts: float | None = None) -> bytes:
-    """The dead-letter message: why, and exactly where the message came from."""
-    return orjson.dumps({"source": msg.topic, "topic": msg.topic, "partition": msg.partition, "offset": msg.offset,
-                         "ts": msg.timestamp if ts is None else ts, **err.to_dict()})
+def dead_letter(err: DecodeError, msg: Msg, ts: float | None = None) -> DeadLetter:
+    """The dead letter of a message: why, and exactly where the message came from."""
+    return DeadLetter.of(err, msg.topic, topic=msg.topic, partition=msg.partition, offset=msg.offset,
+                         ts=msg.timestamp if ts is None else ts)
 
 
 @dataclass
@@ -143,8 +142,9 @@ def _digest(rec: Record) -> str:
 
 
 def _reject(res: Result, err: DecodeError, msg: Msg, ts: float | None, dlq: str) -> None:
-    res.sends.append(Send(dlq, msg.key or b"", dlq_value(err, msg, ts)))
-    res.rejects.append((err, f"{msg.topic}[{msg.partition}]", msg.offset, msg.timestamp if ts is None else ts))
+    dead = dead_letter(err, msg, ts)
+    res.sends.append(Send(dlq, msg.key or b"", dead.encode()))
+    res.rejects.append(dead)
 
 
 Lagging = Callable[[str, int], bool]  # (topic, partition) -> data is left to read there

@@ -267,8 +267,8 @@ class _Glue:
                 if self.telemetry:
                     for rec in res.records:
                         sink.observe(rec)
-                for err, source, where, ts in res.rejects:
-                    sink.reject(err, source, where, ts)
+                for dead in res.rejects:
+                    sink.reject(dead)
                 sink.write(res.outputs)
                 sink.flush()
 

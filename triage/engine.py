@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gangwatch.detectors.monitor import JobMonitor
-from gangwatch.schemas import DecodeError, Job, Record, encode
+from gangwatch.schemas import DecodeError, Job, Outputs, Record, encode
 from gangwatch.triage.config import TriageConfig
 from gangwatch.triage.job import Triage
-from gangwatch.triage.outputs import Outputs
 
 JOB_KEYED = frozenset({"step", "heartbeat", "framework", "stack", "flight", "recovery"})
 NODE_KEYED = frozenset({"hw", "gpu"})

@@ -24,12 +24,11 @@ from typing import Any
 from gangwatch.detectors.base import stable_id
 from gangwatch.detectors.failstop import clean_exit
 from gangwatch.detectors.topology import Topology
-from gangwatch.schemas import Action, Finding, Record, decode_obj, to_dict
+from gangwatch.schemas import EVICTING_ACTIONS, Action, Finding, Outputs, Record, decode_obj, to_dict
 from gangwatch.triage.config import TriageConfig
 from gangwatch.triage.decide import Decision, Situation, decide
 from gangwatch.triage.incident import Timeline
 from gangwatch.triage.localize import localize
-from gangwatch.triage.outputs import Outputs
 from gangwatch.triage.profile import NodeProfile
 from gangwatch.triage.safety import Guards
 
@@ -234,7 +233,7 @@ class Triage:
         out.actions.append(a)
         if inc.path is None or d.type != "escalate":
             inc.path = d.path if inc.path in (None, "non_stop") or d.type in ("replace", "evict_group") else inc.path
-        if d.type in ("replace", "evict_group", "requeue", "isolate"):
+        if d.type in EVICTING_ACTIONS:
             new = [n for n in d.nodes if n not in inc.evicted_nodes]
             inc.evicted_nodes = sorted(set(inc.evicted_nodes) | set(new))
             for n in new:

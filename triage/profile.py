@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from gangwatch.schemas import Finding
+from gangwatch.schemas import Finding, ProfileSnapshot
 
 # How much one finding adds to a node's risk (before decay), by type or hardware severity.
 # A node whose ranks never started is mildly suspect; a monitoring gap is the job's, never a node's.
@@ -46,11 +46,11 @@ class NodeProfile:
     def repeat_offender(self, now: float, window_s: float = 7 * 86400.0) -> bool:
         return sum(1 for t in self.evictions if now - t <= window_s) >= 2
 
-    def snapshot(self, job: str, ts: float, half_life_s: float) -> dict[str, Any]:
-        """The profile as a row for the node-profile table, at event time `ts`."""
-        return {"job": job, "node": self.node, "ts": ts, "risk": round(self.risk_at(ts, half_life_s), 4),
-                "recent_types": [r["type"] for r in self.recent], "recent_ids": [r["id"] for r in self.recent],
-                "evictions": len(self.evictions), "repeat_offender": self.repeat_offender(ts)}
+    def snapshot(self, job: str, ts: float, half_life_s: float) -> ProfileSnapshot:
+        """The profile as of event time `ts` (a row of the node-profile table)."""
+        return ProfileSnapshot(job=job, node=self.node, ts=ts, risk=round(self.risk_at(ts, half_life_s), 4),
+                               recent_types=[r["type"] for r in self.recent], recent_ids=[r["id"] for r in self.recent],
+                               evictions=len(self.evictions), repeat_offender=self.repeat_offender(ts))
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "risk": self.risk, "risk_ts": self.risk_ts, "recent": self.recent,

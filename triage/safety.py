@@ -16,11 +16,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from gangwatch.schemas import Ops
+from gangwatch.schemas import EVICTING_ACTIONS, Ops
 from gangwatch.triage.config import Safety
 from gangwatch.triage.decide import Decision
-
-EVICTING = frozenset({"replace", "evict_group", "isolate", "requeue"})
 
 
 @dataclass
@@ -60,7 +58,7 @@ class Guards:
             muted = [n for n in d.nodes if self.silenced(n, now)] or (self.silenced(None, now) and ["job"])
             if muted:
                 continue  # recorded in the incident, not sent
-            if d.type in EVICTING and d.nodes:
+            if d.type in EVICTING_ACTIONS and d.nodes:
                 wanted = recent | set(d.nodes)
                 limit = self.allowed_evictions(job_nodes)
                 if len(wanted) > limit:

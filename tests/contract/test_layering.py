@@ -11,7 +11,8 @@ pure core (schemas, detectors, triage) does no I/O and reads no clock:
   clickhouse_driver, chdb, requests, socket, urllib, http, ...);
 - detectors and triage call no clock (time.time, time.monotonic, datetime.now, ...), and no
   builtin open / print / input;
-- producers import none of detectors, triage, streams, sinks; sinks do not import streams.
+- producers import none of detectors, triage, streams, sinks; sinks import none of detectors, triage, streams
+  (what they store or send is the contract: `schemas`, the output envelope included).
 
 Every import counts: top-level or inside a function, under `if TYPE_CHECKING:` too, and
 `importlib.import_module("x")` / `__import__("x")` with a literal name.
@@ -201,6 +202,14 @@ def test_producers_do_not_import_downstream():
 
 def test_sinks_do_not_import_streams():
     bad = [f"{i.file}:{i.line}: imports {i.module}" for i in package_imports("sinks") if i.top == "streams"]
+    assert not bad, "\n".join(bad)
+
+
+def test_sinks_import_only_the_contract():
+    """Sinks store and send what the core produced; they take it in the contract's terms (`schemas`, `Outputs`
+    included), never from the code that produced it."""
+    bad = [f"{i.file}:{i.line}: imports {i.module}" for i in package_imports("sinks")
+           if i.top in {"detectors", "triage", "producers"}]
     assert not bad, "\n".join(bad)
 
 

@@ -21,9 +21,8 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from gangwatch.schemas import Action, Finding, Incident
+from gangwatch.schemas import Action, Finding, Incident, Outputs
 from gangwatch.sinks.alertmanager import AlertmanagerSink
-from gangwatch.triage.outputs import Outputs
 
 from tests.integration.daemons import Daemon, free_port, require_program, wait_until
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from gangwatch.schemas import Action, DecodeError, Finding, Incident, decode
+from gangwatch.schemas import Action, DeadLetter, DecodeError, Finding, Incident, Outputs, decode
 from gangwatch.sinks.kafka import KafkaSink, KafkaSinkError
-from gangwatch.triage.outputs import Outputs
 from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 
@@ -55,7 +54,7 @@ def test_outputs_land_on_their_topics_keyed_by_job(kafka_bootstrap, sink_topics,
                      incidents_topic=sink_topics["incidents"], dlq_topic=sink_topics["dlq"])
     sink.write(out)
     err = DecodeError("must be >= 0, got -3", "rank", "step", None, '{"kind":"step","rank":-3}')
-    sink.reject(err, "gw.telemetry", 42, 104.0)
+    sink.reject(DeadLetter.of(err, "gw.telemetry", topic="gw.telemetry", partition=1, offset=42, ts=104.0))
     sink.close()
     assert (sink.sent, sink.failed) == (8, 0)
 
@@ -76,8 +75,8 @@ def test_outputs_land_on_their_topics_keyed_by_job(kafka_bootstrap, sink_topics,
     [dead] = consume(kafka_bootstrap, sink_topics["dlq"], f"{unique}-dlq", 1)
     assert dead.key == b"gw.telemetry"
     assert orjson.loads(dead.value) == {"reason": "must be >= 0, got -3", "field": "rank", "kind": "step",
-                                        "index": None, "raw": '{"kind":"step","rank":-3}',
-                                        "source": "gw.telemetry", "where": 42, "ts": 104.0}
+                                        "raw": '{"kind":"step","rank":-3}', "source": "gw.telemetry",
+                                        "topic": "gw.telemetry", "partition": 1, "offset": 42, "ts": 104.0}
 
 
 def test_flush_waits_for_acknowledgement(kafka_bootstrap, sink_topics, unique):

@@ -11,9 +11,8 @@ import datetime as dt
 import json
 
 import pytest
-from gangwatch.schemas import Action, Finding, Incident
+from gangwatch.schemas import Action, Finding, Incident, Outputs
 from gangwatch.sinks.alertmanager import AlertmanagerSink
-from gangwatch.triage.outputs import Outputs
 
 pytestmark = pytest.mark.unit
 

@@ -10,9 +10,8 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from gangwatch.schemas import Action, Finding, Incident, decode, encode
+from gangwatch.schemas import Action, Finding, Incident, Outputs, decode, encode
 from gangwatch.sinks.controller import Delivery, WebhookSink, sign, verify_signature
-from gangwatch.triage.outputs import Outputs
 
 pytestmark = pytest.mark.unit
 

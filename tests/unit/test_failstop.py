@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 from gangwatch.detectors.failstop import FailStopDetector
 from gangwatch.detectors.topology import Topology
-from gangwatch.schemas import Framework, Heartbeat, Job, RankInfo, Step
+from gangwatch.schemas import Framework, Heartbeat, Job, Outputs, RankInfo, Step
 from gangwatch.triage.engine import Core
-from gangwatch.triage.outputs import Outputs
 
 from tests.helpers import drive
 

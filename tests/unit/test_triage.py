@@ -29,7 +29,7 @@ def lost(topo, node, ts, last_seen=None):
 
 def run(tri, items):
     """Feed findings / records / ('advance', t) in order; collect outputs."""
-    from gangwatch.triage.outputs import Outputs
+    from gangwatch.schemas import Outputs
 
     out = Outputs()
     for it in items:
