@@ -16,7 +16,7 @@ import os
 import sys
 
 from gangwatch import __version__
-from gangwatch.cli import agent, ingest, kafka, kubernetes, replay, simulate, slurm
+from gangwatch.cli import agent, controller, ingest, kafka, kubernetes, replay, simulate, slurm
 from gangwatch.cli.options import (
     EXIT_EXTRA,
     EXIT_INPUT,
@@ -27,7 +27,7 @@ from gangwatch.cli.options import (
     resolve,
 )
 
-COMMANDS = (replay, simulate, ingest, kafka, agent, slurm, kubernetes)
+COMMANDS = (replay, simulate, ingest, kafka, agent, controller, slurm, kubernetes)
 
 # The extra that brings each optional top-level module.
 EXTRAS = {

@@ -1,0 +1,460 @@
+"""The reference job controller: gangwatch's actions carried out on a real torchrun job, each stage timed.
+
+    gangwatch controller --job j1 --nodes n1,n2 --spares n3 --ckpt-dir ckpt/ -- examples/tiny_job/train.py
+
+For tests, drills and small clusters. It launches the job (streams/launcher.py:
+one torchrun per node), reads the job's actions from the alert topic
+(`gw.actions`) or from signed webhook POSTs, applies each action once, and
+reports every stage of the recovery back as `recovery` records on the topic
+`topic_for` gives them (`gw.ops`), stamped with when the stage really happened,
+so the incident closes with real timings (triage/incident.py).
+
+What each action does:
+
+| action                               | what the controller does                                        |
+|--------------------------------------|-----------------------------------------------------------------|
+| `replace`, `evict_group`, `isolate`, | stop the job; a spare name takes each named node's place;       |
+| `requeue` naming nodes               | restart from the latest checkpoint                              |
+| `rollback`                           | the same without the named nodes (isolated), from the newest    |
+|                                      | checkpoint older than the first corrupt step of its evidence    |
+| `restart_in_process`, `requeue`      | stop and restart on the same nodes from the latest checkpoint   |
+| naming no node                       |                                                                 |
+| `isolate` of nodes already out (or   | nothing more: accepted                                          |
+| leaving with a rollback), `degrade`  |                                                                 |
+| `escalate`, `dual_run`               | logged for a human (this controller cannot run work twice)      |
+| `collect_stacks`                     | nothing: the node agents answer it                              |
+
+Phases reported for an action that restarts the job: `accepted` when the
+controller takes it, `replaced` when the new gang with the spares is started
+(only when nodes were swapped), then from the job's own progress file
+`ckpt_loaded`, `comm_ready`, and `resumed` at the end of the first step after
+the restart. `failed` when it cannot be done: no spare left (the job is then
+left stopped: a human must add nodes), no checkpoint to roll back to, or the
+restarted job exits or has not resumed within `resume_timeout_s`.
+
+Once means once: an action's id is written to `<state dir>/applied` when it is
+accepted (before it is carried out), and ids found there are skipped, so a
+redelivered action, or a restarted controller reading the topic again, changes
+nothing. A controller that dies in the middle of an action does not retry it:
+the incident stays open past its budget, which is how a human notices. The
+node set (who is in, which spares are left, who was taken out) is kept in
+`<state dir>/nodes.json` the same way, so a restarted controller relaunches on
+the nodes it had, not on the ones it was first given.
+
+The rollback target: the `sdc_suspect` findings behind a `rollback` carry the
+first step whose replica digests disagreed; the controller reads findings from
+`gw.findings` to learn it (waiting up to `evidence_wait_s` for them, as the two
+topics are not ordered with each other) and restarts from the newest
+checkpoint written after an earlier step. The corruption itself may predate
+that step by up to the job's digest interval, so a job should compute digests
+at least as often as it checkpoints; without any step in the evidence the
+oldest checkpoint kept is used.
+
+`dry_run`: nothing is launched, stopped or published, and no state is written;
+each action is logged with what would be done.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from gangwatch.schemas import Action, DecodeError, Finding, Recovery, decode, encode
+from gangwatch.sinks.controller import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, verify_signature
+from gangwatch.streams.launcher import Gang, JobSpec, checkpoints, latest, newest_before
+from gangwatch.streams.topics import TopicSettings, topic_for
+
+log = logging.getLogger("gangwatch.controller")
+
+TAKE_OUT = frozenset({"replace", "evict_group", "isolate", "requeue"})  # the named nodes leave the job
+IN_PLACE = frozenset({"restart_in_process", "requeue"})  # no node named: restart on the same nodes
+FOR_A_HUMAN = frozenset({"escalate", "dual_run"})
+MILESTONE_PHASE = {"ckpt_loaded": "ckpt_loaded", "comm_ready": "comm_ready", "step": "resumed"}
+_FINDINGS_KEPT = 10_000
+
+Publish = Callable[[Recovery], None]
+
+
+class AppliedIds:
+    """Ids of the actions already taken, one per line in a file (in memory only when `path` is None)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.ids: set[str] = set()
+        if path is not None and path.exists():
+            self.ids = set(path.read_text().split())
+
+    def __contains__(self, action_id: str) -> bool:
+        return action_id in self.ids
+
+    def add(self, action_id: str) -> None:
+        self.ids.add(action_id)
+        if self.path is not None:
+            with open(self.path, "a") as fh:
+                fh.write(action_id + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+
+
+@dataclass
+class Nodes:
+    """Who runs the job, which spare names are left, and who was taken out (in the order it happened)."""
+
+    active: list[str]
+    spares: list[str]
+    out: list[str]
+
+    @classmethod
+    def load(cls, path: Path | None, active: Sequence[str], spares: Sequence[str]) -> Nodes:
+        if path is not None and path.exists():
+            saved = json.loads(path.read_text())
+            log.info("node set from %s (not the command line): %s", path, saved)
+            return cls(**saved)
+        return cls(list(active), list(spares), [])
+
+    def save(self, path: Path | None) -> None:
+        if path is None:
+            return
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"active": self.active, "spares": self.spares, "out": self.out}))
+        os.replace(tmp, path)
+
+    def without(self, nodes: Iterable[str]) -> Nodes | None:
+        """The node set with `nodes` taken out and spares in their places (same order); None: too few spares."""
+        leaving = [n for n in self.active if n in set(nodes)]
+        if len(leaving) > len(self.spares):
+            return None
+        spares = list(self.spares)
+        swap = {n: spares.pop(0) for n in leaving}
+        return Nodes([swap.get(n, n) for n in self.active], spares, [*self.out, *leaving])
+
+
+class Controller:
+    """Carries out one job's actions on its gang of torchrun processes and reports the recovery stages.
+
+    `publish` sends a `recovery` record (`RecoveryPublisher` on Kafka); `clock` is
+    wall-clock time, the event time of the records it reports; `gang` makes a
+    launch, `Gang(spec, nodes, resume_from, attempt)` (tests pass a stand-in).
+    """
+
+    def __init__(self, spec: JobSpec, nodes: Sequence[str], spares: Sequence[str], publish: Publish, *,
+                 state_dir: Path | None = None, dry_run: bool = False, resume_timeout_s: float = 300.0,
+                 evidence_wait_s: float = 10.0, stop_grace_s: float = 20.0,
+                 clock: Callable[[], float] = time.time, gang: Callable[..., Gang] = Gang) -> None:
+        self.spec, self.publish, self.dry_run, self.clock, self._new_gang = spec, publish, dry_run, clock, gang
+        self.resume_timeout_s, self.evidence_wait_s, self.stop_grace_s = resume_timeout_s, evidence_wait_s, stop_grace_s
+        state = None if dry_run else state_dir
+        if state is not None:
+            state.mkdir(parents=True, exist_ok=True)
+        self._nodes_file = state / "nodes.json" if state is not None else None
+        self.applied = AppliedIds(state / "applied" if state is not None else None)
+        self.nodes = Nodes.load(self._nodes_file, nodes, spares)
+        self.gang: Gang | None = None
+        self.findings: OrderedDict[str, Finding] = OrderedDict()  # recent findings of the job, by id
+        self._deferred: list[tuple[Action, float]] = []  # rollbacks waiting for their evidence, with a deadline
+        self._pending: list[Action] = []  # actions whose restart has not resumed yet
+        self._phases: dict[str, set[str]] = {}  # action id -> phases reported
+        self._resume_by = 0.0
+
+    # --- the job --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Launch the job on the current nodes, from the latest checkpoint if there is one."""
+        if self.dry_run:
+            log.info("dry run: not launching %s", self.spec.job)
+            return
+        self._launch(latest(self.spec.ckpt_dir))
+
+    def finished(self) -> bool:
+        """The job ran to its end: every torchrun exited with 0 and no recovery is under way."""
+        if self.gang is None or self._pending or self._deferred:
+            return False
+        codes = self.gang.returncodes().values()
+        return all(code == 0 for code in codes)
+
+    def close(self) -> None:
+        """Stop the job (the controller owns it: nothing it launched outlives it)."""
+        if self.gang is not None:
+            self.gang.stop(self.stop_grace_s)
+
+    def _launch(self, resume_from: Path | None) -> None:
+        attempt = len(list(self.spec.run_dir.glob("attempt-*")))
+        self.gang = self._new_gang(self.spec, self.nodes.active, resume_from, attempt)
+        self.gang.start()
+        log.info("job %s started (attempt %d) on %s from %s; logs in %s", self.spec.job, attempt,
+                 ", ".join(self.nodes.active), resume_from or "scratch", self.gang.dir)
+
+    # --- inputs ---------------------------------------------------------------------------------
+
+    def remember(self, f: Finding) -> None:
+        """A finding of the job: kept a while, as evidence an action may point to."""
+        self.findings[f.id] = f
+        while len(self.findings) > _FINDINGS_KEPT:
+            self.findings.popitem(last=False)
+
+    def handle(self, a: Action) -> None:
+        """Apply one action, once."""
+        if a.job != self.spec.job or a.type == "collect_stacks":
+            return
+        if a.id in self.applied:
+            log.info("action %s (%s) was already applied: skipped", a.id, a.type)
+            return
+        self.applied.add(a.id)
+        log.info("action %s: %s %s: %s", a.id, a.type, ",".join(a.nodes) or "-", a.reason)
+        if a.type in FOR_A_HUMAN:
+            log.warning("%s is for a human; this controller does nothing about it", a.type)
+            return
+        self._report(a, "accepted", self.clock())
+        if a.type == "rollback":
+            self._deferred.append((a, time.monotonic() + self.evidence_wait_s))
+            self._apply_rollbacks()
+        elif a.type in TAKE_OUT and a.nodes:
+            leaving = {*self.nodes.out, *(n for r, _ in self._deferred for n in r.nodes)}
+            if set(a.nodes) <= leaving:
+                log.info("%s: %s already out of the job, or on the way out", a.type, ", ".join(a.nodes))
+            else:
+                self._restart(a, take_out=a.nodes, resume_from=latest(self.spec.ckpt_dir))
+        elif a.type in IN_PLACE:
+            self._restart(a, take_out=(), resume_from=latest(self.spec.ckpt_dir))
+        # degrade: the job keeps running; nothing to do
+
+    def tick(self) -> None:
+        """Follow what is under way: deferred rollbacks, and the restarted job's progress."""
+        self._apply_rollbacks()
+        if not self._pending or self.gang is None:
+            return
+        for m in self.gang.milestones():
+            phase = MILESTONE_PHASE.get(m.get("event"))
+            if phase is not None:
+                for a in self._pending:
+                    self._report(a, phase, float(m["ts"]))
+        done = [a for a in self._pending if "resumed" in self._phases.get(a.id, ())]
+        if done:
+            log.info("job %s resumed", self.spec.job)
+            self._pending = []
+        elif not self.gang.running():
+            self._fail_pending(f"the restarted job exited ({self.gang.returncodes()}) before its first step")
+        elif time.monotonic() > self._resume_by:
+            self._fail_pending(f"the restarted job did not resume within {self.resume_timeout_s:g} s")
+
+    # --- carrying it out ------------------------------------------------------------------------
+
+    def _apply_rollbacks(self) -> None:
+        for a, deadline in list(self._deferred):
+            first_bad = self._first_bad_step(a)
+            if first_bad is None and time.monotonic() < deadline:
+                continue  # the evidence may still be on its way
+            self._deferred.remove((a, deadline))
+            if first_bad is None:
+                kept = checkpoints(self.spec.ckpt_dir)
+                target = kept[0][1] if kept else None
+                log.warning("rollback %s: no step in its evidence; using the oldest checkpoint kept", a.id)
+            else:
+                target = newest_before(self.spec.ckpt_dir, first_bad)
+            if target is None:
+                self._report(a, "failed", self.clock())
+                log.error("rollback %s: no checkpoint older than step %s", a.id, first_bad)
+                continue
+            self._restart(a, take_out=a.nodes, resume_from=target)
+
+    def _first_bad_step(self, a: Action) -> int | None:
+        steps = [f.evidence["step"] for i in a.evidence if (f := self.findings.get(i)) is not None
+                 and isinstance(f.evidence.get("step"), int)]
+        return min(steps) if steps else None
+
+    def _restart(self, a: Action, take_out: Sequence[str], resume_from: Path | None) -> None:
+        """Stop the job and start it again without `take_out`, from `resume_from`."""
+        nodes = self.nodes.without(take_out)
+        if self.dry_run:
+            log.info("dry run: would stop %s and restart it on %s from %s", self.spec.job,
+                     ", ".join(nodes.active) if nodes else "(no spare left)", resume_from or "scratch")
+            return
+        if nodes is None:
+            if self.gang is not None:
+                self.gang.stop(self.stop_grace_s)
+            self._report(a, "failed", self.clock())
+            log.error("no spare left to replace %s (spares: %s): the job is stopped; add nodes and restart it",
+                      ", ".join(take_out), self.nodes.spares)
+            return
+        if self.gang is not None:
+            self.gang.stop(self.stop_grace_s)
+        swapped = nodes.active != self.nodes.active
+        self.nodes = nodes
+        self.nodes.save(self._nodes_file)
+        self._launch(resume_from)
+        if swapped:
+            self._report(a, "replaced", self.clock())
+        self._pending = [*(p for p in self._pending if p.id != a.id), a]
+        self._resume_by = time.monotonic() + self.resume_timeout_s
+
+    def _fail_pending(self, why: str) -> None:
+        log.error("%s: recovery failed", why)
+        for a in self._pending:
+            self._report(a, "failed", self.clock())
+        self._pending = []
+
+    def _report(self, a: Action, phase: str, ts: float) -> None:
+        seen = self._phases.setdefault(a.id, set())
+        if phase in seen:
+            return
+        seen.add(phase)
+        log.info("recovery %s: %s", a.id, phase)
+        if not self.dry_run:
+            self.publish(Recovery(ts=round(ts, 6), job=a.job, action=a.id, phase=phase))
+
+
+# --- where actions come from, where recovery records go ------------------------------------------
+
+
+class RecoveryPublisher:
+    """Sends `recovery` records to their topic (`topic_for`), keyed by job, waiting for each acknowledgement."""
+
+    def __init__(self, bootstrap: str, topics: TopicSettings) -> None:
+        from kafka import KafkaProducer
+
+        self.topics = topics
+        self._producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", client_id="gangwatch-controller")
+
+    def __call__(self, rec: Recovery) -> None:
+        topic, key = topic_for(rec, self.topics)
+        self._producer.send(topic, key=key.encode(), value=encode(rec)).get(timeout=30)
+
+    def close(self) -> None:
+        self._producer.close(timeout=10)
+
+
+class TopicSource:
+    """One job's actions (unless `actions=False`) and findings from the output topics, through a consumer group.
+
+    A new group starts at the end of the topics: actions published before the
+    controller ever ran are not its to apply. Offsets are committed after each
+    poll's records were handled.
+    """
+
+    def __init__(self, bootstrap: str, topics: TopicSettings, job: str, group: str, *, actions: bool = True) -> None:
+        from kafka import KafkaConsumer
+
+        self.job = job
+        self._uncommitted = False
+        names = [topics.findings, *([topics.actions] if actions else [])]
+        self._consumer = KafkaConsumer(*names, bootstrap_servers=bootstrap, group_id=group,
+                                       auto_offset_reset="latest", enable_auto_commit=False,
+                                       client_id="gangwatch-controller")
+
+    def wait_assigned(self, timeout_s: float) -> None:
+        """Join the group and take partitions before the job starts, so no early action is missed."""
+        deadline = time.monotonic() + timeout_s
+        while not self._consumer.assignment():
+            if time.monotonic() > deadline:
+                raise ConnectionError(f"no topic partitions assigned within {timeout_s:g} s")
+            self._consumer.poll(timeout_ms=200)
+        for tp in self._consumer.assignment():
+            self._consumer.position(tp)  # resolve "latest" now, not at the first record
+
+    def poll(self, timeout_s: float) -> list[Action | Finding]:
+        got = self._consumer.poll(timeout_ms=int(timeout_s * 1000))
+        self._uncommitted = self._uncommitted or bool(got)
+        out = []
+        for msgs in got.values():
+            for m in msgs:
+                if m.key is not None and m.key.decode(errors="replace") != self.job:
+                    continue
+                out += [r for r in decode(m.value) if isinstance(r, (Action, Finding)) and r.job == self.job]
+        return out
+
+    def commit(self) -> None:
+        if self._uncommitted:
+            self._consumer.commit()
+            self._uncommitted = False
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class WebhookSource:
+    """Actions POSTed by the worker's webhook sink, checked against the shared secret and queued.
+
+    A request is answered 202 once queued (the controller applies it right after),
+    401 when its signature does not verify, 400 when the body is no action or the
+    `Idempotency-Key` is not its id.
+    """
+
+    def __init__(self, host: str, port: int, secret: str | bytes) -> None:
+        self.queue: queue.Queue[Action] = queue.Queue()
+        source = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(source.accept(body, self.headers.get(SIGNATURE_HEADER),
+                                                 self.headers.get(IDEMPOTENCY_HEADER)))
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, fmt: str, *args: object) -> None:
+                log.debug("webhook: " + fmt, *args)
+
+        self._secret = secret
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self.url = f"http://{host}:{self._server.server_address[1]}/"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="gangwatch-webhook", daemon=True)
+        self._thread.start()
+
+    def accept(self, body: bytes, signature: str | None, key: str | None) -> int:
+        """The HTTP status for one POST (queueing its action when it is good)."""
+        if not verify_signature(self._secret, body, signature):
+            log.warning("webhook: a POST with a bad signature was refused")
+            return 401
+        recs = decode(body)
+        if len(recs) != 1 or not isinstance(recs[0], Action):
+            reason = recs[0].reason if recs and isinstance(recs[0], DecodeError) else "not one action"
+            log.warning("webhook: refused a body that is no action: %s", reason)
+            return 400
+        if key != recs[0].id:
+            log.warning("webhook: Idempotency-Key %r is not the action id %s", key, recs[0].id)
+            return 400
+        self.queue.put(recs[0])
+        return 202
+
+    def poll(self, timeout_s: float) -> list[Action]:
+        out = []
+        try:
+            out.append(self.queue.get(timeout=timeout_s))
+            while True:
+                out.append(self.queue.get_nowait())
+        except queue.Empty:
+            return out
+
+    def commit(self) -> None:
+        pass  # an action is taken when it is applied (AppliedIds)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def run(controller: Controller, sources: Sequence[TopicSource | WebhookSource], stop: threading.Event,
+        poll_s: float = 0.25) -> None:
+    """Launch the job, then apply what arrives until `stop` is set or the job has finished; stop the job at the end."""
+    controller.start()
+    try:
+        while not stop.is_set() and not controller.finished():
+            for source in sources:
+                for rec in source.poll(poll_s):
+                    if rec.kind == "finding":
+                        controller.remember(rec)
+                    else:
+                        controller.handle(rec)
+                source.commit()
+            controller.tick()
+    finally:
+        controller.close()
