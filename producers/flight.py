@@ -83,7 +83,7 @@ def load_dump(src: str | os.PathLike[str] | bytes | bytearray | memoryview) -> d
     except UnsafePickleError:
         raise
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, KeyError, IndexError,
-            MemoryError, RecursionError, UnicodeDecodeError) as e:
+            MemoryError, RecursionError, UnicodeDecodeError, OverflowError) as e:
         raise FlightDumpError(f"not a readable flight-recorder pickle: {type(e).__name__}: {str(e)[:200]}") from e
     if not isinstance(obj, dict):
         raise FlightDumpError(f"a flight-recorder dump is a dict, got {type(obj).__name__}")

@@ -1,0 +1,164 @@
+"""Fuzzing every parser of outside input: nothing a sender or a file holds makes one raise.
+
+Each parser gets 10,000 generated inputs in CI (a bounded run: each property has a
+fixed example budget and no deadline per example; 1,000 on a developer's machine). What a parser may do with garbage:
+- `schemas.decode` (single records and batch envelopes): a record or a `DecodeError`
+  with a reason, one entry per item, never an exception;
+- the kernel-log parser: an event or nothing, never an exception;
+- the py-spy parser: threads or none; `read_pyspy` refuses non-dumps with a ValueError
+  that says why;
+- the flight-recorder reader: a plain dict or `FlightDumpError`/`UnsafePickleError`
+  with the reason; what it accepts always maps onto a `flight` record that decodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+
+import orjson
+import pytest
+from gangwatch.detectors.stacks import parse_pyspy
+from gangwatch.producers.flight import FlightDumpError, UnsafePickleError, load_dump, to_flight_record
+from gangwatch.producers.kmsg import parse_line, parse_lines
+from gangwatch.schemas import DecodeError, decode
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytestmark = pytest.mark.unit
+
+# 10,000 per parser in CI (CI=true), 1,000 elsewhere; GANGWATCH_FUZZ_CASES sets it
+N = int(os.environ.get("GANGWATCH_FUZZ_CASES") or (10_000 if os.environ.get("CI") == "true" else 1_000))
+CASES = settings(max_examples=N, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+
+# JSON-ish values: what a confused or hostile sender could put in a message
+scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
+                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=40))
+json_values = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)), max_leaves=8)
+KINDS = ["job", "step", "heartbeat", "hw", "gpu", "framework", "stack", "flight", "ops", "recovery", "batch",
+         "finding", "action", "incident", "nope"]
+FIELDS = ["ts", "job", "rank", "step", "step_s", "node", "gpu", "ranks", "items", "type", "source", "code", "extra",
+          "snapshot", "format", "entries", "dump", "heartbeat_s", "compute_s", "throttle"]
+records = st.fixed_dictionaries({"kind": st.sampled_from(KINDS), "v": st.sampled_from([1, 1, 1, 2, "1", None])},
+                                optional={f: json_values for f in FIELDS})
+
+
+def _check_decoded(out: list, *, empty_ok: bool = False) -> None:
+    assert isinstance(out, list) and (out or empty_ok)
+    for v in out:
+        assert not isinstance(v, Exception)
+        if isinstance(v, DecodeError):
+            assert v.reason
+
+
+@CASES
+@given(st.binary(max_size=600))
+def test_decode_takes_any_bytes(raw):
+    _check_decoded(decode(raw))
+
+
+@CASES
+@given(records)
+def test_decode_takes_any_json_record(obj):
+    _check_decoded(decode(json.dumps(obj)))  # the stdlib writes what orjson refuses (huge ints, NaN)
+
+
+@CASES
+@given(st.lists(records, max_size=4), json_values)
+def test_decode_takes_any_batch_envelope(items, ts):
+    out = decode(json.dumps({"kind": "batch", "v": 1, "ts": ts, "items": items}))
+    _check_decoded(out, empty_ok=not items)  # an empty batch carries nothing to lose
+    # one entry per item (nothing dropped), or one error for an envelope that is itself bad
+    assert len(out) == len(items) or (len(out) == 1 and isinstance(out[0], DecodeError) and out[0].kind == "batch")
+
+
+kmsg_lines = st.one_of(
+    st.text(max_size=300),
+    st.builds(lambda pre, code, rest: f"{pre}NVRM: Xid (PCI:{rest[:12]}): {code}, {rest}",
+              st.sampled_from(["", "[ 12.345] ", "<3>", "kernel: "]), st.integers(-5, 10**6), st.text(max_size=80)),
+    st.builds(lambda rest: f"pcieport 0000:00:01.0: AER: {rest}", st.text(max_size=120)),
+)
+
+
+@CASES
+@given(kmsg_lines)
+def test_the_kernel_log_parser_takes_any_line(line):
+    ev = parse_line(line)
+    assert ev is None or ev.source
+
+
+@settings(max_examples=max(1, N // 5), deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(st.lists(kmsg_lines, max_size=30))
+def test_the_kernel_log_parser_takes_any_sequence(lines):
+    for ev in parse_lines(lines):
+        assert ev.source
+
+
+pyspy_text = st.one_of(
+    st.text(max_size=400),
+    st.lists(st.one_of(
+        st.builds(lambda pid: f"Process {pid}: python train.py", st.integers(-3, 10**9)),
+        st.builds(lambda tid, state, name: f'Thread {tid} ({state}): "{name}"',
+                  st.one_of(st.integers(0, 2**64), st.text(max_size=8)), st.text(max_size=10), st.text(max_size=10)),
+        st.builds(lambda f, file, n: f"    {f} ({file}:{n})", st.text(max_size=20), st.text(max_size=20),
+                  st.integers(-5, 10**6)),
+        st.text(max_size=60)), max_size=20).map("\n".join),
+)
+
+
+@CASES
+@given(pyspy_text)
+def test_the_pyspy_parser_takes_any_text(text):
+    for t in parse_pyspy(text):
+        assert isinstance(t.frames, (list, tuple))
+
+
+plain = st.recursive(scalars | st.binary(max_size=20), lambda inner: st.one_of(
+    st.lists(inner, max_size=5), st.tuples(inner, inner),
+    st.dictionaries(st.one_of(st.text(max_size=8), st.integers()), inner, max_size=4)), max_leaves=10)
+dumps_like = st.fixed_dictionaries({}, optional={
+    "entries": st.one_of(plain, st.lists(st.dictionaries(st.sampled_from(
+        ["profiling_name", "collective_seq_id", "p2p_seq_id", "process_group", "state", "input_sizes",
+         "input_dtypes", "op_id", "record_id"]), plain, max_size=9), max_size=6)),
+    "pg_status": plain, "pg_config": plain, "version": plain, "comm_lib_version": plain})
+
+
+def _flight_ok_or_refused(data: bytes) -> None:
+    try:
+        dump = load_dump(data)
+    except (FlightDumpError, UnsafePickleError) as e:
+        assert str(e)
+        return
+    try:
+        rec = to_flight_record(dump, job="j", rank=0, snapshot="s", ts=1.0)
+    except FlightDumpError as e:
+        assert str(e)
+        return
+    [v] = decode(orjson.dumps(rec))
+    assert not isinstance(v, DecodeError) or v.reason
+
+
+@CASES
+@given(st.binary(max_size=400))
+def test_the_flight_reader_takes_any_bytes(data):
+    _flight_ok_or_refused(data)
+
+
+@CASES
+@given(dumps_like, st.integers(0, pickle.HIGHEST_PROTOCOL))
+def test_the_flight_reader_takes_any_plain_pickle(obj, protocol):
+    _flight_ok_or_refused(pickle.dumps(obj, protocol=protocol))
+
+
+def test_a_pickle_that_calls_code_is_refused_without_running_it(tmp_path):
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    with pytest.raises(UnsafePickleError):
+        load_dump(pickle.dumps({"entries": [Evil()]}))
+    assert not marker.exists()
