@@ -15,9 +15,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from gangwatch.detectors.base import finding
+from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Record
+from gangwatch.schemas.evidence import Evidence
 
 _COMM_TYPES = frozenset({"nccl_timeout", "nccl_error", "barrier_timeout"})
 _GROUP_KINDS = frozenset({"tp", "pp", "dp"})
@@ -30,11 +31,31 @@ class CommConfig:
     max_suspects: int = 8
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommStorm(Evidence):
+    """Collective timeouts reported within `window_s` of the first; the reporters are victims."""
+
+    reports: int
+    reporting_ranks: int
+    ops: dict[str, int]  # reports per collective
+    pgs: dict[str, int]  # reports per process group
+    suspect_ranks: list[int]  # a weak suspect set: ranks in every timed-out group (non-reporters first)
+    suspect_nodes: list[str]
+    first_ts: float  # the first report
+
+
+# blames nobody; the incident it opens (a hang) asks for a sweep; its suspects count only when nothing else does
+COMM_ERROR = FindingType("comm_error", CommStorm, Policy(
+    incident="hang", onset="first_ts", sweep=True, suspects=lambda f, ev: (ev.suspect_ranks, ev.suspect_nodes),
+    describe=lambda f, ev: f"{ev.reports} collective timeouts from {ev.reporting_ranks} ranks"))
+
+
 class CommDetector:
     """Summarizes collective-timeout storms of one job."""
 
     name: ClassVar[str] = "comm"
     kinds: ClassVar[frozenset[str]] = frozenset({"framework"})
+    finding_types: ClassVar[tuple[FindingType, ...]] = (COMM_ERROR,)
 
     def __init__(self, topo: Topology, config: CommConfig | None = None) -> None:
         self.config = config or CommConfig()
@@ -64,14 +85,15 @@ class CommDetector:
         reports = s["reports"]
         reporters = sorted({r[0] for r in reports})
         suspects = self._suspects(reports, set(reporters))
-        return [finding(
-            ts=s["first"] + self.config.window_s, job=self.topo.job, type="comm_error", detector="comm.storm",
+        return [COMM_ERROR.finding(
+            ts=s["first"] + self.config.window_s, job=self.topo.job, detector="comm.storm",
             key=(s["first"], len(reports)), score=min(1.0, len(reporters) / max(1, self.topo.size)),
-            evidence={"reports": len(reports), "reporting_ranks": len(reporters),
-                      "ops": dict(sorted(Counter(str(r[3]) for r in reports).items())),
-                      "pgs": dict(sorted(Counter(str(r[1]) for r in reports).items())),
-                      "suspect_ranks": suspects, "suspect_nodes": self.topo.nodes_of(suspects) if suspects else [],
-                      "first_ts": round(s["first"], 6)},
+            evidence=CommStorm(reports=len(reports), reporting_ranks=len(reporters),
+                               ops=dict(sorted(Counter(str(r[3]) for r in reports).items())),
+                               pgs=dict(sorted(Counter(str(r[1]) for r in reports).items())),
+                               suspect_ranks=suspects,
+                               suspect_nodes=self.topo.nodes_of(suspects) if suspects else [],
+                               first_ts=round(s["first"], 6)),
         )]
 
     def _suspects(self, reports: list[list], reporters: set[int]) -> list[int]:

@@ -27,11 +27,12 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from gangwatch.detectors.base import finding
+from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.steps import BufferConfig, Closed, StepBuffer, StepScorer, decode_floats, encode_floats, median
 from gangwatch.detectors.steps import finite_or_none as _fin
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding
+from gangwatch.schemas.evidence import Evidence
 
 _MAD_TO_SIGMA = 1.4826
 _FIELDS = {"compute_s": "f", "comm_wait_s": "f", "step_s": "f"}
@@ -175,6 +176,30 @@ def _popcount(a: np.ndarray) -> np.ndarray:
     return np.unpackbits(a.astype("<u4").view(np.uint8)).reshape(-1, 32).sum(axis=1).astype(np.int32)
 
 
+# --- what it finds ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StragglerEvidence(Evidence):
+    """One rank flagged as a straggler at `step`. Scores are robust z (unitless); None where not known."""
+
+    relative: float | None  # against the ranks of its pipeline stage
+    individual: float | None  # against its own baseline, relative to its stage
+    slowdown_frac: float  # how much longer it computes than its stage's median (0.1 = 10 %)
+    steps_flagged: int  # hits in the last `window` scored steps
+    window: int  # steps
+    step: int
+    pp: int  # its pipeline stage
+    compute_s: float | None
+    stage_median_s: float | None  # the stage's median compute_s
+    comm_wait_s: float | None
+    onset_ts: float  # the oldest hit still in the window: when the straggling began, as far as can be told
+
+
+FAIL_SLOW = FindingType("fail_slow", StragglerEvidence, Policy(
+    incident="fail_slow", weight=0.7, risk=0.3, onset="onset_ts", slowdown_frac=lambda f, ev: ev.slowdown_frac))
+
+
 # --- the detector -------------------------------------------------------------------------------
 
 
@@ -182,6 +207,7 @@ class FailSlowDetector(StepScorer):
     """Stragglers of one job, from per-rank compute and collective-wait times."""
 
     name: ClassVar[str] = "failslow"
+    finding_types: ClassVar[tuple[FindingType, ...]] = (FAIL_SLOW,)
 
     def __init__(self, topo: Topology, config: FailSlowConfig | None = None) -> None:
         self.config = config or FailSlowConfig()
@@ -256,13 +282,14 @@ class FailSlowDetector(StepScorer):
         back = int(self.hist[r] & ((1 << self.config.window) - 1)).bit_length() - 1
         step_s = c.vals["step_s"][np.isfinite(c.vals["step_s"])]
         onset = c.ts - max(back, 0) * (median(step_s) if step_s.size else 0.0)
-        return finding(
-            ts=c.ts, job=self.topo.job, type="fail_slow", detector="failslow.compute", topo=self.topo,
+        return FAIL_SLOW.finding(
+            ts=c.ts, job=self.topo.job, detector="failslow.compute", topo=self.topo,
             rank=r, key=(r, c.step), score=float(rel[r]),
-            evidence={"relative": _fin(rel[r]), "individual": _fin(ind[r]), "slowdown_frac": round(slow, 6),
-                      "steps_flagged": int(count[r]), "window": self.config.window, "step": c.step,
-                      "pp": int(self.topo.pp[r]), "compute_s": _fin(compute[r]),
-                      "stage_median_s": _fin(med_c[r]), "comm_wait_s": _fin(comm[r]), "onset_ts": round(onset, 6)},
+            evidence=StragglerEvidence(
+                relative=_fin(rel[r]), individual=_fin(ind[r]), slowdown_frac=round(slow, 6),
+                steps_flagged=int(count[r]), window=self.config.window, step=c.step, pp=int(self.topo.pp[r]),
+                compute_s=_fin(compute[r]), stage_median_s=_fin(med_c[r]), comm_wait_s=_fin(comm[r]),
+                onset_ts=round(onset, 6)),
         )
 
     # --- state ---

@@ -42,9 +42,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from gangwatch.detectors.base import finding
+from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Framework, Record
+from gangwatch.schemas.evidence import Evidence
 
 _CRASH_TYPES = frozenset({"exit", "exception", "oom"})
 NOT_STARTED, LIVE, SILENT, EXITED = 0, 1, 2, 3
@@ -64,11 +65,92 @@ def clean_exit(rec: Framework) -> bool:
     return rec.type == "exit" and rec.extra.get("code") == 0
 
 
+# --- what it finds ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessFailure(Evidence):
+    """A rank's process exited (non-zero or unknown code), raised, or ran out of memory."""
+
+    cause: str  # the framework record's type: exit, exception, oom
+    ranks: list[int]
+    message: str  # the framework's own text, first 500 characters
+    node_ranks: int  # ranks on the node
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeartbeatLoss(Evidence):
+    """Ranks of one node stopped heartbeating while the rest of the job went on."""
+
+    cause: str  # "heartbeat"
+    ranks: list[int]  # the silent ranks
+    node_ranks: int
+    whole_node: bool  # no rank of the node is left alive
+    first_silent_ts: float  # the earliest last record of a silent rank
+    last_seen_ts: float  # the latest one
+    timeout_s: float  # silence that makes a rank missing
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MonitoringGap(Evidence):
+    """Every live rank of the job fell silent at once."""
+
+    cause: str  # "heartbeat"
+    silent_ranks: int
+    job_ranks: int
+    silent_nodes: int
+    first_silent_ts: float
+    last_seen_ts: float
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartTimeout(Evidence):
+    """Ranks never heard from `start_timeout_s` after the job record."""
+
+    ranks: list[int]  # the ranks that never reported
+    nodes: list[str]  # their nodes
+    job_ranks: int
+    job_ts: float  # the job record's time
+    start_timeout_s: float
+
+
+def _fail_stop_weight(f: Finding, ev: ProcessFailure | HeartbeatLoss) -> float:
+    if isinstance(ev, HeartbeatLoss):
+        return 0.9 if ev.whole_node else 0.7
+    return 0.5  # a process exit or exception: a rank, maybe not the machine
+
+
+def _start_timeout_says(f: Finding, ev: StartTimeout) -> str:
+    more = f" and {len(ev.nodes) - 8} more" if len(ev.nodes) > 8 else ""
+    return (f"{len(ev.ranks)} of {ev.job_ranks} ranks never reported within {ev.start_timeout_s} s of the job start "
+            f"(on {', '.join(ev.nodes[:8])}{more}): check how they were launched; a start that never happened "
+            "evicts nobody")
+
+
+def _monitoring_gap_says(f: Finding, ev: MonitoringGap) -> str:
+    return (f"all {ev.silent_ranks} live ranks on {ev.silent_nodes} nodes fell silent at once: the monitoring path "
+            "(sidecars, broker, collector) failed or the job stopped without a word, which is no node's fault: "
+            "check them before touching any node")
+
+
+FAIL_STOP = FindingType("fail_stop", (ProcessFailure, HeartbeatLoss), Policy(
+    incident="fail_stop", verdict=lambda f, ev: ev.cause == "heartbeat", node_level=True, weight=_fail_stop_weight,
+    risk=0.8, onset="last_seen_ts", software=lambda f, ev: ev.cause in _CRASH_TYPES))
+# facts about the whole job: never evidence against a node, escalated to a human with what they mean; a node
+# whose ranks never started is mildly suspect, a monitoring gap is the job's, never a node's
+MONITORING_GAP = FindingType("monitoring_gap", MonitoringGap, Policy(
+    incident="unknown", job_level=True, risk=0.0, onset="last_seen_ts", describe=_monitoring_gap_says))
+START_TIMEOUT = FindingType("start_timeout", StartTimeout, Policy(
+    incident="unknown", job_level=True, risk=0.2, describe=_start_timeout_says))
+
+
 class FailStopDetector:
     """Start-up, missed heartbeats and crashed processes of one job."""
 
     name: ClassVar[str] = "failstop"
     kinds: ClassVar[frozenset[str]] = frozenset({"heartbeat", "step", "framework"})
+    finding_types: ClassVar[tuple[FindingType, ...]] = (FAIL_STOP, MONITORING_GAP, START_TIMEOUT)
 
     def __init__(self, topo: Topology, config: FailStopConfig | None = None) -> None:
         self.config = config or FailStopConfig()
@@ -127,11 +209,11 @@ class FailStopDetector:
 
     def _crash(self, rec: Framework) -> list[Finding]:
         node = self.topo.node_of(rec.rank)
-        return [finding(
-            ts=rec.ts, job=self.topo.job, type="fail_stop", detector="failstop.process", topo=self.topo,
+        return [FAIL_STOP.finding(
+            ts=rec.ts, job=self.topo.job, detector="failstop.process", topo=self.topo,
             rank=rec.rank, key=(rec.rank, rec.type, rec.ts), score=1.0,
-            evidence={"cause": rec.type, "ranks": [rec.rank], "message": (rec.message or "")[:500],
-                      "node_ranks": len(self.topo.node_ranks.get(node, ()))},
+            evidence=ProcessFailure(cause=rec.type, ranks=[rec.rank], message=(rec.message or "")[:500],
+                                    node_ranks=len(self.topo.node_ranks.get(node, ()))),
         )]
 
     # --- advance --------------------------------------------------------------
@@ -173,27 +255,27 @@ class FailStopDetector:
                 continue  # give its siblings time to time out too
             self.status[new] = SILENT
             silent_since = float(self.last_seen[new].min())
-            out.append(finding(
-                ts=t, job=self.topo.job, type="fail_stop", detector="failstop.heartbeat", node=node,
+            out.append(FAIL_STOP.finding(
+                ts=t, job=self.topo.job, detector="failstop.heartbeat", node=node,
                 key=(node, silent_since), score=len(new) / len(ranks),
                 rank=int(new[0]) if len(new) == 1 else None, topo=self.topo,
-                evidence={"cause": "heartbeat", "ranks": new.tolist(), "node_ranks": len(ranks),
-                          "whole_node": whole, "first_silent_ts": round(silent_since, 6),
-                          "last_seen_ts": round(float(self.last_seen[new].max()), 6),
-                          "timeout_s": self.timeout},
+                evidence=HeartbeatLoss(cause="heartbeat", ranks=new.tolist(), node_ranks=len(ranks),
+                                       whole_node=whole, first_silent_ts=round(silent_since, 6),
+                                       last_seen_ts=round(float(self.last_seen[new].max()), 6),
+                                       timeout_s=self.timeout),
             ))
         return out
 
     def _monitoring_gap(self, t: float, live: np.ndarray) -> Finding:
         self.status[live] = SILENT
         seen = self.last_seen[live]
-        return finding(
-            ts=t, job=self.topo.job, type="monitoring_gap", detector="failstop.heartbeat",
+        return MONITORING_GAP.finding(
+            ts=t, job=self.topo.job, detector="failstop.heartbeat",
             key=("job", float(seen.max())), score=1.0,
-            evidence={"cause": "heartbeat", "silent_ranks": int(live.sum()), "job_ranks": self.topo.size,
-                      "silent_nodes": len(np.unique(self.topo.node_index[live])),
-                      "first_silent_ts": round(float(seen.min()), 6), "last_seen_ts": round(float(seen.max()), 6),
-                      "timeout_s": self.timeout},
+            evidence=MonitoringGap(cause="heartbeat", silent_ranks=int(live.sum()), job_ranks=self.topo.size,
+                                   silent_nodes=len(np.unique(self.topo.node_index[live])),
+                                   first_silent_ts=round(float(seen.min()), 6),
+                                   last_seen_ts=round(float(seen.max()), 6), timeout_s=self.timeout),
         )
 
     def _start_timeout(self, t: float) -> list[Finding]:
@@ -201,12 +283,12 @@ class FailStopDetector:
         if not len(never):
             return []
         nodes = self.topo.nodes_of(never)
-        return [finding(
-            ts=t, job=self.topo.job, type="start_timeout", detector="failstop.start",
+        return [START_TIMEOUT.finding(
+            ts=t, job=self.topo.job, detector="failstop.start",
             key=("start", self.topo.ts), node=nodes[0] if len(nodes) == 1 else None,
             score=len(never) / self.topo.size,
-            evidence={"ranks": never.tolist(), "nodes": nodes, "job_ranks": self.topo.size,
-                      "job_ts": round(self.topo.ts, 6), "start_timeout_s": self.config.start_timeout_s},
+            evidence=StartTimeout(ranks=never.tolist(), nodes=nodes, job_ranks=self.topo.size,
+                                  job_ts=round(self.topo.ts, 6), start_timeout_s=self.config.start_timeout_s),
         )]
 
     # --- state ----------------------------------------------------------------

@@ -28,14 +28,15 @@ One ``stack_outlier`` finding (detector ``flight``) per suspect rank.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
-from gangwatch.detectors.base import finding
-from gangwatch.detectors.sweeps import Sweep, SweepDetector
+from gangwatch.detectors.registry import FindingType, Policy, Typed
+from gangwatch.detectors.sweeps import Sweep, SweepDetector, SweepEvidence
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Flight, Record
+from gangwatch.schemas.evidence import absent
 
 _REASON_ORDER = {"never_enqueued": 0, "never_started": 1, "op_mismatch": 2, "size_mismatch": 3, "dtype_mismatch": 4}
 _EVIDENCE_REASONS = 16
@@ -211,6 +212,59 @@ def _mismatches(pg: str, desc: str | None, ranks: list[int], views: Mapping[int,
 # --- detector ------------------------------------------------------------------------------
 
 
+# --- what it finds ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FlightBehind(SweepEvidence):
+    """A rank that never enqueued (or never started) the collective the rest of its group waits in."""
+
+    pg: str
+    desc: str | None  # the group's description
+    seq: int  # the frontier collective's sequence id in the group
+    op: str | None
+    reason: str  # never_enqueued | never_started
+    size: int | None
+    dtype: str | None
+    last_enqueued: int
+    last_started: int
+    last_completed: int
+    group_size: int
+    ranks_waiting: int
+    cycle: bool | None = absent()  # True: everyone waits on everyone (a cycle), so less sure
+    ranks_reported: int  # dumps in the sweep
+    reasons: list[dict[str, Any]]  # every reason found for this rank: {pg, seq, op, reason} (first 16)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FlightMismatch(SweepEvidence):
+    """A rank whose collective at `seq` disagrees with its group's majority in op, size or dtype."""
+
+    pg: str
+    desc: str | None
+    seq: int
+    op: str | None
+    reason: str  # op_mismatch | size_mismatch | dtype_mismatch
+    size: int | None
+    dtype: str | None
+    expected: Any  # the majority's value
+    got: Any
+    ranks_agreeing: int
+    ranks_compared: int
+    ranks_reported: int
+    reasons: list[dict[str, Any]]
+
+
+def _flight_specificity(sweep: Sequence[Typed]) -> list[float]:
+    """The highest-scoring suspect of a sweep is the likeliest cause, the others its victims."""
+    top = max((t.finding.score or 0.0) for t in sweep) or 1.0
+    return [1.0 if (t.finding.score or 0.0) >= top else 0.5 * (t.finding.score or 0.0) / top for t in sweep]
+
+
+STACK_OUTLIER = FindingType("stack_outlier", (FlightBehind, FlightMismatch), Policy(
+    incident="hang", weight=0.7, risk=0.3, sweep_result=True, specificity=_flight_specificity))
+
+
 @dataclass(frozen=True)
 class FlightConfig:
     window_s: float = 30.0  # analyse a partial snapshot this long after its first record
@@ -227,6 +281,7 @@ class FlightDetector(SweepDetector):
     name: ClassVar[str] = "flight"
     kind: ClassVar[str] = "flight"
     kinds: ClassVar[frozenset[str]] = frozenset({"flight"})
+    finding_types: ClassVar[tuple[FindingType, ...]] = (STACK_OUTLIER,)
 
     def __init__(self, topo: Topology, config: FlightConfig | None = None) -> None:
         self.config = config or FlightConfig()
@@ -245,13 +300,13 @@ class FlightDetector(SweepDetector):
         out = []
         for rank, reasons in sorted(by_rank.items()):
             top = reasons[0]
-            evidence = {"snapshot": snapshot, "pg": top.pg, "desc": top.desc, "seq": top.seq, "op": top.op,
-                        "reason": top.reason, "size": top.size, "dtype": top.dtype, **top.detail,
-                        "ranks_reported": len(views),
-                        "reasons": [{"pg": s.pg, "seq": s.seq, "op": s.op, "reason": s.reason}
-                                    for s in reasons[:_EVIDENCE_REASONS]]}
-            out.append(finding(
-                ts=ts, job=self.topo.job, type="stack_outlier", detector="flight", topo=self.topo,
+            shape = FlightMismatch if top.reason.endswith("_mismatch") else FlightBehind
+            evidence = shape(snapshot=snapshot, pg=top.pg, desc=top.desc, seq=top.seq, op=top.op, reason=top.reason,
+                             size=top.size, dtype=top.dtype, **top.detail, ranks_reported=len(views),
+                             reasons=[{"pg": s.pg, "seq": s.seq, "op": s.op, "reason": s.reason}
+                                      for s in reasons[:_EVIDENCE_REASONS]])
+            out.append(STACK_OUTLIER.finding(
+                ts=ts, job=self.topo.job, detector="flight", topo=self.topo,
                 rank=rank if rank < self.topo.size else None, key=(snapshot, rank),
                 score=max(s.score for s in reasons), evidence=evidence,
             ))

@@ -16,9 +16,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from gangwatch.detectors.base import finding
+from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Record
+from gangwatch.schemas.evidence import Evidence
 
 
 @dataclass(frozen=True)
@@ -31,11 +32,29 @@ class HangConfig:
     max_lagging_frac: float = 0.1  # lagging ranks are reported only when they are this small a minority
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HangEvidence(Evidence):
+    """No step progress for `threshold_s` after `last_step`."""
+
+    last_step: int  # the newest step any rank finished
+    last_progress_ts: float  # when it was first seen
+    threshold_s: float  # the stall that counts as a hang, from the job's rhythm
+    baseline_s: float | None  # median step interval (None: no baseline yet)
+    lagging_ranks: list[int]  # ranks behind the newest step, when a small minority (a hint, no verdict)
+
+
+# names no culprit; the incident it opens asks for a stack + flight-recorder sweep
+HANG = FindingType("hang", HangEvidence, Policy(
+    incident="hang", risk=0.0, onset="last_progress_ts", sweep=True,
+    describe=lambda f, ev: f"no step progress for {ev.threshold_s} s after step {ev.last_step}"))
+
+
 class HangDetector:
     """Job-wide step progress of one job."""
 
     name: ClassVar[str] = "hang"
     kinds: ClassVar[frozenset[str]] = frozenset({"step"})
+    finding_types: ClassVar[tuple[FindingType, ...]] = (HANG,)
 
     def __init__(self, topo: Topology, config: HangConfig | None = None) -> None:
         self.config = config or HangConfig()
@@ -90,13 +109,14 @@ class HangDetector:
         self.reported = True
         lagging = np.flatnonzero(self.last_step < self.max_step)
         hint = lagging.tolist() if 0 < len(lagging) <= self.config.max_lagging_frac * self.topo.size else []
-        return [finding(
-            ts=self.progress_ts + threshold, job=self.topo.job, type="hang", detector="hang.progress",
+        return [HANG.finding(
+            ts=self.progress_ts + threshold, job=self.topo.job, detector="hang.progress",
             key=(self.max_step, self.progress_ts), score=1.0,
-            evidence={"last_step": int(self.max_step), "last_progress_ts": round(self.progress_ts, 6),
-                      "threshold_s": round(threshold, 3),
-                      "baseline_s": round(float(np.median(self.intervals)), 6) if self.intervals else None,
-                      "lagging_ranks": hint},
+            evidence=HangEvidence(
+                last_step=int(self.max_step), last_progress_ts=round(self.progress_ts, 6),
+                threshold_s=round(threshold, 3),
+                baseline_s=round(float(np.median(self.intervals)), 6) if self.intervals else None,
+                lagging_ranks=hint),
         )]
 
     def state(self) -> dict[str, Any]:

@@ -23,10 +23,11 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from gangwatch.detectors.base import finding
+from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.topology import Topology
 from gangwatch.detectors.xid import is_verdict, lookup
 from gangwatch.schemas import Finding, Gpu, Hw, Record
+from gangwatch.schemas.evidence import Evidence
 
 _THROTTLE_DEGRADED = frozenset({"hw_thermal", "sw_thermal", "hw_slowdown", "hw_power_brake", "power_brake"})
 # the link-state words the kernel prints (same phrases as producers/kmsg.py recognises)
@@ -45,11 +46,48 @@ class HardwareConfig:
     clean_samples: int = 3  # samples without the condition before a GPU condition re-arms
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HwEvent(Evidence):
+    """A hardware or OS event (or `count` copies of it within the storm window), graded."""
+
+    severity: str  # fatal, degraded, evidence, precursor
+    source: str  # the hw record's source (xid, ecc, nic, pcie, ...) or nvml
+    code: int | None  # e.g. the Xid
+    name: str  # e.g. the Xid's catalog name, NIC_DOWN, THROTTLE:hw_thermal
+    count: int
+    message: str  # the raw line, first 500 characters
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NicFlap(HwEvent):
+    """A NIC link that went down and came back within `nic_flap_s`."""
+
+    down_s: float  # how long it was down
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuCondition(HwEvent):
+    """A condition of an NVML sample (throttling, pending row remap, heat, an error-counter surge)."""
+
+    temp_c: float | None
+    sm_clock_mhz: float | None
+
+
+_HW_WEIGHT = {"fatal": 0.95, "degraded": 0.4, "evidence": 0.3}  # precursors point at nobody
+_HW_RISK = {"fatal": 1.0, "degraded": 0.3, "evidence": 0.2, "precursor": 0.1}
+# a fatal event is a verdict and makes the incident a fail-stop; the rest corroborates or only raises risk
+HW_FAULT = FindingType("hw_fault", (HwEvent, NicFlap, GpuCondition), Policy(
+    incident="fail_stop", opens=lambda f, ev: ev.severity == "fatal", verdict=lambda f, ev: ev.severity == "fatal",
+    node_level=True, weight=lambda f, ev: _HW_WEIGHT.get(ev.severity, 0.0),
+    risk=lambda f, ev: _HW_RISK.get(ev.severity, 0.1), grade=lambda f, ev: ev.severity, label=lambda f, ev: ev.name))
+
+
 class HardwareDetector:
     """Kernel-log events and NVML samples of the nodes of one job."""
 
     name: ClassVar[str] = "hardware"
     kinds: ClassVar[frozenset[str]] = frozenset({"hw", "gpu"})
+    finding_types: ClassVar[tuple[FindingType, ...]] = (HW_FAULT,)
 
     def __init__(self, topo: Topology, config: HardwareConfig | None = None) -> None:
         self.config = config or HardwareConfig()
@@ -119,7 +157,7 @@ class HardwareDetector:
         if rec.ts >= down["ts"] + self.config.nic_flap_s:  # an outage, not a flap: reported as NIC_DOWN
             return [] if down.get("reported") else [self._nic_down_finding(key, down)]  # (advance lagged behind)
         return [self._finding(rec.ts, rec.node, None, "nic", None, "precursor", "NIC_FLAP", 1, down["message"],
-                              key=(key, down["ts"]), extra={"down_s": round(rec.ts - down["ts"], 3)})]
+                              key=(key, down["ts"]), shape=NicFlap, down_s=round(rec.ts - down["ts"], 3))]
 
     def _gpu(self, rec: Gpu) -> list[Finding]:
         cfg = self.config
@@ -150,8 +188,8 @@ class HardwareDetector:
         for cond, (sev, name) in conditions.items():
             if cond not in active:
                 out.append(self._finding(rec.ts, rec.node, rec.gpu, "nvml", None, sev, name, 1, "",
-                                         key=(key, cond, rec.ts), extra={"temp_c": rec.temp_c,
-                                                                          "sm_clock_mhz": rec.sm_clock_mhz}))
+                                         key=(key, cond, rec.ts), shape=GpuCondition, temp_c=rec.temp_c,
+                                         sm_clock_mhz=rec.sm_clock_mhz))
             active[cond] = 0
         for cond in list(active):
             if cond not in conditions:
@@ -206,13 +244,14 @@ class HardwareDetector:
                              "NIC_DOWN", 1, down["message"], key=(key, down["ts"]))
 
     def _finding(self, ts: float, node: str, gpu: int | None, source: str, code: int | None, severity: str,
-                 name: str, count: int, message: str, *, key: object, extra: dict | None = None) -> Finding:
+                 name: str, count: int, message: str, *, key: object, shape: type[HwEvent] = HwEvent,
+                 **more: Any) -> Finding:
         rank = self.topo.rank_on(node, gpu) if gpu is not None else None
         score = {"fatal": 1.0, "degraded": 0.6, "evidence": 0.3, "precursor": 0.1}[severity]
-        evidence = {"severity": severity, "source": source, "code": code, "name": name, "count": count,
-                    "message": message[:500], **(extra or {})}
-        return finding(ts=ts, job=self.topo.job, type="hw_fault", detector=f"hardware.{source}", key=key,
-                       topo=self.topo, rank=rank, node=node, gpu=gpu, score=score, evidence=evidence)
+        evidence = shape(severity=severity, source=source, code=code, name=name, count=count, message=message[:500],
+                         **more)
+        return HW_FAULT.finding(ts=ts, job=self.topo.job, detector=f"hardware.{source}", key=key,
+                                topo=self.topo, rank=rank, node=node, gpu=gpu, score=score, evidence=evidence)
 
     # --- state --------------------------------------------------------------------
 

@@ -10,24 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from gangwatch.detectors.base import Detector
-from gangwatch.detectors.comm import CommDetector
-from gangwatch.detectors.failslow import FailSlowDetector
-from gangwatch.detectors.failstop import FailStopDetector
-from gangwatch.detectors.flight import FlightDetector
-from gangwatch.detectors.hang import HangDetector
-from gangwatch.detectors.hardware import HardwareDetector
-from gangwatch.detectors.sdc import SdcDetector
-from gangwatch.detectors.slowdown import JobSlowdownDetector
-from gangwatch.detectors.stacks import StackDetector
+from gangwatch.detectors.catalog import DEFAULT_DETECTORS  # the detectors every job gets, in emission order
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Job, Record, to_dict
 from gangwatch.schemas.codec import decode_obj
 
-# The detectors every job gets, in the order their findings are emitted.
-DEFAULT_DETECTORS: tuple[type, ...] = (
-    FailStopDetector, HangDetector, FailSlowDetector, JobSlowdownDetector, SdcDetector, CommDetector,
-    HardwareDetector, StackDetector, FlightDetector,
-)
+__all__ = ["DEFAULT_DETECTORS", "JobMonitor"]
 
 
 class JobMonitor:

@@ -25,11 +25,12 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from gangwatch.detectors.base import finding
+from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.steps import BufferConfig, Closed, StepBuffer, StepScorer, median
 from gangwatch.detectors.steps import finite_or_none as _fin
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding
+from gangwatch.schemas.evidence import Evidence
 
 _MAD_TO_SIGMA = 1.4826
 _METRICS = ("loss", "grad_norm")
@@ -109,6 +110,62 @@ def jump_score(v: float, history: np.ndarray, floor_frac: float) -> tuple[float,
     return base, (v - base) / scale, (v / base if base > 0 else None)
 
 
+# --- what it finds ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaMismatch(Evidence):
+    """One rank's digest differs from the clear majority of its (tp, pp) shard's replicas."""
+
+    step: int
+    digest: str  # its digest
+    majority_digest: str
+    shard: int
+    tp: int
+    pp: int
+    replicas: int  # replicas of the shard that reported a digest
+    agree: int  # replicas holding the majority digest
+    minority_ranks: list[int]  # every minority rank of the shard (at most 16)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WidespreadMismatch(Evidence):
+    """Many shards disagree in one step: no single bad GPU (a digest that is not replica-invariant, software)."""
+
+    step: int
+    reason: str  # "widespread"
+    shards_mismatched: int
+    shards: int  # shards with at least two replicas reporting
+    ranks_minority: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NumericAnomaly(Evidence):
+    """The job's loss or grad-norm went non-finite, or jumped far above its baseline."""
+
+    metric: str  # loss or grad_norm
+    value: float | str | None  # the job's value (median over ranks), or "NaN" / "Infinity" / "-Infinity"
+    baseline: float | None
+    z: float | None  # robust z against the baseline
+    ratio: float | None  # value / baseline
+    step: int
+    nonfinite: bool
+    ranks_nonfinite: int
+
+    @property
+    def fault(self) -> bool:
+        """Strong enough to be a fault on its own: NaN / Inf, or a 5x jump (a benign spike is ~1.3x)."""
+        return self.nonfinite or (self.ratio or 0) >= 5.0
+
+
+SDC_SUSPECT = FindingType("sdc_suspect", (ReplicaMismatch, WidespreadMismatch, NumericAnomaly), Policy(
+    incident="sdc",
+    # a suspect rank opens it; job-wide numbers only when they are a fault, and then they name nobody
+    opens=lambda f, ev: f.rank is not None or (isinstance(ev, NumericAnomaly) and ev.fault),
+    verdict=lambda f, ev: f.rank is not None, node_level=True,
+    weight=lambda f, ev: 0.9 if f.rank is not None else 0.0, risk=0.8))
+
+
 # --- the detector -------------------------------------------------------------------------------
 
 
@@ -116,6 +173,7 @@ class SdcDetector(StepScorer):
     """Replica-digest disagreement (names ranks) and loss / grad-norm blow-ups (job-wide)."""
 
     name: ClassVar[str] = "sdc"
+    finding_types: ClassVar[tuple[FindingType, ...]] = (SDC_SUSPECT,)
 
     def __init__(self, topo: Topology, config: SdcConfig | None = None) -> None:
         self.config = config or SdcConfig()
@@ -180,12 +238,13 @@ class SdcDetector(StepScorer):
         peers = np.flatnonzero((self.topo.shard == s) & vote.minority)
         share = vote.major_count[s] / vote.total[s]
         info = self.topo.ranks[r]
-        return finding(
-            ts=c.ts, job=self.topo.job, type="sdc_suspect", detector="sdc.digest", topo=self.topo, rank=r,
+        return SDC_SUSPECT.finding(
+            ts=c.ts, job=self.topo.job, detector="sdc.digest", topo=self.topo, rank=r,
             key=(r, c.step), score=float(share),
-            evidence={"step": c.step, "digest": vocab[codes[r]], "majority_digest": vocab[vote.major_code[s]],
-                      "shard": s, "tp": info.tp, "pp": info.pp, "replicas": int(vote.total[s]),
-                      "agree": int(vote.major_count[s]), "minority_ranks": peers[:_MAX_LISTED].tolist()},
+            evidence=ReplicaMismatch(
+                step=c.step, digest=vocab[codes[r]], majority_digest=vocab[vote.major_code[s]], shard=s, tp=info.tp,
+                pp=info.pp, replicas=int(vote.total[s]), agree=int(vote.major_count[s]),
+                minority_ranks=peers[:_MAX_LISTED].tolist()),
         )
 
     def _widespread(self, c: Closed, vote: DigestVote, bad_shards: np.ndarray, multi: int) -> list[Finding]:
@@ -193,11 +252,11 @@ class SdcDetector(StepScorer):
         if self.wide_episode:
             return []
         self.wide_episode = True
-        return [finding(
-            ts=c.ts, job=self.topo.job, type="sdc_suspect", detector="sdc.digest", key=("widespread", c.step),
+        return [SDC_SUSPECT.finding(
+            ts=c.ts, job=self.topo.job, detector="sdc.digest", key=("widespread", c.step),
             score=bad_shards.size / max(multi, 1),
-            evidence={"step": c.step, "reason": "widespread", "shards_mismatched": int(bad_shards.size),
-                      "shards": multi, "ranks_minority": int(vote.minority.sum())},
+            evidence=WidespreadMismatch(step=c.step, reason="widespread", shards_mismatched=int(bad_shards.size),
+                                        shards=multi, ranks_minority=int(vote.minority.sum())),
         )]
 
     # --- numbers ---
@@ -230,13 +289,14 @@ class SdcDetector(StepScorer):
             self.num_episode[m] = True
             if base is None and len(self.hist[m]):
                 base = median(np.fromiter(self.hist[m], dtype=np.float64))
-            out.append(finding(
-                ts=c.ts, job=self.topo.job, type="sdc_suspect", detector="sdc.numeric", key=(m, c.step),
+            out.append(SDC_SUSPECT.finding(
+                ts=c.ts, job=self.topo.job, detector="sdc.numeric", key=(m, c.step),
                 score=None if z is None else z,
-                evidence={"metric": m, "value": label if label is not None else _fin(v),
-                          "baseline": None if base is None else _fin(base), "z": None if z is None else _fin(z),
-                          "ratio": None if ratio is None else _fin(ratio), "step": c.step,
-                          "nonfinite": label is not None, "ranks_nonfinite": n_bad},
+                evidence=NumericAnomaly(
+                    metric=m, value=label if label is not None else _fin(v),
+                    baseline=None if base is None else _fin(base), z=None if z is None else _fin(z),
+                    ratio=None if ratio is None else _fin(ratio), step=c.step, nonfinite=label is not None,
+                    ranks_nonfinite=n_bad),
             ))
         if seen_any and warming:
             self.warm += 1

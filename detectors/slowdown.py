@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from gangwatch.detectors.base import finding
+from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.steps import (
     BufferConfig,
     Closed,
@@ -26,6 +26,7 @@ from gangwatch.detectors.steps import (
 )
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding
+from gangwatch.schemas.evidence import Evidence
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,27 @@ class SlowdownConfig:
     buffer: BufferConfig = BufferConfig()
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlowdownEvidence(Evidence):
+    """The job's step time (median over ranks) `ratio` x its baseline for `steps` steps."""
+
+    step_s: float | None
+    baseline_s: float | None
+    ratio: float
+    steps: int  # consecutive slow steps so far
+    step: int
+    first_step: int | None  # the first slow step of the episode
+
+
+# everybody is slow: no incident, no node, nobody's risk; it joins an open incident as context
+JOB_SLOWDOWN = FindingType("job_slowdown", SlowdownEvidence, Policy())
+
+
 class JobSlowdownDetector(StepScorer):
     """The whole job is slower than its own recent past; nobody in particular is to blame."""
 
     name: ClassVar[str] = "slowdown"
+    finding_types: ClassVar[tuple[FindingType, ...]] = (JOB_SLOWDOWN,)
 
     def __init__(self, topo: Topology, config: SlowdownConfig | None = None) -> None:
         self.config = config or SlowdownConfig()
@@ -104,12 +122,12 @@ class JobSlowdownDetector(StepScorer):
                 self.first_slow = c.step
             if not self.in_episode and self.slow_run >= cfg.min_steps:
                 self.in_episode = True
-                out.append(finding(
-                    ts=c.ts, job=self.topo.job, type="job_slowdown", detector="slowdown.step_time",
+                out.append(JOB_SLOWDOWN.finding(
+                    ts=c.ts, job=self.topo.job, detector="slowdown.step_time",
                     key=("slowdown", self.first_slow), score=ratio,
-                    evidence={"step_s": finite_or_none(job_s), "baseline_s": finite_or_none(base),
-                              "ratio": round(ratio, 4), "steps": self.slow_run, "step": c.step,
-                              "first_step": self.first_slow},
+                    evidence=SlowdownEvidence(step_s=finite_or_none(job_s), baseline_s=finite_or_none(base),
+                                              ratio=round(ratio, 4), steps=self.slow_run, step=c.step,
+                                              first_step=self.first_slow),
                 ))
             if self.slow_run >= cfg.rebaseline_steps:  # the new normal
                 self.healthy = deque(self.recent, maxlen=cfg.history)

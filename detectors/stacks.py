@@ -27,8 +27,8 @@ from functools import cache
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
-from gangwatch.detectors.base import finding
-from gangwatch.detectors.sweeps import Sweep, SweepDetector
+from gangwatch.detectors.registry import FindingType, Policy, Typed
+from gangwatch.detectors.sweeps import Sweep, SweepDetector, SweepEvidence
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Record, Stack
 
@@ -287,12 +287,40 @@ class StackConfig:
     remember_done: int = 256  # analysed snapshot ids remembered, to drop their late records
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StackOutlier(SweepEvidence):
+    """A rank whose call path belongs to a small cluster, away from the dominant one of its stage."""
+
+    cluster: int  # the cluster's id within the sweep (0: the dominant one)
+    cluster_size: int  # ranks in its cluster
+    dominant_size: int
+    ranks_compared: int  # ranks of its stage (or the sweep) clustered together
+    stage: int
+    ranks_reported: int  # dumps in the sweep
+    node_suspects: int  # suspect ranks on its node
+    frames: list[str]  # frames its path has and the dominant one lacks (first 16)
+    missing_frames: list[str]  # frames the dominant path has and its lacks
+    top_frame: str | None
+
+
+def _stack_specificity(sweep: Sequence[Typed]) -> list[float]:
+    """A stuck rank drags its pipeline neighbours into odd stacks too: the smallest cluster is the likeliest cause."""
+    sizes = [max(1, int(t.evidence.cluster_size or 1)) for t in sweep]
+    best = min(sizes)
+    return [best / size for size in sizes]
+
+
+STACK_OUTLIER = FindingType("stack_outlier", StackOutlier, Policy(
+    incident="hang", weight=0.6, risk=0.3, sweep_result=True, specificity=_stack_specificity))
+
+
 class StackDetector(SweepDetector):
     """Outlier stacks in stack sweeps of one job (``stack_outlier`` findings, one per suspect rank)."""
 
     name: ClassVar[str] = "stacks"
     kind: ClassVar[str] = "stack"
     kinds: ClassVar[frozenset[str]] = frozenset({"stack"})
+    finding_types: ClassVar[tuple[FindingType, ...]] = (STACK_OUTLIER,)
 
     def __init__(self, topo: Topology, config: StackConfig | None = None) -> None:
         self.config = config or StackConfig()
@@ -333,14 +361,14 @@ class StackDetector(SweepDetector):
         for rank, stage, c, dom, n in sorted(suspects, key=lambda s: s[0]):
             extra, missing = distinguishing_frames(c.signature, dom.signature)
             node = self.topo.node_of(rank)
-            out.append(finding(
-                ts=ts, job=self.topo.job, type="stack_outlier", detector="stacks", topo=self.topo, rank=rank,
+            out.append(STACK_OUTLIER.finding(
+                ts=ts, job=self.topo.job, detector="stacks", topo=self.topo, rank=rank,
                 key=(snapshot, rank), score=c.distance,
-                evidence={"snapshot": snapshot, "cluster": c.id, "cluster_size": len(c.ranks),
-                          "dominant_size": len(dom.ranks), "ranks_compared": n, "stage": stage,
-                          "ranks_reported": len(sigs), "node_suspects": per_node[node],
-                          "frames": extra[:_EVIDENCE_FRAMES], "missing_frames": missing[:_EVIDENCE_FRAMES],
-                          "top_frame": c.signature[0] if c.signature else None},
+                evidence=StackOutlier(snapshot=snapshot, cluster=c.id, cluster_size=len(c.ranks),
+                                      dominant_size=len(dom.ranks), ranks_compared=n, stage=stage,
+                                      ranks_reported=len(sigs), node_suspects=per_node[node],
+                                      frames=extra[:_EVIDENCE_FRAMES], missing_frames=missing[:_EVIDENCE_FRAMES],
+                                      top_frame=c.signature[0] if c.signature else None),
             ))
         return out
 

@@ -5,7 +5,9 @@ the topology has reported, or `window_s` of event time after its first record,
 whichever comes first. Records of a sweep already analysed, or arriving after
 its window, are dropped. At most `max_pending` sweeps are collected at once.
 `SweepDetector` does the bookkeeping; a subclass says what it keeps of a record
-(`entry`) and what a finished sweep means (`analyse`).
+(`entry`) and what a finished sweep means (`analyse`). The evidence of what a
+sweep finds starts with the sweep's id (`SweepEvidence`), so triage can weigh
+the findings of one sweep against each other.
 """
 
 from __future__ import annotations
@@ -17,6 +19,14 @@ from typing import Any, ClassVar
 
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Record
+from gangwatch.schemas.evidence import Evidence
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepEvidence(Evidence):
+    """Evidence of a finding about one sweep: first of all, which one."""
+
+    snapshot: str  # the sweep's id
 
 
 @dataclass

@@ -40,10 +40,6 @@ FRAMEWORK_TYPES = ("nccl_timeout", "nccl_error", "barrier_timeout", "exception",
 STACK_FORMATS = ("py-spy", "frames")
 FLIGHT_STATES = ("scheduled", "started", "completed")
 RECOVERY_PHASES = ("accepted", "replaced", "ckpt_loaded", "comm_ready", "resumed", "failed")
-FINDING_TYPES = (
-    "fail_stop", "fail_slow", "hang", "sdc_suspect", "hw_fault", "job_slowdown", "comm_error", "stack_outlier",
-    "start_timeout", "monitoring_gap",
-)
 ACTION_TYPES = (
     "replace", "evict_group", "rollback", "isolate", "dual_run", "degrade",
     "restart_in_process", "requeue", "collect_stacks", "escalate",
@@ -265,12 +261,16 @@ class Recovery:
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One detector's judgement; `ts` is when the pipeline could first have known it."""
+    """One detector's judgement; `ts` is when the pipeline could first have known it.
+
+    `type` is open: each detector declares the types it emits, with the shape of their `evidence`
+    (`gangwatch.detectors.catalog.REGISTRY`), so a new detector needs no new contract version.
+    """
 
     id: ID
     ts: float
     job: ID
-    type: Annotated[str, Meta(enum=FINDING_TYPES)]
+    type: ID
     detector: ID
     rank: RANK | None = None
     node: ID | None = None

@@ -1,6 +1,10 @@
 """Triage of one job: findings become incidents, incidents get decisions, recovery closes them.
 
 Flow, all on event time:
+What a finding means here is not written here: each finding type's policy is
+declared beside its detector (`detectors.registry.Policy`), and triage asks a
+finding's typed view (`detectors.catalog.typed`) for it.
+
 1. Every finding updates its node's profile. Precursors, job-wide slowdowns and
    numeric blips stop there.
 2. A finding that signals an interruption opens the job's incident (or joins the
@@ -22,7 +26,9 @@ from __future__ import annotations
 from typing import Any
 
 from gangwatch.detectors.base import stable_id
+from gangwatch.detectors.catalog import typed
 from gangwatch.detectors.failstop import clean_exit
+from gangwatch.detectors.registry import Typed
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import EVICTING_ACTIONS, Action, Finding, Outputs, Record, decode_obj, to_dict
 from gangwatch.triage.config import TriageConfig
@@ -34,8 +40,6 @@ from gangwatch.triage.safety import Guards
 
 _CORROBORATE_S = 1800.0  # a numeric anomaly this soon after an SDC decision belongs to it
 _KEEP_WAITING = 16
-_OPENS = {"fail_stop": "fail_stop", "hang": "hang", "fail_slow": "fail_slow", "sdc_suspect": "sdc",
-          "comm_error": "hang", "stack_outlier": "hang", "start_timeout": "unknown", "monitoring_gap": "unknown"}
 
 
 class Triage:
@@ -51,7 +55,7 @@ class Triage:
         # decided incidents of jobs that kept running (SDC, stragglers): they no longer gather evidence but
         # still wait for the controller's recovery records; the newest few are kept
         self.waiting: list[Timeline] = []
-        self.evidence: list[Finding] = []  # findings of the open incident
+        self.gathered: list[Typed] = []  # the findings of the open incident, typed
         self.spares_used = 0
         self.max_step = -1
         self.degraded: dict[str, float] = {}  # node -> when it was last left running as a straggler
@@ -70,10 +74,11 @@ class Triage:
         out.findings += findings
         touched: dict[str, float] = {}
         for f in findings:
+            t = typed(f)
             if f.node is not None:
-                self._profile(f.node).add(f, self.config.risk_half_life_s)
+                self._profile(f.node).add(t, self.config.risk_half_life_s)
                 touched[f.node] = max(touched.get(f.node, f.ts), f.ts)
-            self._consider(f, out)
+            self._consider(t, out)
         for node, ts in sorted(touched.items()):
             out.profiles.append(self.profiles[node].snapshot(self.job, ts, self.config.risk_half_life_s))
         return out
@@ -124,20 +129,16 @@ class Triage:
 
     # --- incidents --------------------------------------------------------------
 
-    def _consider(self, f: Finding, out: Outputs) -> None:
+    def _consider(self, t: Typed, out: Outputs) -> None:
         if self._job_over():
             return  # recorded in the profiles; nothing left to recover
-        cls = _OPENS.get(f.type)
-        severity = f.evidence.get("severity")
-        if f.type == "hw_fault" and severity == "fatal":
-            cls = "fail_stop"
-        if f.type == "sdc_suspect" and f.rank is None and not _numeric_fault(f):
-            cls = None
-        if f.type == "fail_slow" and f.node in self.degraded and \
+        f, p = t.finding, t.policy
+        cls = t.incident_class
+        if p.incident == "fail_slow" and f.node in self.degraded and \
                 f.ts - self.degraded[f.node] < self.config.safety.failslow_cooldown_s:
             return  # already decided to live with this straggler: no flapping
         inc = self.incident
-        if inc is None and f.type == "sdc_suspect" and f.rank is None:
+        if inc is None and p.incident == "sdc" and f.rank is None:
             recent = [w for w in self.waiting if w.cls == "sdc" and f.ts - w.detected_ts <= _CORROBORATE_S]
             if recent:  # the numbers going bad after a replica mismatch: the same corruption surfacing
                 recent[-1].findings.append(f.id)
@@ -146,40 +147,40 @@ class Triage:
         if inc is None:
             if cls is None:
                 return
-            inc = self._open(f, cls)
+            inc = self._open(t, cls)
             inc.findings.append(f.id)
-            self.evidence.append(f)
-            if f.type in ("hang", "comm_error") and inc.cls != "planned":  # a planned stop is no stall to debug
-                self._collect_stacks(f, out)
+            self.gathered.append(t)
+            if p.sweep and inc.cls != "planned":  # a planned stop is no stall to debug
+                self._collect_stacks(t, out)
         else:
             changed = cls is not None and inc.promote(cls)
-            if inc.decided_ts is None and (changed or f.type == "stack_outlier"):
+            if inc.decided_ts is None and (changed or p.sweep_result):
                 # a new class, or the sweep is in: the rest of it arrives within seconds
                 inc.decide_at = min(inc.decide_at, f.ts + self.config.settle_s)
             inc.findings.append(f.id)
-            self.evidence.append(f)
-        if inc.decided_ts is not None and f.type in ("fail_stop", "hw_fault", "sdc_suspect") and weighty(f) \
-                and f.node not in inc.culprit_nodes:
+            self.gathered.append(t)
+        if inc.decided_ts is not None and t.verdict and f.node not in inc.culprit_nodes:
             self._decide(f.ts, out)  # a new culprit after the decision: decide again for it
 
-    def _open(self, f: Finding, cls: str) -> Timeline:
-        onset = _onset(f)
+    def _open(self, t: Typed, cls: str) -> Timeline:
+        f = t.finding
+        onset = t.onset_ts
         planned = self.guards.is_planned(f.ts)
         wait = {"hang": self.config.hang_collect_s, "fail_slow": self.config.safety.failslow_hold_s}.get(
             cls, self.config.settle_s)
-        if f.type == "stack_outlier":
+        if t.policy.sweep_result:
             wait = 0.0  # a finished sweep is already all the evidence there will be
         inc = Timeline(id=stable_id("i", self.job, f.id), job=self.job, cls="planned" if planned else cls,
                        onset_ts=onset, detected_ts=f.ts, planned=planned, decide_at=f.ts + wait)
         self.incident = inc
-        self.evidence = []
+        self.gathered = []
         return inc
 
-    def _collect_stacks(self, f: Finding, out: Outputs) -> None:
-        inc = self.incident
+    def _collect_stacks(self, t: Typed, out: Outputs) -> None:
+        inc, f = self.incident, t.finding
         a = Action(id=stable_id("a", inc.id, "collect_stacks"), ts=f.ts, job=self.job, incident=inc.id,
                    type="collect_stacks", nodes=[], path=None, evidence=[f.id],
-                   reason=_stall_reason(f) + ": sweep stacks and flight-recorder dumps")
+                   reason=f"{t.describe}: sweep stacks and flight-recorder dumps")
         inc.actions.append(a.id)
         out.actions.append(a)
         out.incidents.append(inc.record(f.ts, self.config.budgets))
@@ -187,20 +188,19 @@ class Triage:
     def _decide(self, now: float, out: Outputs) -> None:
         inc = self.incident
         topo = self.topo
-        loc = localize(self.evidence, topo, self.config.confidence)
+        loc = localize(self.gathered, topo, self.config.confidence)
         if inc.localized_ts is None and (loc.culprits or loc.group):
             inc.localized_ts = now
         situation = Situation(
             cls=inc.cls, loc=loc, threshold=self.config.confidence,
             spares_left=None if self.config.spares is None else self.config.spares - self.spares_used,
             replace_cost_s=self.config.replace_cost_s, failslow_horizon_s=self.config.failslow_horizon_s,
-            slowdown_frac=max((f.evidence.get("slowdown_frac", 0.0) for f in self.evidence
-                               if f.type == "fail_slow" and f.node in loc.culprits), default=0.0),
-            software_ranks=tuple(f.rank for f in self.evidence if f.type == "fail_stop" and f.rank is not None
-                                 and f.evidence.get("cause") in ("exit", "exception", "oom")),
-            numeric_only=not loc.culprits and any(f.type == "sdc_suspect" for f in self.evidence),
+            slowdown_frac=max((s for t in self.gathered if t.finding.node in loc.culprits
+                               and (s := t.slowdown_frac) is not None), default=0.0),
+            software_ranks=tuple(t.finding.rank for t in self.gathered if t.software and t.finding.rank is not None),
+            numeric_only=not loc.culprits and any(t.policy.incident == "sdc" for t in self.gathered),
             summary=self._summary(),
-            job_level=tuple(d for d in map(_job_level, self.evidence) if d),
+            job_level=tuple(t.describe for t in self.gathered if t.policy.job_level),
         )
         already = set(inc.evicted_nodes)
         decisions = [d for d in decide(situation) if not (d.nodes and set(d.nodes) <= already)]
@@ -211,7 +211,7 @@ class Triage:
             inc.stall_step = self.max_step
         inc.culprit_nodes = sorted(set(inc.culprit_nodes) | set(loc.culprits) | set(loc.group_nodes))
         for d in decisions:
-            self._act(d, now, loc.evidence or [f.id for f in self.evidence[:16]], out)
+            self._act(d, now, loc.evidence or [t.finding.id for t in self.gathered[:16]], out)
         if first and inc.path in ("non_stop", None) and not any(d.type == "escalate" for d in decisions):
             inc.recovered_ts = now  # kept running: nothing to recover from
             self._close(now, out)
@@ -221,7 +221,7 @@ class Triage:
             # the job did not stop, so steps going on prove nothing: wait for the controller's word
             self.waiting = [*self.waiting[-(_KEEP_WAITING - 1):], inc]
             self.incident = None
-            self.evidence = []
+            self.gathered = []
 
     def _act(self, d: Decision, now: float, evidence: list[str], out: Outputs) -> None:
         inc = self.incident
@@ -248,13 +248,12 @@ class Triage:
         inc = self.incident
         out.incidents.append(inc.record(ts, self.config.budgets))
         self.incident = None
-        self.evidence = []
+        self.gathered = []
 
     def _summary(self) -> str:
         kinds: dict[str, int] = {}
-        for f in self.evidence:
-            label = f.type if f.type != "hw_fault" else f"{f.evidence.get('name', 'hw')}"
-            kinds[label] = kinds.get(label, 0) + 1
+        for t in self.gathered:
+            kinds[t.label] = kinds.get(t.label, 0) + 1
         return ", ".join(f"{k} x{v}" if v > 1 else k for k, v in sorted(kinds.items())) or "no findings"
 
     def _profile(self, node: str) -> NodeProfile:
@@ -268,7 +267,7 @@ class Triage:
     def state(self) -> dict[str, Any]:
         return {"incident": self.incident.to_dict() if self.incident else None,
                 "waiting": [w.to_dict() for w in self.waiting],
-                "evidence": [to_dict(f) for f in self.evidence],
+                "evidence": [to_dict(t.finding) for t in self.gathered],
                 "profiles": {n: p.to_dict() for n, p in sorted(self.profiles.items())},
                 "guards": self.guards.to_dict(), "spares_used": self.spares_used, "max_step": self.max_step,
                 "degraded": dict(self.degraded), "finished": sorted(self.finished)}
@@ -278,7 +277,7 @@ class Triage:
         tri = cls(topo.job, config, topo)
         tri.incident = Timeline.from_dict(state["incident"]) if state["incident"] else None
         tri.waiting = [Timeline.from_dict(w) for w in state["waiting"]]
-        tri.evidence = [decode_obj(f) for f in state["evidence"]]
+        tri.gathered = [typed(decode_obj(f)) for f in state["evidence"]]
         tri.profiles = {n: NodeProfile.from_dict(p) for n, p in state["profiles"].items()}
         tri.guards = Guards.from_dict(state["guards"], config.safety)
         tri.spares_used = state["spares_used"]
@@ -287,48 +286,3 @@ class Triage:
         tri.finished = set(state["finished"])
         return tri
 
-
-def weighty(f: Finding) -> bool:
-    """A finding strong enough to name a new culprit after the incident was decided."""
-    if f.type == "hw_fault":
-        return f.evidence.get("severity") == "fatal"
-    if f.type == "fail_stop":
-        return f.evidence.get("cause") == "heartbeat"
-    return f.rank is not None
-
-
-def _stall_reason(f: Finding) -> str:
-    ev = f.evidence
-    if f.type == "comm_error":
-        return f"{ev.get('reports', '?')} collective timeouts from {ev.get('reporting_ranks', '?')} ranks"
-    return f"no step progress for {ev.get('threshold_s', '?')} s after step {ev.get('last_step', '?')}"
-
-
-def _job_level(f: Finding) -> str | None:
-    """What a job-level finding tells the human it is escalated to (None for any other finding)."""
-    ev = f.evidence
-    if f.type == "start_timeout":
-        nodes = ev.get("nodes", [])
-        more = f" and {len(nodes) - 8} more" if len(nodes) > 8 else ""
-        return (f"{len(ev.get('ranks', []))} of {ev.get('job_ranks', '?')} ranks never reported within "
-                f"{ev.get('start_timeout_s', '?')} s of the job start (on {', '.join(nodes[:8])}{more}): check how "
-                "they were launched; a start that never happened evicts nobody")
-    if f.type == "monitoring_gap":
-        return (f"all {ev.get('silent_ranks', '?')} live ranks on {ev.get('silent_nodes', '?')} nodes fell silent at "
-                "once: the monitoring path (sidecars, broker, collector) failed or the job stopped without a word, "
-                "which is no node's fault: check them before touching any node")
-    return None
-
-
-def _numeric_fault(f: Finding) -> bool:
-    """Loss / grad-norm corroboration strong enough to be a fault: NaN / Inf or a 5x jump."""
-    ev = f.evidence
-    return bool(ev.get("nonfinite")) or (ev.get("ratio") or 0) >= 5.0
-
-
-def _onset(f: Finding) -> float:
-    ev = f.evidence
-    for key in ("last_seen_ts", "last_progress_ts", "first_ts", "onset_ts"):
-        if isinstance(ev.get(key), (int, float)):
-            return min(float(ev[key]), f.ts)
-    return f.ts

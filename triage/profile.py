@@ -2,8 +2,9 @@
 
 Framework timeouts, runtime telemetry and hardware/OS events all land here as
 findings. The profile keeps the recent ones, the node's eviction history, and a
-risk score that decays with event time. Precursors (correctable-ECC bursts,
-high HBM temperature, NIC flaps) raise risk without evicting anyone.
+risk score that decays with event time; how much a finding adds is its type's
+`risk` policy, declared beside its detector. Precursors (correctable-ECC
+bursts, high HBM temperature, NIC flaps) raise risk without evicting anyone.
 """
 
 from __future__ import annotations
@@ -12,13 +13,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from gangwatch.schemas import Finding, ProfileSnapshot
+from gangwatch.detectors.registry import Typed
+from gangwatch.schemas import ProfileSnapshot
 
-# How much one finding adds to a node's risk (before decay), by type or hardware severity.
-# A node whose ranks never started is mildly suspect; a monitoring gap is the job's, never a node's.
-RISK_WEIGHT = {"fatal": 1.0, "degraded": 0.3, "evidence": 0.2, "precursor": 0.1,
-               "fail_stop": 0.8, "fail_slow": 0.3, "sdc_suspect": 0.8, "stack_outlier": 0.3, "hang": 0.0,
-               "start_timeout": 0.2, "monitoring_gap": 0.0}
 _KEEP = 32
 
 
@@ -33,12 +30,12 @@ class NodeProfile:
     def risk_at(self, now: float, half_life_s: float) -> float:
         return self.risk * math.pow(0.5, max(0.0, now - self.risk_ts) / half_life_s)
 
-    def add(self, f: Finding, half_life_s: float) -> None:
-        severity = f.evidence.get("severity") if f.type == "hw_fault" else None
-        weight = RISK_WEIGHT.get(severity or f.type, 0.1)
-        self.risk = self.risk_at(f.ts, half_life_s) + weight
+    def add(self, t: Typed, half_life_s: float) -> None:
+        """One finding on this node: its risk weight (its type's policy) adds to the decayed risk."""
+        f = t.finding
+        self.risk = self.risk_at(f.ts, half_life_s) + t.risk
         self.risk_ts = max(self.risk_ts, f.ts)
-        self.recent = [*self.recent[-(_KEEP - 1):], {"ts": f.ts, "type": f.type, "severity": severity, "id": f.id}]
+        self.recent = [*self.recent[-(_KEEP - 1):], {"ts": f.ts, "type": f.type, "severity": t.grade, "id": f.id}]
 
     def evicted(self, ts: float) -> None:
         self.evictions = [*self.evictions[-(_KEEP - 1):], ts]

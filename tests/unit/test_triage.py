@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from gangwatch.detectors.base import finding
+from gangwatch.detectors.failstop import FAIL_STOP, HeartbeatLoss
+from gangwatch.detectors.hang import HANG, HangEvidence
+from gangwatch.detectors.sdc import SDC_SUSPECT, NumericAnomaly, ReplicaMismatch
+from gangwatch.detectors.stacks import STACK_OUTLIER, StackOutlier
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Job, Ops, RankInfo, Recovery, Step
 from gangwatch.triage.config import Safety, TriageConfig
@@ -22,9 +25,26 @@ def topo():
 
 
 def lost(topo, node, ts, last_seen=None):
-    return finding(ts=ts, job="j", type="fail_stop", detector="failstop.heartbeat", key=(node, ts), node=node,
-                   evidence={"cause": "heartbeat", "whole_node": True, "ranks": list(topo.node_ranks[node]),
-                             "last_seen_ts": last_seen if last_seen is not None else ts - 15})
+    seen = last_seen if last_seen is not None else ts - 15
+    ranks = list(topo.node_ranks[node])
+    return FAIL_STOP.finding(ts=ts, job="j", detector="failstop.heartbeat", key=(node, ts), node=node,
+                             evidence=HeartbeatLoss(cause="heartbeat", ranks=ranks, node_ranks=len(ranks),
+                                                    whole_node=True, first_silent_ts=seen, last_seen_ts=seen,
+                                                    timeout_s=10.5))
+
+
+def hang(ts, last_progress_ts=None, key=1):
+    return HANG.finding(ts=ts, job="j", detector="hang.progress", key=key,
+                        evidence=HangEvidence(last_step=5, last_progress_ts=last_progress_ts or ts - 20,
+                                              threshold_s=20.0, baseline_s=1.0, lagging_ranks=[]))
+
+
+def outlier(topo, ts, rank, snapshot="s1", cluster_size=1):
+    return STACK_OUTLIER.finding(
+        ts=ts, job="j", detector="stacks", key=(snapshot, rank), rank=rank, topo=topo,
+        evidence=StackOutlier(snapshot=snapshot, cluster=1, cluster_size=cluster_size, dominant_size=100,
+                              ranks_compared=128, stage=0, ranks_reported=128, node_suspects=1, frames=["f"],
+                              missing_frames=[], top_frame="f"))
 
 
 def run(tri, items):
@@ -100,19 +120,16 @@ def test_planned_stop_is_planned_and_evicts_nobody(topo):
 
 def test_a_stall_during_a_planned_stop_sweeps_no_stacks(topo):
     tri = Triage("j", TriageConfig(), topo)
-    hang = finding(ts=T0 + 60, job="j", type="hang", detector="hang.progress", key=1, evidence={})
-    out = run(tri, [Ops(ts=T0, type="maintenance", job="j", planned=True), hang, ("advance", T0 + 200)])
+    out = run(tri, [Ops(ts=T0, type="maintenance", job="j", planned=True), hang(T0 + 60), ("advance", T0 + 200)])
     assert out.actions == [] and out.incidents[-1].cls == "planned"
 
 
 def test_hang_asks_for_stacks_then_replaces_the_outlier_node(topo):
     tri = Triage("j", TriageConfig(), topo)
-    hang = finding(ts=T0 + 40, job="j", type="hang", detector="hang.progress", key=1,
-                   evidence={"last_step": 5, "last_progress_ts": T0 + 20, "threshold_s": 20})
-    outlier = finding(ts=T0 + 70, job="j", type="stack_outlier", detector="stacks", key=2, rank=45, topo=topo)
-    out = run(tri, [hang])
+    out = run(tri, [hang(T0 + 40, last_progress_ts=T0 + 20)])
     assert [a.type for a in out.actions] == ["collect_stacks"]
-    out = run(tri, [outlier, ("advance", T0 + 200)])
+    assert out.actions[0].reason == "no step progress for 20.0 s after step 5: sweep stacks and flight-recorder dumps"
+    out = run(tri, [outlier(topo, T0 + 70, 45), ("advance", T0 + 200)])
     [a] = out.actions
     assert (a.type, a.nodes) == ("replace", ["n005"])
     inc = out.incidents[-1]
@@ -120,10 +137,7 @@ def test_hang_asks_for_stacks_then_replaces_the_outlier_node(topo):
 
 
 def _outliers(tri, topo, ranks):
-    hang = finding(ts=T0 + 40, job="j", type="hang", detector="hang.progress", key=1, evidence={})
-    return run(tri, [hang] + [finding(ts=T0 + 70, job="j", type="stack_outlier", detector="stacks", key=r,
-                                      rank=r, topo=topo, evidence={"snapshot": "s1", "cluster_size": 1})
-                              for r in ranks] + [("advance", T0 + 200)])
+    return run(tri, [hang(T0 + 40)] + [outlier(topo, T0 + 70, r) for r in ranks] + [("advance", T0 + 200)])
 
 
 def test_outliers_in_one_pipeline_evict_the_pipeline(topo):
@@ -149,8 +163,7 @@ def test_group_eviction_over_the_blast_radius_escalates(topo):
 
 def test_hang_without_evidence_escalates(topo):
     tri = Triage("j", TriageConfig(), topo)
-    hang = finding(ts=T0 + 40, job="j", type="hang", detector="hang.progress", key=1, evidence={})
-    out = run(tri, [hang, ("advance", T0 + 40 + 91)])
+    out = run(tri, [hang(T0 + 40), ("advance", T0 + 40 + 91)])
     assert [a.type for a in out.actions] == ["collect_stacks", "escalate"]
 
 
@@ -165,16 +178,20 @@ def test_state_round_trip_mid_incident(topo):
 
 def test_sdc_incident_waits_for_recovery_and_absorbs_later_numeric_corroboration(topo):
     tri = Triage("j", TriageConfig(), topo)
-    digest = finding(ts=T0 + 10, job="j", type="sdc_suspect", detector="sdc.digest", key=1, rank=42, topo=topo,
-                     evidence={"step": 50})
+    digest = SDC_SUSPECT.finding(
+        ts=T0 + 10, job="j", detector="sdc.digest", key=1, rank=42, topo=topo,
+        evidence=ReplicaMismatch(step=50, digest="bad", majority_digest="good", shard=5, tp=2, pp=1, replicas=8,
+                                 agree=7, minority_ranks=[42]))
     out = run(tri, [Step(ts=T0 + 9, job="j", rank=0, step=50, step_s=1.0), digest, ("advance", T0 + 20)])
     assert [a.type for a in out.actions] == ["rollback", "isolate", "dual_run"]
     rollback = out.actions[0]
     # the job keeps stepping (the controller has not acted yet): that is not a recovery
     out = run(tri, [Step(ts=T0 + 30, job="j", rank=0, step=70, step_s=1.0)])
     assert out.incidents == [] and tri.waiting
-    numeric = finding(ts=T0 + 90, job="j", type="sdc_suspect", detector="sdc.numeric", key=2,
-                      evidence={"metric": "grad_norm", "ratio": 30.0})
+    numeric = SDC_SUSPECT.finding(
+        ts=T0 + 90, job="j", detector="sdc.numeric", key=2,
+        evidence=NumericAnomaly(metric="grad_norm", value=30.0, baseline=1.0, z=200.0, ratio=30.0, step=130,
+                                nonfinite=False, ranks_nonfinite=0))
     out = run(tri, [numeric, ("advance", T0 + 200)])
     assert out.actions == []  # no second incident, no second rollback
     assert numeric.id in out.incidents[-1].extra["findings"]
