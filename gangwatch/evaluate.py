@@ -8,7 +8,8 @@ For every injected fault (event time throughout):
 - evictions: nodes named by evicting actions (replace, evict_group, isolate, requeue);
   precision = evicted culprits / evicted nodes; innocents per culprit = evicted
   non-culprits / culprits.
-Healthy and planned runs score their false evictions (must be 0).
+Healthy and planned runs score their false evictions (must be 0), and so do
+precursor faults (hardware wear that interrupts nothing: no incident expected).
 
 Quality is reported, not asserted: the table is what CI prints.
 """
@@ -71,8 +72,9 @@ def _latest(incidents: list[dict]) -> list[dict]:
 
 
 def score(truth: dict[str, Any], findings: list[dict], actions: list[dict], incidents: list[dict]) -> ScenarioScore:
-    """Score one scenario's outputs against its ground truth."""
-    faults = [f for f in truth["faults"]]
+    """Score one scenario's outputs against its ground truth (a precursor, class None, expects no incident: it is
+    not scored, and evicting its node is an innocent eviction)."""
+    faults = [f for f in truth["faults"] if f["class"] is not None]
     planned = bool(faults) and all(f["planned"] for f in faults)
     s = ScenarioScore(truth["scenario"], truth["healthy"], planned, findings=len(findings))
     incs = _latest(incidents)

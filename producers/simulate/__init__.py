@@ -22,6 +22,7 @@ from gangwatch.producers.simulate.scenario import (
     DEFAULT_MAGNITUDE,
     FAULT_CLASS,
     FAULT_KINDS,
+    PRECURSOR_KINDS,
     STALL_KINDS,
     Fault,
     Noise,
@@ -32,6 +33,6 @@ from gangwatch.producers.simulate.truth import RANK_MAPPING, truth
 from gangwatch.producers.simulate.writer import write
 
 __all__ = [
-    "DEFAULT_MAGNITUDE", "FAULT_CLASS", "FAULT_KINDS", "STALL_KINDS", "RANK_MAPPING",
+    "DEFAULT_MAGNITUDE", "FAULT_CLASS", "FAULT_KINDS", "PRECURSOR_KINDS", "STALL_KINDS", "RANK_MAPPING",
     "Fault", "Noise", "Scenario", "generate", "messages", "simulate", "standard_suite", "truth", "write",
 ]

@@ -154,6 +154,12 @@ def _gpus(plan: Plan) -> Iterator[tuple[float, dict]]:
     ecc[:topo.n] = bn.ecc_start
     pcie = np.zeros(PG, np.int64)
     pcie[:topo.n] = bn.pcie_replay
+    nvlink = np.zeros(PG, np.int64)
+    # failing links: (physical GPU, onset, the counter they drive, errors per sample interval, their own RNG)
+    links = [(f.node * G + f.gpu, f.ts, pcie if f.param("counter", "pcie_replay") == "pcie_replay" else nvlink,
+              float(f.param("rate_per_s", 1.0 if f.param("counter", "pcie_replay") == "pcie_replay" else 1000.0))
+              * sc.gpu_sample_s, rng(sc.seed, "link", f.index))
+             for f in plan.faults if f.kind == "link_errors"]
     pnode = np.arange(PG) // G
     on, off = plan.node_on[pnode], plan.node_off[pnode].copy()
     for (p, g), t in plan.gpu_off.items():
@@ -192,15 +198,18 @@ def _gpus(plan: Plan) -> Iterator[tuple[float, dict]]:
                 throttle[pg_] = ["sw_thermal", "hw_thermal"] if ramp > 0.75 else ["sw_thermal"] if ramp > 0.25 else []
         if len(bn.ecc_gpus):
             ecc[bn.ecc_gpus] += r.poisson(0.15, len(bn.ecc_gpus))
+        for pg_, t0, counter, per_sample, lr in links:
+            if ts[pg_] >= t0 and state[pg_] != OFF:
+                counter[pg_] += lr.poisson(per_sample)
         cols = zip(order.tolist(), ts[order].tolist(), state[order].tolist(), np.round(temp[order]).tolist(),
                    np.round(power[order], 1).tolist(), clock[order].tolist(), util[order].tolist(),
-                   ecc[order].tolist(), pcie[order].tolist(), strict=True)
-        for pg_, t, st, tc, pw, ck, ut, e, pr in cols:
+                   ecc[order].tolist(), pcie[order].tolist(), nvlink[order].tolist(), strict=True)
+        for pg_, t, st, tc, pw, ck, ut, e, pr, nv in cols:
             if st == OFF:
                 continue
             yield t, {"kind": "gpu", "v": 1, "ts": t, "node": names[pg_ // G], "gpu": pg_ % G, "temp_c": int(tc),
                       "power_w": pw, "sm_clock_mhz": int(ck), "util_pct": int(ut), "throttle": throttle.get(pg_, []),
-                      "ecc_sbe": e, "ecc_dbe": 0, "remap_pending": False, "pcie_replay": pr, "nvlink_crc": 0}
+                      "ecc_sbe": e, "ecc_dbe": 0, "remap_pending": False, "pcie_replay": pr, "nvlink_crc": nv}
         j += 1
 
 

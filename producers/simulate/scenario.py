@@ -12,16 +12,20 @@ from typing import Any
 
 FAULT_KINDS = (
     "xid79", "node_loss", "thermal_straggler", "nic_degradation", "intermittent_straggler",
-    "dataloader_hang", "pp_deadlock", "sdc", "planned_maintenance",
+    "dataloader_hang", "pp_deadlock", "sdc", "planned_maintenance", "link_errors",
 )
-# fault kind -> incident class (contract: incident.class)
-FAULT_CLASS = {
+# fault kind -> incident class (contract: incident.class); None: a precursor, no incident is expected
+FAULT_CLASS: dict[str, str | None] = {
     "xid79": "fail_stop", "node_loss": "fail_stop",
     "thermal_straggler": "fail_slow", "nic_degradation": "fail_slow", "intermittent_straggler": "fail_slow",
     "dataloader_hang": "hang", "pp_deadlock": "hang",
     "sdc": "sdc",
     "planned_maintenance": "planned",
+    "link_errors": None,
 }
+# kinds that wear the hardware without interrupting the job: no incident to score, so not in the scored suite
+PRECURSOR_KINDS = frozenset({"link_errors"})
+LINK_COUNTERS = ("pcie_replay", "nvlink_crc")  # the cumulative NVML error counters `link_errors` drives
 # kinds after which the job makes no more step progress (until a restart)
 STALL_KINDS = frozenset({"xid79", "node_loss", "dataloader_hang", "pp_deadlock"})
 # kinds that act on a whole node; the others act on one rank (one GPU)
@@ -50,6 +54,9 @@ class Fault:
       sdc: anomaly_after_s (60: loss / grad-norm anomaly after onset; None: never)
       planned_maintenance: lead_s (120: ops notice ahead of the stop), note, restart_after_s
         (60: downtime before the job restarts with a spare node; None: no restart), load_s (15)
+      link_errors: counter ("pcie_replay" or "nvlink_crc"), rate_per_s (errors per second the GPU's
+        cumulative counter gains from the onset, Poisson; 1.0 for PCIe replays, 1000 for NVLink CRC).
+        Counters only: the job's timing is not affected.
     """
 
     kind: str
@@ -68,9 +75,14 @@ class Fault:
             raise ValueError(f"{self.kind}: give a node or a rank")
         if self.magnitude < 0:
             raise ValueError(f"{self.kind}: magnitude must be >= 0")
+        if self.kind == "link_errors":
+            if self.params.get("counter", "pcie_replay") not in LINK_COUNTERS:
+                raise ValueError(f"link_errors: counter must be one of {LINK_COUNTERS}")
+            if float(self.params.get("rate_per_s", 1.0)) <= 0:
+                raise ValueError("link_errors: rate_per_s must be > 0")
 
     @property
-    def cls(self) -> str:
+    def cls(self) -> str | None:
         return FAULT_CLASS[self.kind]
 
     @property
