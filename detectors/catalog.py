@@ -21,6 +21,7 @@ DETECTORS = (
     "gangwatch.detectors.hardware:HardwareDetector",
     "gangwatch.detectors.stacks:StackDetector",
     "gangwatch.detectors.flight:FlightDetector",
+    "gangwatch.detectors.linkerrors:LinkErrorDetector",
 )
 
 REGISTRY = Registry.load(DETECTORS)

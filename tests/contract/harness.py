@@ -36,6 +36,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
                                    params={"lead_s": 30.0, "restart_after_s": 30.0})),
     # start-up: the ranks come up over two minutes after the job record, then train; no fault at all
     _scenario("slow_start", 16, launch_s=120.0),
+    # a PCIe link that keeps replaying on one GPU (NVML counters only; the job trains on)
+    _scenario("link_errors", 17, Fault("link_errors", 60.0, node="n003", params={"gpu": 5})),
 )}
 
 DETECTORS = {cls.name: cls for cls in DEFAULT_DETECTORS}
