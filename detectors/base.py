@@ -9,6 +9,9 @@ A detector is a plain object driven by event time:
 It never reads a clock, a file or a socket; the same records in the same order
 give the same findings. Finding ids are derived from what was found, so a
 replay or a restarted worker emits the same ids again.
+
+A detector also lists the finding types it emits (`finding_types`, declared
+beside it: see `detectors.registry`) and builds its findings through them.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class Detector(Protocol):
 
     name: ClassVar[str]
     kinds: ClassVar[frozenset[str]]  # record kinds it wants to observe
+    finding_types: ClassVar[tuple[Any, ...]]  # the `registry.FindingType`s it emits
 
     def observe(self, rec: Record) -> list[Finding]: ...
 
