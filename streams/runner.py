@@ -26,6 +26,7 @@ import hashlib
 import heapq
 import time
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -68,6 +69,10 @@ class Result:
     records: list[Record] = field(default_factory=list)  # inputs processed (for telemetry sinks)
     dirty: set[str] = field(default_factory=set)  # jobs whose state changed
     dropped: int = 0  # node events dropped for want of a job
+    # counts for the self-metrics (streams/metrics.py)
+    kinds: Counter[str] = field(default_factory=Counter)  # input records handed to a core, by kind
+    duplicates: int = 0  # replayed records skipped (the job's state already held them)
+    dead: Counter[tuple[str, str]] = field(default_factory=Counter)  # (cause, input topic) -> messages to the DLQ
 
 
 class _Item(NamedTuple):
@@ -141,10 +146,12 @@ def _digest(rec: Record) -> str:
     return hashlib.blake2b(encode(rec), digest_size=8).hexdigest()
 
 
-def _reject(res: Result, err: DecodeError, msg: Msg, ts: float | None, dlq: str) -> None:
+def _reject(res: Result, err: DecodeError, msg: Msg, ts: float | None, dlq: str, cause: str) -> None:
+    """Send a dead letter to the DLQ; `cause` (decode, no_job, core) is what the metrics count it under."""
     dead = dead_letter(err, msg, ts)
     res.sends.append(Send(dlq, msg.key or b"", dead.encode()))
     res.rejects.append(dead)
+    res.dead[cause, msg.topic] += 1
 
 
 Lagging = Callable[[str, int], bool]  # (topic, partition) -> data is left to read there
@@ -208,7 +215,7 @@ class JobRunner:
             where = (msg.topic, msg.partition)
             for v in decode(msg.value):
                 if isinstance(v, DecodeError):
-                    _reject(res, v, msg, None, self.topics.dlq)
+                    _reject(res, v, msg, None, self.topics.dlq, "decode")
                     continue
                 if v.ts > frontier.get(where, float("-inf")):
                     frontier[where] = v.ts
@@ -278,7 +285,9 @@ class JobRunner:
         if st.core is None and not any(it.rec.kind == "job" for it in (*items, *st.held)):
             self._hold(st, job, items, now, res)
             return
-        items = self._fresh(st, items)  # offsets advance as read, held or not: held items live in memory
+        fresh = self._fresh(st, items)  # offsets advance as read, held or not: held items live in memory
+        res.duplicates += len(items) - len(fresh)
+        items = fresh
         for it in items:
             heapq.heappush(st.held, it)
         point = self.release_point(st.partition, lagging, upstream)
@@ -291,12 +300,14 @@ class JobRunner:
             self._process(job, st, ready, now, res)
 
     def _process(self, job: str, st: JobState, items: list[_Item], now: float, res: Result) -> None:
+        kinds = res.kinds
         for it in items:
             rec = it.rec
             if st.core is None:
                 if rec.kind != "job":
                     self._no_job(job, it, res)
                     continue
+                kinds["job"] += 1
                 st.core = JobCore(rec, self.config)
                 self._publish_nodes(job, rec.ts, set(), set(st.core.nodes), res)
                 continue
@@ -306,6 +317,7 @@ class JobRunner:
                 self._publish_nodes(job, rec.ts, before, set(st.core.nodes), res)
             else:
                 out = st.core.process(rec)
+            kinds[rec.kind] += 1
             if out:
                 self._emit(job, out, it, res)
         self.records += len(items)
@@ -330,7 +342,7 @@ class JobRunner:
     def _no_job(self, job: str, it: _Item, res: Result) -> None:
         err = DecodeError(f"no `job` record seen for job {job!r} within the hold time", "job", it.rec.kind,
                           raw=encode(it.rec).decode()[:4096])
-        _reject(res, err, it.msg, it.ts, self.topics.dlq)
+        _reject(res, err, it.msg, it.ts, self.topics.dlq, "no_job")
 
     def _publish_nodes(self, job: str, ts: float, before: set[str], after: set[str], res: Result) -> None:
         for node in sorted(after):
@@ -349,7 +361,7 @@ class JobRunner:
         res.outputs.extend(Outputs(out.findings, out.actions, out.incidents, profiles=out.profiles))  # rejects apart
         for err in out.rejected:
             if it is not None:
-                _reject(res, err, it.msg, it.ts, t.dlq)
+                _reject(res, err, it.msg, it.ts, t.dlq, "core")
 
     # --- time -----------------------------------------------------------------------
 
@@ -449,7 +461,7 @@ class NodeRouter:
             where = (msg.topic, msg.partition)
             for v in decode(msg.value):
                 if isinstance(v, DecodeError):
-                    _reject(res, v, msg, None, self.topics.dlq)
+                    _reject(res, v, msg, None, self.topics.dlq, "decode")
                 else:
                     items.append((v.ts, 1, v, msg))
                     if v.ts > self.frontier.get(where, float("-inf")):

@@ -28,6 +28,9 @@ creates the topics and runs a Faust worker until TERM/INT. The logic lives in
   while the job's partitions are caught up and no rebalance is running, so a
   missed heartbeat fires when nothing arrives and a lagging consumer is never
   mistaken for silence.
+- Metrics: `streams.metrics` counts every batch's, tick's and routing step's
+  `Result` and samples lag, jobs and sinks on every tick; Faust's own Prometheus
+  sensor writes into the same registry; `run()` serves it on `metrics_port`.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import faust
 from aiokafka.partitioner import murmur2
 from faust.types import TP
 from gangwatch.sinks.base import Sink
+from gangwatch.streams.metrics import WorkerMetrics, instrument, serve_metrics
 from gangwatch.streams.runner import JobRunner, Msg, NodeRouter, Result
 from gangwatch.streams.topics import TopicSettings, create_topics
 from gangwatch.triage.engine import CoreConfig
@@ -83,6 +87,7 @@ class WorkerSettings:
     web_port: int = 6066
     fetch_wait_ms: int = 50  # the broker's longest wait on a fetch with no data (Faust hard-codes 1500 ms)
     stats_every_s: float = 10.0  # log a progress line this often (0: never)
+    metrics_port: int = 0  # serve Prometheus metrics on this port (`gangwatch worker`: 9464); 0: no endpoint
 
 
 async def _producer_knows(app: faust.App, tables: tuple[Any, ...]) -> None:
@@ -136,7 +141,10 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     runner = JobRunner(t, CoreConfig(lateness_s=s.lateness_s), hold_s=s.hold_s, silence=s.silence, load=load,
                        keep_records=bool(sinks) and s.telemetry)
     router = NodeRouter(t, nodemap, hold_s=s.hold_s)
-    glue = _Glue(app, runner, router, states, job_topics, (t.node_events, t.node_jobs), sinks or [], s.telemetry)
+    metrics = WorkerMetrics()
+    instrument(app, metrics)  # Faust's own sensor, into the same registry
+    glue = _Glue(app, runner, router, states, job_topics, (t.node_events, t.node_jobs), sinks or [], s.telemetry,
+                 metrics)
     app.gangwatch = glue  # type: ignore[attr-defined]  # for tests and introspection
 
     # the jobs agent and the timer both move cores: one at a time from "process" to "state saved", so a
@@ -149,10 +157,11 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         async for events in stream.take_events(s.batch_max, within=s.batch_within_s):
             msgs = [glue.msg(e) for e in events]
             async with busy:
+                start = time.monotonic()
                 res = runner.on_batch(msgs, glue.lagging, glue.upstream)
                 await glue.publish(res)  # delivered before the state that says "done" is written
                 glue.save(res)
-            glue.batch_done(res)
+            glue.batch_done(res, time.monotonic() - start)
 
     @app.agent(node_src, name="gangwatch-route")
     async def route(stream: faust.StreamT) -> None:
@@ -160,6 +169,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         async for events in stream.take_events(s.batch_max, within=s.batch_within_s):
             res = router.on_batch([glue.msg(e) for e in events])
             await glue.publish(res)
+            metrics.count(res)
 
     @app.timer(s.tick_s)
     async def tick() -> None:
@@ -171,7 +181,9 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
             res = runner.on_tick(glue.caught_up, glue.lagging, glue.upstream)
             await glue.publish(res)
             glue.save(res)
+        metrics.count(res)
         router.on_tick()
+        glue.sample_metrics()
         glue.stats(router, s.stats_every_s)
 
     @app.on_partitions_revoked.connect
@@ -221,8 +233,10 @@ class _Glue:
     """The I/O half of the worker: Faust events -> `Msg`, `Result` -> sends, table writes, sinks."""
 
     def __init__(self, app: faust.App, runner: JobRunner, router: NodeRouter, states: Any,
-                 job_topics: tuple[str, ...], node_topics: tuple[str, ...], sinks: list[Sink], telemetry: bool) -> None:
+                 job_topics: tuple[str, ...], node_topics: tuple[str, ...], sinks: list[Sink], telemetry: bool,
+                 metrics: WorkerMetrics) -> None:
         self.app = app
+        self.metrics = metrics
         self.runner = runner
         self.router = router
         self.states = states
@@ -262,8 +276,8 @@ class _Glue:
         if pending:
             await asyncio.gather(*pending)
         self.sent += len(res.sends)
-        if self.sinks:
-            for sink in self.sinks:
+        for sink in self.sinks:
+            try:
                 if self.telemetry:
                     for rec in res.records:
                         sink.observe(rec)
@@ -271,13 +285,40 @@ class _Glue:
                     sink.reject(dead)
                 sink.write(res.outputs)
                 sink.flush()
+            except Exception:
+                self.metrics.sink_failed(sink)
+                raise
 
-    def batch_done(self, res: Result) -> None:
+    def batch_done(self, res: Result, seconds: float) -> None:
+        """After a batch took `seconds`: count it, and the event-time lag if it processed records."""
         self.batches += 1
         cores = self.runner.cores
         newest = max((cores[j].max_ts for j in res.dirty if j in cores), default=None)
         if newest is not None:
             self.lag_s = time.time() - newest
+        self.metrics.count(res)
+        self.metrics.batch_done(seconds, None if newest is None else self.lag_s)
+
+    def sample_metrics(self) -> None:
+        """The gauges of the tick: lag per input partition, jobs in memory, the router's totals, the sinks."""
+        self.metrics.sample(lag=self.lag_records(), jobs=len(self.runner.jobs), routed=self.router.routed,
+                            dropped=self.router.dropped, sinks=self.sinks)
+
+    def lag_records(self) -> dict[tuple[str, int], int]:
+        """Messages left to read on each input (topic, partition) this worker holds, where the end is known."""
+        mine = {*self.job_topics, *self.node_topics}
+        lag = {}
+        for tp in self.app.consumer.assignment():
+            if tp.topic not in mine:
+                continue
+            try:
+                hw = self.app.consumer.highwater(tp)
+            except Exception:  # revoked meanwhile
+                continue
+            pos = self._position(tp.topic, tp.partition)
+            if hw is not None and pos is not None:
+                lag[(tp.topic, tp.partition)] = max(0, hw - pos)
+        return lag
 
     def caught_up(self, job: str) -> bool:
         """Nothing of the job's partition is left to read on any of its topics (as far as we know)."""
@@ -305,13 +346,21 @@ class _Glue:
             return False
         if hw is None:
             return True
+        pos = self._position(topic, partition)
+        if pos is None:  # a new group starts at the start (earliest) or at the end (latest)
+            return hw > 0 and self.app.conf.consumer_auto_offset_reset == "earliest"
+        return pos < hw
+
+    def _position(self, topic: str, partition: int) -> int | None:
+        """The next offset to read at (topic, partition): after what we read, else after what the group
+        committed; None for a partition neither has seen (a new group: where it starts is the reset policy's)."""
         pos = self.next_offset.get((topic, partition))
         if pos is None:  # nothing read since start: compare with where the group left off
             committed = self.app.consumer._committed_offset.get(TP(topic, partition))
-            if committed is None:  # a new group starts at the start (earliest) or at the end (latest)
-                return hw > 0 and self.app.conf.consumer_auto_offset_reset == "earliest"
+            if committed is None:
+                return 0 if self.app.conf.consumer_auto_offset_reset == "earliest" else None
             pos = committed + 1
-        return pos < hw
+        return pos
 
     def upstream(self) -> float:
         """Event time from which the router (ours) may still publish node events onto by-job."""
@@ -369,4 +418,7 @@ def run(s: WorkerSettings, *, loglevel: str = "info", create: bool = True) -> No
 
         sinks.append(AlertmanagerSink(s.alertmanager))
     app = make_app(s, sinks)
+    if s.metrics_port:
+        endpoint = serve_metrics(app.gangwatch.metrics, s.metrics_port)  # raises MetricsUnavailable
+        log.info("metrics on http://0.0.0.0:%d/metrics", endpoint.port)
     faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()

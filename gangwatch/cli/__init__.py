@@ -32,7 +32,8 @@ COMMANDS = (replay, simulate, ingest, kafka, agent, controller, slurm, kubernete
 # The extra that brings each optional top-level module.
 EXTRAS = {
     "numpy": "replay", "chdb": "embedded", "clickhouse_driver": "store", "faust": "worker", "aiokafka": "worker",
-    "mode": "worker", "sklearn": "stacks", "scipy": "stacks", "pynvml": "nvml", "torch": "torch",
+    "mode": "worker", "prometheus_client": "worker", "sklearn": "stacks", "scipy": "stacks", "pynvml": "nvml",
+    "torch": "torch",
 }
 
 

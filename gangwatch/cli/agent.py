@@ -7,7 +7,7 @@ import logging
 import signal
 from pathlib import Path
 
-from gangwatch.cli.options import at_least_zero, number, opt
+from gangwatch.cli.options import at_least_zero, integer, number, opt, port
 
 DESCRIPTION = """\
 Run one per node, next to the training processes. It collects:
@@ -24,7 +24,8 @@ Run one per node, next to the training processes. It collects:
 and sends them to Kafka: gpu and hw on <prefix>node-events keyed by node; stack and flight
 on <prefix>traces keyed by job; it reads actions from <prefix>actions. It starts without a
 broker: records spool to --spool-dir (bounded) and are sent, in order, once Kafka answers.
-Stop with Ctrl-C or TERM: what is queued is sent (or spooled) first."""
+Prometheus can scrape it on --metrics-port (polls per collector, queue, losses, records by
+kind, spool bytes). Stop with Ctrl-C or TERM: what is queued is sent (or spooled) first."""
 
 EPILOG = """\
 privileges: NVML needs none. /dev/kmsg needs root or CAP_SYSLOG where kernel.dmesg_restrict=1
@@ -45,7 +46,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     logging.getLogger("kafka").setLevel(level if level == logging.DEBUG else logging.CRITICAL)
     given = {"node": args.node, "bootstrap": args.bootstrap, "topic_prefix": args.prefix, "kmsg": args.kmsg,
              "gpu_every_s": args.gpu_every, "flight_dir": args.flight_dir, "spool_dir": args.spool_dir,
-             "from_start": args.from_start, "py_spy": args.py_spy}
+             "from_start": args.from_start, "py_spy": args.py_spy, "metrics_port": args.metrics_port}
     settings = AgentSettings(**{k: v for k, v in given.items() if v is not None})  # the rest: its defaults
     agent = Agent(settings)
     if args.once:
@@ -75,6 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     opt(a, "--spool-dir", type=Path, shown_default="<temp dir>/gangwatch-agent-spool/<node>",
         help="where records wait while Kafka is away, one directory per agent (64 MiB at most per node or job)")
     opt(a, "--py-spy", help="the py-spy executable", shown_default="py-spy on the PATH or beside this Python")
+    opt(a, "--metrics-port", type=port(integer), default=9465,
+        help="serve Prometheus metrics on this port (/metrics); 0: none")
     opt(a, "--from-start", type=bool, default=False,
         help="read the kernel log from its start and publish the flight dumps already in --flight-dir "
         "(default: only what appears from now on)")

@@ -15,6 +15,7 @@ from gangwatch.cli.options import (
     iso,
     number,
     opt,
+    port,
     positive,
 )
 from gangwatch.cli.replay import check_inputs, connect_timeout_opt, http_url
@@ -28,6 +29,7 @@ def _topic_settings(args: argparse.Namespace):
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from gangwatch.producers.metrics import MetricsUnavailable
     from gangwatch.streams import worker
 
     wait_for_kafka(args.bootstrap, args.connect_timeout)
@@ -43,9 +45,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
                            else args.request_timeout),
         commit_interval_s=args.commit_interval, standby_replicas=args.standby_replicas,
         offset_reset=args.offset_reset, web=args.web_port is not None, web_port=args.web_port or 6066,
-        fetch_wait_ms=args.fetch_wait, stats_every_s=args.stats_every,
+        fetch_wait_ms=args.fetch_wait, stats_every_s=args.stats_every, metrics_port=args.metrics_port,
     )
-    worker.run(settings, loglevel=args.loglevel, create=args.create_topics)
+    try:
+        worker.run(settings, loglevel=args.loglevel, create=args.create_topics)
+    except MetricsUnavailable as e:
+        raise UserError(f"{e} (--metrics-port; 0 turns the endpoint off)") from None
     return 0
 
 
@@ -179,6 +184,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="ms the broker may hold a fetch that finds no data (Faust's own 1500 starves a busy partition)")
     opt(w, "--stats-every", type=at_least_zero(number), default=10.0,
         help="seconds between progress lines in the log; 0: none")
+    opt(w, "--metrics-port", type=port(integer), default=9464,
+        help="serve Prometheus metrics on this port (/metrics: records, rejects, lag, findings, actions, "
+        "incident stage times, Faust's own sensor); 0: none")
     opt(w, "--web-port", type=positive(integer), help="serve Faust's web views on this port (default: off)")
     w.add_argument("--no-create-topics", dest="create_topics", action="store_false",
                    help="do not create missing topics at start")

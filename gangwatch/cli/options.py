@@ -145,6 +145,17 @@ def at_least_zero(convert: Callable[[str], Any]) -> Callable[[str], Any]:
     return check
 
 
+def port(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A converter for a TCP port number: 0 to 65535 (0 means off where an option says so)."""
+    def check(raw: str) -> Any:
+        value = convert(raw)
+        if not 0 <= value <= 65535:
+            raise ValueError("not a port number (0-65535)")
+        return value
+    check.__name__ = "port"
+    return check
+
+
 def iso(ts: float | None) -> str:
     """Event time for a person: ISO 8601 UTC to the second (files keep epoch seconds)."""
     if ts is None:

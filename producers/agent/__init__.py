@@ -18,6 +18,12 @@ Collectors, each in its own module and its own thread:
 with the trainer client's delivery (bounded queue, one sending thread, a spool
 on disk while the broker is away, resent in order).
 
+With `metrics_port` set, `run()` serves Prometheus metrics on it (`gangwatch agent`
+does on 9465 unless `--metrics-port 0`): polls and failures per collector, the
+outbox's queue, losses, records by kind and the delivery's counts
+(producers/metrics.py). Without prometheus-client, one line in the log and no
+endpoint; the agent runs on.
+
 A collector that cannot start (no GPU, no readable kernel log) is left out with
 one line in the log; one that fails while running logs the failure once and is
 tried again at its next turn. Nothing waits for the broker: records spool until
@@ -42,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from gangwatch.producers import metrics
 from gangwatch.producers.agent.flightdir import FlightWatcher
 from gangwatch.producers.agent.gpu import GpuSampler, open_nvml
 from gangwatch.producers.agent.kernel import KernelLog, open_source
@@ -83,6 +90,7 @@ class AgentSettings:
     spool_dir: Path | None = None  # default: `default_spool_dir(node)`
     from_start: bool = False  # read the kernel log from its start, publish the flight dumps already there
     py_spy: str = field(default_factory=default_py_spy)
+    metrics_port: int = 0  # serve Prometheus metrics on this port while `run()` runs; 0: no endpoint
 
 
 class Collector(Protocol):
@@ -109,6 +117,9 @@ class Agent:
         self.outbox = Outbox(send or KafkaSend(settings.bootstrap), self.spool_dir,
                              topic_prefix=settings.topic_prefix, clock=clock)
         self._stop = threading.Event()
+        # per collector, for the metrics endpoint: each count is written by that collector's thread only
+        self.polls: dict[str, int] = {}
+        self.poll_failures: dict[str, int] = {}
 
         def processes() -> list[RankProcess]:
             return rank_processes(settings.node, proc_root)
@@ -132,6 +143,11 @@ class Agent:
         """Run every collector (and the action listener) until `stop()`; then send what is left and return."""
         self.outbox.start()
         everyone: list[Collector] = [*self.collectors, self.listener]
+        for c in everyone:  # every key exists before the threads start: a scrape never sees the dicts grow
+            self.polls[c.name] = self.poll_failures[c.name] = 0
+        if self.settings.metrics_port:
+            metrics.COLLECTOR.watch(self, metrics.agent_samples)
+            metrics.start(self.settings.metrics_port, f"agent of node {self.settings.node}")
         threads = [threading.Thread(target=self._keep_polling, args=(c,), name=f"gangwatch-agent {c.name}",
                                     daemon=True) for c in everyone]
         for t in threads:
@@ -146,6 +162,7 @@ class Agent:
             if not t.is_alive():  # a collector still busy (a long py-spy run) is left to the process exit
                 c.close()
         self.outbox.close(close_timeout_s / 2)
+        metrics.COLLECTOR.unwatch(self)
         self._report()
 
     def run_once(self, close_timeout_s: float = 10.0) -> None:
@@ -166,12 +183,14 @@ class Agent:
     def _keep_polling(self, c: Collector) -> None:
         failing: str | None = None  # the failure last logged, so a lasting one is logged once
         while not self._stop.is_set():
+            self.polls[c.name] = self.polls.get(c.name, 0) + 1
             try:
                 self.outbox.put(c.poll(self._clock()))
                 if failing is not None:
                     log.info("%s: working again", c.name)
                     failing = None
             except Exception as e:
+                self.poll_failures[c.name] = self.poll_failures.get(c.name, 0) + 1
                 why = f"{type(e).__name__}: {e}"
                 if why != failing:
                     log.exception("%s failed; trying again every %.1f s", c.name, max(c.every_s, 1.0))

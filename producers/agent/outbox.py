@@ -105,6 +105,15 @@ class Outbox:
         return self._lost + sum(d.dropped for d in list(self._deliveries.values()))
 
     @property
+    def queue_depth(self) -> int:
+        """Records queued for the sending thread (safe from any thread)."""
+        return len(self._queue)
+
+    def deliveries(self) -> list[Delivery]:
+        """The delivery of every key so far, each with its spool and counts (for the metrics endpoint)."""
+        return list(self._deliveries.values())  # a C-level copy: the sending thread may add a key meanwhile
+
+    @property
     def backlog(self) -> bool:
         """Whether spooled messages wait for the broker."""
         return any(d.spool for d in list(self._deliveries.values()))

@@ -26,6 +26,12 @@ stays in the spool for the next process of this job and rank. An uncaught
 exception instead queues a `framework` record of type `exception` with its
 message (a `sys.excepthook` that then calls the previous hook), and no clean exit.
 
+Metrics: with `GANGWATCH_METRICS_PORT` set (or `metrics_port=`), the process serves
+Prometheus metrics on that port plus `LOCAL_RANK` (so the ranks of one node do not
+collide): queues, losses, the last step, records by kind and the delivery's counts
+(producers/metrics.py). Off by default; prometheus-client is imported only then,
+and without it the client logs one line and trains on.
+
 For tests: `send=` replaces Kafka, `clock=` (event time) and `timer=`
 (durations) replace real time, and `background=False` starts no thread:
 `flush()` and `heartbeat()` then run on the caller's thread.
@@ -45,6 +51,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gangwatch.producers import metrics
 from gangwatch.producers.trainer.delivery import Delivery, KafkaSend, Send
 from gangwatch.producers.trainer.launch import JOBS, TELEMETRY, Launch
 from gangwatch.producers.trainer.loop import StepContext
@@ -68,7 +75,8 @@ class TrainerClient:
     `node` override what the launcher's environment says (launch.py).
     Delivery: `bootstrap` (default `GANGWATCH_BOOTSTRAP`) or a `send` function;
     `spool_dir` (default `<tmp>/gangwatch-spool/<job>/rank<rank>`) and its bound
-    `spool_bytes`. `cuda=True` times sections with CUDA events.
+    `spool_bytes`. `cuda=True` times sections with CUDA events. `metrics_port` (default
+    `GANGWATCH_METRICS_PORT`, 0 = off) serves Prometheus metrics on that port + local rank.
     """
 
     def __init__(self, *, tp: int = 1, pp: int = 1, order: str = "tp-dp-pp", nodes: Sequence[str] | None = None,
@@ -78,7 +86,8 @@ class TrainerClient:
                  heartbeat_s: float = 5.0, flush_s: float = 1.0, queue_max: int = 10_000, batch_max: int = 1000,
                  spool_dir: str | Path | None = None, spool_bytes: int = 64 << 20, cuda: bool = False,
                  announce: bool = True, background: bool = True, exit_hooks: bool = True,
-                 clock: Callable[[], float] = time.time, timer: Callable[[], float] = time.perf_counter) -> None:
+                 metrics_port: int | None = None, clock: Callable[[], float] = time.time,
+                 timer: Callable[[], float] = time.perf_counter) -> None:
         self.launch = Launch.from_env(job=job, rank=rank, world_size=world_size, local_rank=local_rank,
                                       local_world_size=local_world_size, node=node, bootstrap=bootstrap,
                                       topic_prefix=topic_prefix)
@@ -133,6 +142,10 @@ class TrainerClient:
         self._crashed = False  # an uncaught exception was reported: no clean `exit` at close
         if exit_hooks:
             self._install_exit_hooks()
+        port = metrics.port_from_env() if metrics_port is None else metrics_port
+        if port:
+            metrics.COLLECTOR.watch(self, metrics.trainer_samples)
+            metrics.start(port + self.launch.local_rank, f"trainer client of rank {self.launch.rank}")
 
     # --- what the training loop calls ------------------------------------------------------------
 
@@ -209,6 +222,11 @@ class TrainerClient:
         """Records lost so far: steps dropped from the full queue, and records the spool had to give up."""
         return self._dropped + self.delivery.dropped
 
+    def queue_depths(self) -> dict[str, int]:
+        """Records waiting for the sending thread: `steps` (finished, or waiting for their CUDA events) and
+        `control` (heartbeats, events, the job record). Safe from any thread."""
+        return {"steps": len(self._steps) + len(self._waiting), "control": len(self._control)}
+
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Send (or spool) everything queued; False if the sending thread did not finish within `timeout_s`."""
         if self._closed:
@@ -231,6 +249,7 @@ class TrainerClient:
             self.event("exit", "closed", extra={"code": 0})
         self._closed = True
         self._remove_exit_hooks()
+        metrics.COLLECTOR.unwatch(self)
         self._close_deadline = self._timer() + 0.8 * timeout_s  # sending stops here; the rest stays spooled
         self._stop.set()
         self._wake.set()

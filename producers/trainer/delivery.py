@@ -38,11 +38,19 @@ class Delivery:
         self._delay = 0.0  # current back-off; 0 while the broker answers
         self._retry_at = 0.0
         self.dropped = 0  # records lost: the spool's size bound, or a spool that cannot be written
+        # counts read by the metrics endpoint (producers/metrics.py); only the sending thread writes them
+        self.kinds: dict[str, int] = {}  # records handed over, by kind (sent or spooled)
+        self.sent_messages = 0  # messages the broker acknowledged, new or from the spool
+        self.sent_records = 0  # records in them
+        self.failures = 0  # sends that failed
 
     def deliver(self, by_topic: Iterable[tuple[str, list[Record]]], ts: float, deadline: float | None = None) -> None:
         """Send the spool's backlog, then these records (or spool them); stop sending at `deadline`."""
         self._drain(deadline)
+        kinds = self.kinds
         for topic, recs in by_topic:
+            for rec in recs:
+                kinds[rec.kind] = kinds.get(rec.kind, 0) + 1
             for i in range(0, len(recs), self.batch_max):
                 chunk = recs[i:i + self.batch_max]
                 try:
@@ -65,10 +73,11 @@ class Delivery:
         now = self._clock()
         if now < self._retry_at or (deadline is not None and now >= deadline):
             return False
-        topic, _, value = msg
+        topic, count, value = msg
         try:
             self.send(topic, self.key, value)
         except Exception as e:  # whatever the client raises, training goes on
+            self.failures += 1
             if not self._delay:
                 log.warning("gangwatch: cannot send to Kafka (%s: %s); spooling to %s", type(e).__name__, e,
                             self.spool.directory)
@@ -76,6 +85,8 @@ class Delivery:
             self._retry_at = now + self._delay
             return False
         self._delay = 0.0
+        self.sent_messages += 1
+        self.sent_records += count
         return True
 
     def _to_spool(self, msg: Message) -> None:

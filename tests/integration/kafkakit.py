@@ -95,11 +95,16 @@ def produce(bootstrap: str, msgs: Iterable[tuple[str, bytes, bytes]]) -> int:
 
 
 def worker_args(bootstrap: str, app_id: str, topics: TopicSettings, *extra: str) -> list[str]:
-    """`gangwatch worker` with the fast test settings (docs/design.md, "Running the real services")."""
+    """`gangwatch worker` with the fast test settings (docs/design.md, "Running the real services").
+
+    No metrics endpoint (`--metrics-port 0`): tests run several workers on one host, and the
+    default port is fixed; a test that wants one passes `--metrics-port P` in `extra` (the last wins).
+    """
     return [sys.executable, "-m", "gangwatch", "worker", "--bootstrap", bootstrap, "--app-id", app_id,
             "--prefix", topics.prefix, "--partitions", str(topics.partitions), "--session-timeout", "6",
             "--heartbeat-interval", "1", "--request-timeout", "20", "--standby-replicas", "0",
-            "--table-store", "memory://", "--offset-reset", "earliest", "--commit-interval", "0.5", *extra]
+            "--table-store", "memory://", "--offset-reset", "earliest", "--commit-interval", "0.5",
+            "--metrics-port", "0", *extra]
 
 
 class WorkerProc:
