@@ -55,8 +55,9 @@ def test_steps_heartbeats_events_and_the_job_reach_the_broker(kafka_bootstrap, t
     assert [(s.step, s.loss) for s in steps] == [(k, 2.0 / (k + 1)) for k in range(5)]
     assert all(s.compute_s >= 0.01 and s.job == "j7" for s in steps)
     assert sum(r.kind == "heartbeat" for r in recs) >= 3
-    [event] = [r for r in recs if r.kind == "framework"]
+    event, done = [r for r in recs if r.kind == "framework"]
     assert (event.type, event.op, event.seq) == ("nccl_timeout", "allreduce", 17)
+    assert (done.type, done.extra.get("code")) == ("exit", 0)  # close() says the rank finished
     [job] = records(kafka_bootstrap, topics.jobs)
     assert [(r.rank, r.node) for r in job.ranks] == [(0, "n001"), (1, "n001")]
     assert not list((tmp_path / "spool").glob("*.spool"))  # nothing was left behind
