@@ -17,17 +17,26 @@ Every rank of a job is in one of four states:
   An exit with a non-zero or unknown `code` is a fail-stop at once; a clean one
   (`code` 0, as every rank of a finished job sends) is no finding at all.
 
+When a rank dies outright (power, kernel panic, SIGKILL, the OOM killer) it says
+nothing; its peers' communicators fail within milliseconds and they raise errors
+such as "Connection closed by peer ... typically caused by a remote worker
+crashing". Those are consequences, not culprits: a `peer_lost` finding (no weight
+against the reporter's node) and the reporter counts as exited. The culprit is the
+rank that vanished without a word: its silence is a fail-stop of its node even when
+nobody else in the job speaks any more, because the peers said why.
+
 Missing ranks are reported per node: when no rank of a node is left alive, one
 finding names the node and its silent ranks; a node where only some ranks are
 missing is reported once the first of them has been missing for `grace_factor`
 periods plus `slack_s` more (a node's ranks beat out of phase, up to a period
 apart: time for its siblings to time out too), so a node is one finding, not eight.
 
-Silence is a node's only while the rest of the job is heard from. If no rank of
-the job has sent anything for a period plus `slack_s`, missing ranks are held;
-once every live rank is missing the job went silent as a whole, which is the
-monitoring path failing (sidecars, broker, collector) or the job stopping without
-a word, never a node fault: one job-level `monitoring_gap` finding instead.
+Silence is a node's only while the rest of the job is heard from, or its peers
+reported losing a remote worker. If no rank of the job has sent anything for a
+period plus `slack_s`, missing ranks are held; once every live rank is missing the
+job went silent as a whole, which is the monitoring path failing (sidecars,
+broker, collector) or the job stopping without a word, never a node fault: one
+job-level `monitoring_gap` finding instead.
 
 Timeouts are evaluated on a fixed event-time grid of `tick_s`, so the findings do
 not depend on how often `advance` is called, and a finding's ts is the grid point
@@ -38,6 +47,7 @@ it was found at: a node gone silent is reported at most `miss_factor` periods +
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -48,6 +58,10 @@ from gangwatch.schemas import Finding, Framework, Record
 from gangwatch.schemas.evidence import Evidence
 
 _CRASH_TYPES = frozenset({"exit", "exception", "oom"})
+# what a rank's communicator raises when a *remote* rank died (gloo, NCCL, torch.distributed)
+PEER_LOST = re.compile(
+    r"closed by peer|remote worker crash|connection reset by peer|remote process exited|peer .{0,40}(?:died|exited)"
+    r"|communicator was aborted|ncclRemoteError|remote end closed|broken pipe", re.IGNORECASE)
 NOT_STARTED, LIVE, SILENT, EXITED = 0, 1, 2, 3
 
 
@@ -89,6 +103,15 @@ class HeartbeatLoss(Evidence):
     first_silent_ts: float  # the earliest last record of a silent rank
     last_seen_ts: float  # the latest one
     timeout_s: float  # silence that makes a rank missing
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerLoss(Evidence):
+    """A rank's communicator failed because a remote rank went away: a consequence, not a culprit."""
+
+    cause: str  # the framework record's type
+    ranks: list[int]
+    message: str  # the framework's own text, first 500 characters
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,6 +162,8 @@ FAIL_STOP = FindingType("fail_stop", (ProcessFailure, HeartbeatLoss), Policy(
     risk=0.8, onset="last_seen_ts", software=lambda f, ev: ev.cause in _CRASH_TYPES))
 # facts about the whole job: never evidence against a node, escalated to a human with what they mean; a node
 # whose ranks never started is mildly suspect, a monitoring gap is the job's, never a node's
+# a victim's report joins the fail-stop of the node that vanished; it points at no node (the reporter is fine)
+PEER_LOST_TYPE = FindingType("peer_lost", PeerLoss, Policy(incident="fail_stop", opens=False, weight=0.0, risk=0.0))
 MONITORING_GAP = FindingType("monitoring_gap", MonitoringGap, Policy(
     incident="unknown", job_level=True, risk=0.0, onset="last_seen_ts", describe=_monitoring_gap_says))
 START_TIMEOUT = FindingType("start_timeout", StartTimeout, Policy(
@@ -150,7 +175,7 @@ class FailStopDetector:
 
     name: ClassVar[str] = "failstop"
     kinds: ClassVar[frozenset[str]] = frozenset({"heartbeat", "step", "framework"})
-    finding_types: ClassVar[tuple[FindingType, ...]] = (FAIL_STOP, MONITORING_GAP, START_TIMEOUT)
+    finding_types: ClassVar[tuple[FindingType, ...]] = (FAIL_STOP, PEER_LOST_TYPE, MONITORING_GAP, START_TIMEOUT)
 
     def __init__(self, topo: Topology, config: FailStopConfig | None = None) -> None:
         self.config = config or FailStopConfig()
@@ -167,6 +192,7 @@ class FailStopDetector:
         self.quiet = hb + cfg.slack_s  # no record from any rank for this long: the whole job is quiet
         self.start_deadline = topo.ts + cfg.start_timeout_s
         self.start_checked = False
+        self.peer_lost_ts = -math.inf  # the latest report of a rank that lost a remote peer
         self.next_tick = self._grid_at_or_after(self.start_deadline)
 
     def _grid_at_or_after(self, t: float) -> float:
@@ -187,7 +213,8 @@ class FailStopDetector:
         rank = rec.rank
         if rank >= self.topo.size or rec.ts < self.topo.ts:
             return []  # not a rank of this job, or a record of the run before the job record
-        if rec.kind == "framework" and rec.type == "exit":
+        peer_lost = rec.kind == "framework" and rec.type in _CRASH_TYPES and bool(PEER_LOST.search(rec.message or ""))
+        if rec.kind == "framework" and (rec.type == "exit" or peer_lost):
             self.status[rank] = EXITED
             self._heard(rank, rec.ts)
         else:
@@ -197,6 +224,12 @@ class FailStopDetector:
             if state == NOT_STARTED or rec.ts > after:
                 self.status[rank] = LIVE
                 self._heard(rank, rec.ts)
+        if peer_lost:
+            self.peer_lost_ts = max(self.peer_lost_ts, rec.ts)
+            return [PEER_LOST_TYPE.finding(
+                ts=rec.ts, job=self.topo.job, detector="failstop.process", topo=self.topo, rank=rec.rank,
+                key=(rec.rank, "peer_lost", rec.ts), score=1.0,
+                evidence=PeerLoss(cause=rec.type, ranks=[rec.rank], message=(rec.message or "")[:500]))]
         if rec.kind == "framework" and rec.type in _CRASH_TYPES and not clean_exit(rec):
             return self._crash(rec)
         return []
@@ -241,7 +274,8 @@ class FailStopDetector:
         missing = live & (deadline <= t)
         if not missing.any():
             return out
-        if float(self.last_seen.max()) + self.quiet <= t:  # nobody in the job spoke lately
+        peers_said = self.peer_lost_ts >= float(self.last_seen[missing].min())  # lost after these fell silent
+        if float(self.last_seen.max()) + self.quiet <= t and not peers_said:  # nobody in the job spoke lately
             if (missing == live).all():
                 out.append(self._monitoring_gap(t, live))
             return out  # else hold: the rest of the job may be falling silent too
@@ -296,6 +330,7 @@ class FailStopDetector:
     def state(self) -> dict[str, Any]:
         return {"config": asdict(self.config), "status": self.status.tolist(), "last_seen": self.last_seen.tolist(),
                 "start_checked": self.start_checked,
+                "peer_lost_ts": None if math.isinf(self.peer_lost_ts) else self.peer_lost_ts,
                 "next_tick": None if math.isinf(self.next_tick) else self.next_tick}
 
     @classmethod
@@ -304,5 +339,6 @@ class FailStopDetector:
         det.status = np.asarray(state["status"], dtype=np.int8)
         det.last_seen = np.asarray(state["last_seen"], dtype=np.float64)
         det.start_checked = state["start_checked"]
+        det.peer_lost_ts = -math.inf if state.get("peer_lost_ts") is None else state["peer_lost_ts"]
         det.next_tick = math.inf if state["next_tick"] is None else state["next_tick"]
         return det

@@ -8,6 +8,10 @@ look like a hang while a 1 s/step job is declared hung within tens of seconds.
 The finding names no culprit (every rank looks the same from outside); it
 lists the ranks lagging behind the newest step when they are a small minority,
 as a hint. Triage answers a hang with a stack and flight-recorder sweep.
+
+A job whose ranks exited (cleanly at its end, or crashing) after its last
+progress has stopped, not hung: fail-stop speaks for it, and no hang is reported
+until it makes progress again.
 """
 
 from __future__ import annotations
@@ -49,11 +53,14 @@ HANG = FindingType("hang", HangEvidence, Policy(
     describe=lambda f, ev: f"no step progress for {ev.threshold_s} s after step {ev.last_step}"))
 
 
+_STOPS = frozenset({"exit", "exception", "oom"})  # framework records of a process that stopped
+
+
 class HangDetector:
     """Job-wide step progress of one job."""
 
     name: ClassVar[str] = "hang"
-    kinds: ClassVar[frozenset[str]] = frozenset({"step"})
+    kinds: ClassVar[frozenset[str]] = frozenset({"step", "framework"})
     finding_types: ClassVar[tuple[FindingType, ...]] = (HANG,)
 
     def __init__(self, topo: Topology, config: HangConfig | None = None) -> None:
@@ -68,6 +75,7 @@ class HangDetector:
         self.intervals: list[float] = []
         self.seen_intervals = 0
         self.reported = False
+        self.stopped_ts = -np.inf  # the latest exit, exception or OOM of any rank
         self._threshold: tuple[object, float] = (None, 0.0)  # cache: (intervals version, threshold)
 
     def set_topology(self, topo: Topology) -> None:
@@ -75,6 +83,10 @@ class HangDetector:
 
     def observe(self, rec: Record) -> list[Finding]:
         if rec.rank >= self.topo.size:
+            return []
+        if rec.kind == "framework":
+            if rec.type in _STOPS:
+                self.stopped_ts = max(self.stopped_ts, rec.ts)
             return []
         if rec.step > self.last_step[rec.rank]:
             self.last_step[rec.rank] = rec.step
@@ -101,7 +113,7 @@ class HangDetector:
         return self._threshold[1]
 
     def advance(self, now: float) -> list[Finding]:
-        if self.reported or self.max_step < 0:
+        if self.reported or self.max_step < 0 or self.stopped_ts >= self.progress_ts:
             return []
         threshold = self.threshold_s()
         if now < self.progress_ts + threshold:
@@ -122,7 +134,8 @@ class HangDetector:
     def state(self) -> dict[str, Any]:
         return {"config": asdict(self.config), "last_step": self.last_step.tolist(), "max_step": self.max_step,
                 "progress_ts": self.progress_ts, "intervals": list(self.intervals),
-                "seen_intervals": self.seen_intervals, "reported": self.reported}
+                "seen_intervals": self.seen_intervals, "reported": self.reported,
+                "stopped_ts": None if np.isinf(self.stopped_ts) else self.stopped_ts}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> HangDetector:
@@ -133,4 +146,5 @@ class HangDetector:
         det.intervals = list(state["intervals"])
         det.seen_intervals = state["seen_intervals"]
         det.reported = state["reported"]
+        det.stopped_ts = -np.inf if state.get("stopped_ts") is None else state["stopped_ts"]
         return det

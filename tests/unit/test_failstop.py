@@ -220,6 +220,31 @@ def test_the_same_job_losing_one_node_through_triage_replaces_it():
     assert [(a.type, a.nodes) for a in out.actions] == [("replace", ["n002"])]
 
 
+def test_a_killed_node_is_the_culprit_not_the_peers_that_lost_it():
+    """SIGKILL on n002's ranks: they say nothing, every other rank raises "connection closed by peer" and stops.
+    The vanished node is replaced; the victims are named as consequences and evict nobody."""
+    t = topo()
+    kill = T0 + 50
+    recs = beats(t, kill, dead_nodes={"n002"}, dead_at=kill, steps=True)
+    recs += [Framework(ts=kill + 0.05 + 0.001 * r.rank, job="j", rank=r.rank, type="exception",
+                       message="RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                       "[10.0.0.3]:40211. This may indicate a possible application crash on rank 0 or a network "
+                       "set up issue.") for r in t.ranks if r.node != "n002"]
+    out = _through_core([job(), *sorted(recs, key=lambda r: r.ts)], kill + 60)
+    types = [(f.type, f.node) for f in out.findings]
+    assert ("fail_stop", "n002") in types and "monitoring_gap" not in [f.type for f in out.findings]
+    assert {n for ty, n in types if ty == "fail_stop"} == {"n002"}
+    assert sum(ty == "peer_lost" for ty, _ in types) == 24
+    assert [(a.type, a.nodes) for a in out.actions] == [("replace", ["n002"])]
+
+
+def test_a_crash_of_its_own_is_not_a_peer_loss():
+    t = topo(nodes=2, per_node=2)
+    [f] = FailStopDetector(t).observe(Framework(ts=T0 + 3, job="j", rank=1, type="exception",
+                                                message="RuntimeError: CUDA error: an illegal memory access"))
+    assert (f.type, f.node) == ("fail_stop", "n000")
+
+
 # --- processes ------------------------------------------------------------------------------------
 
 

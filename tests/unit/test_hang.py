@@ -7,7 +7,7 @@ import json
 import pytest
 from gangwatch.detectors.hang import HangDetector
 from gangwatch.detectors.topology import Topology
-from gangwatch.schemas import Job, RankInfo, Step
+from gangwatch.schemas import Framework, Job, RankInfo, Step
 
 pytestmark = pytest.mark.unit
 
@@ -197,3 +197,16 @@ def test_state_snapshot_is_not_changed_by_later_records() -> None:
     frozen = json.dumps(snap, sort_keys=True)
     run(det, recs[500:], until=end + 60)
     assert json.dumps(snap, sort_keys=True) == frozen
+
+
+@pytest.mark.parametrize("how", [{"type": "exit", "extra": {"code": 0}}, {"type": "exception",
+                                                                          "message": "CUDA error"}])
+def test_a_job_whose_ranks_stopped_after_their_last_step_is_not_hung(how) -> None:
+    """The end of a job (clean exits) or a crash explains the stall: fail-stop speaks for it, not a hang; new
+    progress (a restart) re-arms the detector."""
+    recs, end = steps(0, 50, T0)
+    stops = [Framework(ts=end + 0.5 + 0.01 * r, job="j", rank=r, **how) for r in range(N)]
+    det = HangDetector(topo())
+    assert run(det, [*recs, *stops], until=end + 300) == []
+    more, end2 = steps(51, 60, end + 400)
+    assert [f.type for f in run(det, more, until=end2 + 2000)] == ["hang"]
