@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import sys
 import tempfile
 import time
 import uuid
@@ -83,8 +85,12 @@ def fault_row(live: LiveJob, cls: str, deadline_s: float) -> dict:
                 and (i["recovered_ts"] is not None or not closed)]
 
     live.wait(lambda: bool(found(False)), deadline_s, f"a decided {cls} incident")
-    decision = [f"{a['type']} {','.join(a['nodes'])}" for a in live.actions() if a["type"] != "collect_stacks"]
-    row = {"culprits": ",".join(found(False)[0]["culprit_nodes"]), "decision": "; ".join(decision)}
+    decided = [a for a in live.actions() if a["type"] != "collect_stacks"]
+    row = {"culprits": ",".join(found(False)[0]["culprit_nodes"]),
+           "decision": "; ".join(f"{a['type']} {','.join(a['nodes'])}" for a in decided)}
+    if all(a["type"] == "escalate" for a in decided):
+        row["error"] = "escalated: nothing for the controller to do"
+        return row
     try:
         live.wait(lambda: bool(found(True)), deadline_s, f"a recovered {cls} incident")
     except AssertionError:
@@ -105,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--faults", default="kill,hang,slow,sdc", help="faulty runs, comma-separated ('' for none)")
     p.add_argument("--deadline", type=float, default=600.0, help="seconds each wait may take")
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: every run stops its processes
     bootstrap = os.environ.get("GANGWATCH_KAFKA", "127.0.0.1:9092")
     host, _, port = os.environ.get("GANGWATCH_CLICKHOUSE", "127.0.0.1:9000").rpartition(":")
     rows = []

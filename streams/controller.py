@@ -130,7 +130,8 @@ class Nodes:
 
     def without(self, nodes: Iterable[str]) -> Nodes | None:
         """The node set with `nodes` taken out and spares in their places (same order); None: too few spares."""
-        leaving = [n for n in self.active if n in set(nodes)]
+        gone = set(nodes)
+        leaving = [n for n in self.active if n in gone]
         if len(leaving) > len(self.spares):
             return None
         spares = list(self.spares)
