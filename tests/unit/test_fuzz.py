@@ -62,7 +62,8 @@ def test_decode_takes_any_bytes(raw):
 @CASES
 @given(records)
 def test_decode_takes_any_json_record(obj):
-    _check_decoded(decode(json.dumps(obj)))  # the stdlib writes what orjson refuses (huge ints, NaN)
+    out = decode(json.dumps(obj))  # the stdlib writes what orjson refuses (huge ints, NaN)
+    _check_decoded(out, empty_ok=obj["kind"] == "batch")  # an empty batch carries nothing to lose
 
 
 @CASES
