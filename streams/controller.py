@@ -346,8 +346,8 @@ class TopicSource:
 
         self.job = job
         self._uncommitted = False
-        names = [topics.findings, *([topics.actions] if actions else [])]
-        self._consumer = KafkaConsumer(*names, bootstrap_servers=bootstrap, group_id=group,
+        self.names = [topics.findings, *([topics.actions] if actions else [])]
+        self._consumer = KafkaConsumer(*self.names, bootstrap_servers=bootstrap, group_id=group,
                                        auto_offset_reset="latest", enable_auto_commit=False,
                                        client_id="gangwatch-controller")
 
@@ -356,7 +356,9 @@ class TopicSource:
         deadline = time.monotonic() + timeout_s
         while not self._consumer.assignment():
             if time.monotonic() > deadline:
-                raise ConnectionError(f"no topic partitions assigned within {timeout_s:g} s")
+                raise ConnectionError(f"no partitions of {', '.join(self.names)} assigned within {timeout_s:g} s")
+            for name in self.names:  # a topic made a moment ago may be missing from the first metadata: ask again
+                self._consumer.partitions_for_topic(name)
             self._consumer.poll(timeout_ms=200)
         for tp in self._consumer.assignment():
             self._consumer.position(tp)  # resolve "latest" now, not at the first record

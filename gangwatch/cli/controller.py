@@ -17,7 +17,7 @@ from gangwatch.cli.services import hostports, wait_for_kafka
 def _names(raw: str) -> list[str]:
     names = [n.strip() for n in raw.split(",") if n.strip()]
     if len(set(names)) != len(names):
-        raise ValueError("a node is named twice")
+        raise argparse.ArgumentTypeError(f"a node is named twice in {raw!r}")
     return names
 
 
@@ -27,7 +27,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
     from gangwatch.streams.launcher import JobSpec
     from gangwatch.streams.topics import TopicSettings
 
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = args.script[1:] if args.script[:1] == ["--"] else args.script
     if not command and not args.dry_run:
         raise UserError("name the training script after --, e.g. -- examples/tiny_job/train.py --steps 500")
     if not args.job or not args.nodes:
@@ -83,7 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "examples/tiny_job/train.py). Stop with Ctrl-C / TERM: the job is stopped too.",
         epilog="example: gangwatch controller --job j1 --nodes n1,n2 --spares n3 --ckpt-dir ckpt/ "
         "-- examples/tiny_job/train.py --steps 2000")
-    c.add_argument("command", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARG ...]",
+    c.add_argument("script", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARG ...]",
                    help="the training script and its arguments, as torchrun takes them")
     opt(c, "--job", help="the job id (actions of other jobs are ignored; every rank gets it as GANGWATCH_JOB)")
     opt(c, "--nodes", type=_names, help="node names the job runs on, comma-separated (one torchrun each)")

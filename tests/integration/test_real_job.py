@@ -86,9 +86,6 @@ def node_actions(job: LiveJob) -> list[tuple[str, list[str]]]:
     return [(a["type"], a["nodes"]) for a in job.actions() if a["nodes"]]
 
 
-@pytest.mark.xfail(strict=True, reason="gloo ranks of n1 raise 'Connection closed by peer' when n2's ranks die; "
-                   "each such exception weighs 0.5 against n1, so localization names n1 and n2 and the blast-radius "
-                   "guard turns the replace into an escalate (reported to the lead)")
 def test_a_rank_killed_with_sigkill_is_a_fail_stop_of_its_node_and_the_job_resumes_on_the_spare(live):
     job = live(Fault("kill", step=60))
     inc = decided(job, "fail_stop")
@@ -172,8 +169,6 @@ def test_a_healthy_run_raises_nothing_while_it_trains(healthy):
     assert loud(job, until=ended) == []
 
 
-@pytest.mark.xfail(strict=True, reason="the hang detector reports 'no step progress' 20 s after a job whose ranks "
-                   "all exited cleanly (triage opens nothing, but the finding is stored; reported to the lead)")
 def test_a_healthy_run_raises_nothing_after_its_clean_end(healthy):
     job, _ = healthy
     watch_until = time.monotonic() + 30.0  # past every detector timeout (hang: 20 s) on the worker's silence timer

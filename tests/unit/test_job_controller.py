@@ -14,6 +14,8 @@ from gangwatch.sinks.controller import WebhookSink, sign
 from gangwatch.streams.controller import AppliedIds, Controller, Nodes, WebhookSource
 from gangwatch.streams.launcher import JobSpec
 
+from gangwatch.cli import main
+
 pytestmark = pytest.mark.unit
 
 JOB = "j1"
@@ -221,3 +223,12 @@ def test_the_webhook_queues_signed_actions_and_refuses_the_rest():
         assert source.poll(0.01) == []
     finally:
         source.close()
+
+
+def test_the_command_line_names_itself_in_its_errors_and_refuses_a_node_named_twice(capsys):
+    assert main(["controller", "--job", "j1", "--nodes", "n1,n2", "--bootstrap", "127.0.0.1:1",
+                 "--connect-timeout", "0.1", "--", "train.py"]) == 5
+    assert capsys.readouterr().err.splitlines()[-1].startswith("gangwatch controller: error: cannot reach Kafka")
+    with pytest.raises(SystemExit) as e:
+        main(["controller", "--job", "j1", "--nodes", "n1,n1", "--", "train.py"])
+    assert e.value.code == 2 and "a node is named twice" in capsys.readouterr().err
