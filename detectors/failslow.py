@@ -1,29 +1,60 @@
-"""Fail-slow: stragglers, the ranks that make every other rank wait.
+"""Fail-slow: stragglers, the ranks that make every other rank wait, told apart from ranks that are merely slower.
 
 In synchronous training every rank reports the same `step_s`, so a straggler
 shows in `compute_s` (it computes longest) and in `comm_wait_s` (it waits
 least), compared with the peers that do the same work: the ranks of its
-pipeline stage. Per closed step, vectorized over all ranks, in three separate
-steps (each a small pure function):
+pipeline stage. But real fleets are uneven: a rank on an older GPU, a shared
+or split GPU, a slower network path, is slower than its peers from its first
+step without anything being broken. **Fail-slow is a change, not a
+difference**: a rank is a straggler only when it has slowed down against its
+own usual level *and* stands out from its peers.
 
+Per closed step, vectorized over all ranks:
+
+0. calibrate - for `calib_steps` scored steps after the job (or its last
+               restart, a new `job` record) began, each rank's usual
+               *slowness* (its work over its stage's median, minus 1) is
+               learned and nobody is flagged. At the end, a rank steadily and
+               clearly slower than its stage (`het_min_frac` and `het_z`
+               spreads of the stage's usual slownesses above their median)
+               (and slower than the stage's median in most of those steps)
+               gets one `heterogeneous` finding with its steady ratio: a
+               difference, reported once, never a reason to evict.
 1. score     - `relative_scores`: robust z of compute_s against the stage
                median/MAD, and of comm_wait_s the other way round; both must
                agree (the smaller counts). `individual_scores`: the rank's
-               compute_s over its own EWMA baseline, normalized by the same
-               ratio of its stage, so a job-wide slowdown scores nobody.
-2. threshold - `threshold`: a hit when the relative score is high, or when
-               the individual score is high and the relative score supports
-               it; the individual score never fires alone.
-3. persist   - `persist`: k hits in the last n scored steps of the rank.
+               slowness now over its own usual slowness, in spreads of the
+               stage, so a job-wide slowdown scores nobody and a rank that
+               was always slower scores 0 for it.
+2. threshold - `threshold`: a hit needs both: the relative score over its
+               threshold with the individual one in support, or the
+               individual score over its threshold with the relative one in
+               support. Neither fires alone.
+3. persist   - `persist`: hits in the last `window` (fast, steady
+               stragglers) or in the last `long_window` scored steps
+               (intermittent ones: slow in a fraction of steps). How many
+               hits are needed adapts to the stage's own rate of stray hits
+               (`needed_hits`): noisy jobs (real CPU jobs have heavy-tailed
+               step times) need more persistence, quiet ones `hits` /
+               `long_hits`.
 
-One `fail_slow` finding per rank per episode; an episode ends after
-`rearm_steps` consecutive clean steps. Baselines learn only from clean steps
-of ranks not in an episode. Warm-up steps after a (re)start are not scored.
+One `fail_slow` finding per rank per episode, and another whenever the rank
+has since grown a quarter slower in its slow steps (a few times at most: a
+thermal ramp that is still climbing: triage decides on the true cost). An episode ends after `rearm_steps` consecutive
+clean steps. A straggler's cost (`cost_frac`) is what it adds to the job's
+step on its own: the step is set by the slowest rank, so only what its work
+exceeds the slowest stage's typical work by counts; `floor_frac` is what the
+ranks not flagged (heterogeneous or merely noisy) add, which no replacement
+of stragglers removes. Baselines learn only from quiet steps of ranks not in
+an episode. Warm-up steps after a (re)start or a rewind are not scored.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import functools
+import math
+import warnings
+from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
 import numpy as np
@@ -35,22 +66,39 @@ from gangwatch.schemas import Finding
 from gangwatch.schemas.evidence import Evidence
 
 _MAD_TO_SIGMA = 1.4826
+_RING = 16  # steps of each stage's median work kept to tell what is typical
 _FIELDS = {"compute_s": "f", "comm_wait_s": "f", "step_s": "f"}
 
 
 @dataclass(frozen=True)
 class FailSlowConfig:
-    warmup_steps: int = 10  # closed steps after a (re)start that are not scored
-    rel_threshold: float = 3.0  # relative robust z at which a step is a hit
-    ind_threshold: float = 3.0  # individual robust z at which a step is a hit ...
-    support_threshold: float = 2.0  # ... if the relative z is at least this high too
-    floor_frac: float = 0.02  # spread floor, as a fraction of the stage median compute_s (quiet jobs)
+    warmup_steps: int = 10  # closed steps after a (re)start or rewind that are not scored
+    calib_steps: int = 30  # scored steps after a (re)start that learn each rank's usual level (nobody flagged)
+    rel_threshold: float = 3.0  # relative robust z at which a step is a hit (with individual support) ...
+    ind_threshold: float = 3.0  # ... or individual robust z at which it is one (with relative support)
+    support_threshold: float = 2.0  # the other score must be at least this high
+    floor_frac: float = 0.02  # spread floor, as a fraction of the stage median (quiet jobs)
     min_peers: int = 4  # fewest ranks with a value for a stage to be compared; smaller stages are pooled
-    hits: int = 3  # k: hits in the window that flag a rank
-    window: int = 10  # n: last scored steps of a rank considered (at most 32)
-    rearm_steps: int = 50  # consecutive clean scored steps that end an episode (>= window)
-    alpha: float = 0.05  # EWMA weight of the individual baseline (a running mean until 1/alpha steps)
-    min_history: int = 5  # baseline steps before a rank has an individual score
+    hits: int = 3  # fewest hits in the last `window` scored steps that flag a rank ...
+    window: int = 10
+    long_hits: int = 4  # ... or in the last `long_window` (intermittent stragglers); both at most 32 steps
+    long_window: int = 30
+    false_alarm: float = 1e-9  # chance, per rank and step, that stray hits alone fill a window as needed
+    min_hit_rate: float = 1e-4  # the stray-hit rate assumed at least (a quiet job)
+    hit_rate_alpha: float = 0.02  # EWMA weight of each rank's stray-hit rate
+    rearm_steps: int = 50  # consecutive clean scored steps that end an episode (>= both windows)
+    alpha: float = 0.05  # EWMA weight of the individual baseline after calibration
+    learn_below: float = 1.0  # a step teaches the baseline while the rank is this close to its peers or itself
+    level_alpha: float = 0.05  # EWMA weight of each rank's recent slowness (what a rank's cost is computed from)
+    hit_alpha: float = 0.3  # ... and of a straggler's slowness in its hit steps (quick: a ramp keeps climbing)
+    het_min_frac: float = 0.02  # heterogeneous: steadily at least this much slower than the stage ...
+    het_z: float = 3.0  # ... and this many spreads of the stage's usual slownesses above their median (more in a
+    het_false_alarm: float = 0.01  # large stage: noise alone reports one of its ranks with at most this chance) ...
+    het_steady: float = 0.8  # ... and slower than the stage's median in at least this share of the steps
+    regrow: float = 1.25  # report an episode again when it is this much slower in its slow steps ...
+    regrow_min_slowness: float = 0.05  # ... and at least this much (0.05: 5 % of its stage's work) ...
+    regrow_min_frac: float = 0.01  # ... and its cost has grown by at least this much of the step ...
+    max_reports: int = 8  # ... at most this many times in all
     buffer: BufferConfig = BufferConfig()
 
 
@@ -93,7 +141,8 @@ def _z(dev: np.ndarray, spread: np.ndarray, floor: np.ndarray) -> np.ndarray:
 
 
 def relative_scores(compute: np.ndarray, comm: np.ndarray, step: np.ndarray, groups: list[np.ndarray],
-                    cfg: FailSlowConfig) -> tuple[np.ndarray, np.ndarray]:
+                    cfg: FailSlowConfig, stats_c: tuple[np.ndarray, np.ndarray] | None = None,
+                    ) -> tuple[np.ndarray, np.ndarray]:
     """Robust z of each rank against its stage peers; (score, stage median compute_s).
 
     compute_s counts upwards (a straggler computes longest), comm_wait_s
@@ -101,9 +150,9 @@ def relative_scores(compute: np.ndarray, comm: np.ndarray, step: np.ndarray, gro
     must agree); with one, that one; NaN where neither can be scored.
     Spreads are floored at `floor_frac` x the stage median compute_s (or
     step_s when compute_s is missing), so a very quiet job does not turn a
-    1% wobble into a large z.
+    1% wobble into a large z. `stats_c`: compute_s's `group_stats`, when already at hand.
     """
-    med_c, sp_c = group_stats(compute, groups, cfg.min_peers)
+    med_c, sp_c = stats_c if stats_c is not None else group_stats(compute, groups, cfg.min_peers)
     ref = med_c
     if np.isnan(med_c).any():  # no compute_s: floor from the step time instead
         ref = np.where(np.isfinite(med_c), med_c, group_stats(step, groups, cfg.min_peers)[0])
@@ -114,18 +163,35 @@ def relative_scores(compute: np.ndarray, comm: np.ndarray, step: np.ndarray, gro
     return np.fmin(z_c, z_w), med_c
 
 
-def individual_scores(compute: np.ndarray, baseline: np.ndarray, groups: list[np.ndarray],
-                      cfg: FailSlowConfig) -> np.ndarray:
-    """Robust z of each rank's compute_s / own baseline against the same ratio of its stage peers.
+def slowness(compute: np.ndarray, comm: np.ndarray, step: np.ndarray, groups: list[np.ndarray],
+             cfg: FailSlowConfig, stats_c: tuple[np.ndarray, np.ndarray] | None = None,
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per rank: (how much longer it works than its stage's median, 0.1 = 10 %; the stage's spread of that,
+    floored at `floor_frac`; the stage's median work in seconds).
 
-    Dividing by the stage's typical ratio takes out what happened to everyone
-    (checkpoint, new sequence length, throttled cluster): only a rank that
-    slowed down more than its peers scores. NaN where the baseline is unknown.
+    Work is compute_s, or, where a rank did not report it, the part of the step
+    it did not spend waiting in the collective (step_s - comm_wait_s). `stats_c`: compute_s's
+    `group_stats`, used when every rank reported compute_s.
     """
+    every = bool(np.isfinite(compute).all())
+    work = compute if every else np.where(np.isfinite(compute), compute, step - comm)
+    med, spread = stats_c if every and stats_c is not None else group_stats(work, groups, cfg.min_peers)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(baseline > 0, compute / baseline, np.nan)
-    med, spread = group_stats(ratio, groups, cfg.min_peers)
-    return _z(ratio - med, spread, cfg.floor_frac * med)
+        slow = np.where(med > 0, work / med - 1.0, np.nan)
+        scale = np.where(med > 0, np.fmax(spread / med, cfg.floor_frac), np.nan)
+    return slow, scale, med
+
+
+def individual_scores(slow: np.ndarray, usual: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Robust z of each rank's slowness now over its usual slowness, in spreads of its stage.
+
+    Slowness is already relative to the stage (what happened to everyone,
+    a checkpoint, a new sequence length, a throttled cluster, is taken out),
+    and the usual slowness takes out what the rank always was: only a rank
+    that slowed down scores. NaN where the usual level is unknown.
+    """
+    with np.errstate(invalid="ignore"):
+        return (slow - usual) / scale
 
 
 def slowdown_frac(r: int, compute: np.ndarray, comm: np.ndarray, step: np.ndarray, med_c: np.ndarray,
@@ -146,13 +212,39 @@ def slowdown_frac(r: int, compute: np.ndarray, comm: np.ndarray, step: np.ndarra
     return float((med_w - comm[r]) / denom) if denom > 0 else 0.0
 
 
+def step_costs(level: np.ndarray, med_work: np.ndarray, step_s: float) -> np.ndarray:
+    """What each rank alone adds to the job's step, as a fraction of the step (0 for most).
+
+    The step waits for the slowest rank, so a rank costs only what its work
+    (`(1 + level) x` its stage's typical median work) exceeds the slowest
+    stage's typical work by: a slow rank of a light stage may cost nothing.
+    `step_s`: the job's typical step.
+    """
+    crit = med_work[np.isfinite(med_work)]
+    if not (crit.size and np.isfinite(step_s) and step_s > 0):
+        return np.zeros(level.shape)
+    with np.errstate(invalid="ignore"):
+        extra = np.fmax((1.0 + level) * med_work - float(crit.max()), 0.0)
+    return np.where(np.isfinite(extra), extra / step_s, 0.0)
+
+
 # --- 2. threshold -------------------------------------------------------------------------------
 
 
-def threshold(rel: np.ndarray, ind: np.ndarray, cfg: FailSlowConfig) -> np.ndarray:
-    """Hit per rank: relative z over its threshold, or individual z over its own with relative support."""
+def threshold(rel: np.ndarray, ind: np.ndarray, cfg: FailSlowConfig, usual: np.ndarray | None = None) -> np.ndarray:
+    """Hit per rank: both scores up, one of them over its threshold and the other at least in support.
+
+    A rank that stands out from its peers but not from its own usual level is
+    heterogeneous, not failing; one that changed but still matches its peers
+    is not slow. For a rank that usually stands out (`usual`: its usual
+    slowness in spreads of its stage, at least `support_threshold`), standing
+    out says nothing: only the change counts, at its full threshold. Where the
+    individual score is unknown there is no hit.
+    """
+    s = cfg.support_threshold
     with np.errstate(invalid="ignore"):
-        return (rel >= cfg.rel_threshold) | ((ind >= cfg.ind_threshold) & (rel >= cfg.support_threshold))
+        ordinary = True if usual is None else ~(usual >= s)
+        return ((rel >= cfg.rel_threshold) & (ind >= s) & ordinary) | ((ind >= cfg.ind_threshold) & (rel >= s))
 
 
 # --- 3. persistence -----------------------------------------------------------------------------
@@ -162,18 +254,56 @@ def persist(hist: np.ndarray, hit: np.ndarray, scored: np.ndarray, window: int) 
     """Shift this step's hit into each scored rank's bit history; (new history, hits in the last `window`).
 
     Ranks not scored this step keep their history: the window counts a
-    rank's own scored steps.
+    rank's own scored steps. The history keeps 32 steps; `window` is at most 32.
     """
-    mask = np.uint32((1 << window) - 1)
-    shifted = ((hist << np.uint32(1)) | hit.astype(np.uint32)) & mask
+    shifted = ((hist << np.uint32(1)) | hit.astype(np.uint32)) & np.uint32(0xFFFFFFFF)
     new = np.where(scored, shifted, hist).astype(np.uint32)
-    return new, _popcount(new)
+    return new, hits_in(new, window)
+
+
+def hits_in(hist: np.ndarray, window: int) -> np.ndarray:
+    """Hits among the last `window` scored steps of each history."""
+    return _popcount(hist & np.uint32((1 << window) - 1))
 
 
 def _popcount(a: np.ndarray) -> np.ndarray:
     if hasattr(np, "bitwise_count"):  # numpy >= 2.0
         return np.bitwise_count(a).astype(np.int32)
     return np.unpackbits(a.astype("<u4").view(np.uint8)).reshape(-1, 32).sum(axis=1).astype(np.int32)
+
+
+def needed_hits(n: int, rate: float, alpha: float, at_least: int) -> int:
+    """Fewest hits among `n` scored steps that stray hits at `rate` per step reach with chance at most `alpha`.
+
+    The binomial tail, so a job whose steps are noisy needs more persistence
+    than a quiet one; never fewer than `at_least`. The rate is rounded up on
+    a grid of 20 per decade (cached).
+    """
+    q = 10.0 ** (math.ceil(math.log10(min(max(rate, 1e-12), 0.5)) * 20) / 20)
+    return max(at_least, _needed(n, q, alpha))
+
+
+@functools.lru_cache(maxsize=4096)
+def _needed(n: int, p: float, alpha: float) -> int:
+    tail = 0.0
+    for k in range(n, -1, -1):
+        tail += math.comb(n, k) * p ** k * (1 - p) ** (n - k)
+        if tail > alpha:
+            return k + 1
+    return 0
+
+
+@functools.lru_cache(maxsize=1024)
+def _isf(p: float) -> float:
+    """x such that a standard normal exceeds x with chance `p` (bisection on erfc; cached)."""
+    lo, hi = 0.0, 40.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        if 0.5 * math.erfc(mid / math.sqrt(2.0)) > p:
+            lo = mid
+        else:
+            hi = mid
+    return hi
 
 
 # --- what it finds ------------------------------------------------------------------------------
@@ -184,7 +314,7 @@ class StragglerEvidence(Evidence):
     """One rank flagged as a straggler at `step`. Scores are robust z (unitless); None where not known."""
 
     relative: float | None  # against the ranks of its pipeline stage
-    individual: float | None  # against its own baseline, relative to its stage
+    individual: float | None  # against its own usual level, relative to its stage
     slowdown_frac: float  # how much longer it computes than its stage's median (0.1 = 10 %)
     steps_flagged: int  # hits in the last `window` scored steps
     window: int  # steps
@@ -193,27 +323,59 @@ class StragglerEvidence(Evidence):
     compute_s: float | None
     stage_median_s: float | None  # the stage's median compute_s
     comm_wait_s: float | None
-    onset_ts: float  # the oldest hit still in the window: when the straggling began, as far as can be told
+    onset_ts: float  # the oldest hit still in the window when the episode began: when the straggling began
+    cost_frac: float | None = None  # what it alone adds to the job's step, recently (0.1 = 10 % of the step)
+    floor_frac: float | None = None  # what ranks not flagged add: no replacement of stragglers removes it
+    long_hits: int | None = None  # hits in the last `long_window` scored steps (intermittent stragglers)
+    long_window: int | None = None
+
+
+def _cost(f: Finding, ev: StragglerEvidence) -> float:
+    return ev.cost_frac if ev.cost_frac is not None else ev.slowdown_frac
 
 
 FAIL_SLOW = FindingType("fail_slow", StragglerEvidence, Policy(
-    incident="fail_slow", weight=0.7, risk=0.3, onset="onset_ts", slowdown_frac=lambda f, ev: ev.slowdown_frac))
+    incident="fail_slow", weight=0.7, risk=0.3, onset="onset_ts", slowdown_frac=_cost,
+    slow_floor=lambda f, ev: ev.floor_frac or 0.0))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Heterogeneity(Evidence):
+    """A rank steadily slower than its stage since the job (or its last restart) began: a difference, not a fault.
+
+    Measured over the calibration steps; `ratio` is its work over its stage's median (1.08: 8 % slower).
+    """
+
+    ratio: float
+    cost_frac: float  # what it adds to the job's step (0 when its stage has room to spare)
+    stage_spread_frac: float  # how much the stage's ranks usually differ (1.4826 x MAD of their ratios)
+    steps: int  # steps it was measured over
+    since_step: int  # the first of them
+    step: int  # the last of them
+    pp: int
+
+
+HETEROGENEOUS = FindingType("heterogeneous", Heterogeneity, Policy(
+    incident=None, weight=0.0, risk=0.0, grade="heterogeneous",
+    label=lambda f, ev: "heterogeneous"))
 
 
 # --- the detector -------------------------------------------------------------------------------
 
 
 class FailSlowDetector(StepScorer):
-    """Stragglers of one job, from per-rank compute and collective-wait times."""
+    """Stragglers of one job, from per-rank compute and collective-wait times, and its steadily slower ranks."""
 
     name: ClassVar[str] = "failslow"
-    finding_types: ClassVar[tuple[FindingType, ...]] = (FAIL_SLOW,)
+    finding_types: ClassVar[tuple[FindingType, ...]] = (FAIL_SLOW, HETEROGENEOUS)
 
     def __init__(self, topo: Topology, config: FailSlowConfig | None = None) -> None:
         self.config = config or FailSlowConfig()
         cfg = self.config
-        if not (1 <= cfg.hits <= cfg.window <= 32 and cfg.rearm_steps >= cfg.window):
-            raise ValueError("need 1 <= hits <= window <= 32 and rearm_steps >= window")
+        if not (1 <= cfg.hits <= cfg.window <= 32 and 1 <= cfg.long_hits <= cfg.long_window <= 32
+                and cfg.rearm_steps >= max(cfg.window, cfg.long_window) and cfg.calib_steps >= 1):
+            raise ValueError("need 1 <= hits <= window <= 32, 1 <= long_hits <= long_window <= 32, "
+                             "rearm_steps >= both windows and calib_steps >= 1")
         self._reset(topo)
 
     def _reset(self, topo: Topology) -> None:
@@ -223,14 +385,33 @@ class FailSlowDetector(StepScorer):
         self.buf = StepBuffer(n, _FIELDS, self.config.buffer)
         self.epoch = 0
         self.warm = 0
-        self.base = np.full(n, np.nan)  # EWMA of compute_s, clean steps only
+        self.calib = 0  # calibration steps done since the (re)start
+        self.first_step = -1  # the first calibration step
+        self.base = np.full(n, np.nan)  # usual slowness (EWMA), quiet steps only
         self.nbase = np.zeros(n, dtype=np.int32)  # steps in the baseline
+        self.level = np.full(n, np.nan)  # recent slowness (EWMA over every scored step)
+        self.run_num = np.zeros(n, dtype=np.int32)  # steps since the first hit still in the long window
+        self.hit_level = np.full(n, np.nan)  # slowness in the hit steps of that run (EWMA, fast)
+        self.rate = np.full(n, self.config.min_hit_rate)  # stray-hit rate per scored step (EWMA)
+        self.csum = np.zeros(n)  # calibration: sum and count of each rank's slowness
+        self.cnum = np.zeros(n, dtype=np.int32)
+        self.cabove = np.zeros(n, dtype=np.int32)  # calibration steps it was slower than its stage's median
+        self.cscale = np.zeros(n)  # calibration: the stage's spread of slowness, summed over the steps
+        self.het = np.zeros(n, dtype=bool)  # reported heterogeneous since the (re)start
         self.hist = np.zeros(n, dtype=np.uint32)  # hit bits, newest lowest
         self.in_episode = np.zeros(n, dtype=bool)
         self.clean_run = np.zeros(n, dtype=np.int32)  # consecutive scored steps without a hit
+        self.ep_onset = np.full(n, np.nan)  # when the current episode began
+        self.ep_cost = np.full(n, np.nan)  # the cost last reported for it
+        self.ep_reports = np.zeros(n, dtype=np.int32)  # findings of it so far
+        self.ep_level = np.full(n, np.nan)  # its slowness in its slow steps when last reported
+        # the last _RING steps' median work of each stage and median step: what is typical (a checkpoint is not)
+        self.ring_work = np.full((len(self.groups), _RING), np.nan)
+        self.ring_step = np.full(_RING, np.nan)
+        self.ring_at = 0
 
     def set_topology(self, topo: Topology) -> None:
-        """New `job` record: ranks may sit on other hardware now; every per-rank state starts afresh."""
+        """New `job` record (a restart): ranks may sit on other hardware now; every per-rank state starts afresh."""
         self._reset(topo)
 
     # --- feeding ---
@@ -248,68 +429,232 @@ class FailSlowDetector(StepScorer):
         if self.warm < cfg.warmup_steps:
             self.warm += 1
             return []
-        compute, comm = c.vals["compute_s"], c.vals["comm_wait_s"]
-        rel, med_c = relative_scores(compute, comm, c.vals["step_s"], self.groups, cfg)
-        base = np.where(self.nbase >= cfg.min_history, self.base, np.nan)
-        ind = individual_scores(compute, base, self.groups, cfg)
-        hit = threshold(rel, ind, cfg)
+        compute, comm, step = c.vals["compute_s"], c.vals["comm_wait_s"], c.vals["step_s"]
+        stats_c = group_stats(compute, self.groups, cfg.min_peers)
+        rel, med_c = relative_scores(compute, comm, step, self.groups, cfg, stats_c)
+        slow, scale, med_w = slowness(compute, comm, step, self.groups, cfg, stats_c)
         scored = np.isfinite(rel)
+        typ_work, typ_step, odd = self._typical(med_w, step)
+        has = np.isfinite(slow) & ~odd  # an odd step (a checkpoint save, a job-wide stall) teaches nothing
+        self.level = np.where(has, np.where(np.isnan(self.level), slow, self.level + cfg.level_alpha *
+                                            (slow - self.level)), self.level)
+        if self.calib < cfg.calib_steps:
+            return self._calibrate(c, rel, slow, scale, typ_work, typ_step, scored & ~odd, has)
+        ind = individual_scores(slow, self.base, scale)
+        hit = threshold(rel, ind, cfg, self.base / scale)
         self.hist, count = persist(self.hist, hit, scored, cfg.window)
+        count_long = hits_in(self.hist, cfg.long_window)
+        running = scored & (count_long > 0)  # a run of hits: from its first hit on, how slow its hit steps are
+        add = running & has
+        self.run_num = np.where(running, self.run_num + add, 0).astype(np.int32)
+        learn_hit = add & hit
+        self.hit_level = np.where(running, np.where(learn_hit, np.where(np.isnan(self.hit_level), slow, (
+            self.hit_level + cfg.hit_alpha * (slow - self.hit_level))), self.hit_level), np.nan)
+        need, need_long = self._needed()
         self.clean_run = np.where(scored, np.where(hit, 0, self.clean_run + 1), self.clean_run).astype(np.int32)
         self.in_episode &= self.clean_run < cfg.rearm_steps
-        new = scored & (count >= cfg.hits) & ~self.in_episode
+        flagged = scored & ((count >= need) | (count_long >= need_long))
+        new = flagged & ~self.in_episode
+        # the cost of a straggler: how slow its hit steps are now, times the share of its steps that are hits (a
+        # steady one: all; an intermittent one: some); of the others, their recent slowness
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.minimum(1.0, count_long / np.maximum(np.minimum(self.run_num, cfg.long_window), 1))
+            now = np.where(np.isfinite(self.hit_level), self.hit_level * share, self.level)
+            costs = step_costs(np.where(new | self.in_episode, now, self.level), typ_work, typ_step)
+            # grown: slower in its slow steps (a ramp; not an intermittent one's share of slow steps wobbling)
+            grown = self.in_episode & flagged & (self.hit_level >= np.fmax(cfg.regrow * self.ep_level, self.ep_level +
+                                                                            cfg.regrow_min_slowness)) & \
+                (costs >= self.ep_cost + cfg.regrow_min_frac) & (self.ep_reports < cfg.max_reports)
+        for r in np.flatnonzero(new):
+            self.ep_onset[r] = self._onset(c, int(r), step, count[r] >= need[r])
+        self.ep_reports = np.where(new, 0, self.ep_reports).astype(np.int32)
         self.in_episode |= new
-        self._learn(compute, np.isfinite(compute) & ~hit & ~self.in_episode)
-        return [self._finding(c, int(r), rel, ind, compute, comm, med_c, count) for r in np.flatnonzero(new)]
+        with np.errstate(invalid="ignore"):
+            quiet = np.fmin(rel, ind) < cfg.learn_below
+        self._learn(slow, has & ~hit & ~self.in_episode & quiet)
+        with np.errstate(invalid="ignore"):
+            self.rate = np.where(scored & ~odd & ~self.in_episode,
+                                 self.rate + cfg.hit_rate_alpha * (hit - self.rate), self.rate)
+        report = np.flatnonzero(new | grown)
+        if report.size == 0:
+            return []
+        floor = float(costs[~self.in_episode].max()) if (~self.in_episode).any() else 0.0
+        out = []
+        for r in report.tolist():
+            self.ep_cost[r], self.ep_level[r] = costs[r], self.hit_level[r]
+            self.ep_reports[r] += 1
+            out.append(self._finding(c, r, rel, ind, compute, comm, med_c, count, count_long, costs[r], floor))
+        return out
 
-    def _learn(self, compute: np.ndarray, learn: np.ndarray) -> None:
-        """EWMA update of the baselines of `learn` ranks (a running mean for the first 1/alpha steps)."""
+    def _typical(self, med_w: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, float, bool]:
+        """Record this step's median work per stage and median step; (typical work per rank, typical step,
+        whether this step is odd: half as long again as the typical step, a checkpoint save or a stall)."""
+        st = step[np.isfinite(step)]
+        now = median(st) if st.size else np.nan
+        typ = np.nanmedian(self.ring_step) if np.isfinite(self.ring_step).sum() >= 4 else np.nan
+        odd = bool(np.isfinite(typ) and np.isfinite(now) and now > 1.5 * typ)
+        i = self.ring_at % _RING
+        self.ring_step[i] = now
+        for g, idx in enumerate(self.groups):
+            self.ring_work[g, i] = med_w[idx[0]]
+        self.ring_at += 1
+        work = np.full(med_w.shape, np.nan)
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a stage with no value yet: NaN, said once here
+            typical = np.nanmedian(self.ring_work, axis=1)
+            for g, idx in enumerate(self.groups):
+                work[idx] = typical[g]
+            return work, float(np.nanmedian(self.ring_step)), odd
+
+    def _calibrate(self, c: Closed, rel: np.ndarray, slow: np.ndarray, scale: np.ndarray, med_w: np.ndarray,
+                   typ_step: float, scored: np.ndarray, has: np.ndarray) -> list[Finding]:
+        """One calibration step: learn every rank's usual slowness and the stray-hit rate; report
+        heterogeneous ranks after the last one."""
+        cfg = self.config
+        if self.calib == 0:
+            self.first_step = c.step
+        self.calib += 1
+        with np.errstate(invalid="ignore"):  # in logs: heavy-tailed step times average without their tail
+            self.csum = np.where(has, self.csum + np.where(has, np.log1p(np.fmax(slow, -0.99)), 0.0), self.csum)
+        self.cnum = self.cnum + has
+        self.cscale = np.where(has, self.cscale + np.where(has, scale, 0.0), self.cscale)
+        with np.errstate(invalid="ignore"):
+            self.cabove = self.cabove + (has & (slow > 0))
+        self._learn(slow, has, running=True)
+        with np.errstate(invalid="ignore"):
+            stray = rel >= cfg.rel_threshold
+        self.rate = np.where(scored, self.rate + cfg.hit_rate_alpha * (stray - self.rate), self.rate)
+        if self.calib < cfg.calib_steps:
+            return []
+        return self._heterogeneous(c, med_w, typ_step)
+
+    def _heterogeneous(self, c: Closed, med_w: np.ndarray, typ_step: float) -> list[Finding]:
+        cfg = self.config
+        enough = self.cnum >= max(1, cfg.calib_steps // 2)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            usual = np.where(enough, np.expm1(self.csum / np.maximum(self.cnum, 1)), np.nan)
+        med, spread = group_stats(usual, self.groups, cfg.min_peers)
+        # a few dozen means spread by chance less than they should: never less than a step's spread allows
+        with np.errstate(invalid="ignore", divide="ignore"):
+            spread = np.fmax(spread, self.cscale / np.maximum(self.cnum, 1) / np.sqrt(np.maximum(self.cnum, 1)))
+        z = np.full(usual.shape, cfg.het_z)
+        for idx in self.groups:  # every rank of a stage is tested once: the bar rises with the stage's size
+            z[idx] = max(cfg.het_z, _isf(cfg.het_false_alarm / idx.size))
+        with np.errstate(invalid="ignore"):
+            het = (usual - med >= np.fmax(cfg.het_min_frac, z * spread)) & ~self.in_episode & \
+                (self.cabove >= cfg.het_steady * self.cnum)
+        self.het |= het
+        costs = step_costs(usual, med_w, typ_step)
+        out = []
+        for r in np.flatnonzero(het).tolist():
+            out.append(HETEROGENEOUS.finding(
+                ts=c.ts, job=self.topo.job, detector="failslow.heterogeneous", topo=self.topo, rank=r,
+                key=("het", r, c.step), score=round(float((usual[r] - med[r]) / max(spread[r], cfg.floor_frac)), 4),
+                evidence=Heterogeneity(
+                    ratio=round(float(1.0 + usual[r]), 6), cost_frac=round(float(costs[r]), 6),
+                    stage_spread_frac=round(float(spread[r]), 6), steps=int(self.cnum[r]),
+                    since_step=int(self.first_step), step=c.step, pp=int(self.topo.pp[r]))))
+        return out
+
+    def _needed(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per rank, the hits its stage needs in the short and in the long window, from the stage's stray-hit
+        rate: the mean rate of its ranks not in an episode, leaving out the highest tenth (a straggler on its way
+        to being flagged does not raise it; stray hits are rare, so most ranks' own rate is 0: not the median)."""
+        cfg = self.config
+        need = np.full(self.topo.size, cfg.window + 1, dtype=np.int32)
+        need_long = np.full(self.topo.size, cfg.long_window + 1, dtype=np.int32)
+        for idx in self.groups:
+            quiet = np.sort(self.rate[idx[~self.in_episode[idx]]])
+            quiet = quiet[:quiet.size - max(1, quiet.size // 10)] if quiet.size > 1 else quiet
+            rate = max(cfg.min_hit_rate, float(quiet.mean()) if quiet.size else cfg.min_hit_rate)
+            need[idx] = needed_hits(cfg.window, rate, cfg.false_alarm, cfg.hits)
+            need_long[idx] = needed_hits(cfg.long_window, rate, cfg.false_alarm, cfg.long_hits)
+        return need, need_long
+
+    def _onset(self, c: Closed, r: int, step: np.ndarray, short: bool) -> float:
+        """The oldest hit still in the window that flagged rank `r`: when the straggling began, as far as told."""
+        window = self.config.window if short else self.config.long_window
+        back = int(self.hist[r] & np.uint32((1 << window) - 1)).bit_length() - 1
+        st = step[np.isfinite(step)]
+        return c.ts - max(back, 0) * (median(st) if st.size else 0.0)
+
+    def _learn(self, slow: np.ndarray, learn: np.ndarray, running: bool = False) -> None:
+        """Update the usual slowness of `learn` ranks: a running mean in calibration, an EWMA after it."""
         idx = np.flatnonzero(learn)
         if idx.size == 0:
             return
         n = np.minimum(self.nbase[idx] + 1, 1 << 20)
-        a = np.maximum(self.config.alpha, 1.0 / n)
+        a = 1.0 / n if running else np.maximum(self.config.alpha, 1.0 / n)
         b = self.base[idx]
-        x = compute[idx]
+        x = slow[idx]
         b = np.where(np.isnan(b), x, b)
         self.base[idx] = b + a * (x - b)
         self.nbase[idx] = n
 
     def _finding(self, c: Closed, r: int, rel: np.ndarray, ind: np.ndarray, compute: np.ndarray,
-                 comm: np.ndarray, med_c: np.ndarray, count: np.ndarray) -> Finding:
+                 comm: np.ndarray, med_c: np.ndarray, count: np.ndarray, count_long: np.ndarray, cost: float,
+                 floor: float) -> Finding:
+        cfg = self.config
         slow = slowdown_frac(r, compute, comm, c.vals["step_s"], med_c, self.groups)
-        # the oldest hit still in the window: how many steps ago the straggling began, as far as we can tell
-        back = int(self.hist[r] & ((1 << self.config.window) - 1)).bit_length() - 1
-        step_s = c.vals["step_s"][np.isfinite(c.vals["step_s"])]
-        onset = c.ts - max(back, 0) * (median(step_s) if step_s.size else 0.0)
         return FAIL_SLOW.finding(
             ts=c.ts, job=self.topo.job, detector="failslow.compute", topo=self.topo,
             rank=r, key=(r, c.step), score=float(rel[r]),
             evidence=StragglerEvidence(
                 relative=_fin(rel[r]), individual=_fin(ind[r]), slowdown_frac=round(slow, 6),
-                steps_flagged=int(count[r]), window=self.config.window, step=c.step, pp=int(self.topo.pp[r]),
+                steps_flagged=int(count[r]), window=cfg.window, step=c.step, pp=int(self.topo.pp[r]),
                 compute_s=_fin(compute[r]), stage_median_s=_fin(med_c[r]), comm_wait_s=_fin(comm[r]),
-                onset_ts=round(onset, 6)),
+                onset_ts=round(float(self.ep_onset[r]), 6), cost_frac=round(float(cost), 6),
+                floor_frac=round(floor, 6), long_hits=int(count_long[r]), long_window=cfg.long_window),
         )
 
     # --- state ---
 
     def state(self) -> dict[str, Any]:
         return {"config": asdict(self.config), "buffer": self.buf.state(), "epoch": self.epoch, "warm": self.warm,
-                "base": encode_floats(self.base), "nbase": self.nbase.tolist(), "hist": self.hist.tolist(),
-                "in_episode": self.in_episode.tolist(), "clean_run": self.clean_run.tolist()}
+                "calib": self.calib, "first_step": self.first_step,
+                "base": encode_floats(self.base), "nbase": self.nbase.tolist(), "level": encode_floats(self.level),
+                "run_num": self.run_num.tolist(), "hit_level": encode_floats(self.hit_level),
+                "rate": self.rate.tolist(), "csum": self.csum.tolist(), "cnum": self.cnum.tolist(),
+                "cabove": self.cabove.tolist(), "cscale": self.cscale.tolist(),
+                "het": self.het.tolist(), "hist": self.hist.tolist(), "in_episode": self.in_episode.tolist(),
+                "clean_run": self.clean_run.tolist(), "ep_onset": encode_floats(self.ep_onset),
+                "ring_work": [encode_floats(r) for r in self.ring_work], "ring_step": encode_floats(self.ring_step),
+                "ring_at": self.ring_at, "ep_reports": self.ep_reports.tolist(),
+                "ep_level": encode_floats(self.ep_level),
+                "ep_cost": encode_floats(self.ep_cost)}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> FailSlowDetector:
-        conf = dict(state["config"])
+        known = {f.name for f in fields(FailSlowConfig)}
+        conf = {k: v for k, v in state["config"].items() if k in known}  # a setting since retired is dropped
         det = cls(topo, FailSlowConfig(**{**conf, "buffer": BufferConfig(**conf["buffer"])}))
         if state["buffer"]["size"] != topo.size:
             return det  # another topology: nothing of the old per-rank state applies
         det.buf.load(state["buffer"])
         det.epoch, det.warm = state["epoch"], state["warm"]
-        det.base = decode_floats(state["base"])[0]
-        det.nbase = np.asarray(state["nbase"], dtype=np.int32)
         det.hist = np.asarray(state["hist"], dtype=np.uint32)
         det.in_episode = np.asarray(state["in_episode"], dtype=bool)
         det.clean_run = np.asarray(state["clean_run"], dtype=np.int32)
+        if "calib" not in state:  # saved before calibration: baselines were of another kind; learn them again
+            return det
+        det.calib, det.first_step = state["calib"], state["first_step"]
+        det.base = decode_floats(state["base"])[0]
+        det.nbase = np.asarray(state["nbase"], dtype=np.int32)
+        det.level = decode_floats(state["level"])[0]
+        det.run_num = np.asarray(state["run_num"], dtype=np.int32)
+        det.hit_level = decode_floats(state["hit_level"])[0]
+        det.rate = np.asarray(state["rate"], dtype=np.float64)
+        det.csum = np.asarray(state["csum"], dtype=np.float64)
+        det.cnum = np.asarray(state["cnum"], dtype=np.int32)
+        det.cabove = np.asarray(state["cabove"], dtype=np.int32)
+        det.cscale = np.asarray(state["cscale"], dtype=np.float64)
+        det.het = np.asarray(state["het"], dtype=bool)
+        det.ep_onset = decode_floats(state["ep_onset"])[0]
+        det.ep_cost = decode_floats(state["ep_cost"])[0]
+        det.ep_reports = np.asarray(state["ep_reports"], dtype=np.int32)
+        det.ep_level = decode_floats(state["ep_level"])[0]
+        if len(state["ring_work"]) == len(det.groups):
+            det.ring_work = np.array([decode_floats(r)[0] for r in state["ring_work"]]).reshape(len(det.groups), _RING)
+            det.ring_step = decode_floats(state["ring_step"])[0]
+            det.ring_at = state["ring_at"]
         return det

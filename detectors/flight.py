@@ -16,9 +16,17 @@ For each process group of one snapshot, across the ranks that reported:
 - the op / size / dtype recorded at each sequence id must agree; a minority that
   differs from a strict majority is reported (``op_mismatch``, ``size_mismatch``,
   ``dtype_mismatch``);
-- a rank behind in one group because it is itself waiting in another stalled
-  group that has suspects of its own is a victim, not a root cause, and is not
-  reported (a TP-group hang leaves its ranks behind in their DP groups).
+- every process group is followed, not only the first that shows a stall, and
+  the suspects are sorted out on a wait-for graph: a waiting member of a stalled
+  group waits for its late members, a rank blocked in a point-to-point op (a
+  pipeline send or receive, ``p2p`` entries with their ``peer``) waits for its
+  peer. A suspect that waits, directly or through others, for another suspect is
+  a victim, not a root cause, and is not reported (a TP-group hang leaves its
+  ranks behind in their DP groups; a pipeline neighbour waiting to receive from a
+  rank stuck in a stray collective is behind in its DP group too). What is left
+  are root causes, as many as there are: two ranks each holding up a different
+  group are both named; suspects that all wait on each other (a cycle) are all
+  kept, with less confidence.
 
 `FlightDetector` collects `flight` records per snapshot and analyses a snapshot
 once every rank of the topology reported, or `window_s` after its first record.
@@ -60,16 +68,22 @@ class RankView:
     has_groups: bool  # the record listed its groups: a group it does not list is one it never used
     groups: dict[str, GroupView]
     entries: dict[str, dict[int, tuple[str, int | None, str | None]]]  # pg -> seq -> (op, size, dtype)
+    waits_on: tuple[tuple[str, str, int], ...] = ()  # point-to-point ops not completed: (pg, op, peer's rank)
 
 
 def rank_view(rec: Flight, entries_per_pg: int = 64) -> RankView:
     """Reduce a `flight` record: per group the last enqueued / started / completed ids (the
     larger of the group's counters and what its entries show) and its last `entries_per_pg`
-    collectives. Point-to-point entries (``"p2p": true``) are left out: their ids are per pair."""
+    collectives. Point-to-point entries (``"p2p": true``) do not count there (their ids are per
+    pair); those not completed whose `peer` is known are what the rank waits on."""
     ents: dict[str, dict[int, tuple[str, int | None, str | None]]] = {}
     derived: dict[str, list[int]] = {}  # pg -> [enqueued, started, completed]
+    pending: list[tuple[str, str, int]] = []  # (pg, op, peer's index in the group)
     for e in rec.entries:
         if e.extra.get("p2p"):
+            peer = e.extra.get("peer")
+            if e.state != "completed" and type(peer) is int and peer >= 0:
+                pending.append((e.pg, e.op, peer))
             continue
         ents.setdefault(e.pg, {})[e.seq] = (e.op, e.size, e.dtype)
         d = derived.setdefault(e.pg, [-1, -1, -1])
@@ -89,7 +103,12 @@ def rank_view(rec: Flight, entries_per_pg: int = 64) -> RankView:
     for pg, d in derived.items():
         if pg not in groups:
             groups[pg] = GroupView(None, (), d[0], d[1], d[2])
-    return RankView(rec.groups is not None, groups, ents)
+    waits = []
+    for pg, op, peer in pending:
+        members = sorted(groups[pg].ranks) if pg in groups else []
+        if peer < len(members) and members[peer] != rec.rank:
+            waits.append((pg, op, members[peer]))
+    return RankView(rec.groups is not None, groups, ents, tuple(dict.fromkeys(waits)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,17 +158,41 @@ def localize(views: Mapping[int, RankView], *, max_suspect_fraction: float = 0.5
             stalled[pg] = waiting
         behind += found
         mismatched += _mismatches(pg, desc, [r for r, _ in rows], views)
-    suspects_in = Counter(s.pg for s in behind)
-    roots = []
-    for s in behind:
-        blocked_in = sorted(pg for pg, ranks in stalled.items()
-                            if pg != s.pg and s.rank in ranks and suspects_in[pg] > 0)
-        if not blocked_in:
-            roots.append(s)
+    roots = [s for s in behind if not _waits_for_a_suspect(s.rank, behind, stalled, views)]
     if behind and not roots:  # everyone waits on everyone: keep them all, with less confidence
         roots = [replace(s, score=round(s.score / 2, 4), detail={**s.detail, "cycle": True}) for s in behind]
     out = roots + mismatched
     return sorted(out, key=lambda s: (s.rank, _REASON_ORDER.get(s.reason, 9), s.pg, s.seq))
+
+
+def _waits_for_a_suspect(rank: int, behind: list[Suspect], stalled: Mapping[str, set[int]],
+                         views: Mapping[int, RankView]) -> bool:
+    """Whether `rank` waits, directly or through other waiting ranks, for another suspect (then it is a victim).
+
+    Edges of the wait-for graph: a waiting member of a stalled group waits for
+    the group's late members; a rank with a point-to-point op not completed
+    waits for its peer.
+    """
+    late: dict[str, set[int]] = {}
+    for s in behind:
+        late.setdefault(s.pg, set()).add(s.rank)
+    suspects = {s.rank for s in behind}
+    seen, todo = {rank}, [rank]
+    while todo:
+        r = todo.pop()
+        nxt: set[int] = set()
+        for pg, waiting in stalled.items():
+            if r in waiting:
+                nxt |= late.get(pg, set())
+        v = views.get(r)
+        if v is not None:
+            nxt |= {peer for _, _, peer in v.waits_on}
+        for q in sorted(nxt - seen):
+            if q in suspects:
+                return True
+            seen.add(q)
+            todo.append(q)
+    return False
 
 
 def _behind(pg: str, desc: str | None, rows: list[tuple[int, GroupView]], views: Mapping[int, RankView],
@@ -255,14 +298,22 @@ class FlightMismatch(SweepEvidence):
     reasons: list[dict[str, Any]]
 
 
+def _root(f: Finding, ev: FlightBehind | FlightMismatch) -> bool:
+    """A rank behind in a group that waits for no other suspect: a root cause on its own."""
+    return isinstance(ev, FlightBehind) and not ev.cycle
+
+
 def _flight_specificity(sweep: Sequence[Typed]) -> list[float]:
-    """The highest-scoring suspect of a sweep is the likeliest cause, the others its victims."""
-    top = max((t.finding.score or 0.0) for t in sweep) or 1.0
-    return [1.0 if (t.finding.score or 0.0) >= top else 0.5 * (t.finding.score or 0.0) / top for t in sweep]
+    """Every root cause of a sweep counts in full (victims were already left out); of the rest (a cycle, an
+    op / size mismatch) the highest-scoring is the likeliest cause, the others its victims."""
+    top = max((t.finding.score or 0.0) for t in sweep if not t.root_cause) if not all(
+        t.root_cause for t in sweep) else 1.0
+    return [1.0 if t.root_cause or (t.finding.score or 0.0) >= (top or 1.0)
+            else 0.5 * (t.finding.score or 0.0) / (top or 1.0) for t in sweep]
 
 
 STACK_OUTLIER = FindingType("stack_outlier", (FlightBehind, FlightMismatch), Policy(
-    incident="hang", weight=0.7, risk=0.3, sweep_result=True, specificity=_flight_specificity))
+    incident="hang", weight=0.7, risk=0.3, sweep_result=True, specificity=_flight_specificity, root_cause=_root))
 
 
 @dataclass(frozen=True)
@@ -333,10 +384,11 @@ class FlightDetector(SweepDetector):
 def _view_state(v: RankView) -> dict[str, Any]:
     return {"has_groups": v.has_groups,
             "groups": {pg: [g.desc, list(g.ranks), g.enqueued, g.started, g.completed] for pg, g in v.groups.items()},
-            "entries": {pg: [[seq, *ent] for seq, ent in ents.items()] for pg, ents in v.entries.items()}}
+            "entries": {pg: [[seq, *ent] for seq, ent in ents.items()] for pg, ents in v.entries.items()},
+            "waits_on": [list(w) for w in v.waits_on]}
 
 
 def _view_from_state(s: dict[str, Any]) -> RankView:
     groups = {pg: GroupView(d, tuple(ranks), e, st, c) for pg, (d, ranks, e, st, c) in s["groups"].items()}
     entries = {pg: {seq: (op, size, dtype) for seq, op, size, dtype in ents} for pg, ents in s["entries"].items()}
-    return RankView(bool(s["has_groups"]), groups, entries)
+    return RankView(bool(s["has_groups"]), groups, entries, tuple(tuple(w) for w in s.get("waits_on", ())))

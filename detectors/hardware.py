@@ -75,11 +75,21 @@ class GpuCondition(HwEvent):
 
 _HW_WEIGHT = {"fatal": 0.95, "degraded": 0.4, "evidence": 0.3}  # precursors point at nobody
 _HW_RISK = {"fatal": 1.0, "degraded": 0.3, "evidence": 0.2, "precursor": 0.1}
+_LINK_SURGES = frozenset({"PCIE_REPLAY_SURGE", "NVLINK_CRC_SURGE"})
+
+
+def _explains_slow(f: Finding, ev: HwEvent) -> bool:
+    """A GPU that runs slower (thermal or power throttling, a pending row remap, the BMC's thermal event) or
+    whose links retry (PCIe / NVLink errors): reason enough for a straggler on its node."""
+    return ev.severity == "degraded" or ev.source in ("pcie", "nvlink") or ev.name in _LINK_SURGES
+
+
 # a fatal event is a verdict and makes the incident a fail-stop; the rest corroborates or only raises risk
 HW_FAULT = FindingType("hw_fault", (HwEvent, NicFlap, GpuCondition), Policy(
     incident="fail_stop", opens=lambda f, ev: ev.severity == "fatal", verdict=lambda f, ev: ev.severity == "fatal",
     node_level=True, weight=lambda f, ev: _HW_WEIGHT.get(ev.severity, 0.0),
-    risk=lambda f, ev: _HW_RISK.get(ev.severity, 0.1), grade=lambda f, ev: ev.severity, label=lambda f, ev: ev.name))
+    risk=lambda f, ev: _HW_RISK.get(ev.severity, 0.1), grade=lambda f, ev: ev.severity, label=lambda f, ev: ev.name,
+    explains_slow=_explains_slow))
 
 
 class HardwareDetector:

@@ -17,7 +17,8 @@ newer than the last one of its GPU is ignored.
 
 Triage (the policy below): a degrading link opens no incident on its own; it
 corroborates one on its node (a straggler, a hang, a crash) like a degraded GPU,
-and raises the node's risk.
+and raises the node's risk; a straggler on its node in the same window is
+decided without the full hysteresis hold (`explains_slow`).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class LinkErrorRate(Evidence):
 
 LINK_ERRORS = FindingType("link_errors", LinkErrorRate, Policy(
     node_level=True, weight=0.4, risk=0.3, onset="onset_ts", grade="degraded",
-    label=lambda f, ev: f"{ev.counter.upper()}_RATE"))
+    label=lambda f, ev: f"{ev.counter.upper()}_RATE", explains_slow=True))
 
 
 class LinkErrorDetector:

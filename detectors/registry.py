@@ -65,6 +65,12 @@ class Policy:
     declaration, 1 for the most specific).
     `software`: a process failed in software (exit, exception, OOM): restarting it in place may do.
     `slowdown_frac`: a straggler's cost, the fraction by which it slows the job (None: not a straggler).
+    `slow_floor`: with a straggler, what the ranks not flagged add to the job's step (heterogeneous or merely
+    noisy ones): replacing stragglers gains only down to it. `explains_slow`: hardware evidence of its node
+    that explains a straggler there (throttling, a degrading link): a straggler it corroborates in the same
+    window is decided without waiting for the full hysteresis hold.
+    `root_cause`: a sweep's result that names a root cause on its own (nothing it waits for is itself a
+    suspect): several of them are several culprits, each named, not one culprit somewhere in a group.
     `suspects`: weak suspects `(ranks, nodes)`, used only when nothing else names a culprit.
     `grade`: a finer grade kept in the node profile (hardware severity). `label`: how an incident's summary
     names it (default: the type).
@@ -83,6 +89,9 @@ class Policy:
     specificity: Callable[[Sequence[Typed]], list[float]] | None = None
     software: Rule = False
     slowdown_frac: Rule | None = None
+    slow_floor: Rule | None = None
+    explains_slow: Rule = False
+    root_cause: Rule = False
     suspects: Rule | None = None
     grade: Rule | None = None
     label: Rule | None = None
@@ -169,6 +178,19 @@ class Typed:
     def slowdown_frac(self) -> float | None:
         rule = self.policy.slowdown_frac
         return None if rule is None else self._ask(rule)
+
+    @property
+    def slow_floor(self) -> float:
+        rule = self.policy.slow_floor
+        return 0.0 if rule is None else float(self._ask(rule))
+
+    @property
+    def explains_slow(self) -> bool:
+        return bool(self._ask(self.policy.explains_slow))
+
+    @property
+    def root_cause(self) -> bool:
+        return bool(self._ask(self.policy.root_cause))
 
     @property
     def suspects(self) -> tuple[list[int], list[str]] | None:

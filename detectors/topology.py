@@ -92,6 +92,13 @@ class Topology:
             raise ValueError(f"unknown group {group!r}; one of {', '.join(self.GROUPS)}")
         return np.flatnonzero(mask)
 
+    def switch_of(self, node: str) -> str | None:
+        """The leaf switch the job record names for `node`'s ranks (`switch` in a rank's entry), if any:
+        nodes under one switch share a failure domain."""
+        ranks = self.node_ranks.get(node, ())
+        sw = self.ranks[ranks[0]].extra.get("switch") if ranks else None
+        return str(sw) if sw not in (None, "") else None
+
     def nodes_of(self, ranks) -> list[str]:
         """The sorted distinct nodes hosting `ranks`."""
         idx = np.unique(self.node_index[np.asarray(ranks, dtype=np.int64)])

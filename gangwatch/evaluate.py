@@ -9,9 +9,16 @@ For every injected fault (event time throughout):
   precision = evicted culprits / evicted nodes; innocents per culprit = evicted
   non-culprits / culprits.
 Healthy and planned runs score their false evictions (must be 0), and so do
-precursor faults (hardware wear that interrupts nothing: no incident expected).
+precursor faults (hardware wear that interrupts nothing: no incident expected)
+and benign ones (a rank steadily slower than its peers: a difference, not a
+fault): those must be reported (a `heterogeneous` finding per rank) and never
+evicted.
 
-Quality is reported, not asserted: the table is what CI prints.
+Each class has a quality floor (`FLOORS`: recall, localization, innocent nodes
+evicted per culprit, every fault detected and localized within its stage
+budget; no false eviction on healthy, planned and benign runs). `check` lists
+what falls below; `gangwatch eval` prints the table and then fails (exit 7) on
+a missed floor, which is what fails CI.
 """
 
 from __future__ import annotations
@@ -43,11 +50,27 @@ class FaultScore:
 
 
 @dataclass
+class BenignScore:
+    """A difference that is no fault (a heterogeneous rank): it must be reported on its rank, never evicted."""
+
+    scenario: str
+    kind: str
+    ranks: list[int]
+    nodes: list[str]
+    reported: bool = False
+
+
+# benign fault kind -> the finding type that must report each of its ranks
+EXPECTED_REPORT = {"heterogeneous": "heterogeneous"}
+
+
+@dataclass
 class ScenarioScore:
     scenario: str
     healthy: bool
     planned: bool
     faults: list[FaultScore] = field(default_factory=list)
+    benign: list[BenignScore] = field(default_factory=list)
     evicted: list[str] = field(default_factory=list)
     innocent_evicted: list[str] = field(default_factory=list)
     actions: dict[str, int] = field(default_factory=dict)
@@ -58,6 +81,8 @@ class ScenarioScore:
 
     @property
     def ok(self) -> bool:
+        if not all(b.reported for b in self.benign):
+            return False
         if self.healthy or self.planned:
             return not self.evicted
         return all(f.detected and f.class_ok and f.localized for f in self.faults) and not self.innocent_evicted
@@ -81,6 +106,12 @@ def score(truth: dict[str, Any], findings: list[dict], actions: list[dict], inci
     s.incidents = len(incs)
     for a in actions:
         s.actions[a["type"]] = s.actions.get(a["type"], 0) + 1
+    for f in truth["faults"]:
+        if f["class"] is None and f["kind"] in EXPECTED_REPORT:
+            want = EXPECTED_REPORT[f["kind"]]
+            reported = {x["rank"] for x in findings if x["type"] == want and x["ts"] >= f["onset_ts"] - 1.0}
+            s.benign.append(BenignScore(truth["scenario"], f["kind"], list(f["ranks"]), list(f["nodes"]),
+                                        reported=set(f["ranks"]) <= reported))
     culprit_nodes = {n for f in faults if not f["planned"] for n in f["nodes"]}
     evicted = sorted({n for a in actions if a["type"] in EVICTING for n in a["nodes"]})
     s.evicted = evicted
@@ -88,9 +119,12 @@ def score(truth: dict[str, Any], findings: list[dict], actions: list[dict], inci
     for f in faults:
         fs = FaultScore(truth["scenario"], f["kind"], f["class"], list(f["nodes"]))
         onset = f["onset_ts"]
-        # the incident this fault caused: the first one detected after onset (small slack for lateness)
+        # the incident this fault caused: the first one detected after onset (small slack for lateness) of its
+        # class that names its node (several faults at once may be several incidents), else the first of its class
         cands = [i for i in incs if i["detected_ts"] is not None and i["detected_ts"] >= onset - 1.0]
-        match = next((i for i in cands if i["class"] == f["class"]), cands[0] if cands else None)
+        named = [i for i in cands if i["class"] == f["class"] and set(f["nodes"]) & set(i.get("culprit_nodes") or [])
+                 and i.get("localized_ts") is not None]
+        match = next(iter(named), next((i for i in cands if i["class"] == f["class"]), cands[0] if cands else None))
         if match is not None:
             fs.detected = True
             fs.incident_class = match["class"]
@@ -142,6 +176,13 @@ def by_class(scores: list[ScenarioScore]) -> dict[str, dict[str, Any]]:
     rows: dict[str, dict[str, Any]] = {}
     for s in scores:
         key_faults = s.faults if s.faults else []
+        if s.benign:
+            r = rows.setdefault("benign", {"runs": 0, "expected": 0, "reported": 0, "false_evictions": 0})
+            r["runs"] += 1
+            r["expected"] += len(s.benign)
+            r["reported"] += sum(b.reported for b in s.benign)
+            if not s.faults:  # nothing else happened: any eviction is a false one
+                r["false_evictions"] += len(s.evicted)
         if s.healthy:
             r = rows.setdefault("healthy", {"runs": 0, "false_evictions": 0})
             r["runs"] += 1
@@ -192,6 +233,10 @@ def render(scores: list[ScenarioScore]) -> str:
             lines.append(f"{'healthy':<10} {r['runs']:>6} {'':>7} {'':>8} {'':>9} {'':>10} {'':>9} {'':>10} "
                          f"{'':>13} {r['false_evictions']:>11}")
             continue
+        if cls == "benign":  # recall here: the share of benign ranks reported as such
+            lines.append(f"{'benign':<10} {r['expected']:>6} {r['reported'] / r['expected']:>7.2f} {'':>8} {'':>9} "
+                         f"{'':>10} {'':>9} {'':>10} {'':>13} {r['false_evictions']:>11}")
+            continue
         n = r["faults"]
         prec = f"{r['evicted_culprits'] / r['evicted']:.2f}" if r["evicted"] else "-"
         innoc = f"{(r['evicted'] - r['evicted_culprits']) / r['culprits']:.2f}" if r["culprits"] else "-"
@@ -212,3 +257,57 @@ def to_json(scores: list[ScenarioScore]) -> bytes:
                 r[k + "_mean"] = float(_mean(r[k])) if r[k] else None
     return orjson.dumps({"scenarios": [{**asdict(s), "ok": s.ok} for s in scores], "by_class": rows},
                         option=orjson.OPT_INDENT_2)
+
+
+# --- the quality floor -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The least one class must score over a suite run (each fault, not the median, within the budgets)."""
+
+    recall: float = 1.0  # faults detected as an incident of their class
+    localized: float = 1.0  # faults whose incident names their node
+    innocent_per_culprit: float = 0.0  # innocent nodes evicted per culprit node
+    detect_s: float = 60.0  # every fault detected within this of its onset (Budgets.detect) ...
+    localize_s: float = 300.0  # ... and localized within this (Budgets.localize)
+
+
+FLOORS: dict[str, Floor] = {
+    "fail_stop": Floor(),
+    "fail_slow": Floor(),
+    "hang": Floor(innocent_per_culprit=1.0),  # evicting the smallest group that surely holds it is by design
+    "sdc": Floor(),
+    "planned": Floor(),
+}
+NO_EVICTION = ("healthy", "benign", "planned")  # runs where nobody may be evicted at all
+
+
+def check(scores: list[ScenarioScore], floors: dict[str, Floor] | None = None) -> list[str]:
+    """Every floor the run falls below, one line each ("fail_slow: recall 0.89 below its floor 1.00");
+    empty when all classes hold."""
+    floors = FLOORS if floors is None else floors
+    out = []
+    rows = by_class(scores)
+    for cls, r in sorted(rows.items()):
+        if cls in NO_EVICTION and r["false_evictions"]:
+            out.append(f"{cls}: {r['false_evictions']} false eviction(s), floor 0")
+        if cls == "benign" and r["reported"] < r["expected"]:
+            out.append(f"benign: {r['reported']}/{r['expected']} heterogeneous ranks reported, floor all")
+        floor = floors.get(cls)
+        if floor is None or not r.get("faults"):
+            continue
+        n = r["faults"]
+        for what, got, least in (("recall", r["detected"] / n, floor.recall),
+                                 ("localization", r["localized"] / n, floor.localized)):
+            if got < least:
+                out.append(f"{cls}: {what} {got:.2f} below its floor {least:.2f}")
+        if r["culprits"]:
+            innoc = (r["evicted"] - r["evicted_culprits"]) / r["culprits"]
+            if innoc > floor.innocent_per_culprit:
+                out.append(f"{cls}: {innoc:.2f} innocent nodes evicted per culprit, floor {floor.innocent_per_culprit}")
+        for what, xs, budget in (("detection", r["detect_s"], floor.detect_s),
+                                 ("localization", r["localize_s"], floor.localize_s)):
+            if xs and max(xs) > budget:
+                out.append(f"{cls}: {what} took {max(xs):.1f} s, over its budget of {budget:.0f} s")
+    return out

@@ -107,14 +107,35 @@ def op_name(profiling_name: str) -> str:
     return name.replace("_", "")[:_ID_MAX] or "unknown"
 
 
+_P2P_META = re.compile(r"\b(send|recv)\s+(\d+|\?)\s*(->|<-)\s*(\d+|\?)\s*$")
+
+
+def p2p_peer(profiling_name: str) -> int | None:
+    """The other end of a point-to-point op, as its index in the op's process group, from its name.
+
+    PyTorch names them ``nccl:send 1->2`` (this rank 1 sends to 2) and
+    ``nccl:recv 3<-0`` (this rank 3 receives from 0); ``gloo:recv 3<-?`` (any
+    source) names no peer: None, as for a name of another form.
+    """
+    m = _P2P_META.search(profiling_name)
+    if m is None:
+        return None
+    op, a, arrow, b = m.groups()
+    peer = b if (op == "send" and arrow == "->") or (op == "recv" and arrow == "<-") else None
+    return int(peer) if peer is not None and peer.isdigit() else None
+
+
+_I64 = range(-(2**63), 2**63)  # what the wire (JSON via orjson) carries
+
+
 def _int(v: Any, default: int | None = -1) -> int | None:
-    return v if type(v) is int else default
+    return v if type(v) is int and v in _I64 else default
 
 
 def _ranks(v: Any) -> list[int]:
     """Member ranks from a config value: a list, or its string form ``"[0, 1, 2, 3]"``."""
     if isinstance(v, (list, tuple)):
-        return [x for x in v if type(x) is int and x >= 0]
+        return [x for x in v if type(x) is int and 0 <= x < 2**63]
     if isinstance(v, str):
         return [int(x) for x in _INT_RE.findall(v) if int(x) >= 0]
     return []
@@ -132,7 +153,7 @@ def _numel(sizes: Any) -> int | None:
         for d in shape:
             n *= d
         total += n
-    return total
+    return total if total in _I64 else None
 
 
 def _pg_of(entry: dict[str, Any]) -> tuple[str, str | None]:
@@ -166,6 +187,9 @@ def _entry(e: dict[str, Any]) -> dict[str, Any] | None:
     out["profiling_name"] = raw_name[:_ID_MAX]
     if p2p:
         out["p2p"] = True
+        peer = p2p_peer(raw_name)
+        if peer is not None:
+            out["peer"] = peer
     if state not in FLIGHT_STATES:
         out["raw_state"] = str(state)[:_ID_MAX]
     return out
@@ -215,7 +239,8 @@ def to_flight_record(
     sequence ids, -1 when unknown) and `pg_config` (member ranks, description);
     `entries` keep the last `max_entries` recorded operations with their
     per-group sequence id (`p2p_seq_id` for point-to-point ones, marked
-    ``"p2p": true``), normalized op name, process group, state, total input
+    ``"p2p": true`` with the other end's index in the group as ``peer`` when
+    the op's name gives it), normalized op name, process group, state, total input
     elements (`size`) and input dtypes. `ts` is the event time in seconds.
     """
     raw_entries = dump.get("entries") or []

@@ -25,8 +25,10 @@ class Safety:
     max_evict_nodes: int = 16  # per job per window, at most ...
     max_evict_frac: float = 0.25  # ... and at most this share of the job's nodes (at least one node)
     window_s: float = 3600.0
-    failslow_hold_s: float = 60.0  # a straggler must stay suspect this long before it is evicted
-    failslow_cooldown_s: float = 3600.0  # a node degraded for fail-slow is not re-decided before this
+    failslow_hold_s: float = 60.0  # a straggler must stay suspect this long before it is evicted ...
+    failslow_corroborated_hold_s: float = 10.0  # ... or this long when its node's hardware explains it
+    failslow_cooldown_s: float = 3600.0  # a node degraded for fail-slow is not re-decided before this ...
+    failslow_regrow: float = 2.0  # ... unless its straggler now costs this many times as much
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class TriageConfig:
     spares: int | None = None  # hot spares per job (None: unlimited)
     replace_cost_s: float = 120.0  # job time lost to a hot replacement
     failslow_horizon_s: float = 1800.0  # how long a straggler would keep slowing the job if kept
+    corroborate_window_s: float = 300.0  # hardware evidence this long before a straggler's onset still explains it
     planned_window_s: float = 1800.0  # an `ops` planned record covers stops this long after it
     risk_half_life_s: float = 86400.0
 

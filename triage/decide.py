@@ -11,18 +11,25 @@ cost (domain.md):
 | never started / all silent, no culprit      | escalate (saying which)         | manual     |
 | no culprit, or confidence below threshold   | escalate                        | manual     |
 | evidence narrowed to a group, not a node    | evict_group                     | hot / cold |
-| fail-slow whose cost is below eviction cost | degrade (keep running, watch)   | non_stop   |
-| fail-slow costing more than eviction        | replace                         | hot        |
+| fail-slow whose true gain is below its cost | degrade (keep running, watch)   | non_stop   |
+| fail-slow gaining more than its replacement | replace                         | hot        |
 | one rank's software fault                   | restart_in_process              | in_process |
 | software crash on many ranks                | requeue                         | cold       |
 | hardware fail-stop or localized hang        | replace                         | hot        |
 | ... with spares exhausted                   | requeue                         | cold       |
+
+A straggler's true cost: in a synchronous job the slowest rank sets the step,
+so replacing a straggler gains only down to the next-slowest rank or group
+(another straggler, a heterogeneous rank, noise): `straggler_plan` weighs that
+gain over the horizon against the replacements it takes, for all the slow
+groups of one decision together.
 
 Safety guards (blast radius, silences) are applied afterwards by `triage.safety`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gangwatch.triage.localize import Localization
@@ -44,7 +51,12 @@ class Situation:
     spares_left: int | None  # None: unlimited
     replace_cost_s: float = 120.0
     failslow_horizon_s: float = 1800.0
-    slowdown_frac: float = 0.0  # fail-slow: how much slower the straggler makes the job
+    slowdown_frac: float = 0.0  # fail-slow: how much longer the straggler makes each step (0.1 = 10 %)
+    remaining_frac: float = 0.0  # ... how much longer it stays once replaced (the next-slowest ranks)
+    gain_frac: float | None = None  # ... what the replacement(s) gain of every step (None: the difference)
+    replacements: int = 1  # ... how many replacements that gain takes (the slow groups replaced together)
+    replace: bool | None = None  # ... the joint plan's answer (None: this straggler's gain against its cost)
+    where: str = ""  # ... what its culprits share, said after their names (" under switch sw02")
     software_ranks: tuple[int, ...] = ()  # ranks whose process exited / raised, without hardware evidence
     numeric_only: bool = False  # SDC suspected from loss / grad-norm only
     job_level: tuple[str, ...] = ()  # what job-level findings (start-up timeouts, monitoring gaps) say, for a human
@@ -88,22 +100,74 @@ def decide(s: Situation) -> list[Decision]:
         hint = f"; weak suspects {sorted(loc.per_node)[:8]}" if loc.per_node else ""
         return [Decision("escalate", (), "manual", f"{s.summary}; no culprit with confidence{hint}")]
     if s.cls == "fail_slow":
-        cost = s.slowdown_frac * s.failslow_horizon_s
-        if cost < s.replace_cost_s:
-            return [Decision("degrade", culprits, "non_stop",
-                             f"{s.summary}; keeping it costs ~{cost:.0f} s over {s.failslow_horizon_s:.0f} s, "
-                             f"less than a replacement ({s.replace_cost_s:.0f} s): keep running and watch")]
-        if not _spares_for(s, len(culprits)):
-            return [Decision("degrade", culprits, "non_stop", f"{s.summary}; no spare left: keep running")]
-        return [Decision("replace", culprits, "hot",
-                         f"{s.summary}; it costs ~{cost:.0f} s over {s.failslow_horizon_s:.0f} s, more than a "
-                         f"replacement ({s.replace_cost_s:.0f} s)")]
+        return _straggler(s, culprits)
     if s.software_ranks and len(set(s.software_ranks)) == 1 and loc.confidence < 0.7:
         return _software(s)
     if not _spares_for(s, len(culprits)):
         return [Decision("requeue", culprits, "cold", f"{s.summary}; culprit {', '.join(culprits)} ({conf}) "
                          "but no hot spare left: full requeue without it")]
     return [Decision("replace", culprits, "hot", f"{s.summary}; culprit {', '.join(culprits)} ({conf})")]
+
+
+def _straggler(s: Situation, culprits: tuple[str, ...]) -> list[Decision]:
+    """Replace or keep a straggler, on what replacing it truly gains against what the replacements cost."""
+    gain = s.gain_frac if s.gain_frac is not None else max(0.0, s.slowdown_frac - s.remaining_frac)
+    n = max(1, s.replacements)
+    saved, cost, horizon = gain * s.failslow_horizon_s, n * s.replace_cost_s, s.failslow_horizon_s
+    together = "" if n == 1 else f" together with {n - 1} other slow group{'s' if n > 2 else ''}"
+    who = f"{', '.join(culprits)}{s.where} make{'' if len(culprits) > 1 else 's'}"
+    them = "them" if len(culprits) > 1 else "it"
+    why = (f"{s.summary}; {who} each step {s.slowdown_frac:.1%} longer; replacing {them}{together} leaves it "
+           f"{s.remaining_frac:.1%} longer (the next-slowest ranks): ~{saved:.0f} s saved over {horizon:.0f} s "
+           f"against {n} replacement{'s' if n > 1 else ''} ({cost:.0f} s)")
+    replace = s.replace if s.replace is not None else saved >= cost
+    if not replace:
+        return [Decision("degrade", culprits, "non_stop", f"{why}: keep running and watch")]
+    if not _spares_for(s, len(culprits)):
+        return [Decision("degrade", culprits, "non_stop", f"{why}, but no spare left: keep running")]
+    return [Decision("replace", culprits, "hot", f"{why}: replace")]
+
+
+@dataclass(frozen=True)
+class StragglerPlan:
+    """For one slow group of a joint decision: replace it or not, and the figures its reason shows."""
+
+    replace: bool
+    gain_frac: float  # of every step, gained by the replacements counted in `replacements`
+    remaining_frac: float  # how much longer the step stays after them
+    replacements: int
+
+
+def straggler_plan(costs: Sequence[float], floor: float, horizon_s: float,
+                   replace_cost_s: float) -> list[StragglerPlan]:
+    """Which slow groups to replace, all together: `costs` (each group's cost alone, a fraction of the step)
+    sorted from the slowest down; `floor`: what ranks that are not stragglers add (heterogeneous, noise).
+
+    The step is set by the slowest rank left, so replacing the j slowest gains
+    `costs[0] - max(costs[j], floor)` of every step; the j whose gain over the
+    horizon, less its j replacements, is largest (none if no j gains its cost).
+    A group left running is told what replacing it too would add.
+    """
+    k = len(costs)
+
+    def gain(j: int) -> float:
+        return 0.0 if j == 0 else max(0.0, costs[0] - max(costs[j] if j < k else 0.0, floor))
+
+    def rest(j: int) -> float:
+        return max(costs[j] if j < k else 0.0, floor) if j else costs[0] if k else floor
+
+    nets = [gain(j) * horizon_s - j * replace_cost_s for j in range(k + 1)]
+    best = 0
+    for j in range(1, k + 1):  # a replacement that just pays for itself is made; on a tie, fewer
+        if nets[j] >= 0 and (best == 0 or nets[j] > nets[best]):
+            best = j
+    out = []
+    for i in range(k):
+        if i < best:
+            out.append(StragglerPlan(True, gain(best), rest(best), best))
+        else:  # replacing it as well: what that would add, for how many more replacements
+            out.append(StragglerPlan(False, gain(i + 1) - gain(best), rest(i + 1), i + 1 - best))
+    return out
 
 
 def _software(s: Situation) -> list[Decision]:

@@ -32,9 +32,9 @@ from gangwatch.detectors.registry import Typed
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import EVICTING_ACTIONS, Action, Finding, Outputs, Record, decode_obj, to_dict
 from gangwatch.triage.config import TriageConfig
-from gangwatch.triage.decide import Decision, Situation, decide
+from gangwatch.triage.decide import Decision, Situation, decide, straggler_plan
 from gangwatch.triage.incident import Timeline
-from gangwatch.triage.localize import localize
+from gangwatch.triage.localize import Localization, localize
 from gangwatch.triage.profile import NodeProfile
 from gangwatch.triage.safety import Guards
 
@@ -59,6 +59,8 @@ class Triage:
         self.spares_used = 0
         self.max_step = -1
         self.degraded: dict[str, float] = {}  # node -> when it was last left running as a straggler
+        self.kept: dict[str, float] = {}  # node -> what its straggler costs (of each step) since it was kept
+        self.replacing: set[str] = set()  # nodes evicted since the job (re)started: their replacement is under way
         self.finished: set[int] = set()  # ranks that exited cleanly since the job (re)started
 
     # --- inputs ---------------------------------------------------------------
@@ -66,6 +68,8 @@ class Triage:
     def on_topology(self, topo: Topology) -> None:
         self.topo = topo
         self.finished = set()
+        self.kept = {}  # a restart: stragglers are measured afresh
+        self.replacing = set()
 
     # Each input method appends what it produces to `out` (a new `Outputs` when not given) and returns it.
 
@@ -135,8 +139,10 @@ class Triage:
         f, p = t.finding, t.policy
         cls = t.incident_class
         if p.incident == "fail_slow" and f.node in self.degraded and \
-                f.ts - self.degraded[f.node] < self.config.safety.failslow_cooldown_s:
-            return  # already decided to live with this straggler: no flapping
+                f.ts - self.degraded[f.node] < self.config.safety.failslow_cooldown_s and not self._worse(t):
+            return  # already decided to live with this straggler: no flapping (unless it got much worse)
+        if p.incident == "fail_slow" and f.node in self.replacing:
+            return  # already being replaced: it straggles until the controller swaps it out
         inc = self.incident
         if inc is None and p.incident == "sdc" and f.rank is None:
             recent = [w for w in self.waiting if w.cls == "sdc" and f.ts - w.detected_ts <= _CORROBORATE_S]
@@ -159,6 +165,8 @@ class Triage:
                 inc.decide_at = min(inc.decide_at, f.ts + self.config.settle_s)
             inc.findings.append(f.id)
             self.gathered.append(t)
+        if inc.cls == "fail_slow" and inc.decided_ts is None:
+            self._corroborate(inc, t)
         if inc.decided_ts is not None and t.verdict and f.node not in inc.culprit_nodes:
             self._decide(f.ts, out)  # a new culprit after the decision: decide again for it
 
@@ -176,6 +184,30 @@ class Triage:
         self.gathered = []
         return inc
 
+    def _worse(self, t: Typed) -> bool:
+        """A straggler kept running now costs `failslow_regrow` times what it did when it was kept."""
+        kept, now = self.kept.get(t.finding.node), t.slowdown_frac
+        return kept is not None and now is not None and now >= max(self.config.safety.failslow_regrow * kept,
+                                                                    kept + 0.02)
+
+    def _corroborate(self, inc: Timeline, t: Typed) -> None:
+        """A straggler whose own node's hardware explains it (throttling, a degrading link) in the same window
+        is decided after a short hold, not the full hysteresis."""
+        f = t.finding
+        window = self.config.corroborate_window_s
+        if t.slowdown_frac is not None:  # a straggler: was its node's hardware already telling?
+            prof = self.profiles.get(f.node)
+            ids = prof.explains_slow(t.onset_ts - window, f.ts) if prof is not None and f.node else []
+        elif t.explains_slow and f.node is not None:  # hardware news: is there a straggler on that node?
+            onset = min((g.onset_ts for g in self.gathered if g.slowdown_frac is not None and g.finding.node == f.node),
+                        default=None)
+            ids = [f.id] if onset is not None and f.ts >= onset - window else []
+        else:
+            ids = []
+        if ids:
+            inc.findings += [i for i in ids if i not in inc.findings]
+            inc.decide_at = min(inc.decide_at, f.ts + self.config.safety.failslow_corroborated_hold_s)
+
     def _collect_stacks(self, t: Typed, out: Outputs) -> None:
         inc, f = self.incident, t.finding
         a = Action(id=stable_id("a", inc.id, "collect_stacks"), ts=f.ts, job=self.job, incident=inc.id,
@@ -191,6 +223,10 @@ class Triage:
         loc = localize(self.gathered, topo, self.config.confidence)
         if inc.localized_ts is None and (loc.culprits or loc.group):
             inc.localized_ts = now
+        if inc.cls == "fail_slow" and inc.decided_ts is None and loc.culprits and not loc.group and \
+                loc.confidence >= self.config.confidence:
+            self._decide_stragglers(inc, loc, now, out)
+            return
         situation = Situation(
             cls=inc.cls, loc=loc, threshold=self.config.confidence,
             spares_left=None if self.config.spares is None else self.config.spares - self.spares_used,
@@ -223,8 +259,73 @@ class Triage:
             self.incident = None
             self.gathered = []
 
-    def _act(self, d: Decision, now: float, evidence: list[str], out: Outputs) -> None:
-        inc = self.incident
+    def _decide_stragglers(self, inc: Timeline, loc: Localization, now: float, out: Outputs) -> None:
+        """Several stragglers at once: each failure domain (a node, or the nodes under one switch) is decided as
+        one action, on what replacing it truly gains (down to the next-slowest) against what it costs, all of
+        them planned together; unrelated domains become incidents of their own. The incident keeps the domain
+        of the finding that opened it."""
+        topo, cfg = self.topo, self.config
+        domain = {n: topo.switch_of(n) or n for n in loc.culprits}
+        groups: dict[str, list[str]] = {}
+        for n in loc.culprits:
+            groups.setdefault(domain[n], []).append(n)
+        mine = {d: [t for t in self.gathered if domain.get(t.finding.node) == d] for d in groups}
+        cost = {d: max((t.slowdown_frac for t in mine[d] if t.slowdown_frac is not None), default=0.0) for d in groups}
+        floor = max([t.slow_floor for t in self.gathered if t.slowdown_frac is not None] +
+                    [c for n, c in self.kept.items() if n not in domain], default=0.0)
+        order = sorted(groups, key=lambda d: (-cost[d], d))
+        plans = straggler_plan([cost[d] for d in order], floor, cfg.failslow_horizon_s, cfg.replace_cost_s)
+        full_hold = inc.detected_ts + cfg.safety.failslow_hold_s
+        if now < full_hold and not any(p.replace for p in plans):
+            # decided early on its hardware's word, and not worth a replacement (yet: a throttling GPU's slowdown
+            # may still be growing): keeping it running can wait for the full hold and the rest of the evidence
+            inc.decide_at = full_hold
+            return
+        opener = next((domain[t.finding.node] for t in self.gathered if t.finding.node in domain), order[0])
+        for d, plan in zip(order, plans, strict=True):
+            nodes = sorted(groups[d])
+            ids = [t.finding.id for t in mine[d]]
+            target = inc if d == opener else self._split(inc, mine[d], nodes, now)
+            if target is inc:
+                inc.findings = [i for i in inc.findings if not any(i in [t.finding.id for t in mine[o]]
+                                                                   for o in groups if o != opener)]
+            sub = Localization(culprits=nodes, confidence=min(loc.per_node[n] for n in nodes),
+                               per_node={n: loc.per_node[n] for n in nodes}, evidence=sorted(ids))
+            where = f" under switch {d}" if d not in nodes else ""
+            situation = Situation(
+                cls="fail_slow", loc=sub, threshold=cfg.confidence,
+                spares_left=None if cfg.spares is None else cfg.spares - self.spares_used,
+                replace_cost_s=cfg.replace_cost_s, failslow_horizon_s=cfg.failslow_horizon_s,
+                slowdown_frac=cost[d], remaining_frac=plan.remaining_frac, gain_frac=plan.gain_frac,
+                replacements=plan.replacements, replace=plan.replace, summary=self._summary(mine[d]), where=where)
+            decisions = self.guards.review(decide(situation), now, len(topo.nodes))
+            target.decided_ts, target.stall_step = now, self.max_step
+            target.localized_ts = target.localized_ts or now
+            target.culprit_nodes = sorted(set(target.culprit_nodes) | set(nodes))
+            for dd in decisions:
+                self._act(dd, now, sub.evidence, out, target)
+                if dd.type == "degrade":
+                    self.kept.update({n: cost[d] for n in dd.nodes})
+            if target.path in ("non_stop", None) and not any(dd.type == "escalate" for dd in decisions):
+                target.recovered_ts = now  # kept running: nothing to recover from
+                out.incidents.append(target.record(now, cfg.budgets))
+                continue
+            out.incidents.append(target.record(now, cfg.budgets))
+            self.waiting = [*self.waiting[-(_KEEP_WAITING - 1):], target]  # the controller reports its recovery
+        self.incident = None
+        self.gathered = []
+
+    def _split(self, inc: Timeline, mine: list[Typed], nodes: list[str], now: float) -> Timeline:
+        """An incident of its own for stragglers unrelated to the ones of `inc` (found in the same window)."""
+        first = min(mine, key=lambda t: (t.finding.ts, t.finding.id))
+        hw = [i for n in nodes if n in self.profiles
+              for i in self.profiles[n].explains_slow(first.onset_ts - self.config.corroborate_window_s, now)]
+        return Timeline(id=stable_id("i", self.job, first.finding.id), job=self.job, cls="fail_slow",
+                        onset_ts=min(t.onset_ts for t in mine), detected_ts=first.finding.ts, localized_ts=now,
+                        decide_at=now, findings=list(dict.fromkeys([t.finding.id for t in mine] + hw)))
+
+    def _act(self, d: Decision, now: float, evidence: list[str], out: Outputs, inc: Timeline | None = None) -> None:
+        inc = inc or self.incident
         a = Action(id=stable_id("a", inc.id, d.type, *d.nodes), ts=round(now, 6), job=self.job, incident=inc.id,
                    type=d.type, nodes=list(d.nodes), reason=d.reason, evidence=sorted(evidence), path=d.path)
         if a.id in inc.actions:
@@ -243,6 +344,10 @@ class Triage:
         if d.type == "degrade":
             for n in d.nodes:
                 self.degraded[n] = now
+        elif d.type in EVICTING_ACTIONS:
+            for n in d.nodes:
+                self.kept.pop(n, None)
+                self.replacing.add(n)
 
     def _close(self, ts: float, out: Outputs) -> None:
         inc = self.incident
@@ -250,9 +355,9 @@ class Triage:
         self.incident = None
         self.gathered = []
 
-    def _summary(self) -> str:
+    def _summary(self, of: list[Typed] | None = None) -> str:
         kinds: dict[str, int] = {}
-        for t in self.gathered:
+        for t in self.gathered if of is None else of:
             kinds[t.label] = kinds.get(t.label, 0) + 1
         return ", ".join(f"{k} x{v}" if v > 1 else k for k, v in sorted(kinds.items())) or "no findings"
 
@@ -270,7 +375,8 @@ class Triage:
                 "evidence": [to_dict(t.finding) for t in self.gathered],
                 "profiles": {n: p.to_dict() for n, p in sorted(self.profiles.items())},
                 "guards": self.guards.to_dict(), "spares_used": self.spares_used, "max_step": self.max_step,
-                "degraded": dict(self.degraded), "finished": sorted(self.finished)}
+                "degraded": dict(self.degraded), "kept": dict(self.kept), "replacing": sorted(self.replacing),
+                "finished": sorted(self.finished)}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], config: TriageConfig, topo: Topology) -> Triage:
@@ -283,6 +389,8 @@ class Triage:
         tri.spares_used = state["spares_used"]
         tri.max_step = state["max_step"]
         tri.degraded = dict(state["degraded"])
+        tri.kept = dict(state.get("kept", {}))
+        tri.replacing = set(state.get("replacing", ()))
         tri.finished = set(state["finished"])
         return tri
 

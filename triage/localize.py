@@ -55,25 +55,31 @@ class Localization:
     suspect_ranks: list[int] = field(default_factory=list)
 
 
-def _sweep_suspects(findings: Sequence[Typed], spec: dict[str, float]) -> tuple[list[int], set[str]]:
-    """The ranks a stack / flight-recorder sweep points at most, and the ids of findings on them.
+def _sweep_suspects(findings: Sequence[Typed], spec: dict[str, float]) -> tuple[list[int], set[str], bool]:
+    """The ranks a stack / flight-recorder sweep points at most, the ids of findings on them, and whether
+    each of them is a root cause on its own (then several are several culprits).
 
-    Each rank's evidence from the two recorders combines; only the top-scoring
-    ranks are suspects, the others are taken for victims of the stall.
+    Each rank's evidence from the two recorders combines; the top-scoring ranks
+    are suspects, and so is every rank a sweep names as a root cause (a hang can
+    have several); the others are taken for victims of the stall.
     """
     per_rank: dict[int, dict[str, float]] = {}
+    roots: set[int] = set()
     for t in findings:
         f = t.finding
         if t.policy.sweep_result and f.rank is not None:
             fam = per_rank.setdefault(f.rank, {})
             fam[_family(f)] = max(fam.get(_family(f), 0.0), t.weight * spec.get(f.id, 1.0))
+            if t.root_cause:
+                roots.add(f.rank)
     if not per_rank:
-        return [], set()
+        return [], set(), False
     score = {r: 1.0 - _prod(1.0 - w for w in fams.values()) for r, fams in per_rank.items()}
     top = max(score.values())
-    ranks = sorted(r for r, v in score.items() if v >= top - 0.02)
-    chosen = set(ranks)
-    return ranks, {t.finding.id for t in findings if t.policy.sweep_result and t.finding.rank in chosen}
+    chosen = {r for r, v in score.items() if v >= top - 0.02} | roots
+    ranks = sorted(chosen)
+    return ranks, {t.finding.id for t in findings if t.policy.sweep_result and t.finding.rank in chosen}, \
+        chosen <= roots
 
 
 def _prod(xs) -> float:
@@ -86,7 +92,7 @@ def _prod(xs) -> float:
 def localize(findings: Sequence[Typed], topo: Topology, threshold: float) -> Localization:
     """Fuse the (typed) findings of one incident into culprit nodes (or a group)."""
     spec = _specificity(findings)
-    suspect_ranks, suspect_ids = _sweep_suspects(findings, spec)
+    suspect_ranks, suspect_ids, independent = _sweep_suspects(findings, spec)
     best: dict[tuple[str, str], tuple[float, str]] = {}  # (node, detector family) -> strongest (weight, id)
     ids: dict[str, list[str]] = {}
     node_level: set[str] = set()
@@ -112,7 +118,8 @@ def localize(findings: Sequence[Typed], topo: Topology, threshold: float) -> Loc
     culprits = sorted(n for n, c in per_node.items() if c >= threshold)
     loc = Localization(per_node=per_node, suspect_ranks=suspect_ranks)
     outlier_nodes = set(topo.nodes_of(suspect_ranks)) if suspect_ranks else set()
-    if len(outlier_nodes) > 1 and not (outlier_nodes & node_level):
+    # several root causes, each holding up its own group, are several culprits (named below), not a group
+    if len(outlier_nodes) > 1 and not (outlier_nodes & node_level) and not independent:
         kind, nodes = smallest_group(topo, suspect_ranks)
         loc.group, loc.group_nodes = kind, nodes
         loc.innocent_nodes = max(0, len(nodes) - 1)

@@ -35,7 +35,14 @@ class NodeProfile:
         f = t.finding
         self.risk = self.risk_at(f.ts, half_life_s) + t.risk
         self.risk_ts = max(self.risk_ts, f.ts)
-        self.recent = [*self.recent[-(_KEEP - 1):], {"ts": f.ts, "type": f.type, "severity": t.grade, "id": f.id}]
+        entry = {"ts": f.ts, "type": f.type, "severity": t.grade, "id": f.id}
+        if t.explains_slow:
+            entry["explains_slow"] = True  # hardware evidence that explains a straggler here (policy)
+        self.recent = [*self.recent[-(_KEEP - 1):], entry]
+
+    def explains_slow(self, since: float, until: float) -> list[str]:
+        """Ids of this node's hardware findings in [since, until] that explain a straggler here."""
+        return [r["id"] for r in self.recent if r.get("explains_slow") and since <= r["ts"] <= until]
 
     def evicted(self, ts: float) -> None:
         self.evictions = [*self.evictions[-(_KEEP - 1):], ts]

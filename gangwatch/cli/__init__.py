@@ -42,8 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gangwatch",
         description="Watch large GPU training jobs as a stream: what broke, where, and what to do.",
         epilog="Start with `gangwatch demo`. Exit codes: 2 bad option or environment value, 3 bad path or input, "
-        "4 input cut short (what was read is kept), 5 service unreachable, 6 optional dependency missing. "
-        "Docs: README.md and docs/.",
+        "4 input cut short (what was read is kept), 5 service unreachable, 6 optional dependency missing, "
+        "7 `eval`: a class scored below its quality floor. Docs: README.md and docs/.",
     )
     p.add_argument("--version", action="version", version=f"gangwatch {__version__}")
     p.add_argument("--debug", action="store_true", help="show tracebacks (env GANGWATCH_DEBUG=1)")

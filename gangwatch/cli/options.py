@@ -23,6 +23,7 @@ EXIT_INPUT = 3  # a path that is missing, of the wrong kind, or not what it clai
 EXIT_CORRUPT = 4  # an input cut short or corrupt: what was read is kept, the message says where it stopped
 EXIT_SERVICE = 5  # Kafka or ClickHouse unreachable within the wait
 EXIT_EXTRA = 6  # an optional dependency (an extra) is not installed
+EXIT_FLOOR = 7  # `gangwatch eval`: a class scored below its quality floor (what fails CI)
 EXIT_INTERNAL = 70  # a bug: rerun with --debug for the traceback
 
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from gangwatch.cli import report
-from gangwatch.cli.options import EXIT_USAGE, UserError, integer, number, opt, positive
+from gangwatch.cli.options import EXIT_FLOOR, EXIT_USAGE, UserError, integer, number, opt, positive
 
 
 def _suite(name: str, size: str, only: list[str] | None) -> list:
@@ -67,6 +67,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         args.json.write_bytes(evaluate.to_json(scores))
         print(f"scores written to {args.json}")
+    missed = [] if args.no_floor else evaluate.check(scores)
+    if missed:
+        more = f" (and {len(missed) - 1} more: {'; '.join(missed[1:])})" if len(missed) > 1 else ""
+        raise UserError(f"quality floor missed: {missed[0]}{more}", EXIT_FLOOR)
     return 0
 
 
@@ -108,7 +112,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "heartbeats, NVML samples, kernel-log lines, stack/flight sweeps after stalls, NCCL-timeout "
                        "storms; writes NAME.jsonl.gz and NAME.truth.json (the ground truth).",
                        epilog="fault kinds: xid79, node_loss, thermal_straggler, nic_degradation, "
-                       "intermittent_straggler, dataloader_hang, pp_deadlock, sdc, planned_maintenance. "
+                       "intermittent_straggler, dataloader_hang, pp_deadlock, sdc, planned_maintenance, link_errors, "
+                       "heterogeneous (a rank steadily slower from the start: no fault). "
                        "example: gangwatch simulate --dp 8 --fault thermal_straggler:60:r21:0.1 --out sim/")
     opt(m, "--out", type=Path, default=Path("sim"), env="GANGWATCH_SIM_OUT", help="output folder")
     m.add_argument("--suite", help="write a whole scenario suite instead (standard)")
@@ -129,7 +134,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev = sub.add_parser("eval", help="replay a scenario suite and score it against the ground truth",
                         description="Generate each scenario, replay it, and score detection and localization "
                         "latency, recall, eviction precision, innocent nodes evicted per culprit and false "
-                        "evictions on healthy and planned runs. Prints a table.")
+                        "evictions on healthy, planned and benign runs. Prints a table, then checks every class "
+                        "against its quality floor (gangwatch/evaluate.py FLOORS).",
+                        epilog="Exits 7 when a class falls below its floor (recall, localization, innocent "
+                        "evictions, a fault detected or localized over its stage budget, a false eviction on a "
+                        "healthy, planned or benign run, a heterogeneous rank not reported), naming the class and "
+                        "the floor in one line on stderr: that is what fails CI.")
     ev.add_argument("--suite", default="standard", help="scenario suite (default: standard)")
     opt(ev, "--size", choices=["ci", "full"], default="full", env="GANGWATCH_EVAL_SIZE",
         help="ci: a quarter of the ranks, fits the CI budget; full: 128-2,048 ranks")
@@ -137,6 +147,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--json", type=Path, help="also write the scores as JSON here")
     ev.add_argument("--work", type=Path, help="keep generated streams and outputs here (default: a temp dir)")
     ev.add_argument("-q", "--quiet", action="store_true", help="no per-scenario progress lines")
+    ev.add_argument("--no-floor", action="store_true", help="print the scores only; never fail on a missed floor")
     ev.set_defaults(func=cmd_eval)
 
     d = sub.add_parser("demo", help="simulate a small job with two faults and replay it (no server needed)",

@@ -19,6 +19,8 @@ evidence: timeouts, stacks, flight recorder), emit (records), truth, writer, sui
 from gangwatch.producers.simulate.emit import generate, messages
 from gangwatch.producers.simulate.physics import simulate
 from gangwatch.producers.simulate.scenario import (
+    BENIGN_KINDS,
+    CO_STALL_KINDS,
     DEFAULT_MAGNITUDE,
     FAULT_CLASS,
     FAULT_KINDS,
@@ -33,6 +35,7 @@ from gangwatch.producers.simulate.truth import RANK_MAPPING, truth
 from gangwatch.producers.simulate.writer import write
 
 __all__ = [
-    "DEFAULT_MAGNITUDE", "FAULT_CLASS", "FAULT_KINDS", "PRECURSOR_KINDS", "STALL_KINDS", "RANK_MAPPING",
+    "BENIGN_KINDS", "CO_STALL_KINDS", "DEFAULT_MAGNITUDE", "FAULT_CLASS", "FAULT_KINDS", "PRECURSOR_KINDS",
+    "STALL_KINDS", "RANK_MAPPING",
     "Fault", "Noise", "Scenario", "generate", "messages", "simulate", "standard_suite", "truth", "write",
 ]

@@ -226,8 +226,9 @@ def _segment_states(plan: Plan, seg: Segment, rank_of: np.ndarray, ts: np.ndarra
     if stop is not None and stop.kind == "stall":
         after = t >= stop.fault.ts
         st[after] = SPIN
-        if stop.fault.kind == "dataloader_hang":  # the culprit's GPU idles; the others spin in NCCL
-            st[after & np.isin(rk, stop.fault.ranks)] = IDLE
+        for f in stop.faults:
+            if f.kind == "dataloader_hang":  # the culprit's GPU idles; the others spin in NCCL
+                st[after & np.isin(rk, f.ranks)] = IDLE
     st[t >= seg.alive_until[rk]] = IDLE
     state[m] = st
 
@@ -242,7 +243,7 @@ def _events(plan: Plan) -> list[tuple[float, dict]]:
     ev: list[tuple[float, dict]] = []
     for seg in plan.segments:
         ev.append((seg.t0, {"kind": "job", "v": 1, "ts": round(seg.t0, 6), "job": job, "heartbeat_s": sc.heartbeat_s,
-                            "ranks": topo.job_ranks(seg.nodes)}))
+                            "ranks": topo.job_ranks(seg.nodes, sc.nodes_per_switch)}))
         stop = seg.stop
         if stop is None:
             continue

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gangwatch.producers.simulate.scenario import NODE_KINDS, STALL_KINDS, Fault, Scenario
+from gangwatch.producers.simulate.scenario import CO_STALL_KINDS, NODE_KINDS, STALL_KINDS, Fault, Scenario
 from gangwatch.producers.simulate.topology import Topology, rng
 
 
@@ -70,6 +70,11 @@ def resolve(sc: Scenario, topo: Topology) -> list[Resolved]:
         if late:
             raise ValueError(f"{late[0].kind} at {late[0].fault.at_s}s comes after the job stopped "
                              f"({first.kind} at {first.fault.at_s}s); faults after a stop are not simulated")
-        if len(stops) > 1:
-            raise ValueError("at most one stopping fault (stall or planned maintenance) per scenario")
+        together = all(r.kind in CO_STALL_KINDS and r.ts == first.ts for r in stops)
+        if len(stops) > 1 and not together:
+            raise ValueError("at most one stopping fault (stall or planned maintenance) per scenario, or several "
+                             f"{' / '.join(sorted(CO_STALL_KINDS))} faults at the same at_s (one hang, several "
+                             "culprits)")
+        if together and len({r.rank for r in stops}) < len(stops):
+            raise ValueError("the culprits of one hang are different ranks")
     return out

@@ -45,6 +45,12 @@ class Stop:
     step: int  # stall: the step in progress that never completes; planned: the last completed step
     step_start: float = 0.0  # stall: start of the hung step
     arrive: np.ndarray | None = None  # stall: per-rank offsets at which ranks reached the collectives
+    also: tuple[Resolved, ...] = ()  # stall: the other culprits of the same hang (same onset)
+
+    @property
+    def faults(self) -> tuple[Resolved, ...]:
+        """Every fault behind the stop: the one that stopped it, then the others of the same hang."""
+        return (self.fault, *self.also)
 
 
 @dataclass
@@ -179,8 +185,11 @@ def _run_segment(sc: Scenario, topo: Topology, faults: list[Resolved], benign: B
         stage[0] += sc.stage_skew / 2
     base_c = sc.base_step_s * COMPUTE_FRAC * stage[topo.pp]
     comm_base = sc.base_step_s * COMM_FRAC
-    slow = [f for f in faults if f.kind in ("thermal_straggler", "intermittent_straggler", "nic_degradation")]
+    slow = [f for f in faults if f.kind in ("thermal_straggler", "intermittent_straggler", "nic_degradation",
+                                            "heterogeneous")]
     stall = next((f for f in faults if f.kind in STALL_KINDS), None)
+    also = tuple(f for f in faults if f.kind in STALL_KINDS and stall is not None and f is not stall
+                 and f.ts == stall.ts)
     planned = next((f for f in faults if f.kind == "planned_maintenance"), None)
     flaps = [(fl.down_ts, fl.up_ts - fl.down_ts) for fl in benign.flaps if nodes[fl.node] == topo.node_name(fl.node)]
     ckpt_every = nz.ckpt_every_s if nz.enabled and nz.ckpt_every_s > 0 else math.inf
@@ -201,6 +210,8 @@ def _run_segment(sc: Scenario, topo: Topology, faults: list[Resolved], benign: B
             if f.kind == "thermal_straggler":
                 ramp = min(1.0, (t - f.ts) / max(float(f.param("ramp_s", 60.0)), 1e-9))
                 mult[f.rank] *= 1.0 + f.magnitude * ramp
+            elif f.kind == "heterogeneous":
+                mult[f.rank] *= 1.0 + f.magnitude
             elif f.kind == "intermittent_straggler":
                 if r_fault[f.index].random() < float(f.param("prob", 0.3)):
                     mult[f.rank] *= 1.0 + f.magnitude
@@ -225,7 +236,7 @@ def _run_segment(sc: Scenario, topo: Topology, faults: list[Resolved], benign: B
                 comm += 0.5 * dur
                 end += 0.5 * dur
         if stall is not None and stall.ts < end:
-            stop = Stop("stall", stall, stall.ts, step0 + j, t, arrive)
+            stop = Stop("stall", stall, stall.ts, step0 + j, t, arrive, also)
             break
         if end > sc.end_ts:
             break

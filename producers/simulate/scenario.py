@@ -12,7 +12,7 @@ from typing import Any
 
 FAULT_KINDS = (
     "xid79", "node_loss", "thermal_straggler", "nic_degradation", "intermittent_straggler",
-    "dataloader_hang", "pp_deadlock", "sdc", "planned_maintenance", "link_errors",
+    "dataloader_hang", "pp_deadlock", "sdc", "planned_maintenance", "link_errors", "heterogeneous",
 )
 # fault kind -> incident class (contract: incident.class); None: a precursor, no incident is expected
 FAULT_CLASS: dict[str, str | None] = {
@@ -22,18 +22,25 @@ FAULT_CLASS: dict[str, str | None] = {
     "sdc": "sdc",
     "planned_maintenance": "planned",
     "link_errors": None,
+    "heterogeneous": None,  # a rank steadily slower than its peers: a difference, nothing broken
 }
 # kinds that wear the hardware without interrupting the job: no incident to score, so not in the scored suite
 PRECURSOR_KINDS = frozenset({"link_errors"})
+# differences, not faults: no incident expected, and nobody may be evicted for them; the suite scores that they
+# are reported (a `heterogeneous` finding per rank) and that nobody is evicted
+BENIGN_KINDS = frozenset({"heterogeneous"})
 LINK_COUNTERS = ("pcie_replay", "nvlink_crc")  # the cumulative NVML error counters `link_errors` drives
 # kinds after which the job makes no more step progress (until a restart)
 STALL_KINDS = frozenset({"xid79", "node_loss", "dataloader_hang", "pp_deadlock"})
+# stall kinds that may strike several ranks at once (same at_s): a hang with several culprits
+CO_STALL_KINDS = frozenset({"dataloader_hang", "pp_deadlock"})
 # kinds that act on a whole node; the others act on one rank (one GPU)
 NODE_KINDS = frozenset({"node_loss", "nic_degradation", "planned_maintenance"})
 DEFAULT_MAGNITUDE = {
     "thermal_straggler": 0.10,  # compute 10% slower at full throttle
     "intermittent_straggler": 0.15,  # compute 15% slower in the affected steps
     "nic_degradation": 0.30,  # collectives through the node 30% slower
+    "heterogeneous": 0.05,  # compute 5% slower than its peers, steadily
 }
 
 
@@ -57,6 +64,11 @@ class Fault:
       link_errors: counter ("pcie_replay" or "nvlink_crc"), rate_per_s (errors per second the GPU's
         cumulative counter gains from the onset, Poisson; 1.0 for PCIe replays, 1000 for NVLink CRC).
         Counters only: the job's timing is not affected.
+      heterogeneous: none. The rank computes `magnitude` slower from `at_s` on (usually 0: from the first
+        step), steadily: an older GPU, a shared one, a slower path. Nothing is broken: no incident is
+        expected, a `heterogeneous` finding is.
+
+    Several `dataloader_hang` / `pp_deadlock` faults with the same `at_s` are one hang with several culprits.
     """
 
     kind: str
@@ -149,6 +161,8 @@ class Scenario:
     False puts every healthy rank in the gradient all_reduce. `abort_on_timeout`: the
     watchdog kills every process a few seconds after the timeout (heartbeats stop).
     `batch`: `write` packs each node's step records of a step into one `batch` message.
+    `nodes_per_switch`: the job record names each rank's leaf switch (`switch`, "sw00", "sw01", ...:
+    that many consecutive nodes per switch); 0 leaves it out.
     `launch_s`: each (re)start's processes come up at random within this many seconds
     of the `job` record (imports, data loading, communicator set-up: minutes at scale);
     a rank's heartbeats begin when it is up, steps when the last one is.
@@ -177,6 +191,7 @@ class Scenario:
     peer_states: bool = True
     abort_on_timeout: bool = False
     batch: bool = False
+    nodes_per_switch: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.faults, tuple):
@@ -192,6 +207,8 @@ class Scenario:
             raise ValueError("heartbeat_s, base_step_s, duration_s and gpu_sample_s must be > 0")
         if self.launch_s < 0:
             raise ValueError("launch_s must be >= 0")
+        if self.nodes_per_switch < 0:
+            raise ValueError("nodes_per_switch must be >= 0")
         for f in self.faults:
             if f.at_s >= self.duration_s:
                 raise ValueError(f"{f.kind}: at_s {f.at_s} is past the scenario's duration {self.duration_s}")

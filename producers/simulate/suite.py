@@ -1,4 +1,7 @@
-"""The standard scenario suite: every fault kind (several nodes and magnitudes), healthy runs, planned stops.
+"""The standard scenario suite: every fault kind (several nodes and magnitudes), healthy runs, planned stops;
+uneven fleets (ranks steadily slower from the first step: nobody may be evicted), several stragglers at once
+(on one node, under one switch, unrelated), intermittent and hardware-corroborated stragglers, and hangs with
+two culprits.
 
 `size="full"`: 128 to 2,048 ranks; `size="ci"`: the same scenarios with a quarter of
 the data-parallel replicas (32 to 512 ranks) and a 10-minute healthy run instead of
@@ -80,5 +83,36 @@ def standard_suite(size: str = "full") -> list[Scenario]:
         [("thermal_straggler", 60.0, (1, 0.1, 4), 0.12), ("xid79", 180.0, 0.5, 0.0, {"gpu": 0})])
     add("thermal_during_ckpt_{n}", 702, 2, 16, 300.0, [("thermal_straggler", 100.0, (0, 0.8, 6), 0.08)],
         noise=Noise(ckpt_every_s=60.0))
+    # an uneven fleet: ranks 3 % to 15 % slower than their stage from the first step, nothing broken
+    add("heterogeneous_{n}", 801, 4, 16, 600.0, [("heterogeneous", 0.0, (0, 0.1, 2), 0.03),
+                                                  ("heterogeneous", 0.0, (1, 0.45, 5), 0.06),
+                                                  ("heterogeneous", 0.0, (2, 0.3, 0), 0.09),
+                                                  ("heterogeneous", 0.0, (3, 0.7, 7), 0.12),
+                                                  ("heterogeneous", 0.0, (3, 0.9, 4), 0.15)])
+    # the true cost: a 14 % straggler where a rank is 12 % slower anyway gains ~2 % of a step: keep it
+    add("straggler_over_heterogeneous_{n}", 802, 4, 16, 300.0, [("heterogeneous", 0.0, (2, 0.5, 1), 0.12),
+                                                                 ("thermal_straggler", 80.0, (2, 0.2, 6), 0.14,
+                                                                  {"ramp_s": 10.0})])
+    # several culprits at once: two GPUs of one node, two nodes under one switch, three unrelated nodes
+    add("slow_pair_node_{n}", 803, 4, 16, 300.0, [("thermal_straggler", 80.0, (1, 0.3, 2), 0.25, {"ramp_s": 20.0}),
+                                                   ("thermal_straggler", 80.0, (1, 0.3, 6), 0.25, {"ramp_s": 20.0})])
+    add("slow_pair_switch_{n}", 804, 4, 16, 300.0, [("nic_degradation", 90.0, (1, 0.6, 0), 0.60),
+                                                     ("nic_degradation", 92.0, (2, 0.6, 0), 0.60)],
+        nodes_per_switch=4)
+    add("slow_triple_{n}", 805, 4, 32, 300.0, [("thermal_straggler", 80.0, (0, 0.2, 1), 0.25, {"ramp_s": 20.0}),
+                                                ("thermal_straggler", 85.0, (2, 0.5, 4), 0.30, {"ramp_s": 20.0}),
+                                                ("thermal_straggler", 90.0, (3, 0.8, 7), 0.35, {"ramp_s": 20.0})])
+    # slow in a quarter of the steps only; and a throttling GPU that says so (decided on its evidence)
+    add("intermittent_25pct_{n}", 806, 4, 32, 300.0,
+        [("intermittent_straggler", 90.0, (2, 0.35, 3), 0.25, {"prob": 0.25})])
+    add("thermal_throttled_{n}", 807, 4, 16, 300.0, [("thermal_straggler", 90.0, (1, 0.65, 5), 0.30,
+                                                      {"ramp_s": 10.0})])
+    # hangs with two culprits: two ranks each holding up a different collective; a data loader holding up its
+    # tensor-parallel group while a pipeline rank sits in a stray broadcast (its neighbour waits to receive)
+    add("hang_two_culprits_{n}", 901, 4, 32, 200.0, [("dataloader_hang", 100.0, (1, 0.2, 3)),
+                                                      ("dataloader_hang", 100.0, (3, 0.75, 6))])
+    add("hang_collective_and_p2p_{n}", 902, 4, 32, 200.0, [("dataloader_hang", 100.0, (2, 0.3, 1)),
+                                                             ("pp_deadlock", 100.0, (1, 0.65, 4))],
+        peer_states=False)
     return out
 

@@ -76,11 +76,16 @@ class Topology:
     def node_ranks(self, index: int) -> list[int]:
         return list(range(index * self.G, (index + 1) * self.G))
 
-    def job_ranks(self, names: list[str]) -> list[dict]:
-        """The `ranks` list of a `job` record, with `names[node_index]` as node names."""
-        return [{"rank": r, "node": names[n], "gpu": g, "tp": t, "pp": p, "dp": d}
-                for r, n, g, t, p, d in zip(self.rank.tolist(), self.node.tolist(), self.gpu.tolist(),
-                                            self.tp.tolist(), self.pp.tolist(), self.dp.tolist(), strict=True)]
+    def job_ranks(self, names: list[str], nodes_per_switch: int = 0) -> list[dict]:
+        """The `ranks` list of a `job` record, with `names[node_index]` as node names; with `nodes_per_switch`,
+        each rank also names its leaf switch (consecutive node indices share one)."""
+        out = [{"rank": r, "node": names[n], "gpu": g, "tp": t, "pp": p, "dp": d}
+               for r, n, g, t, p, d in zip(self.rank.tolist(), self.node.tolist(), self.gpu.tolist(),
+                                           self.tp.tolist(), self.pp.tolist(), self.dp.tolist(), strict=True)]
+        if nodes_per_switch > 0:
+            for rec, n in zip(out, self.node.tolist(), strict=True):
+                rec["switch"] = f"sw{n // nodes_per_switch:02d}"
+        return out
 
     # --- groups ------------------------------------------------------------------------
     def members(self, kind: str, rank: int) -> list[int]:

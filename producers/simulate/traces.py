@@ -12,6 +12,12 @@ Each live rank is in one wait state when the job stalls in step k:
 Dead ranks (node loss, the GPU that fell off the bus) leave no dump. Flight-recorder
 sequence ids restart with each segment (new process groups); each step issues
 `N_TP` tensor-parallel collectives, `N_PP` pipeline p2p ops and one gradient all_reduce.
+Pipeline sends and receives are point-to-point, as in PyTorch's recorder: entries
+marked `p2p` with their own sequence ids and the `peer` (its index in the pipeline
+group, i.e. its stage), so the pipeline group's collective counters stay at -1
+unless a rank issues a real collective on it (the deadlock's broadcast). A hang may
+have several culprits (`Stop.faults`): each gets its kind's state, and its
+neighbours theirs.
 """
 
 from __future__ import annotations
@@ -103,9 +109,10 @@ _BLOCKED = {DP_WAIT: ("dp", "allreduce"), TP_FWD: ("tp", "allreduce"), PP_RECV_F
 
 def wait_states(plan: Plan, seg: Segment, stop: Stop, at: float) -> np.ndarray:
     """Per-rank wait state (see module doc) of a stalled segment, at time `at`."""
-    topo, f = plan.topo, stop.fault
+    topo = plan.topo
     culprits = np.zeros(topo.n, bool)
-    culprits[list(f.ranks)] = True
+    for f in stop.faults:
+        culprits[list(f.ranks)] = True
     state = np.full(topo.n, DP_WAIT)
     if plan.sc.peer_states:
         for d in np.unique(topo.dp[culprits]).tolist():
@@ -116,19 +123,21 @@ def wait_states(plan: Plan, seg: Segment, stop: Stop, at: float) -> np.ndarray:
             state[in_rep & same_stage] = TP_FWD
             state[in_rep & ~same_stage & (topo.pp > lowest)] = PP_RECV_FWD
             state[in_rep & ~same_stage & (topo.pp < lowest)] = PP_RECV_BWD
-    if f.kind == "dataloader_hang":
-        state[culprits] = DATA
-    elif f.kind == "pp_deadlock":
-        state[culprits] = PP_WRONG
-        c = f.rank
-        if not plan.sc.peer_states and topo.pp[c] + 1 < topo.PP:
-            state[c + topo.TP] = PP_RECV_FWD  # the peer it deadlocks with
+    for f in stop.faults:
+        if f.kind == "dataloader_hang":
+            state[list(f.ranks)] = DATA
+        elif f.kind == "pp_deadlock":
+            state[list(f.ranks)] = PP_WRONG
+            c = f.rank
+            if not plan.sc.peer_states and topo.pp[c] + 1 < topo.PP and not culprits[c + topo.TP]:
+                state[c + topo.TP] = PP_RECV_FWD  # the peer it deadlocks with
     state[seg.alive_until <= at] = DEAD
     return state
 
 
 def _progress(state: int, kind: str, done: int, stage: int) -> tuple[int, int, int]:
-    """(last_enqueued, last_started, last_completed) of one group of a rank in `state`."""
+    """(last_enqueued, last_started, last_completed) of one group of a rank in `state`: collectives, and for
+    the pipeline group its point-to-point ops (see `_p2p`: they are not the group's collective counters)."""
     n = {"tp": N_TP, "pp": N_PP, "dp": N_DP}[kind]
     if state == DP_WAIT:
         return (done + 1, done + 1, done) if kind == "dp" else (done + n,) * 3
@@ -150,9 +159,29 @@ def _progress(state: int, kind: str, done: int, stage: int) -> tuple[int, int, i
 _OPS = {"tp": "allreduce", "dp": "allreduce", "pp": "send"}
 
 
-def _entries(state: int, groups: list[dict], kinds: list[str]) -> list[dict]:
+def _p2p(state: int, done: int, stage: int, n_stages: int) -> list[dict]:
+    """The pipeline group's point-to-point entries of a rank in `state` (seq: per-rank p2p ids, `peer`: the
+    other stage): its last completed one, and the receive it is blocked in, if any."""
+    enq, _, comp = _progress(state, "pp", done, stage)
+    out = []
+    if comp > 0:
+        peer = stage + 1 if stage + 1 < n_stages else stage - 1
+        out.append({"seq": comp, "op": "send" if stage + 1 < n_stages else "recv", "state": "completed",
+                    "p2p": True, "peer": peer})
+    if state in (PP_RECV_FWD, PP_RECV_BWD) and enq > comp:
+        peer = stage - 1 if state == PP_RECV_FWD else stage + 1
+        out.append({"seq": enq, "op": "recv", "state": "started", "p2p": True, "peer": peer})
+    return out
+
+
+def _entries(state: int, groups: list[dict], kinds: list[str], done_pp: int, stage: int, n_stages: int) -> list[dict]:
     out = []
     for g, kind in zip(groups, kinds, strict=True):
+        if kind == "pp":
+            out += [{**e, "pg": g["pg"]} for e in _p2p(state, done_pp, stage, n_stages)]
+            if state == PP_WRONG:  # a collective on the pipeline group that no other stage calls
+                out.append({"seq": 0, "op": "broadcast", "pg": g["pg"], "state": "started"})
+            continue
         enq, _, comp = g["last_enqueued"], g["last_started"], g["last_completed"]
         if comp > 0:
             out.append({"seq": comp, "op": _OPS[kind], "pg": g["pg"], "state": "completed"})
@@ -247,9 +276,12 @@ def _sweep(plan: Plan, seg: Segment, stop: Stop, pids: np.ndarray, done: dict, r
         groups = []
         for kind in kinds_all:
             enq, started, comp = _progress(st, kind, done[kind], stage)
+            if kind == "pp":  # only point-to-point ops there: no collective yet, but the deadlock's broadcast
+                enq, started, comp = (0, 0, -1) if st == PP_WRONG else (-1, -1, -1)
             groups.append({"pg": topo.pg(kind, rank), "desc": GROUP_DESC[kind], "ranks": topo.members(kind, rank),
                            "last_enqueued": enq, "last_started": started, "last_completed": comp})
         fts = ts + 0.05
+        entries = _entries(st, groups, kinds_all, done["pp"], stage, topo.PP)
         out.append((fts, {"kind": "flight", "v": 1, "ts": round(fts, 6), "job": job, "rank": rank,
-                          "snapshot": snapshot, "groups": groups, "entries": _entries(st, groups, kinds_all)}))
+                          "snapshot": snapshot, "groups": groups, "entries": entries}))
     return out

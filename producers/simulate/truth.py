@@ -41,7 +41,7 @@ def truth_of(plan: Plan) -> dict[str, Any]:
             entry["onset_step"] = plan.sdc_step.get(f.rank)
         elif f.kind in STALL_KINDS:
             stop = plan.stop
-            entry["onset_step"] = stop.step if stop is not None and stop.fault is f else None
+            entry["onset_step"] = stop.step if stop is not None and f in stop.faults else None
         else:
             entry["onset_step"] = first_step_starting_at(segs, f.ts)
         if f.kind == "planned_maintenance":

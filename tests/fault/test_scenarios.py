@@ -77,3 +77,26 @@ def test_healthy_hour_with_benign_noise_evicts_nobody(tmp_path):
     assert actions == [] and incidents == []
     assert {f["type"] for f in findings} <= {"job_slowdown", "hw_fault"}  # checkpoints, flaps: no culprit
     assert all(f["evidence"]["severity"] == "precursor" for f in findings if f["type"] == "hw_fault")
+
+
+def test_an_uneven_fleet_is_reported_and_nobody_is_evicted(tmp_path):
+    """Ranks 4 % to 15 % slower than their stage from the first step: a difference, not a fault."""
+    slower = {5: 0.04, 21: 0.08, 44: 0.15}
+    sc = Scenario("uneven", seed=14, tp=8, pp=2, dp=4, duration_s=400.0,
+                  faults=tuple(Fault("heterogeneous", 0.0, rank=r, magnitude=m) for r, m in slower.items()))
+    findings, actions, incidents, _ = run(tmp_path, sc)
+    assert actions == [] and incidents == []
+    het = [f for f in findings if f["type"] == "heterogeneous"]
+    assert sorted(f["rank"] for f in het) == sorted(slower)
+    assert not [f for f in findings if f["type"] == "fail_slow"]
+
+
+def test_a_hang_with_two_culprits_names_and_replaces_both(tmp_path):
+    sc = Scenario("two_culprits", seed=15, tp=8, pp=4, dp=4, duration_s=220.0, peer_states=False,
+                  faults=(Fault("dataloader_hang", 100.0, rank=45), Fault("pp_deadlock", 100.0, rank=74)))
+    findings, actions, incidents, truth = run(tmp_path, sc)
+    culprits = sorted(n for f in truth["faults"] for n in f["nodes"])
+    [inc] = [i for i in incidents if i["class"] == "hang"]
+    assert inc["culprit_nodes"] == culprits
+    assert evicted(actions) == culprits
+    assert [a["type"] for a in actions] == ["collect_stacks", "replace"]

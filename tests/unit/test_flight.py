@@ -113,7 +113,7 @@ def test_nccl_style_dump_mapping():
     a, p2p = rec.entries
     assert (a.seq, a.op, a.state, a.size, a.dtype) == (4, "allgather", "started", 10, "BFloat16")
     assert (p2p.seq, p2p.op, p2p.pg, p2p.state, p2p.size) == (3, "send", "5", "scheduled", None)
-    assert p2p.extra == {"profiling_name": "nccl:send 0->1", "p2p": True, "raw_state": "weird"}
+    assert p2p.extra == {"profiling_name": "nccl:send 0->1", "p2p": True, "peer": 1, "raw_state": "weird"}
     assert rec.extra["comm_lib_version"] == "2.21.5"
     assert to_flight_record(dump, job="j1", rank=0, snapshot="s", ts=5.0, max_entries=1)["entries"] == []
 
@@ -321,3 +321,81 @@ def test_late_and_repeated_snapshots():
     assert det.observe(recs[3]) == []  # ts 3.0 > 0.0 + 2.5: late
     assert det.advance(2.5) == []  # ranks 0-2 agree: nobody behind among them
     assert det.observe(recs[3]) == [] and det.pending == {}
+
+
+# --- several culprits, and point-to-point waits ---------------------------------------------------------
+
+
+def p2p_fr(rank: int, groups: list[tuple], entries: list[dict], snapshot: str = "s-2") -> Flight:
+    rec = {"kind": "flight", "v": 1, "ts": 1.0, "job": "j1", "rank": rank, "snapshot": snapshot, "entries": entries,
+           "groups": [{"pg": pg, "ranks": list(ranks), "last_enqueued": e, "last_started": s, "last_completed": c}
+                      for pg, ranks, e, s, c in groups]}
+    return as_flight(rec)
+
+
+def pipeline_job(stuck: dict[int, str]) -> list[Flight]:
+    """8 ranks: two pipelines (0-3, 4-7) of four stages; DP groups pair stage s of both ({s, s + 4}).
+    `stuck`: rank -> "broadcast" (a stray collective on its pipeline group), "recv" (waiting to receive from
+    the stage before it), "loader" (never enqueued anything of the step). Everyone else has enqueued the
+    gradient all_reduce (DP collective 11) and waits in it."""
+    recs = []
+    for r in range(8):
+        pipe = [r - r % 4 + q for q in range(4)]
+        dp = [r % 4, r % 4 + 4]
+        how = stuck.get(r)
+        d = (10, 10, 10) if how else (11, 11, 10)
+        p = (0, 0, -1) if how == "broadcast" else (-1, -1, -1)
+        entries = [{"seq": d[0], "op": "allreduce", "pg": f"dp{r % 4}", "state": "started" if not how else "completed"}]
+        if how == "broadcast":
+            entries.append({"seq": 0, "op": "broadcast", "pg": f"pp{r // 4}", "state": "started"})
+        if how == "recv":
+            entries.append({"seq": 40, "op": "recv", "pg": f"pp{r // 4}", "state": "started", "p2p": True,
+                            "peer": r % 4 - 1})
+        recs.append(p2p_fr(r, [(f"pp{r // 4}", pipe, *p), (f"dp{r % 4}", dp, *d)], entries))
+    return recs
+
+
+def test_a_rank_waiting_to_receive_from_a_suspect_is_its_victim():
+    """Rank 1 sits in a broadcast no other stage calls; rank 2 waits to receive from it. Both never reached the
+    gradient all_reduce, but rank 2 waits on rank 1: only rank 1 is named."""
+    recs = pipeline_job({1: "broadcast", 2: "recv"})
+    views = {rec.rank: rank_view(rec) for rec in recs}
+    assert views[2].waits_on == (("pp0", "recv", 1),) and views[1].waits_on == ()
+    assert [(s.rank, s.reason) for s in localize(views)] == [(1, "never_enqueued")]
+    det = FlightDetector(topology(8, per_node=2))
+    out = [f for rec in recs for f in det.observe(rec)]
+    assert [f.rank for f in out] == [1]
+
+
+def test_two_ranks_each_holding_up_a_different_group_are_both_named():
+    recs = pipeline_job({1: "loader", 6: "loader"})
+    det = FlightDetector(topology(8, per_node=2))
+    out = [f for rec in recs for f in det.observe(rec)]
+    assert [(f.rank, f.evidence["pg"], f.evidence.get("cycle")) for f in out] == [(1, "dp1", None), (6, "dp2", None)]
+    from gangwatch.detectors.catalog import typed
+    from gangwatch.triage.localize import localize as fuse
+
+    ts = [typed(f) for f in out]
+    assert all(t.root_cause for t in ts)
+    loc = fuse(ts, topology(8, per_node=2), 0.5)
+    assert loc.culprits == ["n000", "n003"] and loc.group is None  # two culprits, not one somewhere in a group
+
+
+def test_ranks_waiting_on_each_other_are_a_cycle_kept_with_less_confidence():
+    recs = pipeline_job({1: "recv", 2: "loader"})
+    # make rank 2 wait to receive from rank 1 as well: each waits on the other
+    recs[2] = p2p_fr(2, [("pp0", [0, 1, 2, 3], -1, -1, -1), ("dp2", [2, 6], 10, 10, 10)],
+                     [{"seq": 41, "op": "recv", "pg": "pp0", "state": "started", "p2p": True, "peer": 1}])
+    recs[1] = p2p_fr(1, [("pp0", [0, 1, 2, 3], -1, -1, -1), ("dp1", [1, 5], 10, 10, 10)],
+                     [{"seq": 40, "op": "recv", "pg": "pp0", "state": "started", "p2p": True, "peer": 2}])
+    views = {rec.rank: rank_view(rec) for rec in recs}
+    found = localize(views)
+    assert sorted(s.rank for s in found) == [1, 2] and all(s.detail.get("cycle") for s in found)
+
+
+def test_p2p_peers_from_pytorch_profiling_names():
+    from gangwatch.producers.flight import p2p_peer
+
+    assert p2p_peer("nccl:send 1->2") == 2 and p2p_peer("nccl:recv 3<-0") == 0
+    assert p2p_peer("gloo:recv 3<-?") is None and p2p_peer("nccl:all_reduce") is None
+    assert p2p_peer("nccl:send 12 -> 3") == 3 and p2p_peer("weird") is None

@@ -13,6 +13,7 @@ import numpy as np
 import orjson
 import pytest
 from gangwatch.producers.simulate import (
+    BENIGN_KINDS,
     FAULT_CLASS,
     FAULT_KINDS,
     PRECURSOR_KINDS,
@@ -371,12 +372,16 @@ def test_pp_deadlock_culprit_in_a_different_collective():
     culprit = stacks[35]["dump"]
     assert "broadcast (torch/distributed/distributed_c10d.py" in culprit
     assert sum("broadcast (" in s["dump"] for s in stacks.values()) == 1
-    # rank 35: tp 3, pp 0, dp 2 -> its pipeline peer 43 waits in recv at the same sequence number
+    # rank 35: tp 3, pp 0, dp 2 -> its pipeline peer 43 waits to receive from it (point-to-point, stage 0)
     assert "recv_forward" in stacks[43]["dump"]
     e_c = [e for e in flights[35]["entries"] if e["state"] == "started"]
     e_p = [e for e in flights[43]["entries"] if e["state"] == "started"]
     assert len(e_c) == 1 and len(e_p) == 1
-    assert (e_c[0]["pg"], e_c[0]["seq"]) == (e_p[0]["pg"], e_p[0]["seq"]) and e_c[0]["op"] != e_p[0]["op"]
+    assert e_c[0]["pg"] == e_p[0]["pg"] and (e_c[0]["op"], e_c[0].get("p2p")) == ("broadcast", None)
+    assert (e_p[0]["op"], e_p[0]["p2p"], e_p[0]["peer"]) == ("recv", True, 0)
+    pp_group = {g["desc"]: g for g in flights[35]["groups"]}["PIPELINE_MODEL_PARALLEL_GROUP"]
+    assert pp_group["last_enqueued"] == 0 == e_c[0]["seq"]  # its first collective there: nobody else calls it
+    assert {g["desc"]: g for g in flights[43]["groups"]}["PIPELINE_MODEL_PARALLEL_GROUP"]["last_enqueued"] == -1
 
 
 def test_flat_peer_states_put_everyone_in_the_gradient_allreduce():
@@ -512,7 +517,7 @@ def test_truth_content():
     assert t["last_step"] == t["stall"]["step"] - 1
     assert truth(XID)["faults"][0]["gpus"] == [["n003", 2]]
     assert {FAULT_CLASS[k] for k in FAULT_KINDS} == {"fail_stop", "fail_slow", "hang", "sdc", "planned", None}
-    assert {k for k in FAULT_KINDS if FAULT_CLASS[k] is None} == PRECURSOR_KINDS  # no incident expected
+    assert {k for k in FAULT_KINDS if FAULT_CLASS[k] is None} == PRECURSOR_KINDS | BENIGN_KINDS  # no incident
 
 
 def test_validation_errors():
@@ -561,3 +566,48 @@ def test_standard_suite_covers_every_kind(size):
             if f["kind"] in ("sdc",) or not f["stall"]:
                 assert f["onset_step"] is not None, (s.name, f)
         assert plan.segments[0].steps.size > 50
+
+
+# --- uneven fleets, switches, hangs with several culprits --------------------------------------------
+
+
+def test_a_heterogeneous_rank_is_steadily_slower_from_its_first_step_and_nothing_else_happens():
+    sc = sc_("het", Fault("heterogeneous", 0.0, rank=21, magnitude=0.08), duration_s=120.0)
+    plan = simulate(sc)
+    seg = plan.segments[0]
+    stage = plan.topo.pp == plan.topo.pp[21]
+    ratio = seg.compute[:, 21] / np.median(seg.compute[:, stage], axis=1)
+    assert np.median(ratio[:5]) == pytest.approx(1.08, abs=0.02) and np.median(ratio) == pytest.approx(1.08, abs=0.01)
+    t = truth(sc)
+    assert not t["healthy"] and t["faults"][0]["class"] is None and t["stall"] is None
+    recs = recs_of(sc)  # its hardware says nothing: nothing is broken
+    assert not [r for r in by_kind(recs, "hw") if r["node"] == "n002"]
+    assert not [g for g in by_kind(recs, "gpu") if (g["node"], g["gpu"]) == ("n002", 5) and g["throttle"]]
+
+
+def test_the_job_record_names_each_ranks_switch():
+    sc = sc_("sw", duration_s=30.0, nodes_per_switch=2)
+    [job] = by_kind(recs_of(sc), "job")
+    assert {(r["node"], r["switch"]) for r in job["ranks"]} >= {("n000", "sw00"), ("n001", "sw00"), ("n002", "sw01")}
+    assert "switch" not in by_kind(recs_of(sc_("nosw", duration_s=30.0)), "job")[0]["ranks"][0]
+
+
+def test_two_hangs_at_once_are_one_stall_with_two_culprits():
+    sc = sc_("two", Fault("dataloader_hang", 80.0, rank=13), Fault("pp_deadlock", 80.0, rank=34),
+             duration_s=140.0, peer_states=False)
+    plan = simulate(sc)
+    stop = plan.stop
+    assert {f.rank for f in stop.faults} == {13, 34}
+    t = truth(sc)
+    assert [f["onset_step"] for f in t["faults"]] == [stop.step, stop.step]
+    stacks, flights = sweep(recs_of(sc))
+    assert "dataloader" in stacks[13]["dump"] and "broadcast (" in stacks[34]["dump"]
+    # rank 34 (stage 0)'s pipeline neighbour 42 waits to receive from it: a point-to-point entry naming stage 0
+    [wait] = [e for e in flights[42]["entries"] if e.get("p2p") and e["state"] == "started"]
+    assert (wait["op"], wait["peer"]) == ("recv", 0)
+    with pytest.raises(ValueError, match="same at_s"):
+        simulate(sc_("bad", Fault("dataloader_hang", 80.0, rank=13), Fault("xid79", 80.0, node="n005"),
+                     duration_s=140.0))
+    with pytest.raises(ValueError, match="different ranks"):
+        simulate(sc_("bad2", Fault("dataloader_hang", 80.0, rank=13), Fault("pp_deadlock", 80.0, rank=13),
+                     duration_s=140.0))

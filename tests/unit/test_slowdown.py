@@ -201,11 +201,11 @@ def test_buffer_state_round_trip_keeps_nan_apart_from_missing():
 
 
 def test_columns_from_arrays_equal_columns_from_records(topo):
-    kw = dict(seed=3, stragglers=[Straggler(5, 1.2, start=20)], slow=[JobSlow(40, 45)], nan_loss={30: [2]})
+    kw = dict(seed=3, stragglers=[Straggler(5, 1.2, start=50)], slow=[JobSlow(60, 65)], nan_loss={30: [2]})
     a, b = FailSlowDetector(topo), JobSlowdownDetector(topo)
     c, d = FailSlowDetector(topo), JobSlowdownDetector(topo)
-    want = [f for batch in gen_steps(topo, 60, **kw) for f in a.observe_many(batch) + b.observe_many(batch)]
-    got = [f for cols in gen_columns(topo, 60, **kw) for f in c.observe_many(cols) + d.observe_many(cols)]
+    want = [f for batch in gen_steps(topo, 80, **kw) for f in a.observe_many(batch) + b.observe_many(batch)]
+    got = [f for cols in gen_columns(topo, 80, **kw) for f in c.observe_many(cols) + d.observe_many(cols)]
     assert got == want and len(want) == 2
     assert a.state() == c.state() and b.state() == d.state()
 
