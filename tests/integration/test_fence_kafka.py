@@ -22,14 +22,18 @@ pytestmark = pytest.mark.integration
 class Recording:
     name = "recording"
 
-    def __init__(self, fail: bool = False) -> None:
+    def __init__(self, fail: bool = False, expect: int = 0) -> None:
         self.fenced: list[tuple[str, str]] = []
         self.fail = fail
+        self.expect = expect  # stop following once this many nodes are fenced (then a short idle wait for extras)
+        self.stop = threading.Event()
 
     def fence(self, node: str, action: Action, *, cls: str, act: bool) -> Outcome:
         if self.fail:
             return Outcome(node, "down", error="scheduler unreachable")
         self.fenced.append((action.id, node))
+        if self.expect and len(self.fenced) >= self.expect:
+            self.stop.set()
         return Outcome(node, "fenced", changed=True)
 
     def restore(self, node: str, note: str, *, act: bool) -> Outcome:
@@ -49,24 +53,31 @@ def publish(bootstrap: str, topic: str, recs: list) -> None:
         producer.close()
 
 
+def follow_until(backend: Recording, source: ActionTopic) -> None:
+    """Follow the topic until the backend fenced what it expects (bounded: 60 s without a record ends it), then
+    a little longer, so that an action applied twice would show."""
+    follow(Fencer(backend, act=True), source, backend.stop, idle_timeout_s=60, poll_s=0.5)
+    follow(Fencer(backend, act=True), source, threading.Event(), idle_timeout_s=2, poll_s=0.5)
+
+
 def test_actions_from_the_topic_are_applied_once_and_committed(kafka_bootstrap, topics, unique):
     finding = Finding(id="f-1", ts=1.0, job="j1", type="hang", detector="hang")
     publish(kafka_bootstrap, topics.actions, [act("a-1", ["n1"]), finding, act("a-1", ["n1"]), act("a-2", ["n2"])])
-    backend = Recording()
+    backend = Recording(expect=2)
     source = ActionTopic(kafka_bootstrap, topics, unique, from_beginning=True)
     try:
         source.wait_assigned(30)
-        follow(Fencer(backend, act=True), source, threading.Event(), idle_timeout_s=3, poll_s=0.5)
+        follow_until(backend, source)
     finally:
         source.close()
     assert backend.fenced == [("a-1", "n1"), ("a-2", "n2")]
 
     publish(kafka_bootstrap, topics.actions, [act("a-3", ["n3"])])
-    later = Recording()
+    later = Recording(expect=1)
     source = ActionTopic(kafka_bootstrap, topics, unique, from_beginning=True)  # same group: committed offsets
     try:
         source.wait_assigned(30)
-        follow(Fencer(later, act=True), source, threading.Event(), idle_timeout_s=3, poll_s=0.5)
+        follow_until(later, source)
     finally:
         source.close()
     assert later.fenced == [("a-3", "n3")]
@@ -81,11 +92,11 @@ def test_a_failed_action_is_not_committed(kafka_bootstrap, topics, unique):
             follow(Fencer(Recording(fail=True), act=True, retries=0), source, threading.Event(), idle_timeout_s=10)
     finally:
         source.close()
-    backend = Recording()
+    backend = Recording(expect=1)
     source = ActionTopic(kafka_bootstrap, topics, unique, from_beginning=True)
     try:
         source.wait_assigned(30)
-        follow(Fencer(backend, act=True), source, threading.Event(), idle_timeout_s=3, poll_s=0.5)
+        follow_until(backend, source)
     finally:
         source.close()
     assert backend.fenced == [("a-1", "n1")]  # delivered again to the restarted adapter
