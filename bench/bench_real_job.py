@@ -101,7 +101,12 @@ def fault_row(live: LiveJob, cls: str, deadline_s: float) -> dict:
     row.update(live.stages(inc))
     row["total"] = stages.get("total")
     row["over_budget"] = ",".join(inc["over_budget"]) or "-"
-    row["other_incidents"] = len(live.incidents()) - 1
+    others = [i for i in live.incidents() if i["id"] != inc["id"]]
+    acted = {}
+    for a in live.actions():
+        acted.setdefault(a["incident"], []).append(a["type"])
+    row["other_incidents"] = "; ".join(f"{i['class']}: {','.join(acted.get(i['id'], [])) or 'no action'}"
+                                       for i in others) or "-"
     return row
 
 

@@ -82,6 +82,24 @@ def recovered(job: LiveJob, cls: str, spare: str = "n3") -> dict:
     return inc
 
 
+def nothing_else(job: LiveJob, inc: dict) -> None:
+    """The fault's incident is the only one; last in a test, as a known gap ends it as an expected failure.
+
+    Known gap (reported to the lead): when the controller stops and restarts the job to carry out a decision on
+    an incident triage has set aside to wait for the controller (SDC, fail-slow), the restart itself opens a
+    second incident that names nobody and escalates: `unknown` (every rank silent at once) or `hang` (no step
+    past the old newest one for 20 s while the job restarts from its checkpoint), although the controller had
+    accepted the action before stopping the job. Any other extra incident, and any that names a node, fails.
+    """
+    others = [i for i in job.incidents() if i["id"] != inc["id"]]
+    restart_gaps = [i for i in others if i["class"] in ("unknown", "hang") and not i["culprit_nodes"]
+                    and inc["decided_ts"] <= i["onset_ts"] <= inc["recovered_ts"]]
+    assert others == restart_gaps, [(i["class"], i["culprit_nodes"], i["onset_ts"] - inc["decided_ts"]) for i in others]
+    if restart_gaps:
+        pytest.xfail(f"the controller's own restart opened {', '.join(i['class'] for i in restart_gaps)} "
+                     "incident(s) naming nobody (known gap, reported)")
+
+
 def node_actions(job: LiveJob) -> list[tuple[str, list[str]]]:
     return [(a["type"], a["nodes"]) for a in job.actions() if a["nodes"]]
 
@@ -91,7 +109,7 @@ def test_a_rank_killed_with_sigkill_is_a_fail_stop_of_its_node_and_the_job_resum
     inc = decided(job, "fail_stop")
     assert inc["culprit_nodes"] == ["n2"], job.findings()
     assert node_actions(job) == [("replace", ["n2"])]
-    recovered(job, "fail_stop")
+    nothing_else(job, recovered(job, "fail_stop"))
 
 
 def test_a_rank_hung_in_its_data_loader_is_found_in_real_stack_dumps_and_its_node_replaced(live):
@@ -106,7 +124,7 @@ def test_a_rank_hung_in_its_data_loader_is_found_in_real_stack_dumps_and_its_nod
     assert [(f["rank"], f["node"]) for f in outliers] == [(2, "n2")]
     frames = json.loads(outliers[0]["evidence"])["frames"]
     assert any("dataloader" in frame for frame in frames), frames  # py-spy saw the rank waiting on its loader
-    recovered(job, "hang")
+    nothing_else(job, recovered(job, "hang"))
 
 
 def test_a_rank_made_30_percent_slower_is_a_straggler_on_its_node_and_nothing_else_is_flagged(live):
@@ -114,10 +132,11 @@ def test_a_rank_made_30_percent_slower_is_a_straggler_on_its_node_and_nothing_el
     inc = decided(job, "fail_slow")
     assert inc["culprit_nodes"] == ["n2"]
     assert node_actions(job) == [("replace", ["n2"])]
-    recovered(job, "fail_slow")
+    inc = recovered(job, "fail_slow")
     flagged = {(f["type"], f["node"]) for f in job.findings() if f["node"]}
     assert flagged == {("fail_slow", "n2")}, job.findings()
     assert node_actions(job) == [("replace", ["n2"])]
+    nothing_else(job, inc)
 
 
 def test_a_replica_with_perturbed_weights_is_rolled_back_before_the_corruption_and_its_node_isolated(live):
@@ -127,9 +146,10 @@ def test_a_replica_with_perturbed_weights_is_rolled_back_before_the_corruption_a
     suspects = [(f["rank"], f["node"]) for f in job.findings() if f["type"] == "sdc_suspect"]
     assert suspects == [(2, "n2")]
     assert {("rollback", ("n2",)), ("isolate", ("n2",))} <= {(t, tuple(n)) for t, n in node_actions(job)}
-    recovered(job, "sdc")
+    inc = recovered(job, "sdc")
     [loaded] = [m for m in job.milestones(1) if m["event"] == "ckpt_loaded"]
     assert loaded["step"] < 45  # the checkpoint it went back to was written before the corrupt update
+    nothing_else(job, inc)
 
 
 # --- the healthy run: one job, two tests (while it trains; after its clean end) ----------------------
