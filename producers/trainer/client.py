@@ -201,9 +201,14 @@ class TrainerClient:
             self._steps.append(item)
 
     def event(self, type: str, message: str | None = None, **fields: Any) -> None:
-        """A `framework` record (nccl_timeout, exception, oom, ...; `op`, `seq`, `pg`, `peer`), sent at once."""
+        """A `framework` record (nccl_timeout, exception, oom, ...; `op`, `seq`, `pg`, `peer`), sent at once.
+
+        Fields the record does not declare (e.g. `code=1`) travel in its `extra`: a typo never raises here.
+        """
+        extra = dict(fields.pop("extra", None) or {})
+        extra.update({k: fields.pop(k) for k in [k for k in fields if k not in _FRAMEWORK_FIELDS]})
         self._control.append(Framework(ts=self._clock(), job=self.launch.job, rank=self.launch.rank, type=type,
-                                       message=message, **fields))
+                                       message=message, extra=extra, **fields))
         self._wake.set()
 
     def heartbeat(self) -> None:
@@ -363,6 +368,9 @@ class TrainerClient:
             sys.excepthook = self._previous_hook
         atexit.unregister(self.close)
         self._hook = None
+
+
+_FRAMEWORK_FIELDS = frozenset({"op", "seq", "pg", "peer"})  # what `event` passes as Framework's own fields
 
 
 def default_spool_dir(launch: Launch) -> Path:

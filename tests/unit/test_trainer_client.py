@@ -347,6 +347,15 @@ def test_a_clean_close_says_the_rank_finished(tmp_path):
     assert (done.type, done.extra.get("code"), done.rank) == ("exit", 0, 1)
 
 
+def test_an_event_with_an_undeclared_field_carries_it_in_extra(tmp_path):
+    send = Recorder()
+    client = TrainerClient(job="j1", rank=0, world_size=1, send=send, background=False, spool_dir=tmp_path)
+    client.event("exit", "done", code=3, op="allreduce")
+    client.close()
+    first = [r for r in send.records() if r.kind == "framework"][0]
+    assert (first.type, first.op, first.extra.get("code")) == ("exit", "allreduce", 3)
+
+
 def test_a_crashing_script_reports_the_exception_and_flushes_at_exit(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(
