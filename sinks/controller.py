@@ -4,10 +4,22 @@ Each action goes out as its contract JSON (`schemas.encode(action)`, nothing
 added) with these headers:
 
 - `Content-Type: application/json`
-- `X-Gangwatch-Signature: sha256=<hex HMAC-SHA256 of the raw body with the shared secret>`
+- `X-Gangwatch-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256>`: the MAC, with the
+  shared secret, of the bytes ``b"<t>.<idempotency key>." + body``, so it covers when it
+  was sent, which action it is and the body (signature scheme v1, below)
 - `Idempotency-Key: <action id>`: the same decision always carries the same key,
-  so a controller that sees it twice acts once (`verify_signature` is for receivers)
+  so a controller that sees it twice acts once
 - `X-Gangwatch-Action: <action type>`
+
+Receivers check with `verify_signature` (or a `SignatureVerifier`, which also
+remembers what it accepted): the MAC must match (constant time), `t` must be
+within `tolerance_s` (default 300 s) of the receiver's clock, and the same
+(key, t, signature) must not have been accepted before: a captured request
+cannot be replayed. Each attempt, retries included, is signed afresh with a
+timestamp later than the attempt before, so a legitimate retry always passes
+and the receiver's idempotency by action id still makes it act once. The
+sender's and receiver's clocks must agree to within the tolerance. The old
+body-only ``sha256=<hex>`` form (before v1) is refused.
 
 Delivery is at least once, and bounded: connection errors, 5xx and 429 are
 retried with exponential backoff and jitter from a seeded RNG (a `Retry-After`
@@ -24,12 +36,14 @@ from __future__ import annotations
 import base64
 import email.utils
 import hashlib
+import heapq
 import hmac
 import http.client
 import logging
 import os
 import random
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -49,20 +63,175 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 _ERROR_BODY_KEEP = 200  # characters of a controller's error response kept in a failure
 
 
-def sign(secret: str | bytes, body: bytes) -> str:
-    """The signature header value for `body`: ``sha256=<hex HMAC-SHA256>``."""
-    return "sha256=" + hmac.new(_key(secret), body, hashlib.sha256).hexdigest()
+DEFAULT_TOLERANCE_S = 300.0  # how far a signature's timestamp may be from the receiver's clock
+DEFAULT_REPLAY_ENTRIES = 100_000  # signatures a SignatureVerifier remembers at most
 
 
-def verify_signature(secret: str | bytes, body: bytes, header: str | None) -> bool:
-    """Whether `header` (an `X-Gangwatch-Signature` value) signs `body` with `secret`; constant time."""
+def signed_payload(timestamp: int, key: str, body: bytes) -> bytes:
+    """The bytes a v1 signature MACs: ``b"<timestamp>.<idempotency key>." + body``."""
+    return f"{int(timestamp)}.{key}.".encode() + body
+
+
+def sign(secret: str | bytes, body: bytes, key: str, timestamp: float) -> str:
+    """The `X-Gangwatch-Signature` value for `body` sent as action `key` at `timestamp` (unix seconds).
+
+    ``t=<integer seconds>,v1=<hex HMAC-SHA256 of signed_payload(t, key, body)>``.
+    """
+    t = int(timestamp)
+    mac = hmac.new(_key(secret), signed_payload(t, key, body), hashlib.sha256).hexdigest()
+    return f"t={t},v1={mac}"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What a receiver makes of one signed request: `ok`, or the HTTP `status` to answer and the `reason`.
+
+    Truthy when `ok`. `status` is 200 when ok, 401 for a missing, malformed or
+    wrong signature or a timestamp outside the tolerance, 409 for a replay.
+    """
+
+    ok: bool
+    status: int
+    reason: str = ""
+    timestamp: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def _parse(header: str | None) -> tuple[int, list[str]] | str:
+    """(t, [v1 signatures]) from a header value, or why it cannot be read."""
     if not header:
-        return False
-    try:
-        given = header.strip().encode("ascii")
-    except UnicodeEncodeError:
-        return False
-    return hmac.compare_digest(sign(secret, body).encode("ascii"), given)
+        return "no signature"
+    if header.strip().startswith("sha256="):
+        return "a body-only sha256= signature (before v1) is no longer accepted: upgrade the sender"
+    t: int | None = None
+    macs: list[str] = []
+    for part in header.split(","):
+        name, eq, value = part.strip().partition("=")
+        if not eq:
+            return "malformed signature header"
+        if name == "t":
+            if not value.isascii() or not value.isdigit() or len(value) > 12:
+                return "malformed signature timestamp"
+            t = int(value)
+        elif name == "v1":
+            macs.append(value)
+    if t is None:
+        return "the signature has no timestamp (t=)"
+    if not macs:
+        return "the signature has no v1 MAC"
+    return t, macs
+
+
+def verify_signature(secret: str | bytes, body: bytes, header: str | None, key: str | None, *,
+                     tolerance_s: float = DEFAULT_TOLERANCE_S, now: float | None = None,
+                     seen: ReplayGuard | None = None) -> Verdict:
+    """Check one request's `X-Gangwatch-Signature` (`header`) over `body` and its `Idempotency-Key` (`key`).
+
+    Refuses (401) a missing or malformed header, a MAC that does not match (compared
+    in constant time), a timestamp more than `tolerance_s` from `now` (default: the
+    wall clock) in either direction; and (409) a signature `seen` already accepted.
+    Without `seen` there is no replay memory: use a `SignatureVerifier` for that.
+    """
+    if key is None or key == "":
+        return Verdict(False, 401, "no Idempotency-Key")
+    parsed = _parse(header)
+    if isinstance(parsed, str):
+        return Verdict(False, 401, parsed)
+    t, macs = parsed
+    expected = hmac.new(_key(secret), signed_payload(t, key, body), hashlib.sha256).hexdigest().encode("ascii")
+    matched = ""
+    for mac in macs:
+        try:
+            given = mac.encode("ascii")
+        except UnicodeEncodeError:
+            continue
+        if hmac.compare_digest(expected, given):
+            matched = mac
+    if not matched:
+        return Verdict(False, 401, "bad signature", t)
+    now = time.time() if now is None else now
+    if abs(now - t) > tolerance_s:
+        side = "old" if t < now else "far in the future"
+        return Verdict(False, 401, f"signature timestamp {t} is {abs(now - t):.0f} s {side} "
+                                   f"(tolerance {tolerance_s:g} s): stale or a clock out of sync", t)
+    if seen is not None and not seen.add(key, t, matched, now):
+        return Verdict(False, 409, f"replayed request: this signature of {key} was already accepted", t)
+    return Verdict(True, 200, "", t)
+
+
+class ReplayGuard:
+    """A bounded memory of the signatures accepted within the tolerance window.
+
+    `add(key, t, mac, now)` is False when (key, t, mac) was accepted before.
+    Entries whose `t` is older than `now - tolerance_s` are dropped (such a request
+    fails the timestamp check anyway). When `max_entries` are held, the oldest is
+    dropped and no timestamp at or before it is accepted any more, so a replay can
+    never pass for want of memory (a legitimate retry signs with a newer `t`).
+    """
+
+    def __init__(self, tolerance_s: float = DEFAULT_TOLERANCE_S, max_entries: int = DEFAULT_REPLAY_ENTRIES) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
+        self.tolerance_s = tolerance_s
+        self.max_entries = max_entries
+        self._seen: set[tuple[str, int, str]] = set()
+        self._order: list[tuple[int, str, str]] = []  # a heap by t
+        self._floor: int | None = None  # no t at or below this is accepted (its memory was given up)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def add(self, key: str, t: int, mac: str, now: float) -> bool:
+        with self._lock:
+            self._expire(now)
+            if self._floor is not None and t <= self._floor:
+                return False
+            entry = (key, t, mac)
+            if entry in self._seen:
+                return False
+            while len(self._seen) >= self.max_entries:
+                old_t, old_key, old_mac = heapq.heappop(self._order)
+                self._seen.discard((old_key, old_t, old_mac))
+                self._floor = old_t if self._floor is None else max(self._floor, old_t)
+            if self._floor is not None and t <= self._floor:
+                return False
+            self._seen.add(entry)
+            heapq.heappush(self._order, (t, key, mac))
+            return True
+
+    def _expire(self, now: float) -> None:
+        while self._order and self._order[0][0] < now - self.tolerance_s:
+            t, key, mac = heapq.heappop(self._order)
+            self._seen.discard((key, t, mac))
+
+
+class SignatureVerifier:
+    """The receiver's check with its replay memory: ``verifier(body, header, key) -> Verdict``.
+
+    `clock` (unix seconds) is injectable for tests; `tolerance_s` bounds both the
+    clock skew accepted and how long a signature is remembered.
+    """
+
+    def __init__(self, secret: str | bytes, *, tolerance_s: float = DEFAULT_TOLERANCE_S,
+                 clock: Callable[[], float] = time.time, max_entries: int = DEFAULT_REPLAY_ENTRIES) -> None:
+        if not secret:
+            raise ValueError("a webhook secret is required")
+        if tolerance_s <= 0:
+            raise ValueError(f"tolerance_s must be > 0, got {tolerance_s}")
+        self._secret = _Secret(_key(secret))
+        self.tolerance_s = tolerance_s
+        self._clock = clock
+        self.seen = ReplayGuard(tolerance_s, max_entries)
+
+    def __repr__(self) -> str:
+        return f"SignatureVerifier(secret={self._secret!r}, tolerance_s={self.tolerance_s:g}, seen={len(self.seen)})"
+
+    def __call__(self, body: bytes, header: str | None, key: str | None) -> Verdict:
+        return verify_signature(self._secret.reveal(), body, header, key, tolerance_s=self.tolerance_s,
+                                now=self._clock(), seen=self.seen)
 
 
 def _key(secret: str | bytes) -> bytes:
@@ -147,6 +316,7 @@ class WebhookSink:
     date) replaces it, capped at `max_retry_after_s`. Retries stop after
     `max_attempts` POSTs or when the next wait would pass `deadline_s` since the
     first try. `dead_letter(delivery)` is called for each action that finally fails.
+    `wall_clock` (unix seconds) stamps each attempt's signature; `clock` times the retries.
     """
 
     def __init__(self, url: str, secret: str | bytes | None = None, *, timeout_s: float = 5.0,
@@ -220,7 +390,6 @@ class WebhookSink:
         body = encode(action)
         headers = {
             "Content-Type": "application/json",
-            SIGNATURE_HEADER: sign(self._secret.reveal(), body),
             IDEMPOTENCY_HEADER: action.id,
             ACTION_HEADER: action.type,
         }
@@ -230,9 +399,13 @@ class WebhookSink:
         status: int | None = None
         error = ""
         attempt = 0
+        signed_at = -1
         while True:
             attempt += 1
             self.attempts += 1
+            # each attempt is signed afresh, with a timestamp later than the last: a retry is no replay
+            signed_at = max(int(self._wall()), signed_at + 1)
+            headers[SIGNATURE_HEADER] = sign(self._secret.reveal(), body, action.id, signed_at)
             status, retry_after, error = self._post(body, headers)
             if status is not None and 200 <= status < 300:
                 self.sent += 1

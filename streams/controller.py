@@ -69,7 +69,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from gangwatch.schemas import Action, DecodeError, Finding, Recovery, decode, encode
-from gangwatch.sinks.controller import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, verify_signature
+from gangwatch.sinks.controller import (
+    DEFAULT_TOLERANCE_S,
+    IDEMPOTENCY_HEADER,
+    SIGNATURE_HEADER,
+    SignatureVerifier,
+)
 from gangwatch.streams.launcher import Gang, JobSpec, checkpoints, latest, newest_before
 from gangwatch.streams.topics import TopicSettings, topic_for
 
@@ -387,26 +392,38 @@ class WebhookSource:
     """Actions POSTed by the worker's webhook sink, checked against the shared secret and queued.
 
     A request is answered 202 once queued (the controller applies it right after),
-    401 when its signature does not verify, 400 when the body is no action or the
-    `Idempotency-Key` is not its id.
+    401 when its signature does not verify or its timestamp is more than
+    `tolerance_s` from `clock` (sinks/controller.py: signature scheme v1), 409 when
+    it replays a request already accepted, 400 when the body is no action or the
+    `Idempotency-Key` is not its id, 413 (unread, the connection closed) when its
+    `Content-Length` passes `max_body` bytes, 411 when it has none.
     """
 
-    def __init__(self, host: str, port: int, secret: str | bytes) -> None:
+    def __init__(self, host: str, port: int, secret: str | bytes, *, tolerance_s: float = DEFAULT_TOLERANCE_S,
+                 clock: Callable[[], float] = time.time, max_body: int = 1 << 20) -> None:
         self.queue: queue.Queue[Action] = queue.Queue()
         source = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                self.send_response(source.accept(body, self.headers.get(SIGNATURE_HEADER),
-                                                 self.headers.get(IDEMPOTENCY_HEADER)))
+                length = self.headers.get("Content-Length", "")
+                if not length.strip().isdigit() or int(length) > max_body:
+                    status = 411 if not length.strip().isdigit() else 413
+                    log.warning("webhook: a POST with Content-Length %r was refused (%d; at most %d bytes)",
+                                length[:20], status, max_body)
+                    self.close_connection = True  # the body is never read
+                    self.send_response(status)
+                else:
+                    body = self.rfile.read(int(length))
+                    self.send_response(source.accept(body, self.headers.get(SIGNATURE_HEADER),
+                                                     self.headers.get(IDEMPOTENCY_HEADER)))
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
             def log_message(self, fmt: str, *args: object) -> None:
                 log.debug("webhook: " + fmt, *args)
 
-        self._secret = secret
+        self._verify = SignatureVerifier(secret, tolerance_s=tolerance_s, clock=clock)
         self._server = ThreadingHTTPServer((host, port), Handler)
         self.url = f"http://{host}:{self._server.server_address[1]}/"
         self._thread = threading.Thread(target=self._server.serve_forever, name="gangwatch-webhook", daemon=True)
@@ -414,9 +431,11 @@ class WebhookSource:
 
     def accept(self, body: bytes, signature: str | None, key: str | None) -> int:
         """The HTTP status for one POST (queueing its action when it is good)."""
-        if not verify_signature(self._secret, body, signature):
-            log.warning("webhook: a POST with a bad signature was refused")
-            return 401
+        verdict = self._verify(body, signature, key)
+        if not verdict:
+            log.warning("webhook: a POST for %r was refused (%d): %s", (key or "")[:80], verdict.status,
+                        verdict.reason)
+            return verdict.status
         recs = decode(body)
         if len(recs) != 1 or not isinstance(recs[0], Action):
             reason = recs[0].reason if recs and isinstance(recs[0], DecodeError) else "not one action"

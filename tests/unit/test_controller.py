@@ -6,6 +6,7 @@ import logging
 import random
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -34,7 +35,9 @@ class Receiver:
                 with receiver._lock:
                     receiver.requests.append({
                         "path": self.path, "body": body, "headers": dict(self.headers),
-                        "verified": verify_signature(receiver.secret, body, self.headers.get("X-Gangwatch-Signature")),
+                        "verified": bool(verify_signature(receiver.secret, body,
+                                                          self.headers.get("X-Gangwatch-Signature"),
+                                                          self.headers.get("Idempotency-Key"))),
                     })
                     status, headers = receiver.script.pop(0) if receiver.script else (200, {})
                 payload = b'{"ok":true}' if status < 300 else b'{"error":"nope"}'
@@ -119,7 +122,8 @@ def test_signed_body_arrives_and_verifies(receiver, fake_time):
     assert decode(req["body"]) == [action]
     h = req["headers"]
     assert h["Content-Type"] == "application/json"
-    assert h["X-Gangwatch-Signature"] == sign(SECRET, req["body"])
+    t = int(h["X-Gangwatch-Signature"].split(",")[0].removeprefix("t="))
+    assert h["X-Gangwatch-Signature"] == sign(SECRET, req["body"], action.id, t)
     assert h["Idempotency-Key"] == action.id
     assert h["X-Gangwatch-Action"] == "replace"
     assert (sink.sent, sink.attempts, sink.failed, fake_time.sleeps) == (1, 1, [], [])
@@ -133,11 +137,12 @@ def test_wrong_secret_fails_verification(receiver, fake_time):
     assert not req["verified"]
     assert receiver.delivered == []
     header = req["headers"]["X-Gangwatch-Signature"]
-    assert verify_signature("not-the-shared-secret", req["body"], header)
-    assert not verify_signature(SECRET, req["body"] + b" ", sign(SECRET, req["body"]))  # body tampered
-    assert not verify_signature(SECRET, req["body"], None)
-    assert not verify_signature(SECRET, req["body"], "sha1=" + header[7:])
-    assert not verify_signature(SECRET, req["body"], "sha256=\u00e9")
+    key = req["headers"]["Idempotency-Key"]
+    assert verify_signature("not-the-shared-secret", req["body"], header, key)
+    assert not verify_signature(SECRET, req["body"] + b" ", sign(SECRET, req["body"], key, time.time()), key)
+    assert not verify_signature(SECRET, req["body"], None, key)
+    assert not verify_signature(SECRET, req["body"], header.replace("v1=", "v0="), key)
+    assert not verify_signature(SECRET, req["body"], "t=1,v1=\u00e9", key)
 
 
 def test_503_twice_then_200_is_delivered_once_after_backoff(receiver, fake_time):

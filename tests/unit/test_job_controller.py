@@ -7,6 +7,7 @@ process handling is tested on real processes (a fake torchrun) in test_launcher.
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 from gangwatch.schemas import Action, Finding, encode
@@ -218,8 +219,9 @@ def test_the_webhook_queues_signed_actions_and_refuses_the_rest():
         assert (good.ok, good.status, forged.status) == (True, 202, 401)
         assert source.poll(1.0) == [a]
         body = encode(a)
-        assert source.accept(body, sign("s3cret", body), "another-id") == 400
-        assert source.accept(b"{}", sign("s3cret", b"{}"), a.id) == 400
+        now = time.time()
+        assert source.accept(body, sign("s3cret", body, "another-id", now), "another-id") == 400
+        assert source.accept(b"{}", sign("s3cret", b"{}", a.id, now), a.id) == 400
         assert source.poll(0.01) == []
     finally:
         source.close()
