@@ -25,6 +25,14 @@ against the reporter's node) and the reporter counts as exited. The culprit is t
 rank that vanished without a word: its silence is a fail-stop of its node even when
 nobody else in the job speaks any more, because the peers said why.
 
+A launcher tears a node's remaining ranks down once one of them fails (torchrun
+stops the whole node when a worker raises), so a rank that falls silent on a node
+where a sibling reported losing a peer is the teardown's, not a culprit, as long
+as some other node vanished without a word: the silent rank is held for
+`grace_factor` periods plus `slack_s`, the time for that node to time out, and then
+named a consequence (`peer_lost`, cause `teardown`). With no wordless node
+elsewhere the silence is reported as usual (the culprit may be the silent sibling).
+
 Missing ranks are reported per node: when no rank of a node is left alive, one
 finding names the node and its silent ranks; a node where only some ranks are
 missing is reported once the first of them has been missing for `grace_factor`
@@ -193,6 +201,7 @@ class FailStopDetector:
         self.start_deadline = topo.ts + cfg.start_timeout_s
         self.start_checked = False
         self.peer_lost_ts = -math.inf  # the latest report of a rank that lost a remote peer
+        self.lost_peer = np.zeros(topo.size, dtype=bool)  # ranks that reported losing a remote peer
         self.next_tick = self._grid_at_or_after(self.start_deadline)
 
     def _grid_at_or_after(self, t: float) -> float:
@@ -226,6 +235,7 @@ class FailStopDetector:
                 self._heard(rank, rec.ts)
         if peer_lost:
             self.peer_lost_ts = max(self.peer_lost_ts, rec.ts)
+            self.lost_peer[rank] = True
             return [PEER_LOST_TYPE.finding(
                 ts=rec.ts, job=self.topo.job, detector="failstop.process", topo=self.topo, rank=rec.rank,
                 key=(rec.rank, "peer_lost", rec.ts), score=1.0,
@@ -280,13 +290,26 @@ class FailStopDetector:
                 out.append(self._monitoring_gap(t, live))
             return out  # else hold: the rest of the job may be falling silent too
         alive = live & ~missing
-        for ni in np.unique(self.topo.node_index[missing]):
+        reporting = np.unique(self.topo.node_index[self.lost_peer]) if peers_said else np.empty(0, dtype=np.int64)
+        silent = np.unique(self.topo.node_index[missing])
+        # wordless nodes first, so a node torn down after a sibling's report sees them as silent
+        for ni in sorted(silent, key=lambda ni: bool(np.isin(ni, reporting))):
             node = self.topo.nodes[ni]
             ranks = np.asarray(self.topo.node_ranks[node])
             new = ranks[missing[ranks]]
             whole = not alive[ranks].any()
-            if not whole and t < float(deadline[new].min()) + self.grace:
-                continue  # give its siblings time to time out too
+            torn = bool(np.isin(ni, reporting))
+            if (torn or not whole) and t < float(deadline[new].min()) + self.grace:
+                continue  # give its siblings (or, when torn down, the node that vanished) time to time out too
+            if torn and self._wordless_node_elsewhere(ni):
+                self.status[new] = EXITED
+                out += [PEER_LOST_TYPE.finding(
+                    ts=t, job=self.topo.job, detector="failstop.heartbeat", topo=self.topo, rank=int(r),
+                    key=(int(r), "teardown", float(self.last_seen[r])), score=1.0,
+                    evidence=PeerLoss(cause="teardown", ranks=[int(r)], message=(
+                        f"silent since {self.last_seen[r]:.3f} on {node}, where a sibling reported losing a remote "
+                        "peer: stopped by its launcher with the rest of its node"))) for r in new]
+                continue
             self.status[new] = SILENT
             silent_since = float(self.last_seen[new].min())
             out.append(FAIL_STOP.finding(
@@ -299,6 +322,14 @@ class FailStopDetector:
                                        timeout_s=self.timeout),
             ))
         return out
+
+    def _wordless_node_elsewhere(self, ni: int) -> bool:
+        """Another node has ranks gone silent and none that reported losing a peer: the one that vanished."""
+        node_index = self.topo.node_index
+        for other in np.unique(node_index[self.status == SILENT]):
+            if other != ni and not self.lost_peer[node_index == other].any():
+                return True
+        return False
 
     def _monitoring_gap(self, t: float, live: np.ndarray) -> Finding:
         self.status[live] = SILENT
@@ -331,6 +362,7 @@ class FailStopDetector:
         return {"config": asdict(self.config), "status": self.status.tolist(), "last_seen": self.last_seen.tolist(),
                 "start_checked": self.start_checked,
                 "peer_lost_ts": None if math.isinf(self.peer_lost_ts) else self.peer_lost_ts,
+                "lost_peer": np.flatnonzero(self.lost_peer).tolist(),
                 "next_tick": None if math.isinf(self.next_tick) else self.next_tick}
 
     @classmethod
@@ -340,5 +372,6 @@ class FailStopDetector:
         det.last_seen = np.asarray(state["last_seen"], dtype=np.float64)
         det.start_checked = state["start_checked"]
         det.peer_lost_ts = -math.inf if state.get("peer_lost_ts") is None else state["peer_lost_ts"]
+        det.lost_peer[state.get("lost_peer", [])] = True
         det.next_tick = math.inf if state["next_tick"] is None else state["next_tick"]
         return det

@@ -126,6 +126,10 @@ class ReplicaMismatch(Evidence):
     replicas: int  # replicas of the shard that reported a digest
     agree: int  # replicas holding the majority digest
     minority_ranks: list[int]  # every minority rank of the shard (at most 16)
+    # the newest step at which this rank's digest still agreed with its replicas (None: never compared before):
+    # the state up to it is verified, so a rollback to a checkpoint at or before it discards the corruption,
+    # even when digests are compared only every few steps
+    last_agreeing_step: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -191,6 +195,7 @@ class SdcDetector(StepScorer):
         self.warm = 0
         self.flagged = np.zeros(n, dtype=bool)
         self.agree_run = np.zeros(n, dtype=np.int32)
+        self.last_agree = np.full(n, -1, dtype=np.int64)  # newest step each rank's digest agreed (-1: none)
         self.wide_episode = False
         self.wide_clean = 0
 
@@ -226,6 +231,7 @@ class SdcDetector(StepScorer):
         agree = vote.checked & ~vote.minority
         self.agree_run = np.where(agree, self.agree_run + 1, np.where(vote.minority, 0, self.agree_run))
         self.agree_run = self.agree_run.astype(np.int32)
+        self.last_agree = np.where(agree, c.step, self.last_agree)
         self.flagged &= self.agree_run < self.config.rearm_steps
         new = vote.minority & ~self.flagged
         self.flagged |= new
@@ -244,7 +250,8 @@ class SdcDetector(StepScorer):
             evidence=ReplicaMismatch(
                 step=c.step, digest=vocab[codes[r]], majority_digest=vocab[vote.major_code[s]], shard=s, tp=info.tp,
                 pp=info.pp, replicas=int(vote.total[s]), agree=int(vote.major_count[s]),
-                minority_ranks=peers[:_MAX_LISTED].tolist()),
+                minority_ranks=peers[:_MAX_LISTED].tolist(),
+                last_agreeing_step=int(self.last_agree[r]) if self.last_agree[r] >= 0 else None),
         )
 
     def _widespread(self, c: Closed, vote: DigestVote, bad_shards: np.ndarray, multi: int) -> list[Finding]:
@@ -307,6 +314,7 @@ class SdcDetector(StepScorer):
     def state(self) -> dict[str, Any]:
         return {"config": asdict(self.config), "buffer": self.buf.state(), "epoch": self.epoch, "warm": self.warm,
                 "flagged": self.flagged.tolist(), "agree_run": self.agree_run.tolist(),
+                "last_agree": self.last_agree.tolist(),
                 "wide_episode": self.wide_episode, "wide_clean": self.wide_clean,
                 "hist": {m: list(h) for m, h in self.hist.items()}, "num_episode": dict(self.num_episode),
                 "num_normal": dict(self.num_normal)}
@@ -325,5 +333,7 @@ class SdcDetector(StepScorer):
         det.epoch, det.warm = state["epoch"], state["warm"]
         det.flagged = np.asarray(state["flagged"], dtype=bool)
         det.agree_run = np.asarray(state["agree_run"], dtype=np.int32)
+        if "last_agree" in state:
+            det.last_agree = np.asarray(state["last_agree"], dtype=np.int64)
         det.wide_episode, det.wide_clean = state["wide_episode"], state["wide_clean"]
         return det

@@ -7,6 +7,7 @@ from gangwatch.schemas.records import (
     INPUT_KINDS,
     KINDS,
     OUTPUT_KINDS,
+    RESTARTING_ACTIONS,
     Action,
     Finding,
     Flight,
@@ -29,7 +30,7 @@ from gangwatch.schemas.records import (
 
 __all__ = [
     "DecodeError", "decode", "decode_obj", "encode", "encode_batch", "to_dict",
-    "DeadLetter", "Outputs", "ProfileSnapshot", "EVICTING_ACTIONS",
+    "DeadLetter", "Outputs", "ProfileSnapshot", "EVICTING_ACTIONS", "RESTARTING_ACTIONS",
     "INPUT_KINDS", "KINDS", "OUTPUT_KINDS", "Action", "Finding", "FlightEntry", "FlightGroup", "Flight", "Frame",
     "Framework", "Gpu", "Heartbeat", "Hw", "Incident", "Job", "Ops", "RankInfo", "Record", "Recovery", "Stack", "Step",
 ]

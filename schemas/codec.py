@@ -283,7 +283,14 @@ def _loads(data: bytes | str) -> Any:
     except orjson.JSONDecodeError:
         # orjson rejects the NaN / Infinity tokens that Python's json writes; accept them
         # here and let field validation decide where non-finite numbers are allowed.
-        return json.loads(data)
+        return json.loads(data, parse_int=_int64)
+
+
+def _int64(text: str) -> int | float:
+    """An integer beyond 64 bits becomes a float, as JavaScript reads it: orjson cannot write it back, and in a
+    field that must be an integer it fails that field's check, for its own record only (not a whole batch)."""
+    value = int(text)
+    return value if -(1 << 63) <= value < (1 << 64) else float(value)
 
 
 def decode(data: bytes | str) -> list[Record | DecodeError]:

@@ -46,6 +46,8 @@ ACTION_TYPES = (
 )
 # the actions that take nodes out of the job (the blast-radius guard and the evaluator count these)
 EVICTING_ACTIONS = frozenset({"replace", "evict_group", "isolate", "requeue"})
+# actions a controller carries out by stopping the job and starting it again (on other nodes, or from a checkpoint)
+RESTARTING_ACTIONS = EVICTING_ACTIONS | {"rollback", "restart_in_process"}
 INCIDENT_CLASSES = ("fail_stop", "fail_slow", "hang", "sdc", "planned", "unknown")
 RECOVERY_PATHS = ("hot", "cold", "in_process", "non_stop", "manual")
 

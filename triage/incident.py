@@ -38,6 +38,7 @@ class Timeline:
     findings: list[str] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
     stall_step: int = -1  # newest step when the incident was decided; progress past it means recovered
+    restarts: list[str] = field(default_factory=list)  # its actions carried out by stopping and restarting the job
 
     def promote(self, cls: str) -> bool:
         """Raise the class if `cls` explains more (a hang that turns out to be a dead node is fail_stop)."""
@@ -84,7 +85,7 @@ class Timeline:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Timeline:
-        return cls(**d)
+        return cls(**d)  # a state saved before `restarts` existed gets the empty default
 
 
 def _r(x: float | None) -> float | None:

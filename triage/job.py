@@ -17,6 +17,12 @@ finding's typed view (`detectors.catalog.typed`) for it.
    a straggler. Then findings are fused (`triage.localize`), the decision tree
    runs (`triage.decide`) and the guards review it (`triage.safety`).
 4. `recovery` records and steps resuming past the stall close the incident.
+   A decided incident of a job that kept running (SDC, a straggler) waits for
+   the controller's word instead. Once the controller accepts one of its actions
+   that stops and restarts the job, the old run's silence and stalled steps are
+   the restart's, not news: until the job record of the new run (or `resumed`,
+   `failed`, or the `total` budget passing) the findings of the old run join that
+   incident instead of opening another.
    Once every rank has exited cleanly the job is over: later findings (the steps
    have stopped, after all) open nothing.
 """
@@ -30,7 +36,16 @@ from gangwatch.detectors.catalog import typed
 from gangwatch.detectors.failstop import clean_exit
 from gangwatch.detectors.registry import Typed
 from gangwatch.detectors.topology import Topology
-from gangwatch.schemas import EVICTING_ACTIONS, Action, Finding, Outputs, Record, decode_obj, to_dict
+from gangwatch.schemas import (
+    EVICTING_ACTIONS,
+    RESTARTING_ACTIONS,
+    Action,
+    Finding,
+    Outputs,
+    Record,
+    decode_obj,
+    to_dict,
+)
 from gangwatch.triage.config import TriageConfig
 from gangwatch.triage.decide import Decision, Situation, decide, straggler_plan
 from gangwatch.triage.incident import Timeline
@@ -62,14 +77,20 @@ class Triage:
         self.kept: dict[str, float] = {}  # node -> what its straggler costs (of each step) since it was kept
         self.replacing: set[str] = set()  # nodes evicted since the job (re)started: their replacement is under way
         self.finished: set[int] = set()  # ranks that exited cleanly since the job (re)started
+        # a waiting incident whose job-stopping action the controller accepted, until when its restart may take
+        self.restarting: tuple[str, float] | None = None
 
     # --- inputs ---------------------------------------------------------------
 
     def on_topology(self, topo: Topology) -> None:
+        if self.topo is not None and (topo.ts, topo.ranks) == (self.topo.ts, self.topo.ranks):
+            self.topo = topo
+            return  # the same job record again (at-least-once delivery): no restart
         self.topo = topo
         self.finished = set()
         self.kept = {}  # a restart: stragglers are measured afresh
         self.replacing = set()
+        self.restarting = None  # the new run is watched afresh
 
     # Each input method appends what it produces to `out` (a new `Outputs` when not given) and returns it.
 
@@ -79,6 +100,8 @@ class Triage:
         touched: dict[str, float] = {}
         for f in findings:
             t = typed(f)
+            if self._restart_absorbs(t, out):
+                continue
             if f.node is not None:
                 self._profile(f.node).add(t, self.config.risk_half_life_s)
                 touched[f.node] = max(touched.get(f.node, f.ts), f.ts)
@@ -118,11 +141,34 @@ class Triage:
                     out.incidents.append(inc.record(rec.ts, self.config.budgets))
             return
         for w in self.waiting:
-            if rec.action in w.actions and w.on_phase(rec.phase, rec.ts):
+            if rec.action not in w.actions:
+                continue
+            if rec.phase == "accepted" and rec.action in w.restarts:
+                self.restarting = (w.id, rec.ts + self.config.budgets.total)
+            elif rec.phase in ("resumed", "failed") and self.restarting and self.restarting[0] == w.id:
+                self.restarting = None
+            if w.on_phase(rec.phase, rec.ts):
                 out.incidents.append(w.record(rec.ts, self.config.budgets))
                 if rec.phase == "resumed":
                     self.waiting.remove(w)
-                return
+            return
+
+    def _restart_absorbs(self, t: Typed, out: Outputs) -> bool:
+        """A finding of the run the controller is stopping joins the incident it stops it for (no profile, no
+        new incident); True when it did."""
+        if self.restarting is None or self.incident is not None:
+            return False
+        wid, until = self.restarting
+        w = next((w for w in self.waiting if w.id == wid), None)
+        f = t.finding
+        if w is None or f.ts > until:
+            self.restarting = None
+            return False
+        if t.incident_class is None:
+            return False
+        w.findings.append(f.id)
+        out.incidents.append(w.record(f.ts, self.config.budgets))
+        return True
 
     def advance(self, now: float, out: Outputs | None = None) -> Outputs:
         out = Outputs() if out is None else out
@@ -331,6 +377,8 @@ class Triage:
         if a.id in inc.actions:
             return
         inc.actions.append(a.id)
+        if d.type in RESTARTING_ACTIONS:
+            inc.restarts.append(a.id)
         out.actions.append(a)
         if inc.path is None or d.type != "escalate":
             inc.path = d.path if inc.path in (None, "non_stop") or d.type in ("replace", "evict_group") else inc.path
@@ -376,7 +424,8 @@ class Triage:
                 "profiles": {n: p.to_dict() for n, p in sorted(self.profiles.items())},
                 "guards": self.guards.to_dict(), "spares_used": self.spares_used, "max_step": self.max_step,
                 "degraded": dict(self.degraded), "kept": dict(self.kept), "replacing": sorted(self.replacing),
-                "finished": sorted(self.finished)}
+                "finished": sorted(self.finished),
+                "restarting": list(self.restarting) if self.restarting else None}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], config: TriageConfig, topo: Topology) -> Triage:
@@ -392,5 +441,6 @@ class Triage:
         tri.kept = dict(state.get("kept", {}))
         tri.replacing = set(state.get("replacing", ()))
         tri.finished = set(state["finished"])
+        tri.restarting = tuple(state["restarting"]) if state.get("restarting") else None
         return tri
 

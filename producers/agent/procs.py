@@ -10,6 +10,11 @@ same `RANK` and job id. The rank's own process is the top of that tree, the one
 whose parent is not of the same job and rank; that is the process `py-spy dump`
 is pointed at (the real hung-job dumps in tests/data are of that process).
 
+A rank that names its node (`GANGWATCH_NODE`, as the trainer client reports it)
+belongs to that node's agent: when several named nodes share one machine (a test
+bed, or containers sharing a PID namespace) each agent claims only its own, so a
+sweep dumps each rank once.
+
 Reading another user's `/proc/PID/environ` needs root or CAP_SYS_PTRACE;
 processes the agent may not read are skipped.
 """
@@ -69,8 +74,8 @@ def rank_processes(node: str, proc_root: Path = PROC) -> list[RankProcess]:
         if not pid_dir.name.isdigit():
             continue
         env = _environ(pid_dir)
-        if not env or "RANK" not in env:
-            continue
+        if not env or "RANK" not in env or env.get("GANGWATCH_NODE", node) != node:
+            continue  # not a rank, or another node's
         try:
             rank = int(env["RANK"])
         except ValueError:

@@ -177,3 +177,14 @@ def test_arbitrary_bytes_never_raise(data):
     out = decode(data)
     assert len(out) >= 1
     assert all(isinstance(x, DecodeError) or type(x) in KINDS.values() for x in out)
+
+
+def test_an_integer_beyond_64_bits_fails_its_own_field_not_the_batch_and_never_the_encoder():
+    """Python's json (the fallback for NaN tokens) reads any integer; orjson cannot write one beyond 64 bits."""
+    big = "-9223372036854775809"
+    [ok] = decode(f'{{"kind": "heartbeat", "v": 1, "ts": 1.0, "job": "j", "rank": 1, "w": NaN, "x": [{big}]}}')
+    assert orjson.loads(encode(ok))["x"] == [float(big)]
+    items = (f'{{"kind": "heartbeat", "v": 1, "ts": 1.0, "job": "j", "rank": {big}, "w": NaN}}',
+             '{"kind": "heartbeat", "v": 1, "ts": 1.0, "job": "j", "rank": 2}')
+    bad, good = decode('{{"kind": "batch", "v": 1, "ts": 1.0, "items": [{}, {}]}}'.format(*items))
+    assert isinstance(bad, DecodeError) and bad.field == "items[0].rank" and good.rank == 2

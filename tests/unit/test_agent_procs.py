@@ -66,3 +66,12 @@ def test_the_real_proc_shows_a_child_started_with_a_job_and_a_rank():
     finally:
         child.stdin.close()
         child.wait(10)
+
+
+def test_a_rank_naming_another_node_is_that_nodes_agents_not_ours(proc):
+    """Two named nodes on one machine: each agent claims only the ranks that name it (or name no node)."""
+    fake_process(proc, 10, 1, {"GANGWATCH_JOB": "j", "RANK": "0", "GANGWATCH_NODE": "n1"})
+    fake_process(proc, 11, 1, {"GANGWATCH_JOB": "j", "RANK": "2", "GANGWATCH_NODE": "n2"})
+    fake_process(proc, 12, 1, {"GANGWATCH_JOB": "j", "RANK": "3"})
+    assert [p.rank for p in rank_processes("n1", proc)] == [0, 3]
+    assert [p.rank for p in rank_processes("n2", proc)] == [2, 3]

@@ -238,6 +238,41 @@ def test_a_killed_node_is_the_culprit_not_the_peers_that_lost_it():
     assert [(a.type, a.nodes) for a in out.actions] == [("replace", ["n002"])]
 
 
+PEER_GONE = ("RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.3]:40211. "
+             "This may indicate a possible application crash on rank 0 or a network set up issue.")
+
+
+@pytest.mark.parametrize("phase", [0.0, 0.3, 0.9])
+def test_a_sibling_torn_down_after_reporting_the_loss_is_a_consequence_not_a_second_culprit(phase):
+    """torchrun per node, SIGKILL on rank 2 (n001): its sibling is stopped without a word by n001's launcher;
+    on n000 rank 0 raises "closed by peer" and its launcher stops rank 1 before rank 1 says anything. Only
+    n001 vanished without a word; rank 1's silence is the teardown, whichever heartbeat came last."""
+    t = topo(nodes=2, per_node=2)
+    kill = T0 + 50
+    recs = [h for h in beats(t, kill + phase * HB, steps=True)
+            if not (t.node_of(h.rank) == "n001" and h.ts >= kill)]
+    recs += [Framework(ts=kill + 0.05, job="j", rank=0, type="exception", message=PEER_GONE)]
+    recs = [r for r in recs if not (r.rank == 1 and r.ts > kill + 0.1)]  # stopped by its launcher
+    out = _through_core([job(nodes=2, per_node=2), *sorted(recs, key=lambda r: r.ts)], kill + 60)
+    assert {(f.type, f.node) for f in out.findings if f.type == "fail_stop"} == {("fail_stop", "n001")}
+    causes = sorted((f.rank, f.evidence["cause"]) for f in out.findings if f.type == "peer_lost")
+    assert causes == [(0, "exception"), (1, "teardown")]
+    assert [(a.type, a.nodes) for a in out.actions] == [("replace", ["n001"])]
+
+
+def test_the_silent_sibling_of_a_reporter_is_the_culprit_when_every_other_node_spoke():
+    """SIGKILL on rank 1 (n000): rank 0 beside it and both ranks of n001 raise "closed by peer". No node vanished
+    without a word but n000's rank 1, so it is the culprit although its sibling reported the loss."""
+    t = topo(nodes=2, per_node=2)
+    kill = T0 + 50
+    recs = [h for h in beats(t, kill, steps=True) if not (h.rank == 1 and h.ts >= kill - 2)]
+    recs += [Framework(ts=kill + 0.05 + 0.01 * r, job="j", rank=r, type="exception", message=PEER_GONE)
+             for r in (0, 2, 3)]
+    out = _through_core([job(nodes=2, per_node=2), *sorted(recs, key=lambda r: r.ts)], kill + 60)
+    assert [(f.type, f.node, f.rank) for f in out.findings if f.type == "fail_stop"] == [("fail_stop", "n000", 1)]
+    assert [(a.type, a.nodes) for a in out.actions] == [("replace", ["n000"])]
+
+
 def test_a_crash_of_its_own_is_not_a_peer_loss():
     t = topo(nodes=2, per_node=2)
     [f] = FailStopDetector(t).observe(Framework(ts=T0 + 3, job="j", rank=1, type="exception",

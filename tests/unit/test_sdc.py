@@ -74,6 +74,19 @@ def test_minority_replica_is_found_at_its_first_mismatching_step(topo):
     assert (ev["tp"], ev["pp"]) == (topo.ranks[45].tp, topo.ranks[45].pp)
 
 
+def test_a_mismatch_names_the_last_step_its_rank_still_agreed_even_when_digests_are_sparse(topo):
+    """Digests every step: the step before the mismatch. Digests only every 10 steps: the last compared one, so a
+    rollback to a checkpoint after it could keep the corruption (it may have begun at any step in between)."""
+    import dataclasses
+
+    [f] = feed(SdcDetector(topo), gen_steps(topo, 100, digest_faults=[DigestFault(45, 70, 75)]))
+    assert f.evidence["last_agreeing_step"] == 69
+    sparse = [[dataclasses.replace(r, replica_digest=None) if r.step % 10 else r for r in batch]
+              for batch in gen_steps(topo, 100, digest_faults=[DigestFault(45, 70, 75)])]
+    [f] = feed(SdcDetector(topo), sparse)
+    assert (f.evidence["step"], f.evidence["last_agreeing_step"]) == (70, 60)
+
+
 def test_two_replicas_that_disagree_blame_nobody():
     topo2 = make_topology(16, tp=4, pp=2)  # dp=2: no majority possible
     assert feed(SdcDetector(topo2), gen_steps(topo2, 30, digest_faults=[DigestFault(3, 10)])) == []

@@ -198,3 +198,56 @@ def test_sdc_incident_waits_for_recovery_and_absorbs_later_numeric_corroboration
     out = run(tri, [Recovery(ts=T0 + 300, job="j", action=rollback.id, phase="ckpt_loaded"),
                     Recovery(ts=T0 + 400, job="j", action=rollback.id, phase="resumed")])
     assert out.incidents[-1].recovered_ts == T0 + 400 and tri.waiting == []
+
+
+def monitoring_gap(topo, ts):
+    from gangwatch.detectors.failstop import MONITORING_GAP, MonitoringGap
+
+    return MONITORING_GAP.finding(
+        ts=ts, job="j", detector="failstop.heartbeat", key=("job", ts), score=1.0,
+        evidence=MonitoringGap(cause="heartbeat", silent_ranks=topo.size, job_ranks=topo.size,
+                               silent_nodes=len(topo.nodes), first_silent_ts=ts - 11, last_seen_ts=ts - 11,
+                               timeout_s=10.5))
+
+
+def sdc_decided(tri, topo):
+    digest = SDC_SUSPECT.finding(
+        ts=T0 + 10, job="j", detector="sdc.digest", key=1, rank=42, topo=topo,
+        evidence=ReplicaMismatch(step=50, digest="bad", majority_digest="good", shard=5, tp=2, pp=1, replicas=8,
+                                 agree=7, minority_ranks=[42]))
+    out = run(tri, [Step(ts=T0 + 9, job="j", rank=0, step=50, step_s=1.0), digest, ("advance", T0 + 20)])
+    return out.actions[0]
+
+
+@pytest.mark.parametrize("accepted", [True, False])
+def test_the_controllers_own_restart_of_a_running_job_opens_no_second_incident(topo, accepted):
+    """SDC decided while the job ran; the controller accepts the rollback and stops the job: the old run's silence
+    (a monitoring gap) and stalled steps (a hang) belong to the restart, not to a new incident naming nobody. The new
+    run is watched afresh: a monitoring gap after its job record opens an incident. Without the controller's word
+    the same silence is news."""
+    tri = Triage("j", TriageConfig(), topo)
+    rollback = sdc_decided(tri, topo)
+    items = [Recovery(ts=T0 + 40, job="j", action=rollback.id, phase="accepted")] if accepted else []
+    items += [monitoring_gap(topo, T0 + 60), hang(T0 + 70, key=2), ("advance", T0 + 200)]
+    out = run(tri, items)
+    if not accepted:
+        assert {i.cls for i in out.incidents} <= {"unknown", "hang"} and tri.incident is not None
+        assert tri.incident.id != tri.waiting[0].id
+        return
+    assert out.actions == [] and tri.incident is None and tri.profiles.keys() == {"n005"}
+    assert {i.id for i in out.incidents} == {tri.waiting[0].id}  # only the SDC incident, with the restart's evidence
+    assert len(out.incidents[-1].extra["findings"]) == 3
+    clone = Triage.from_state(tri.state(), TriageConfig(), topo)
+    assert clone.restarting == tri.restarting
+    new_run = Topology.from_job(Job(ts=T0 + 210, job="j", ranks=list(topo.ranks), heartbeat_s=5.0))
+    tri.on_topology(new_run)
+    out = run(tri, [monitoring_gap(new_run, T0 + 400), ("advance", T0 + 500)])
+    assert [a.type for a in out.actions] == ["escalate"]  # the new run's own silence is news again
+
+
+def test_a_restart_the_controller_never_finishes_stops_absorbing_after_the_total_budget(topo):
+    tri = Triage("j", TriageConfig(), topo)
+    rollback = sdc_decided(tri, topo)
+    out = run(tri, [Recovery(ts=T0 + 40, job="j", action=rollback.id, phase="accepted"),
+                    monitoring_gap(topo, T0 + 40 + 601), ("advance", T0 + 700)])
+    assert [a.type for a in out.actions] == ["escalate"]
