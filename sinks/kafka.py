@@ -19,6 +19,7 @@ import logging
 from typing import Any
 
 from gangwatch.schemas import DeadLetter, Outputs, Record, encode
+from gangwatch.schemas.security import kafka_python_security
 from kafka import KafkaProducer
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,8 @@ class KafkaSink:
     """Publishes findings, actions, incidents and dead letters to their topics.
 
     `producer` replaces the KafkaProducer (a fake in unit tests); otherwise one is
-    built with `acks='all'`, `linger_ms` and any extra kafka-python `config`.
+    built with `acks='all'`, `linger_ms`, the `GANGWATCH_KAFKA_*` security settings
+    (schemas/security.py) and any extra kafka-python `config` (which wins).
     `flush_timeout_s` bounds how long `flush()` waits for acknowledgements.
     """
 
@@ -50,7 +52,8 @@ class KafkaSink:
         self.dlq_topic = dlq_topic
         self.flush_timeout_s = flush_timeout_s
         self._producer = producer if producer is not None else KafkaProducer(
-            bootstrap_servers=bootstrap_servers, client_id=client_id, acks="all", linger_ms=linger_ms, **config)
+            bootstrap_servers=bootstrap_servers, client_id=client_id, acks="all", linger_ms=linger_ms,
+            **{**kafka_python_security(), **config})
         self._errors: list[tuple[str, str, BaseException]] = []  # (topic, record id, error) since last flush
         self.sent = 0  # records handed to the producer
         self.failed = 0  # records the broker did not acknowledge

@@ -12,12 +12,18 @@ release lacks) and take rows as dicts.
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Callable, Iterable
+import os
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
+from gangwatch.schemas.security import MASK
 from gangwatch.sinks.tables import ADDED_COLUMNS, ddl, upgrades
+
+USER_ENV = "GANGWATCH_CLICKHOUSE_USER"
+PASSWORD_ENV = "GANGWATCH_CLICKHOUSE_PASSWORD"
+_AUTH_CODES = frozenset({192, 193, 194, 195, 516})  # unknown user, wrong password, required, IP not allowed, failed
 
 
 class Store(Protocol):
@@ -62,16 +68,56 @@ class ChdbStore:
 
 
 class ClickHouseStore:
-    """A ClickHouse server over the native TCP protocol."""
+    """A ClickHouse server over the native TCP protocol.
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 9000, database: str = "default",
+    `user` and `password` fall back to `GANGWATCH_CLICKHOUSE_USER` and
+    `GANGWATCH_CLICKHOUSE_PASSWORD` (of `env`, default the process environment),
+    then to ClickHouse's `default` user with no password; `secure=True` speaks TLS
+    (other clickhouse-driver options, `ca_certs`, `verify`, ..., pass through).
+    `from_url` takes ``clickhouse[s]://[user[:password]@]host[:port][/db][?secure=1&ca_certs=...]``.
+    The password is never part of a repr or a log line.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 9000, database: str = "default", *,
+                 user: str | None = None, password: str | None = None, env: Mapping[str, str] | None = None,
                  **client_kwargs: Any) -> None:
         from clickhouse_driver import Client
 
-        self.database = database
-        if database != "default":
-            Client(host=host, port=port).execute(f"CREATE DATABASE IF NOT EXISTS {database}")
-        self._client = Client(host=host, port=port, database=database, **client_kwargs)
+        env = os.environ if env is None else env
+        auth = {"user": user if user is not None else env.get(USER_ENV) or "default",
+                "password": password if password is not None else env.get(PASSWORD_ENV, "")}
+        self.host, self.port, self.database, self.user = host, port, database, auth["user"]
+        self.secure = bool(client_kwargs.get("secure"))
+        self._client = Client(host=host, port=port, database=database, **auth, **client_kwargs)
+        try:  # the first round trip: a refused login is said in one line (ConnectionError), without the password
+            if database != "default":
+                Client(host=host, port=port, **auth, **client_kwargs).execute(
+                    f"CREATE DATABASE IF NOT EXISTS {database}")
+            else:
+                self._client.execute("SELECT 1")
+        except Exception as e:
+            if getattr(e, "code", None) in _AUTH_CODES:
+                raise ConnectionError(f"ClickHouse at {host}:{port} refused user {self.user!r}: wrong password or "
+                                      f"unknown user (code {e.code}); set the user and password in the store "
+                                      f"URL or {USER_ENV}/{PASSWORD_ENV}") from None
+            raise
+
+    @classmethod
+    def from_url(cls, url: str, env: Mapping[str, str] | None = None) -> ClickHouseStore:
+        """A store from a `clickhouse://` or `clickhouses://` URL (clickhouse-driver's URL syntax)."""
+        from clickhouse_driver.util.helpers import parse_url
+
+        host, kw = parse_url(url)
+        secure = bool(kw.get("secure"))
+        port = kw.pop("port", 9440 if secure else 9000)
+        database = kw.pop("database", "default")
+        return cls(host or "127.0.0.1", port, database, env=env, **kw)
+
+    def __repr__(self) -> str:
+        scheme = "clickhouses" if self.secure else "clickhouse"
+        return f"ClickHouseStore({scheme}://{self.user}:{MASK}@{self.host}:{self.port}/{self.database})"
+
+    __str__ = __repr__
 
     def create_tables(self) -> None:
         for stmt in ddl():
@@ -125,10 +171,7 @@ def _plain(v: Any) -> Any:
 
 
 def open_store(url: str) -> Store:
-    """`chdb:PATH` (embedded) or `clickhouse://HOST:PORT[/DB]` (server)."""
-    if url.startswith("clickhouse://"):
-        rest = url[len("clickhouse://"):]
-        hostport, _, db = rest.partition("/")
-        host, _, port = hostport.partition(":")
-        return ClickHouseStore(host or "127.0.0.1", int(port or 9000), db or "default")
+    """`chdb:PATH` (embedded) or `clickhouse[s]://[user[:password]@]HOST:PORT[/DB][?secure=1...]` (server)."""
+    if url.startswith(("clickhouse://", "clickhouses://")):
+        return ClickHouseStore.from_url(url)
     return ChdbStore(url[len("chdb:"):] if url.startswith("chdb:") else url)

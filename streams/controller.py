@@ -69,6 +69,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from gangwatch.schemas import Action, DecodeError, Finding, Recovery, decode, encode
+from gangwatch.schemas.security import kafka_python_security
 from gangwatch.sinks.controller import (
     DEFAULT_TOLERANCE_S,
     IDEMPOTENCY_HEADER,
@@ -328,7 +329,8 @@ class RecoveryPublisher:
         from kafka import KafkaProducer
 
         self.topics = topics
-        self._producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", client_id="gangwatch-controller")
+        self._producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", client_id="gangwatch-controller",
+                                       **kafka_python_security())
 
     def __call__(self, rec: Recovery) -> None:
         topic, key = topic_for(rec, self.topics)
@@ -354,7 +356,7 @@ class TopicSource:
         self.names = [topics.findings, *([topics.actions] if actions else [])]
         self._consumer = KafkaConsumer(*self.names, bootstrap_servers=bootstrap, group_id=group,
                                        auto_offset_reset="latest", enable_auto_commit=False,
-                                       client_id="gangwatch-controller")
+                                       client_id="gangwatch-controller", **kafka_python_security())
 
     def wait_assigned(self, timeout_s: float) -> None:
         """Join the group and take partitions before the job starts, so no early action is missed."""

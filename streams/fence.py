@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gangwatch.schemas import Action, DecodeError, Record, decode
+from gangwatch.schemas.security import kafka_python_security
 from gangwatch.streams.topics import TopicSettings
 
 log = logging.getLogger("gangwatch.fence")
@@ -259,7 +260,7 @@ class ActionTopic:
         self.topic = topics.actions
         self._consumer = KafkaConsumer(self.topic, bootstrap_servers=bootstrap, group_id=group,
                                        auto_offset_reset="earliest" if from_beginning else "latest",
-                                       enable_auto_commit=False, client_id=group)
+                                       enable_auto_commit=False, client_id=group, **kafka_python_security())
         self._uncommitted = False
         self._early: list[Any] = []  # messages a poll returned while waiting for the assignment
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gangwatch.schemas import DeadLetter, DecodeError, Record, encode, encode_batch
+from gangwatch.schemas.security import kafka_python_security
 from gangwatch.streams.replay import InputFile, merged
 from gangwatch.streams.topics import TopicSettings, topic_for
 
@@ -117,7 +118,7 @@ def kafka_send(bootstrap: str, **config: Any) -> tuple[Send, Callable[[], None]]
     from kafka import KafkaProducer
 
     producer = KafkaProducer(bootstrap_servers=bootstrap, client_id="gangwatch-publish", linger_ms=20,
-                             max_request_size=8 * 1024 * 1024, **config)
+                             max_request_size=8 * 1024 * 1024, **{**kafka_python_security(), **config})
     errors: list[BaseException] = []
 
     def send(topic: str, key: bytes, value: bytes) -> None:

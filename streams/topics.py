@@ -34,6 +34,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from gangwatch.schemas import Record
+from gangwatch.schemas.security import kafka_python_security
 
 ALREADY_EXISTS = 36  # Kafka error code TOPIC_ALREADY_EXISTS
 
@@ -168,7 +169,7 @@ def create_topics(settings: TopicSettings, bootstrap: str, *, timeout_s: float =
     from kafka.errors import for_code
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="gangwatch-topics",
-                             request_timeout_ms=int(timeout_s * 1000))
+                             request_timeout_ms=int(timeout_s * 1000), **kafka_python_security())
     created: list[str] = []
     try:
         existing = set(admin.list_topics())
@@ -208,7 +209,7 @@ def list_topics(bootstrap: str, prefix: str = "") -> dict[str, int]:
     """Existing topics whose names start with `prefix`, with their partition counts."""
     from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id="gangwatch-topics")
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id="gangwatch-topics", **kafka_python_security())
     try:
         names = sorted(t for t in consumer.topics() if t.startswith(prefix))
         return {t: len(consumer.partitions_for_topic(t) or ()) for t in names}

@@ -108,6 +108,8 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     t = s.topics
     datadir = Path(s.datadir or Path(tempfile.gettempdir()) / "gangwatch-faust" / s.app_id)
     datadir.parent.mkdir(parents=True, exist_ok=True)  # Faust makes only the last level
+    from gangwatch.streams.security import faust_app_kwargs
+
     app = faust.App(
         s.app_id,
         broker=[f"kafka://{h.strip()}" for h in s.bootstrap.split(",") if h.strip()],
@@ -126,6 +128,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         web_enabled=s.web,
         web_port=s.web_port,
         producer_max_request_size=16 * 1024 * 1024,
+        **faust_app_kwargs(),  # GANGWATCH_KAFKA_* SASL/SSL (streams/security.py); nothing for PLAINTEXT
     )
     job_topics = (*t.job_inputs, t.by_job)
     job_src = app.topic(*job_topics, **_RAW)

@@ -28,6 +28,7 @@ from typing import Any
 
 from gangwatch.producers.agent.procs import RankProcess
 from gangwatch.schemas import Action, decode
+from gangwatch.schemas.security import kafka_python_security
 
 log = logging.getLogger("gangwatch.agent")
 
@@ -128,7 +129,8 @@ class ActionListener:
         try:
             consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
                                      client_id=f"gangwatch-agent-{self.node}",
-                                     bootstrap_timeout_ms=int(self.connect_timeout_s * 1000))
+                                     bootstrap_timeout_ms=int(self.connect_timeout_s * 1000),
+                                     **kafka_python_security())
             partitions = consumer.partitions_for_topic(self.topic)
             if not partitions:
                 raise LookupError(f"topic {self.topic} does not exist yet (gangwatch topics create)")
