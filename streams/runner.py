@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import math
 import time
 import zlib
 from collections import Counter
@@ -172,11 +173,19 @@ class JobRunner:
     still publish onto `by-job` (`upstream`). An input with nothing left to read holds
     no one back. Live, inputs are read up between batches and records pass at once; as
     a backlog, the same records reach the core in the same order as live.
+
+    The same holds across an outage of the input path (the broker gone, `path(False)`):
+    its producers spool and resend once it is back, each after its own back-off, so the
+    first to resend would make the others look silent. While the path is down nothing
+    is silent, and for `reconnect_s` after it answers again a job's records newer than
+    what was read before the outage are held; then they go to the core in event-time
+    order, every producer's backlog in place, and silence counts from there.
     """
 
     def __init__(self, topics: TopicSettings, config: CoreConfig | None = None, *, hold_s: float = 30.0,
                  silence: bool = True, load: Callable[[str], bytes | None] = lambda job: None,
-                 keep_records: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
+                 keep_records: bool = False, reconnect_s: float = 15.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.topics = topics
         self.keep_records = keep_records  # hand every input record to the sinks (Result.records)
         self.config = config or CoreConfig()
@@ -188,6 +197,11 @@ class JobRunner:
         self.frontier: dict[tuple[str, int], float] = {}  # (topic, partition) -> newest event time read
         self.inputs = (*topics.job_inputs, topics.by_job)
         self.duplicates = 0  # replayed records skipped
+        self.reconnect_s = reconnect_s
+        # during an input-path outage and its reconnect grace: per job, the newest event time read before it
+        self.outage: dict[str, float] | None = None
+        self.trust_from = math.inf  # (clock) when the grace after an outage ends; inf while it lasts
+        self.outages = 0
         self.records = 0
         self._seq = 0
 
@@ -291,6 +305,8 @@ class JobRunner:
         for it in items:
             heapq.heappush(st.held, it)
         point = self.release_point(st.partition, lagging, upstream)
+        if self.outage is not None:  # every producer's backlog first
+            point = min(point, self.outage.get(job, -math.inf))
         if len(st.held) > MAX_PENDING:  # memory bound: past it, the oldest go ahead of their inputs
             point = max(point, heapq.nsmallest(len(st.held) - MAX_PENDING, st.held)[-1].ts)
         ready = []
@@ -376,6 +392,9 @@ class JobRunner:
         """
         res = Result()
         now = self.clock()
+        if self.outage is not None and now >= self.trust_from:
+            self.outage, self.trust_from = None, math.inf
+            self.resume()  # silence counts from the end of the grace
         for job in sorted(self.jobs):
             st = self.jobs[job]
             if st.held:
@@ -384,7 +403,7 @@ class JobRunner:
                 for it in st.pending:
                     self._no_job(job, it, res)
                 st.pending, st.pending_since = [], None
-        if not self.silence:
+        if not self.silence or self.outage is not None:
             return res
         for job in sorted(self.jobs):
             st = self.jobs[job]
@@ -396,6 +415,17 @@ class JobRunner:
                 self._emit(job, out, None, res)
                 res.dirty.add(job)
         return res
+
+    def path(self, answering: bool) -> None:
+        """Whether the input path answers now (the consumer's fetches come back); see the class docstring."""
+        if not answering:
+            if self.outage is None:
+                self.outages += 1
+                self.outage = {job: max((self.frontier.get((t, st.partition), -math.inf) for t in self.inputs),
+                                        default=-math.inf) for job, st in self.jobs.items()}
+            self.trust_from = math.inf
+        elif self.outage is not None and math.isinf(self.trust_from):
+            self.trust_from = self.clock() + self.reconnect_s
 
     # --- rebalances -----------------------------------------------------------------
 

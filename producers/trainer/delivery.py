@@ -7,8 +7,11 @@ waiting; otherwise, or when the send fails, it goes to the spool (spool.py),
 and the spool is sent first, oldest message first, on every later flush.
 
 After a failure the broker is left alone for a while (0.5 s, doubling up to
-30 s) and messages go straight to the spool, so an outage costs one timed-out
-send per back-off period, not one per message.
+5 s) and messages go straight to the spool, so an outage costs one timed-out
+send per back-off period, not one per message. The cap is short on purpose:
+once the broker is back, every producer of a job must resume within the
+worker's reconnect grace (`streams.runner`, 15 s), or the ones still waiting
+would look silent next to the ones already sending.
 
 `send(topic, key, value)` must deliver one message or raise. The default,
 `KafkaSend`, creates its kafka-python producer on first use, so a broker that
@@ -33,7 +36,7 @@ class Delivery:
     """Sends batch messages, or spools them while the broker is away; counts what was lost."""
 
     def __init__(self, send: Send, key: str, spool: Spool, *, batch_max: int = 1000,
-                 backoff_s: tuple[float, float] = (0.5, 30.0), clock: Callable[[], float] = time.monotonic) -> None:
+                 backoff_s: tuple[float, float] = (0.5, 5.0), clock: Callable[[], float] = time.monotonic) -> None:
         self.send, self.key, self.spool = send, key.encode(), spool
         self.batch_max, self._backoff, self._clock = batch_max, backoff_s, clock
         self._delay = 0.0  # current back-off; 0 while the broker answers

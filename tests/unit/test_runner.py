@@ -175,6 +175,62 @@ def test_a_backlog_gives_what_live_delivery_gives():
                                                                                if f.kind == "finding"}
 
 
+def _outage_run(signal_outage: bool) -> list:
+    """A healthy job; the broker goes away at T0+20 for 30 s of event time. When it is back, the producers of
+    n000-n001 resend their backlog at once and those of n002-n003 eight seconds later (their back-off), with
+    silence ticks in between, as a live worker sees it."""
+    clock = Clock()
+    recs = scenario(seconds=60, silent=None, xid_node=None)
+    before = [r for r in recs if r.ts <= T0 + 20]
+    early = [r for r in recs if r.ts > T0 + 20 and getattr(r, "rank", 0) < 8]
+    late = [r for r in recs if r.ts > T0 + 20 and getattr(r, "rank", 0) >= 8]
+    runner = JobRunner(T, clock=clock, reconnect_s=15.0)
+    out = emitted(runner.on_batch(as_msgs(messages(before, T))))
+    for _ in range(60):  # 30 s of outage, ticked every 0.5 s
+        clock.now += 0.5
+        if signal_outage:
+            runner.path(False)
+        out += emitted(runner.on_tick())
+    runner.path(True)
+    out += emitted(runner.on_batch(as_msgs(messages(early, T), start=10_000)))
+    for _ in range(16):
+        clock.now += 0.5
+        runner.path(True)
+        out += emitted(runner.on_tick())
+    out += emitted(runner.on_batch(as_msgs(messages(late, T), start=20_000)))
+    for _ in range(20):
+        clock.now += 0.5
+        runner.path(True)
+        out += emitted(runner.on_tick())
+    return out
+
+
+def test_producers_resending_after_a_broker_outage_at_different_times_raise_nothing():
+    """While the path is down nothing is silent; after it answers again every producer's backlog is awaited
+    (the reconnect grace) and then processed in event-time order: a healthy job stays healthy. Without the
+    outage known, the same arrivals make the late producers' nodes look silent."""
+    assert _outage_run(signal_outage=True) == []
+    blind = _outage_run(signal_outage=False)
+    assert {f.type for f in blind if f.kind == "finding"} & {"fail_stop", "monitoring_gap"}
+
+
+def test_a_node_that_died_during_the_outage_is_found_once_the_grace_ends():
+    clock = Clock()
+    recs = scenario(seconds=60, silent="n003", silent_at=30.0, xid_node=None)
+    runner = JobRunner(T, clock=clock, reconnect_s=15.0)
+    runner.on_batch(as_msgs(messages([r for r in recs if r.ts <= T0 + 20], T)))
+    runner.path(False)
+    clock.now += 30.0
+    runner.path(True)
+    out = emitted(runner.on_batch(as_msgs(messages([r for r in recs if r.ts > T0 + 20], T), start=10_000)))
+    assert out == []  # held: others may still be resending
+    for _ in range(40):
+        clock.now += 0.5
+        runner.path(True)
+        out += emitted(runner.on_tick())
+    assert [(f.type, f.node) for f in out if f.kind == "finding" and f.type == "fail_stop"] == [("fail_stop", "n003")]
+
+
 def test_held_records_are_not_saved_as_done():
     """A worker that dies while records are held: its successor reads them again from the saved offsets."""
     recs = _node_events(scenario(xid_node="n002"))
