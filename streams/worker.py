@@ -27,7 +27,9 @@ creates the topics and runs a Faust worker until TERM/INT. The logic lives in
   last batch arrived (watermark = max event time + elapsed - lateness), but only
   while the job's partitions are caught up and no rebalance is running, so a
   missed heartbeat fires when nothing arrives and a lagging consumer is never
-  mistaken for silence.
+  mistaken for silence. Nor is a broker outage: when no fetch has been answered
+  for `fresh_s` the runner is told (`JobRunner.path`), and once fetches come back
+  it waits `reconnect_s` for every producer's spooled backlog before going on.
 - Metrics: `streams.metrics` counts every batch's, tick's and routing step's
   `Result` and samples lag, jobs and sinks on every tick; Faust's own Prometheus
   sensor writes into the same registry; `run()` serves it on `metrics_port`.
@@ -86,6 +88,8 @@ class WorkerSettings:
     web: bool = False
     web_port: int = 6066
     fetch_wait_ms: int = 50  # the broker's longest wait on a fetch with no data (Faust hard-codes 1500 ms)
+    fresh_s: float = 1.5  # no fetch answered for this long: the input path is down, and silence is no news
+    reconnect_s: float = 15.0  # after it answers again, wait this long for every producer's backlog
     stats_every_s: float = 10.0  # log a progress line this often (0: never)
     metrics_port: int = 0  # serve Prometheus metrics on this port (`gangwatch worker`: 9464); 0: no endpoint
 
@@ -142,6 +146,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         return states.get(job.encode())
 
     runner = JobRunner(t, CoreConfig(lateness_s=s.lateness_s), hold_s=s.hold_s, silence=s.silence, load=load,
+                       reconnect_s=s.reconnect_s,
                        keep_records=bool(sinks) and s.telemetry)
     router = NodeRouter(t, nodemap, hold_s=s.hold_s)
     metrics = WorkerMetrics()
@@ -181,6 +186,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         await _producer_knows(app, (states, nodemap))
         async with busy:
             glue.restore_assigned()
+            runner.path(glue.answering(s.fresh_s))
             res = runner.on_tick(glue.caught_up, glue.lagging, glue.upstream)
             await glue.publish(res)
             glue.save(res)
@@ -340,6 +346,21 @@ class _Glue:
             if hw is not None and pos < hw:
                 return False
         return True
+
+    def answering(self, fresh_s: float) -> bool:
+        """Whether the broker answers our fetches: some assigned partition had one answered within `fresh_s`.
+
+        An idle partition is fetched every `fetch_wait_ms`; a busy one whose records wait in the
+        consumer's buffer is not re-fetched meanwhile, so one fresh answer is enough. True when
+        it cannot tell (not started, nothing assigned, nothing fetched yet).
+        """
+        try:
+            consumer = self.app.consumer._thread._ensure_consumer()  # aiokafka's, under Faust 0.15's driver
+            stamps = [consumer.last_poll_timestamp(tp) for tp in consumer.assignment()]
+        except Exception:  # not started or mid-rebalance: no opinion
+            return True
+        stamps = [t for t in stamps if t is not None]
+        return not stamps or time.time() - max(stamps) / 1000.0 <= fresh_s
 
     def lagging(self, topic: str, partition: int) -> bool:
         """Data is left to read at (topic, partition), or we cannot tell yet (no fetch has reported its end)."""
