@@ -257,7 +257,7 @@ class Controller:
 
     def _apply_rollbacks(self) -> None:
         for a, deadline in list(self._deferred):
-            first_bad = self._first_bad_step(a)
+            first_bad = self._first_unverified_step(a)
             if first_bad is None and time.monotonic() < deadline:
                 continue  # the evidence may still be on its way
             self._deferred.remove((a, deadline))
@@ -273,9 +273,17 @@ class Controller:
                 continue
             self._restart(a, take_out=a.nodes, resume_from=target)
 
-    def _first_bad_step(self, a: Action) -> int | None:
-        steps = [f.evidence["step"] for i in a.evidence if (f := self.findings.get(i)) is not None
-                 and isinstance(f.evidence.get("step"), int)]
+    def _first_unverified_step(self, a: Action) -> int | None:
+        """The earliest step the evidence does not vouch for: the one after the last step the suspect's replicas
+        still agreed on when a finding says (digests compared every few steps leave the steps between
+        unchecked), else the first mismatching step itself."""
+        steps = []
+        for i in a.evidence:
+            ev = f.evidence if (f := self.findings.get(i)) is not None else {}
+            if isinstance(ev.get("last_agreeing_step"), int):
+                steps.append(ev["last_agreeing_step"] + 1)
+            elif isinstance(ev.get("step"), int):
+                steps.append(ev["step"])
         return min(steps) if steps else None
 
     def _restart(self, a: Action, take_out: Sequence[str], resume_from: Path | None) -> None:

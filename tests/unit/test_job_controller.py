@@ -157,6 +157,20 @@ def test_rollback_goes_back_before_the_first_corrupt_step_and_isolate_then_chang
     assert phases(sent) == [("a-rollback-n2", "accepted"), ("a-isolate-n2", "accepted"), ("a-rollback-n2", "replaced")]
 
 
+def test_rollback_goes_back_to_the_last_step_the_replicas_agreed_on_not_just_before_the_mismatch(setup):
+    """Digests every 5 steps, a checkpoint every step: the mismatch at 45 says nothing about 41..44, so the
+    newest checkpoint the vote vouches for is the one of step 40."""
+    spec, sent, make = setup
+    for step in range(38, 47):
+        checkpoint(spec, step)
+    c = make(evidence_wait_s=30)
+    c.start()
+    c.remember(Finding(id="f-sdc", ts=99.0, job=JOB, type="sdc_suspect", detector="sdc.digest", rank=2, node="n2",
+                       evidence={"step": 45, "last_agreeing_step": 40}))
+    c.handle(action("rollback", ["n2"], evidence=["f-sdc"]))
+    assert FakeGang.made[-1].resume_from == spec.ckpt_dir / "step-00000040.pt"
+
+
 def test_a_rollback_without_a_step_in_its_evidence_uses_the_oldest_checkpoint(setup):
     spec, sent, make = setup
     for step in (30, 40):
