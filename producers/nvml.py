@@ -30,9 +30,32 @@ class Nvml(Protocol):
     def read(self, index: int) -> dict[str, Any]:
         """The `gpu` record fields of GPU `index` that could be read (temp_c, power_w, ...)."""
 
+    def bus_id(self, index: int) -> str | None:
+        """GPU `index`'s PCI bus id as NVML writes it (`00000000:3B:00.0`), None when unknown."""
+
 
 def throttle_names(bits: int) -> list[str]:
     return [name for bit, name in sorted(THROTTLE_BITS.items()) if bits & bit]
+
+
+def bus_key(bus_id: str) -> str:
+    """A PCI bus id in one form whoever wrote it: `dddd:bb:ss` in lower case, the domain cut to its last four
+    digits and the function dropped (NVML writes `00000000:3B:00.0`, the kernel's Xid lines `0000:3b:00`)."""
+    head = bus_id.strip().lower().removeprefix("pci:").split(".")[0]
+    parts = head.split(":")
+    if len(parts) == 2:  # bus:slot without a domain
+        parts = ["0000", *parts]
+    return ":".join([parts[0][-4:].rjust(4, "0"), *parts[1:]])
+
+
+def gpu_indices(nvml: Nvml) -> dict[str, int]:
+    """PCI bus id (`bus_key`) -> GPU index, for naming the GPU of a kernel-log event by its bus id."""
+    out = {}
+    for i in range(nvml.count()):
+        bus = nvml.bus_id(i)
+        if bus:
+            out[bus_key(bus)] = i
+    return out
 
 
 def sample_node(nvml: Nvml, node: str, ts: float) -> list[dict[str, Any]]:
@@ -95,6 +118,14 @@ class RealNvml:
             out["nvlink_crc"] = crc
         return out
 
+    def bus_id(self, index: int) -> str | None:
+        nv = self.nv
+        try:
+            bus = nv.nvmlDeviceGetPciInfo(nv.nvmlDeviceGetHandleByIndex(index)).busId
+        except nv.NVMLError:
+            return None
+        return bus.decode() if isinstance(bus, bytes) else str(bus)
+
 
 def _clock_event_reasons(nv: Any, handle: Any) -> int:
     """The active throttle-reason bits of a GPU, on old and new drivers alike.
@@ -111,12 +142,16 @@ def _clock_event_reasons(nv: Any, handle: Any) -> int:
 
 @dataclass
 class FakeNvml:
-    """Scripted GPUs for tests: `gpus[i]` are the fields GPU i reports."""
+    """Scripted GPUs for tests: `gpus[i]` are the fields GPU i reports, `bus_ids[i]` its PCI bus id."""
 
     gpus: list[dict[str, Any]] = field(default_factory=list)
+    bus_ids: list[str] = field(default_factory=list)
 
     def count(self) -> int:
         return len(self.gpus)
 
     def read(self, index: int) -> dict[str, Any]:
         return dict(self.gpus[index])
+
+    def bus_id(self, index: int) -> str | None:
+        return self.bus_ids[index] if index < len(self.bus_ids) else None

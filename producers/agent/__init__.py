@@ -55,7 +55,7 @@ from gangwatch.producers.agent.kernel import KernelLog, open_source
 from gangwatch.producers.agent.outbox import Outbox
 from gangwatch.producers.agent.procs import PROC, RankProcess, rank_processes
 from gangwatch.producers.agent.stacks import ActionListener, StackSweeper
-from gangwatch.producers.nvml import Nvml, RealNvml
+from gangwatch.producers.nvml import Nvml, RealNvml, gpu_indices
 from gangwatch.producers.trainer.delivery import KafkaSend, Send
 
 log = logging.getLogger("gangwatch.agent")
@@ -133,7 +133,7 @@ class Agent:
         source = open_source(settings.kmsg, settings.from_start)
         if source is not None:
             log.info("following the kernel log %s", source.what)
-            self.collectors.append(KernelLog(source, settings.node))
+            self.collectors.append(KernelLog(source, settings.node, gpu_of=gpu_indices(gpus) if gpus else None))
         if settings.flight_dir is not None:
             log.info("watching %s for flight-recorder dumps", settings.flight_dir)
             self.collectors.append(FlightWatcher(settings.flight_dir, processes=processes,

@@ -22,7 +22,8 @@ lines of a report still open (the firmware dump after an Xid, the detail lines
 of an AER report) are kept as context, so that when the rest of the dump
 arrives in the next read it folds into the event instead of becoming events of
 its own. After `quiet_s` without a line, the report is over and the context is
-dropped. `KernelLog` is the collector: lines in, `hw` records out.
+dropped. `KernelLog` is the collector: lines in, `hw` records out, each naming its GPU
+when the event's PCI bus id is one NVML listed (`gpu_of`, from `nvml.gpu_indices`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gangwatch.producers.kmsg import KmsgEvent, parse_lines, strip_prefix, to_hw_record
+from gangwatch.producers.nvml import bus_key
 
 log = logging.getLogger("gangwatch.agent")
 KMSG = "/dev/kmsg"
@@ -263,14 +265,16 @@ class KernelLog:
     name = "kernel log"
 
     def __init__(self, source: LineSource, node: str, *, every_s: float = 0.5, quiet_s: float = 2.0,
-                 timer: Any = time.monotonic) -> None:
+                 gpu_of: dict[str, int] | None = None, timer: Any = time.monotonic) -> None:
         self.source, self.node, self.every_s = source, node, every_s
+        self.gpu_of = gpu_of or {}  # PCI bus id (nvml.bus_key) -> GPU index
         self._folder = KmsgFolder(quiet_s)
         self._timer = timer
 
     def poll(self, now: float) -> list[dict[str, Any]]:
         events = self._folder.feed(self.source.read_lines(), self._timer())
-        return [to_hw_record(ev, node=self.node, ts=now) for ev in events]
+        return [to_hw_record(ev, node=self.node, ts=now, gpu=self.gpu_of.get(bus_key(ev.pci)) if ev.pci else None)
+                for ev in events]
 
     def close(self) -> None:
         self.source.close()

@@ -161,6 +161,18 @@ def test_one_pass_samples_the_gpus_reads_the_kernel_log_and_the_flight_dumps(tmp
     assert [(t, k, r.rank) for t, k, r in got if r.kind == "flight"] == [("gw.traces", "j5", 3)]
 
 
+def test_an_xid_names_the_gpu_nvml_lists_at_its_pci_bus_id(tmp_path):
+    """The storm's Xids are on PCI 0000:38:00; NVML lists that bus (in its own spelling) as GPU 2."""
+    shutil.copyfile(data_path("kmsg/xid13-xid43-storm.log"), tmp_path / "kern.log")
+    kafka = FakeKafka()
+    gpus = FakeNvml([{}, {}, {}], bus_ids=["00000000:1A:00.0", "00000000:1B:00.0", "00000000:38:00.0"])
+    Agent(settings(tmp_path, from_start=True), send=kafka, nvml=lambda: gpus).run_once()
+    assert {(r.code, r.gpu) for _, _, r in kafka.records() if r.kind == "hw"} == {(13, 2), (43, 2)}
+    kafka = FakeKafka()
+    Agent(settings(tmp_path, from_start=True), send=kafka, nvml=lambda: FakeNvml([{}])).run_once()
+    assert {r.gpu for _, _, r in kafka.records() if r.kind == "hw"} == {None}  # a bus NVML does not list
+
+
 def test_without_nvml_the_agent_says_so_once_and_the_other_collectors_run(tmp_path, caplog):
     shutil.copyfile(data_path("kmsg/h100-xid119.log"), tmp_path / "kern.log")
 

@@ -6,7 +6,15 @@ import orjson
 import pytest
 from gangwatch.detectors.hardware import HardwareDetector
 from gangwatch.detectors.topology import Topology
-from gangwatch.producers.nvml import FakeNvml, NvmlUnavailable, RealNvml, sample_node, throttle_names
+from gangwatch.producers.nvml import (
+    FakeNvml,
+    NvmlUnavailable,
+    RealNvml,
+    bus_key,
+    gpu_indices,
+    sample_node,
+    throttle_names,
+)
 from gangwatch.schemas import Gpu, Job, RankInfo, decode
 
 pytestmark = pytest.mark.unit
@@ -45,3 +53,13 @@ def test_real_gpus_sample_into_valid_records():
     for d in recs:
         [r] = decode(orjson.dumps(d))
         assert isinstance(r, Gpu) and r.temp_c is not None and r.power_w is not None
+    indices = gpu_indices(nvml)  # every GPU has a bus id, in the kernel's form
+    assert sorted(indices.values()) == list(range(len(recs))), indices
+    assert all(len(k) == 10 and k.count(":") == 2 for k in indices), indices
+
+
+@pytest.mark.parametrize("written, key", [("00000000:3B:00.0", "0000:3b:00"), ("0000:3b:00", "0000:3b:00"),
+                                          ("PCI:0000:3B:00.0", "0000:3b:00"), ("3b:00", "0000:3b:00"),
+                                          ("00000001:07:00.1", "0001:07:00")])
+def test_bus_ids_written_by_nvml_and_the_kernel_meet(written, key):
+    assert bus_key(written) == key
