@@ -76,6 +76,7 @@ from gangwatch.sinks.controller import (
     SIGNATURE_HEADER,
     SignatureVerifier,
 )
+from gangwatch.streams.follow import TopicReader
 from gangwatch.streams.launcher import Gang, JobSpec, checkpoints, latest, newest_before
 from gangwatch.streams.topics import TopicSettings, topic_for
 
@@ -348,54 +349,20 @@ class RecoveryPublisher:
         self._producer.close(timeout=10)
 
 
-class TopicSource:
-    """One job's actions (unless `actions=False`) and findings from the output topics, through a consumer group.
-
-    A new group starts at the end of the topics: actions published before the
-    controller ever ran are not its to apply. Offsets are committed after each
-    poll's records were handled.
-    """
+class TopicSource(TopicReader):
+    """One job's actions (unless `actions=False`) and findings from the output topics, through a consumer group
+    (`streams.follow`): a new group starts at the end, since actions published before the controller ever ran
+    are not its to apply; offsets are committed after each poll's records were handled."""
 
     def __init__(self, bootstrap: str, topics: TopicSettings, job: str, group: str, *, actions: bool = True) -> None:
-        from kafka import KafkaConsumer
-
+        super().__init__(bootstrap, [topics.findings, *([topics.actions] if actions else [])], group,
+                         client_id="gangwatch-controller")
         self.job = job
-        self._uncommitted = False
-        self.names = [topics.findings, *([topics.actions] if actions else [])]
-        self._consumer = KafkaConsumer(*self.names, bootstrap_servers=bootstrap, group_id=group,
-                                       auto_offset_reset="latest", enable_auto_commit=False,
-                                       client_id="gangwatch-controller", **kafka_python_security())
-
-    def wait_assigned(self, timeout_s: float) -> None:
-        """Join the group and take partitions before the job starts, so no early action is missed."""
-        deadline = time.monotonic() + timeout_s
-        while not self._consumer.assignment():
-            if time.monotonic() > deadline:
-                raise ConnectionError(f"no partitions of {', '.join(self.names)} assigned within {timeout_s:g} s")
-            for name in self.names:  # a topic made a moment ago may be missing from the first metadata: ask again
-                self._consumer.partitions_for_topic(name)
-            self._consumer.poll(timeout_ms=200)
-        for tp in self._consumer.assignment():
-            self._consumer.position(tp)  # resolve "latest" now, not at the first record
 
     def poll(self, timeout_s: float) -> list[Action | Finding]:
-        got = self._consumer.poll(timeout_ms=int(timeout_s * 1000))
-        self._uncommitted = self._uncommitted or bool(got)
-        out = []
-        for msgs in got.values():
-            for m in msgs:
-                if m.key is not None and m.key.decode(errors="replace") != self.job:
-                    continue
-                out += [r for r in decode(m.value) if isinstance(r, (Action, Finding)) and r.job == self.job]
-        return out
-
-    def commit(self) -> None:
-        if self._uncommitted:
-            self._consumer.commit()
-            self._uncommitted = False
-
-    def close(self) -> None:
-        self._consumer.close()
+        return [r for key, r in self.poll_keyed(timeout_s)
+                if isinstance(r, (Action, Finding)) and r.job == self.job
+                and (key is None or key.decode(errors="replace") == self.job)]
 
 
 class WebhookSource:

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gangwatch.schemas import Action, DecodeError, Record, decode
-from gangwatch.schemas.security import kafka_python_security
+from gangwatch.streams.follow import TopicReader
 from gangwatch.streams.topics import TopicSettings
 
 log = logging.getLogger("gangwatch.fence")
@@ -246,60 +246,12 @@ def read_records(path: Path) -> Iterator[Record]:
                     yield rec
 
 
-class ActionTopic:
-    """The alert topic (`gw.actions`, prefix from the topic settings) through a consumer group.
-
-    A new group starts at the end of the topic unless `from_beginning` (old
-    actions are usually stale: draining nodes for an incident long over is no
-    help). Offsets are committed after the actions of each poll were handled.
-    """
+class ActionTopic(TopicReader):
+    """The alert topic (`gw.actions`, prefix from the topic settings) through a consumer group (`streams.follow`:
+    a new group starts at the end unless `from_beginning`; offsets committed after each poll was handled)."""
 
     def __init__(self, bootstrap: str, topics: TopicSettings, group: str, *, from_beginning: bool = False) -> None:
-        from kafka import KafkaConsumer
-
-        self.topic = topics.actions
-        self._consumer = KafkaConsumer(self.topic, bootstrap_servers=bootstrap, group_id=group,
-                                       auto_offset_reset="earliest" if from_beginning else "latest",
-                                       enable_auto_commit=False, client_id=group, **kafka_python_security())
-        self._uncommitted = False
-        self._early: list[Any] = []  # messages a poll returned while waiting for the assignment
-
-    def wait_assigned(self, timeout_s: float) -> None:
-        """Join the group and resolve the start offsets, so nothing published from now on is missed."""
-        deadline = time.monotonic() + timeout_s
-        while not self._consumer.assignment():
-            if time.monotonic() > deadline:
-                raise ConnectionError(f"no partition of {self.topic} assigned within {timeout_s:g} s")
-            got = self._consumer.poll(timeout_ms=200)
-            self._early.extend(m for msgs in got.values() for m in msgs)  # handed out by the next poll
-        for tp in self._consumer.assignment():
-            self._consumer.position(tp)
-
-    def poll(self, timeout_s: float) -> list[Record]:
-        if self._early:
-            got = {None: self._early}
-            self._early = []
-        else:
-            got = self._consumer.poll(timeout_ms=int(timeout_s * 1000))
-        out: list[Record] = []
-        for msgs in got.values():
-            for m in msgs:
-                self._uncommitted = True
-                for rec in decode(m.value):
-                    if isinstance(rec, DecodeError):
-                        log.warning("%s[%d]@%d: skipped, does not decode: %s", m.topic, m.partition, m.offset,
-                                    rec.reason)
-                    else:
-                        out.append(rec)
-        return out
-
-    def commit(self) -> None:
-        if self._uncommitted:
-            self._consumer.commit()
-            self._uncommitted = False
-
-    def close(self) -> None:
-        self._consumer.close()
+        super().__init__(bootstrap, [topics.actions], group, from_beginning=from_beginning)
 
 
 class FenceError(ConnectionError):

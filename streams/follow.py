@@ -1,0 +1,91 @@
+"""Following gangwatch's output topics from outside the worker: the job controller and the fencing adapters.
+
+    reader = TopicReader(bootstrap, [topics.actions], group="gangwatch-slurm")
+    reader.wait_assigned(30.0)          # before anything it must not miss is published
+    while running:
+        for rec in reader.poll(0.5):    # decoded records; what does not decode is logged and skipped
+            handle(rec)
+        reader.commit()                 # after the records of the poll were handled: at least once
+
+A consumer group (kafka-python) keeps the place across restarts. A new group
+starts at the end of the topics unless `from_beginning`: old actions are usually
+stale (draining nodes for an incident long over is no help, and a controller must
+not apply actions published before it ever ran). Offsets are committed only after
+the records of a poll were handled, so a reader that dies re-reads them and the
+handlers skip what they applied by its id.
+
+Waiting for the assignment polls the group; whatever that poll returns is kept
+and handed out by the next `poll`, never dropped (a record published in the
+moment between joining and the first poll would otherwise be lost).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from gangwatch.schemas import DecodeError, Record, decode
+from gangwatch.schemas.security import kafka_python_security
+
+log = logging.getLogger("gangwatch.follow")
+
+
+class TopicReader:
+    """Records of some topics through a consumer group, committed after they were handled."""
+
+    def __init__(self, bootstrap: str, names: Sequence[str], group: str, *, from_beginning: bool = False,
+                 client_id: str | None = None) -> None:
+        from kafka import KafkaConsumer
+
+        self.names = list(names)
+        self._consumer = KafkaConsumer(*self.names, bootstrap_servers=bootstrap, group_id=group,
+                                       auto_offset_reset="earliest" if from_beginning else "latest",
+                                       enable_auto_commit=False, client_id=client_id or group,
+                                       **kafka_python_security())
+        self._uncommitted = False
+        self._early: list[Any] = []  # messages a poll returned while waiting for the assignment
+
+    def wait_assigned(self, timeout_s: float) -> None:
+        """Join the group and resolve the start offsets, so nothing published from now on is missed."""
+        deadline = time.monotonic() + timeout_s
+        while not self._consumer.assignment():
+            if time.monotonic() > deadline:
+                raise ConnectionError(f"no partition of {', '.join(self.names)} assigned within {timeout_s:g} s")
+            for name in self.names:  # a topic made a moment ago may be missing from the first metadata: ask again
+                self._consumer.partitions_for_topic(name)
+            got = self._consumer.poll(timeout_ms=200)
+            self._early.extend(m for msgs in got.values() for m in msgs)  # handed out by the next poll
+        for tp in self._consumer.assignment():
+            self._consumer.position(tp)  # resolve "latest" now, not at the first record
+
+    def poll(self, timeout_s: float) -> list[Record]:
+        """The records that arrived (waiting up to `timeout_s` for some), with their messages' keys."""
+        return [rec for _, rec in self.poll_keyed(timeout_s)]
+
+    def poll_keyed(self, timeout_s: float) -> list[tuple[bytes | None, Record]]:
+        if self._early:
+            got: dict[Any, list[Any]] = {None: self._early}
+            self._early = []
+        else:
+            got = self._consumer.poll(timeout_ms=int(timeout_s * 1000))
+        out: list[tuple[bytes | None, Record]] = []
+        for msgs in got.values():
+            for m in msgs:
+                self._uncommitted = True
+                for rec in decode(m.value):
+                    if isinstance(rec, DecodeError):
+                        log.warning("%s[%d]@%d: skipped, does not decode: %s", m.topic, m.partition, m.offset,
+                                    rec.reason)
+                    else:
+                        out.append((m.key, rec))
+        return out
+
+    def commit(self) -> None:
+        if self._uncommitted:
+            self._consumer.commit()
+            self._uncommitted = False
+
+    def close(self) -> None:
+        self._consumer.close()
