@@ -3,10 +3,20 @@
 It owns the job's topology (from `job` records), routes each record to the
 detectors that want its kind, advances them all through event time, and
 saves/restores their state as one JSON-able value.
+
+Thresholds come from the caller: `configs` maps a detector's name to an
+instance of its config dataclass (the type of its constructor's `config`
+argument, see `config_type`); a detector left out runs with its defaults. A
+restored monitor runs with the caller's configs too, never the ones in the
+saved state, so a redeploy with new thresholds reaches restored jobs.
 """
 
 from __future__ import annotations
 
+import typing
+from collections.abc import Mapping
+from dataclasses import asdict
+from functools import cache
 from typing import Any
 
 from gangwatch.detectors.base import Detector
@@ -15,16 +25,47 @@ from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Job, Record, to_dict
 from gangwatch.schemas.codec import decode_obj
 
-__all__ = ["DEFAULT_DETECTORS", "JobMonitor"]
+__all__ = ["DEFAULT_DETECTORS", "JobMonitor", "config_type", "detector_configs"]
+
+
+@cache
+def config_type(cls: type) -> type:
+    """The config dataclass a detector class takes (its constructor's `config: XConfig | None`)."""
+    hint = typing.get_type_hints(cls.__init__)["config"]
+    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    return args[0]
+
+
+def detector_configs(detectors: tuple[type, ...] = DEFAULT_DETECTORS) -> dict[str, type]:
+    """Detector name -> its config dataclass, in catalog order."""
+    return {cls.name: config_type(cls) for cls in detectors}
+
+
+def _checked(configs: Mapping[str, Any] | None, detectors: tuple[type, ...]) -> dict[str, Any]:
+    """Every detector's config: the caller's, or its defaults; a name or a type nobody knows is an error."""
+    configs = dict(configs or {})
+    kinds = detector_configs(detectors)
+    unknown = sorted(set(configs) - set(kinds))
+    if unknown:
+        raise ValueError(f"no detector named {', '.join(unknown)} (detectors: {', '.join(kinds)})")
+    out = {}
+    for name, kind in kinds.items():
+        cfg = configs.get(name)
+        if cfg is not None and not isinstance(cfg, kind):
+            raise TypeError(f"detector {name} takes a {kind.__name__}, not a {type(cfg).__name__}")
+        out[name] = kind() if cfg is None else cfg
+    return out
 
 
 class JobMonitor:
     """All detectors of one job."""
 
-    def __init__(self, job: Job, detectors: tuple[type, ...] = DEFAULT_DETECTORS) -> None:
+    def __init__(self, job: Job, detectors: tuple[type, ...] = DEFAULT_DETECTORS,
+                 configs: Mapping[str, Any] | None = None) -> None:
         self.job_record = job
         self.topo = Topology.from_job(job)
-        self.detectors: list[Detector] = [cls(self.topo) for cls in detectors]
+        self.configs = _checked(configs, detectors)
+        self.detectors: list[Detector] = [cls(self.topo, self.configs[cls.name]) for cls in detectors]
         self._routes = self._build_routes()
 
     def _build_routes(self) -> dict[str, list[Detector]]:
@@ -57,9 +98,17 @@ class JobMonitor:
         return {"job": to_dict(self.job_record), "detectors": {d.name: d.state() for d in self.detectors}}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], detectors: tuple[type, ...] = DEFAULT_DETECTORS) -> JobMonitor:
+    def from_state(cls, state: dict[str, Any], detectors: tuple[type, ...] = DEFAULT_DETECTORS,
+                   configs: Mapping[str, Any] | None = None) -> JobMonitor:
+        """A monitor restored from `state()`, its detectors running with `configs` (not the saved ones)."""
         job = decode_obj(state["job"])
-        mon = cls(job, detectors)
-        mon.detectors = [t.from_state(state["detectors"][t.name], mon.topo) for t in detectors]
+        mon = cls(job, detectors, configs)
+        restored = []
+        for t in detectors:
+            saved = state["detectors"][t.name]
+            if isinstance(saved, dict) and "config" in saved:  # a detector's snapshot carries its config: today's wins
+                saved = {**saved, "config": asdict(mon.configs[t.name])}
+            restored.append(t.from_state(saved, mon.topo))
+        mon.detectors = restored
         mon._routes = mon._build_routes()
         return mon

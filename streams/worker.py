@@ -42,18 +42,19 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import faust
-from aiokafka.partitioner import murmur2
-from faust.types import TP
 from gangwatch.sinks.base import Sink
-from gangwatch.streams.metrics import WorkerMetrics, instrument, serve_metrics
 from gangwatch.streams.runner import JobRunner, Msg, NodeRouter, Result
 from gangwatch.streams.topics import TopicSettings, create_topics
 from gangwatch.triage.engine import CoreConfig
+
+if TYPE_CHECKING:  # Faust, aiokafka and prometheus-client are imported where a worker starts, so that
+    import faust  # `WorkerSettings` (and `gangwatch config show`) loads without the worker extra
+    from faust.types import TP
+    from gangwatch.streams.metrics import WorkerMetrics
 
 log = logging.getLogger("gangwatch.worker")
 
@@ -62,7 +63,11 @@ _RAW: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer"
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """Everything a worker needs; the CLI fills it from options and GANGWATCH_* variables."""
+    """Everything a worker needs; the CLI fills it from `gangwatch.settings` (flags, GANGWATCH_* variables, TOML).
+
+    The fields are the settings' `worker` and `sinks` sections (`topics` is its own section, `lateness_s`
+    comes from `core`); their defaults are the settings' defaults.
+    """
 
     bootstrap: str = "127.0.0.1:9092"
     app_id: str = "gangwatch"
@@ -70,6 +75,7 @@ class WorkerSettings:
     store: str | None = None  # sink URL: chdb:PATH or clickhouse://HOST:PORT[/DB]; None: Kafka outputs only
     telemetry: bool = False  # also store every input record (gw_telemetry)
     webhook: str | None = None  # job-controller URL that gets every action (signed; GANGWATCH_WEBHOOK_SECRET)
+    webhook_secret: str | None = field(default=None, repr=False)  # None: the sink reads GANGWATCH_WEBHOOK_SECRET
     alertmanager: str | None = None  # Alertmanager base URL that gets incidents as alerts
     batch_max: int = 20_000  # records (messages) per take() batch
     batch_within_s: float = 0.1  # ... or whatever arrived within this time
@@ -91,7 +97,8 @@ class WorkerSettings:
     fresh_s: float = 1.5  # no fetch answered for this long: the input path is down, and silence is no news
     reconnect_s: float = 15.0  # after it answers again, wait this long for every producer's backlog
     stats_every_s: float = 10.0  # log a progress line this often (0: never)
-    metrics_port: int = 0  # serve Prometheus metrics on this port (`gangwatch worker`: 9464); 0: no endpoint
+    metrics_port: int = 9464  # serve Prometheus metrics on this port; 0: no endpoint
+    core: CoreConfig | None = None  # detectors' thresholds and triage (None: defaults); lateness_s above wins
 
 
 async def _producer_knows(app: faust.App, tables: tuple[Any, ...]) -> None:
@@ -108,6 +115,9 @@ async def _producer_knows(app: faust.App, tables: tuple[Any, ...]) -> None:
 
 def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     """The Faust app of one gangwatch worker (agents, tables, timer), not started."""
+    import faust
+    from gangwatch.streams.metrics import WorkerMetrics, instrument
+
     _fetch_wait(s.fetch_wait_ms)
     t = s.topics
     datadir = Path(s.datadir or Path(tempfile.gettempdir()) / "gangwatch-faust" / s.app_id)
@@ -145,7 +155,8 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     def load(job: str) -> bytes | None:
         return states.get(job.encode())
 
-    runner = JobRunner(t, CoreConfig(lateness_s=s.lateness_s), hold_s=s.hold_s, silence=s.silence, load=load,
+    core = replace(s.core or CoreConfig(), lateness_s=s.lateness_s)
+    runner = JobRunner(t, core, hold_s=s.hold_s, silence=s.silence, load=load,
                        reconnect_s=s.reconnect_s,
                        keep_records=bool(sinks) and s.telemetry)
     router = NodeRouter(t, nodemap, hold_s=s.hold_s)
@@ -340,7 +351,7 @@ class _Glue:
             if pos is None:
                 continue
             try:
-                hw = consumer.highwater(TP(topic, st.partition))
+                hw = consumer.highwater(_tp(topic, st.partition))
             except Exception:  # not assigned / not known yet
                 continue
             if hw is not None and pos < hw:
@@ -365,7 +376,7 @@ class _Glue:
     def lagging(self, topic: str, partition: int) -> bool:
         """Data is left to read at (topic, partition), or we cannot tell yet (no fetch has reported its end)."""
         try:
-            hw = self.app.consumer.highwater(TP(topic, partition))
+            hw = self.app.consumer.highwater(_tp(topic, partition))
         except Exception:  # not assigned to us: not ours to wait for
             return False
         if hw is None:
@@ -380,7 +391,7 @@ class _Glue:
         committed; None for a partition neither has seen (a new group: where it starts is the reset policy's)."""
         pos = self.next_offset.get((topic, partition))
         if pos is None:  # nothing read since start: compare with where the group left off
-            committed = self.app.consumer._committed_offset.get(TP(topic, partition))
+            committed = self.app.consumer._committed_offset.get(_tp(topic, partition))
             if committed is None:
                 return 0 if self.app.conf.consumer_auto_offset_reset == "earliest" else None
             pos = committed + 1
@@ -396,6 +407,8 @@ class _Glue:
         if not self.need_restore:
             return
         self.need_restore = False
+        from aiokafka.partitioner import murmur2
+
         n = self.app.conf.topic_partitions
         restored = 0
         for key in list(self.states.keys()):
@@ -421,8 +434,17 @@ class _Glue:
                  self.sent, router.routed, router.dropped, r.duplicates, self.lag_s)
 
 
+def _tp(topic: str, partition: int) -> TP:
+    from faust.types import TP
+
+    return TP(topic, partition)
+
+
 def run(s: WorkerSettings, *, loglevel: str = "info", create: bool = True) -> None:
     """Create the topics (idempotent), then run one worker until TERM/INT. Does not return normally."""
+    import faust
+    from gangwatch.streams.metrics import serve_metrics
+
     if create:
         made = create_topics(s.topics, s.bootstrap)
         if made:
@@ -436,7 +458,7 @@ def run(s: WorkerSettings, *, loglevel: str = "info", create: bool = True) -> No
     if s.webhook:
         from gangwatch.sinks.controller import WebhookSink
 
-        sinks.append(WebhookSink(s.webhook))  # the secret comes from GANGWATCH_WEBHOOK_SECRET
+        sinks.append(WebhookSink(s.webhook, s.webhook_secret))  # None: the secret comes from GANGWATCH_WEBHOOK_SECRET
     if s.alertmanager:
         from gangwatch.sinks.alertmanager import AlertmanagerSink
 

@@ -18,6 +18,7 @@ only (with a version), so a redeploy with new thresholds reaches restored jobs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,8 @@ class CoreConfig:
     lateness_s: float = 1.0  # how far behind the newest event time timeouts are evaluated
     tick_s: float = 0.5  # records advance event time in steps of at least this (timeouts carry their own ts)
     triage: TriageConfig = field(default_factory=TriageConfig)
+    # detector name -> its config dataclass (detectors.monitor.config_type); a detector left out runs on defaults
+    detectors: Mapping[str, Any] = field(default_factory=dict)
 
 
 class JobCore:
@@ -44,7 +47,7 @@ class JobCore:
     def __init__(self, job: Job, config: CoreConfig | None = None) -> None:
         self.config = config or CoreConfig()
         self.job = job.job
-        self.monitor = JobMonitor(job)
+        self.monitor = JobMonitor(job, configs=self.config.detectors)
         self.triage = Triage(job.job, self.config.triage)
         self.triage.on_topology(self.monitor.topo)
         self.watermark = float("-inf")
@@ -107,7 +110,7 @@ class JobCore:
             raise ValueError(f"job state version {state.get('v')!r} is not {STATE_VERSION}; it cannot be restored")
         core = cls.__new__(cls)
         core.config = config or CoreConfig()
-        core.monitor = JobMonitor.from_state(state["monitor"])
+        core.monitor = JobMonitor.from_state(state["monitor"], configs=core.config.detectors)
         core.job = core.monitor.job_record.job
         core.triage = Triage.from_state(state["triage"], core.config.triage, core.monitor.topo)
         core.watermark = float("-inf") if state["watermark"] is None else state["watermark"]

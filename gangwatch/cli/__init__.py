@@ -2,8 +2,11 @@
 
 One module per group of commands, each with a `register(subparsers)`:
 `replay` (replay, store query), `simulate` (simulate, eval, demo), `ingest`
-(ingest, schema export), `kafka` (worker, topics, publish). Options that take a
-value also read `GANGWATCH_<OPTION>` (see `options.opt`); the help of each says so.
+(ingest, schema export), `kafka` (worker, topics, publish), `config` (config
+show: the settings object of `gangwatch.settings`). Options that take a value
+also read `GANGWATCH_<OPTION>` (see `options.opt`); the help of each says so.
+The options of `worker` and `replay` are flags of settings, whose variables are
+nested: `GANGWATCH_WORKER__BATCH_MAX`.
 
 A user's mistake is one line on stderr with an exit code of its own (see
 `options`), never a traceback; `--debug` (or GANGWATCH_DEBUG=1) shows it.
@@ -16,7 +19,7 @@ import os
 import sys
 
 from gangwatch import __version__
-from gangwatch.cli import agent, controller, ingest, kafka, kubernetes, replay, simulate, slurm
+from gangwatch.cli import agent, config, controller, ingest, kafka, kubernetes, replay, simulate, slurm
 from gangwatch.cli.options import (
     EXIT_EXTRA,
     EXIT_INPUT,
@@ -27,13 +30,13 @@ from gangwatch.cli.options import (
     resolve,
 )
 
-COMMANDS = (replay, simulate, ingest, kafka, agent, controller, slurm, kubernetes)
+COMMANDS = (replay, simulate, ingest, kafka, agent, controller, slurm, kubernetes, config)
 
 # The extra that brings each optional top-level module.
 EXTRAS = {
     "numpy": "replay", "chdb": "embedded", "clickhouse_driver": "store", "faust": "worker", "aiokafka": "worker",
     "mode": "worker", "prometheus_client": "worker", "sklearn": "stacks", "scipy": "stacks", "pynvml": "nvml",
-    "torch": "torch",
+    "torch": "torch", "pydantic": "replay", "pydantic_settings": "replay", "pydantic_core": "replay",
 }
 
 

@@ -17,6 +17,7 @@ from gangwatch.cli.options import (
     opt,
     port,
     positive,
+    settings_opts,
 )
 from gangwatch.cli.replay import check_inputs, connect_timeout_opt, http_url
 from gangwatch.cli.services import wait_for_kafka, wait_for_store
@@ -29,24 +30,20 @@ def _topic_settings(args: argparse.Namespace):
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from gangwatch.producers.metrics import MetricsUnavailable
     from gangwatch.streams import worker
 
-    wait_for_kafka(args.bootstrap, args.connect_timeout)
-    if args.store:
-        wait_for_store(args.store, args.connect_timeout)
-    settings = worker.WorkerSettings(
-        bootstrap=args.bootstrap, app_id=args.app_id, topics=_topic_settings(args), store=args.store,
-        webhook=args.webhook, alertmanager=args.alertmanager,
-        telemetry=args.telemetry, batch_max=args.batch_max, batch_within_s=args.batch_within, tick_s=args.tick,
-        silence=args.silence, lateness_s=args.lateness, hold_s=args.hold, table_store=args.table_store,
-        datadir=args.datadir, session_timeout_s=args.session_timeout, heartbeat_interval_s=args.heartbeat_interval,
-        request_timeout_s=(max(args.session_timeout + 10, 40.0) if args.request_timeout is None
-                           else args.request_timeout),
-        commit_interval_s=args.commit_interval, standby_replicas=args.standby_replicas,
-        offset_reset=args.offset_reset, web=args.web_port is not None, web_port=args.web_port or 6066,
-        fetch_wait_ms=args.fetch_wait, stats_every_s=args.stats_every, metrics_port=args.metrics_port,
-    )
+    st = args.settings  # every setting, from flags, GANGWATCH_* variables, --config and defaults
+    settings = st.worker_settings()
+    if st.source("worker.request_timeout_s") == "default":  # at least the session timeout, with room
+        settings = replace(settings, request_timeout_s=max(settings.session_timeout_s + 10, 40.0))
+    if st.source("worker.web_port") != "default":  # a port given turns the web views on
+        settings = replace(settings, web=True)
+    wait_for_kafka(settings.bootstrap, args.connect_timeout)
+    if settings.store:
+        wait_for_store(settings.store, args.connect_timeout)
     try:
         worker.run(settings, loglevel=args.loglevel, create=args.create_topics)
     except MetricsUnavailable as e:
@@ -150,44 +147,58 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "jobs (job), node-events (hw, gpu; key node), traces (stack, flight), ops (ops, recovery); "
                        "outputs findings, actions, incidents, dlq. They are created if missing.\n"
                        "example: gangwatch worker --bootstrap kafka1:9092 --store clickhouse://ch1:9000/gangwatch")
-    kafka_opts(w)
-    opt(w, "--app-id", default="gangwatch", help="Faust app id = consumer group and table changelog prefix")
-    opt(w, "--store", help="also write outputs to chdb:PATH or clickhouse://HOST:PORT[/DB] (default: Kafka only)")
-    w.add_argument("--telemetry", action="store_true", help="with --store: also store every raw input record")
-    opt(w, "--webhook", help="job-controller URL: every action is POSTed there, signed with HMAC-SHA256 "
-        "(X-Gangwatch-Signature) using the secret in GANGWATCH_WEBHOOK_SECRET")
-    opt(w, "--alertmanager", metavar="URL", type=http_url, help="push incidents as alerts to this Alertmanager (http://HOST:9093)")
-    opt(w, "--batch-max", type=positive(integer), default=20000, help="messages per batch")
-    opt(w, "--batch-within", type=positive(number), default=0.1, help="seconds to wait filling a batch")
-    opt(w, "--tick", type=positive(number), default=0.5, help="silence timer period, seconds")
-    opt(w, "--silence", type=bool, default=True,
+    # every option of the worker is a flag of a setting (gangwatch.settings): defaults and variables are its
+    opt(w, "--bootstrap", setting="worker.bootstrap", help="Kafka bootstrap servers, comma-separated")
+    opt(w, "--prefix", setting="topics.prefix", help="topic name prefix")
+    opt(w, "--partitions", type=positive(integer), setting="topics.partitions",
+        help="partitions of every topic; all job-keyed inputs must agree")
+    opt(w, "--replication", type=positive(integer), setting="topics.replication",
+        help="replication factor of new topics")
+    connect_timeout_opt(w)
+    settings_opts(w)
+    opt(w, "--app-id", setting="worker.app_id", help="Faust app id = consumer group and table changelog prefix")
+    opt(w, "--store", setting="sinks.store",
+        help="also write outputs to chdb:PATH or clickhouse://HOST:PORT[/DB] (default: Kafka only)")
+    opt(w, "--telemetry", type=bool, setting="sinks.telemetry", help="with --store: also store every raw input record")
+    opt(w, "--webhook", setting="sinks.webhook", help="job-controller URL: every action is POSTed there, signed "
+        "with HMAC-SHA256 (X-Gangwatch-Signature) using the secret sinks.webhook_secret (GANGWATCH_WEBHOOK_SECRET)")
+    opt(w, "--alertmanager", metavar="URL", type=http_url, setting="sinks.alertmanager",
+        help="push incidents as alerts to this Alertmanager (http://HOST:9093)")
+    opt(w, "--batch-max", type=positive(integer), setting="worker.batch_max", help="messages per batch")
+    opt(w, "--batch-within", type=positive(number), setting="worker.batch_within_s",
+        help="seconds to wait filling a batch")
+    opt(w, "--tick", type=positive(number), setting="worker.tick_s", help="silence timer period, seconds")
+    opt(w, "--silence", type=bool, setting="worker.silence",
         help="advance event time through wall-clock silence, so missed heartbeats fire when nothing arrives; "
         "--no-silence behaves like replay: no input, no time")
-    opt(w, "--lateness", type=at_least_zero(number), default=1.0,
+    opt(w, "--lateness", type=at_least_zero(number), setting="core.lateness_s",
         help="seconds behind the newest event time that timeouts are evaluated")
-    opt(w, "--hold", type=at_least_zero(number), default=30.0,
+    opt(w, "--hold", type=at_least_zero(number), setting="worker.hold_s",
         help="seconds a record waits for its job record, a node event for its job")
-    opt(w, "--table-store", default="memory://",
+    opt(w, "--table-store", setting="worker.table_store",
         help="Faust table store: memory:// (rebuilt from the changelog at start) or rocksdb://")
-    opt(w, "--datadir", help="Faust data directory, one per worker (default in the temp dir)")
-    opt(w, "--session-timeout", type=positive(number), default=30.0, help="Kafka consumer session timeout, seconds")
-    opt(w, "--heartbeat-interval", type=positive(number), default=3.0,
+    opt(w, "--datadir", setting="worker.datadir", help="Faust data directory, one per worker (default in the temp dir)")
+    opt(w, "--session-timeout", type=positive(number), setting="worker.session_timeout_s",
+        help="Kafka consumer session timeout, seconds")
+    opt(w, "--heartbeat-interval", type=positive(number), setting="worker.heartbeat_interval_s",
         help="Kafka consumer heartbeat interval, seconds")
-    opt(w, "--request-timeout", type=positive(number),
+    opt(w, "--request-timeout", type=positive(number), setting="worker.request_timeout_s",
         help="Kafka request timeout, seconds; at least the session timeout", shown_default="session + 10, >= 40")
-    opt(w, "--commit-interval", type=positive(number), default=2.8, help="seconds between offset commits")
-    opt(w, "--standby-replicas", type=at_least_zero(integer), default=1,
+    opt(w, "--commit-interval", type=positive(number), setting="worker.commit_interval_s",
+        help="seconds between offset commits")
+    opt(w, "--standby-replicas", type=at_least_zero(integer), setting="worker.standby_replicas",
         help="table standby replicas kept warm on other workers")
-    opt(w, "--offset-reset", choices=("earliest", "latest"), default="earliest",
+    opt(w, "--offset-reset", choices=("earliest", "latest"), setting="worker.offset_reset",
         help="where a new consumer group starts")
-    opt(w, "--fetch-wait", type=positive(integer), default=50,
+    opt(w, "--fetch-wait", type=positive(integer), setting="worker.fetch_wait_ms",
         help="ms the broker may hold a fetch that finds no data (Faust's own 1500 starves a busy partition)")
-    opt(w, "--stats-every", type=at_least_zero(number), default=10.0,
+    opt(w, "--stats-every", type=at_least_zero(number), setting="worker.stats_every_s",
         help="seconds between progress lines in the log; 0: none")
-    opt(w, "--metrics-port", type=port(integer), default=9464,
+    opt(w, "--metrics-port", type=port(integer), setting="worker.metrics_port",
         help="serve Prometheus metrics on this port (/metrics: records, rejects, lag, findings, actions, "
         "incident stage times, Faust's own sensor); 0: none")
-    opt(w, "--web-port", type=positive(integer), help="serve Faust's web views on this port (default: off)")
+    opt(w, "--web-port", type=positive(integer), setting="worker.web_port",
+        help="serve Faust's web views on this port (giving it turns them on, as worker.web does)")
     w.add_argument("--no-create-topics", dest="create_topics", action="store_false",
                    help="do not create missing topics at start")
     opt(w, "-l", "--loglevel", dest="loglevel", default="info", choices=("debug", "info", "warning", "error"),

@@ -6,6 +6,13 @@ adds `--batch-max` whose help ends in "(env GANGWATCH_BATCH_MAX; default 20000)"
 The variable is read only after parsing, for options the command line left out,
 so a bad value never breaks `--help` and becomes one line naming the variable.
 An option declared with `env=False` reads no variable and says nothing about one.
+
+An option bound to a setting (`setting="worker.batch_max"`) is a flag of the settings object
+(`gangwatch.settings`): its default is the setting's (read from the dataclass that declares it, when help
+is shown), its variables are the setting's (`GANGWATCH_WORKER__BATCH_MAX`, and the older flat name where
+one exists), and after parsing `resolve` loads every setting (flags > environment > TOML file >
+defaults) into `args.settings` and fills the option from it. `settings_opts(p)` adds `--config FILE` and
+`--set NAME=VALUE` (any setting) to a command that uses the settings.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from gangwatch import settings as gw_settings
 
 # Exit codes: one per kind of problem, so scripts can tell them apart.
 EXIT_USAGE = 2  # a bad option or environment value (argparse uses 2 too)
@@ -56,6 +65,27 @@ class EnvOption:
     convert: Callable[[str], Any]
     default: Any
     choices: tuple[str, ...] | None = None
+    setting: str = ""  # a path in gangwatch.settings: its value comes from the settings object
+
+
+class _SettingHelp(str):
+    """An option's help whose default is looked up only when help is shown (`gangwatch --help` stays fast:
+    the setting's dataclass may live in a module that imports numpy or Faust)."""
+
+    setting: str
+
+    def __new__(cls, text: str, setting: str) -> _SettingHelp:
+        obj = super().__new__(cls, text)
+        obj.setting = setting
+        return obj
+
+    def __mod__(self, params: Any) -> str:
+        text = str.__str__(self)
+        try:
+            value = gw_settings.default(self.setting)
+        except Exception:  # an extra not installed: say where to look instead of failing --help
+            return text.replace("@DEFAULT@", "default: see `gangwatch config show`")
+        return text.replace("; @DEFAULT@", "" if value is None or value is False else f"; default {value}")
 
 
 def env_name(dest: str) -> str:
@@ -63,17 +93,27 @@ def env_name(dest: str) -> str:
 
 
 def opt(p: argparse.ArgumentParser, *flags: str, type: Callable[[str], Any] = str, default: Any = None,
-        env: bool | str = True, help: str = "", **kw: Any) -> None:
-    """`p.add_argument` for an option with a value (or a --x/--no-x switch with `type=bool`)."""
+        env: bool | str = True, help: str = "", setting: str = "", **kw: Any) -> None:
+    """`p.add_argument` for an option with a value (or a --x/--no-x switch with `type=bool`); with
+    `setting`, a flag of that setting (its default and variables are the setting's)."""
     dest = kw.pop("dest", None) or flags[0].lstrip("-").replace("-", "_")
     name = env if isinstance(env, str) else env_name(dest)
     shown = kw.pop("shown_default", default)
     notes = []
-    if env:
+    if setting:
+        names = [gw_settings.env_name(setting), *([gw_settings.ALIAS_OF[setting]]
+                                                  if setting in gw_settings.ALIAS_OF else [])]
+        notes.append(f"env {' or '.join(names)}")
+        name, env = "", False  # the settings read the variables
+    elif env:
         notes.append(f"env {name}")
     if shown is not None and shown is not False:
         notes.append(f"default {shown}")
-    full = f"{help} ({'; '.join(notes)})" if notes else help
+    elif setting:
+        notes.append("@DEFAULT@")
+    full: str = f"{help} ({'; '.join(notes)})" if notes else help
+    if "@DEFAULT@" in full:
+        full = _SettingHelp(full, setting)
     if type is bool:
         p.add_argument(*flags, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=full, **kw)
         convert: Callable[[str], Any] = boolean
@@ -85,14 +125,25 @@ def opt(p: argparse.ArgumentParser, *flags: str, type: Callable[[str], Any] = st
         specs = []
         p.set_defaults(_env_options=specs)
     specs.append(EnvOption(dest, flags[0], name if env else "", convert, default,
-                           tuple(kw["choices"]) if "choices" in kw else None))
+                           tuple(kw["choices"]) if "choices" in kw else None, setting))
+
+
+def settings_opts(p: argparse.ArgumentParser) -> None:
+    """`--config FILE` and `--set NAME=VALUE`: the settings object's file and any one setting as a flag."""
+    p.add_argument("--config", metavar="FILE", help=f"TOML file of settings (env {gw_settings.CONFIG_ENV}); "
+                   "flags and GANGWATCH_* variables win over it")
+    p.add_argument("--set", dest="set_settings", action="append", default=[], metavar="NAME=VALUE",
+                   help="set any setting, e.g. --set detectors.hang.min_stall_s=30 (names: `gangwatch config "
+                   "show`); repeatable; wins over the environment and the file")
+    p.set_defaults(_settings=True)
 
 
 def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> None:
     """Fill options left out on the command line from their variables, then their defaults."""
     environ = os.environ if environ is None else environ
-    for spec in getattr(args, "_env_options", None) or ():
-        if getattr(args, spec.dest) is not None:
+    specs = getattr(args, "_env_options", None) or ()
+    for spec in specs:
+        if spec.setting or getattr(args, spec.dest) is not None:
             continue
         raw = environ.get(spec.env) if spec.env else None
         if raw is None or raw == "":
@@ -105,6 +156,41 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
             raise UserError(f"{spec.env}={raw!r}: {why} (it sets {spec.flag}); fix or unset it") from None
         if spec.choices and value not in spec.choices:
             raise UserError(f"{spec.env}={raw!r}: choose one of {', '.join(spec.choices)} (it sets {spec.flag})")
+        setattr(args, spec.dest, value)
+    bound = [spec for spec in specs if spec.setting]
+    if bound or getattr(args, "_settings", False):
+        _load_settings(args, bound, environ)
+
+
+def _load_settings(args: argparse.Namespace, bound: list[EnvOption], environ: Any) -> None:
+    """Every setting into `args.settings` (flags > environment > TOML > defaults); bound options filled."""
+    flags: dict[str, tuple[Any, str]] = {}
+    for spec in bound:
+        value = getattr(args, spec.dest)
+        if value is not None:
+            flags[spec.setting] = (value, spec.flag)
+    for raw in getattr(args, "set_settings", None) or ():
+        name, eq, value = raw.partition("=")
+        if not eq or not name.strip():
+            raise UserError(f"--set {raw!r}: want NAME=VALUE, e.g. --set detectors.hang.min_stall_s=30")
+        flags[name.strip()] = (None if value.strip().lower() == "none" else value, f"--set {name.strip()}")
+    try:
+        loaded = gw_settings.load(flags, environ, getattr(args, "config", None))
+    except gw_settings.SettingsError as e:
+        raise UserError(str(e), e.code) from None
+    args.settings = loaded
+    for spec in bound:
+        value = loaded.get(spec.setting)
+        origin = loaded.origin(spec.setting)
+        if origin.kind != "default" and value is not None:  # the option's own checks (> 0, a port, a URL)
+            try:
+                checked = spec.convert(str(value).lower() if isinstance(value, bool) else str(value))
+            except (ValueError, TypeError, argparse.ArgumentTypeError) as e:
+                shown = gw_settings.masked(spec.setting, value)
+                raise UserError(f"{spec.setting} (from {origin}): {e or 'not a valid value'}, got {shown!r}") from None
+            if spec.choices and checked not in spec.choices:
+                raise UserError(f"{spec.setting} (from {origin}): choose one of {', '.join(spec.choices)}, "
+                                f"got {value!r}")
         setattr(args, spec.dest, value)
 
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from gangwatch.cli import report
-from gangwatch.cli.options import EXIT_CORRUPT, EXIT_INPUT, UserError, number, opt, positive
+from gangwatch.cli.options import EXIT_CORRUPT, EXIT_INPUT, UserError, number, opt, positive, settings_opts
 from gangwatch.cli.services import wait_for_kafka, wait_for_store
 
 
@@ -59,23 +59,24 @@ def open_store_for(args: argparse.Namespace, out: Path):
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from gangwatch.streams import replay
+    from gangwatch.triage.engine import Core
 
+    st = args.settings  # detectors' thresholds, triage, topics and sinks: flags > GANGWATCH_* > --config > defaults
     check_inputs(args.files)
     out = args.out
     prepare_out(out, append=args.append)
     extra = []
     if args.publish:
         from gangwatch.sinks.kafka import KafkaSink
-        from gangwatch.streams.topics import TopicSettings
 
         wait_for_kafka(args.publish, args.connect_timeout)
-        t = TopicSettings.from_env()
+        t = st.topic_settings()
         extra.append(KafkaSink(args.publish, findings_topic=t.findings, actions_topic=t.actions,
                                incidents_topic=t.incidents, dlq_topic=t.dlq))
     if args.webhook:
         from gangwatch.sinks.controller import WebhookSink
 
-        extra.append(WebhookSink(args.webhook))
+        extra.append(WebhookSink(args.webhook, st.get("sinks.webhook_secret")))
     if args.alertmanager:
         from gangwatch.sinks.alertmanager import AlertmanagerSink
 
@@ -85,7 +86,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     progress = report.ProgressLine() if show and not args.quiet else None
     try:
         summary = replay.run(args.files, out, store, telemetry=args.telemetry, progress=progress, sinks=extra,
-                             append=args.append)
+                             append=args.append, core=Core(st.core_config()))
     finally:
         if progress is not None:
             progress.done()
@@ -161,18 +162,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "gangwatch store query 'SELECT type, count() FROM gw_findings GROUP BY type' --out out/")
     r.add_argument("files", nargs="+", type=Path, metavar="FILE", help="JSONL or JSONL.gz files of contract-v1 records")
     opt(r, "--out", type=Path, default=Path("gangwatch-out"), help="output directory")
-    opt(r, "--store", help="where rows go: chdb:PATH (embedded, default OUT/store) or clickhouse://HOST:PORT[/DB]",
-        shown_default="chdb:OUT/store")
+    opt(r, "--store", setting="sinks.store", shown_default="chdb:OUT/store",
+        help="where rows go: chdb:PATH (embedded, default OUT/store) or clickhouse://HOST:PORT[/DB]")
     r.add_argument("--no-store", action="store_true", help="write JSONL only")
     r.add_argument("--append", action="store_true", help="add to the outputs already in --out instead of replacing")
-    r.add_argument("--telemetry", action="store_true", help="also store every raw input record (gw_telemetry)")
+    opt(r, "--telemetry", type=bool, setting="sinks.telemetry",
+        help="also store every raw input record (gw_telemetry)")
     opt(r, "--publish", metavar="BOOTSTRAP", help="also publish findings, actions (the alert topic), incidents and "
         "rejects to this Kafka (topic names as `gangwatch topics list`)")
-    opt(r, "--webhook", help="also POST every action to this job-controller URL, signed with "
-        "GANGWATCH_WEBHOOK_SECRET")
-    opt(r, "--alertmanager", metavar="URL", type=http_url, help="also push incidents as alerts to this Alertmanager "
-        "(http://HOST:9093; its v2 API)")
+    opt(r, "--webhook", setting="sinks.webhook", help="also POST every action to this job-controller URL, signed "
+        "with sinks.webhook_secret (GANGWATCH_WEBHOOK_SECRET)")
+    opt(r, "--alertmanager", metavar="URL", type=http_url, setting="sinks.alertmanager",
+        help="also push incidents as alerts to this Alertmanager (http://HOST:9093; its v2 API)")
     connect_timeout_opt(r)
+    settings_opts(r)
     r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress line with percentage and ETA (default: on when stderr is a terminal)")
     r.add_argument("-q", "--quiet", action="store_true", help="no summary")

@@ -193,7 +193,7 @@ def test_a_bad_environment_value_names_the_variable_and_spares_help(capsys, monk
     assert e.value.code == 0 and "GANGWATCH_BATCH_MAX" in capsys.readouterr().out
     code, _, err = run(capsys, "worker")
     line = one_error(err)
-    assert code == EXIT_USAGE and "GANGWATCH_BATCH_MAX='abc'" in line and "--batch-max" in line
+    assert code == EXIT_USAGE and "worker.batch_max (from env GANGWATCH_BATCH_MAX)" in line and "got 'abc'" in line
 
 
 @pytest.mark.parametrize(("raw", "want"), [("false", False), ("0", False), ("off", False), ("yes", True),
