@@ -9,10 +9,12 @@ snapshot, at a fixed event time so the output is the same every run.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
 
+from gangwatch.producers import flight
 from gangwatch.producers.flight import load_dump, to_flight_record
 from gangwatch.producers.kmsg import parse_lines, to_hw_record
 
@@ -63,9 +65,21 @@ def pyspy_records(directory: Path, *, job: str = "job", gpus_per_node: int = 1, 
     return recs
 
 
-def read_text(path: Path, what: str) -> str:
-    """The file as text, refusing binary data (NUL bytes or mostly undecodable bytes) with the reason."""
-    data = path.read_bytes()
+def read_text(path: Path, what: str, max_bytes: int | None = None) -> str:
+    """The file as text, refusing binary data (NUL bytes or mostly undecodable bytes) with the reason.
+
+    A file over `max_bytes` (default `flight.MAX_DUMP_BYTES`: 64 MiB, or `GANGWATCH_MAX_DUMP_BYTES`) is refused
+    by its size on disk, before anything is read.
+    """
+    limit = flight.MAX_DUMP_BYTES if max_bytes is None else max_bytes
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise ValueError(f"{path} is larger than {limit} bytes ({size}): refused unread "
+                             f"({flight.DUMP_LIMIT_ENV} raises the limit)")
+        data = f.read(limit + 1)  # it may have grown since
+    if len(data) > limit:
+        raise ValueError(f"{path} is larger than {limit} bytes: refused")
     if b"\0" in data:
         raise ValueError(f"{path} is not {what}: it holds binary data (NUL bytes)")
     text = data.decode("utf-8", errors="replace")

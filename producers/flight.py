@@ -30,9 +30,13 @@ import pickle
 import re
 from typing import Any
 
+from gangwatch.schemas.codec import size_limit
 from gangwatch.schemas.records import FLIGHT_STATES
 
-MAX_DUMP_BYTES = 256 * 1024 * 1024
+DUMP_LIMIT_ENV = "GANGWATCH_MAX_DUMP_BYTES"
+# The largest dump file read (a flight-recorder pickle, a py-spy dump, a kernel log): larger ones are refused by
+# their size on disk, before a byte is read. `load_dump(max_bytes=)` overrides it.
+MAX_DUMP_BYTES = size_limit(DUMP_LIMIT_ENV, 64 * 1024 * 1024)
 _INT_RE = re.compile(r"-?\d+")
 _ID_MAX = 256  # the contract's limit on ids (pg, desc, op)
 
@@ -63,21 +67,30 @@ class _PlainDataUnpickler(pickle.Unpickler):
         raise UnsafePickleError("refused: the dump uses persistent ids")
 
 
-def load_dump(src: str | os.PathLike[str] | bytes | bytearray | memoryview) -> dict[str, Any]:
+def load_dump(src: str | os.PathLike[str] | bytes | bytearray | memoryview,
+              max_bytes: int | None = None) -> dict[str, Any]:
     """Parse a flight-recorder dump (the pickle bytes, or a path to them) into its dict.
 
     Raises `UnsafePickleError` for a pickle that names any class or function
     (nothing is executed), and `FlightDumpError` for anything else that is not
-    a dump: not a pickle, not a dict, no `entries` list, larger than
-    `MAX_DUMP_BYTES`.
+    a dump: not a pickle, not a dict, no `entries` list, larger than `max_bytes`
+    (default `MAX_DUMP_BYTES`: 64 MiB, or `GANGWATCH_MAX_DUMP_BYTES`). A file is
+    measured before it is read, and never read past the limit.
     """
+    limit = MAX_DUMP_BYTES if max_bytes is None else max_bytes
     if isinstance(src, (bytes, bytearray, memoryview)):
+        if len(src) > limit:
+            raise FlightDumpError(f"dump larger than {limit} bytes ({len(src)}): refused unread")
         data = bytes(src)
     else:
         with open(src, "rb") as f:
-            data = f.read(MAX_DUMP_BYTES + 1)
-    if len(data) > MAX_DUMP_BYTES:
-        raise FlightDumpError(f"dump larger than {MAX_DUMP_BYTES} bytes")
+            size = os.fstat(f.fileno()).st_size
+            if size > limit:
+                raise FlightDumpError(f"dump larger than {limit} bytes ({size}): refused unread "
+                                      f"({DUMP_LIMIT_ENV} raises the limit)")
+            data = f.read(limit + 1)  # it may have grown since
+        if len(data) > limit:
+            raise FlightDumpError(f"dump larger than {limit} bytes: refused")
     try:
         obj = _PlainDataUnpickler(io.BytesIO(data)).load()
     except UnsafePickleError:

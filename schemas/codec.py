@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import types
 import typing
 from collections.abc import Callable
@@ -23,7 +24,22 @@ from typing import Any
 import orjson
 from gangwatch.schemas.records import KINDS, VERSION, WIRE_NAMES, Meta, Record
 
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+MESSAGE_LIMIT_ENV = "GANGWATCH_MAX_MESSAGE_BYTES"
+
+
+def size_limit(env_name: str, default: int) -> int:
+    """A byte limit from the environment variable `env_name` (a positive integer), else `default`."""
+    value = os.environ.get(env_name, "").strip()
+    if not value:
+        return default
+    if not value.isascii() or not value.isdigit() or int(value) <= 0:
+        raise ValueError(f"{env_name} must be a positive number of bytes, got {value!r}")
+    return int(value)
+
+
+# The largest Kafka message value or JSONL line decoded (the producers' own limit: the trainer client and the
+# worker send batches of up to 16 MiB); longer ones are refused unparsed. `decode(max_bytes=)` overrides it.
+MAX_MESSAGE_BYTES = size_limit(MESSAGE_LIMIT_ENV, 16 * 1024 * 1024)
 MAX_BATCH_ITEMS = 1_000_000
 _RAW_KEEP = 4096  # characters of the offending message kept in an error
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
@@ -273,8 +289,14 @@ _BUILDERS: dict[str, Callable[[dict, str], Any]] = {kind: _compile_record(cls) f
 
 
 def _raw_text(data: bytes | str) -> str:
-    text = data if isinstance(data, str) else data.decode("utf-8", "replace")
+    """The start of the message as text: only its first bytes are decoded, however long it is."""
+    text = data[:_RAW_KEEP] if isinstance(data, str) else data[:_RAW_KEEP * 4].decode("utf-8", "replace")
     return text[:_RAW_KEEP]
+
+
+def oversized(size: int, limit: int, what: str = "message") -> DecodeError:
+    """The error for a message, line or file of `size` bytes over `limit`: refused before it is parsed."""
+    return DecodeError(f"{what} larger than {limit} bytes ({size}): refused unread", "", None)
 
 
 def _loads(data: bytes | str) -> Any:
@@ -293,10 +315,15 @@ def _int64(text: str) -> int | float:
     return value if -(1 << 63) <= value < (1 << 64) else float(value)
 
 
-def decode(data: bytes | str) -> list[Record | DecodeError]:
-    """Decode one message into records; errors come back as `DecodeError` values, in place."""
-    if len(data) > MAX_MESSAGE_BYTES:
-        return [DecodeError(f"message larger than {MAX_MESSAGE_BYTES} bytes ({len(data)})", raw=_raw_text(data))]
+def decode(data: bytes | str, max_bytes: int | None = None) -> list[Record | DecodeError]:
+    """Decode one message into records; errors come back as `DecodeError` values, in place.
+
+    A message longer than `max_bytes` (default `MAX_MESSAGE_BYTES`, from `GANGWATCH_MAX_MESSAGE_BYTES`) is one
+    error, `message larger than N bytes`, checked before any parsing.
+    """
+    limit = MAX_MESSAGE_BYTES if max_bytes is None else max_bytes
+    if len(data) > limit:
+        return [dataclasses.replace(oversized(len(data), limit), raw=_raw_text(data))]
     try:
         obj = _loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:

@@ -11,6 +11,7 @@ The same input gives byte-identical JSONL outputs.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import heapq
 import time
@@ -20,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from gangwatch.schemas import DeadLetter, DecodeError, Outputs, Record, decode
+from gangwatch.schemas import DeadLetter, DecodeError, Outputs, Record, codec, decode
+from gangwatch.schemas.codec import oversized
 from gangwatch.sinks.base import Sink
 from gangwatch.sinks.files import JsonlSink
 from gangwatch.sinks.store import Store
@@ -40,11 +42,44 @@ def open_text(path: Path) -> IO[bytes]:
     return _gunzipped(open(path, "rb"))
 
 
-class InputFile:
-    """One input file, read line by line; remembers how far it got and why it stopped early, if it did."""
+_SKIP_CHUNK = 1 << 20  # bytes read at a time while skipping the rest of a line over the limit
+_HEAD_KEEP = 16 * 1024  # bytes of an oversized line kept for its dead letter (DeadLetter keeps 4 KiB of text)
 
-    def __init__(self, path: Path) -> None:
+
+def bounded_lines(fh: IO[bytes], limit: int) -> Iterator[tuple[bytes, int]]:
+    """(line without its newline, its length) for each line of `fh`, never holding more than `limit` + 1 bytes
+    of one line: a longer line comes as (its first bytes, its full length) and the rest of it is read in
+    chunks and dropped, up to the next newline."""
+    while True:
+        line = fh.readline(limit + 1)
+        if not line:
+            return
+        if line.endswith(b"\n"):
+            yield line[:-1], len(line) - 1
+            continue
+        if len(line) <= limit:  # the last line, without a newline
+            yield line, len(line)
+            continue
+        head, size = line[:_HEAD_KEEP], len(line)
+        while True:
+            chunk = fh.readline(_SKIP_CHUNK)
+            size += len(chunk)
+            if not chunk or chunk.endswith(b"\n"):
+                break
+        yield head, size - (1 if chunk.endswith(b"\n") else 0)
+
+
+class InputFile:
+    """One input file, read line by line; remembers how far it got and why it stopped early, if it did.
+
+    A line longer than `max_line_bytes` (default: the codec's `MAX_MESSAGE_BYTES`, 16 MiB, from
+    `GANGWATCH_MAX_MESSAGE_BYTES`) is never read whole nor parsed: it becomes one error item,
+    `line larger than N bytes`, which replay writes to `rejected.jsonl` like any bad line.
+    """
+
+    def __init__(self, path: Path, max_line_bytes: int | None = None) -> None:
         self.path = path
+        self.max_line_bytes = max_line_bytes
         self.size = path.stat().st_size
         self._raw: IO[bytes] | None = None
         self.stopped: str | None = None  # "FILE line N: why", when the file ended before its end
@@ -66,10 +101,16 @@ class InputFile:
             self._raw = raw
             fh = _gunzipped(raw)
             try:
-                for n, line in enumerate(fh, 1):
+                limit = codec.MAX_MESSAGE_BYTES if self.max_line_bytes is None else self.max_line_bytes
+                for n, (line, size) in enumerate(bounded_lines(fh, limit), 1):
+                    if size > limit:
+                        err = dataclasses.replace(oversized(size, limit, "line"), raw=line[:4096].decode(
+                            "utf-8", "replace"))
+                        yield Item(last_ts, source, n, err)
+                        continue
                     if not line.strip():
                         continue
-                    for v in decode(line):
+                    for v in decode(line, max_bytes=limit):
                         if isinstance(v, DecodeError):
                             yield Item(last_ts, source, n, v)  # keep errors in place, by the previous record's time
                         else:
