@@ -76,11 +76,14 @@ def cmd_topics_tail(args: argparse.Namespace) -> int:
     import orjson
     from kafka import KafkaConsumer
 
+    from gangwatch.schemas.security import kafka_python_security
+
     wait_for_kafka(args.bootstrap, args.connect_timeout)
     topic = args.topic if "." in args.topic else _topic_settings(args).name(args.topic)
     consumer = KafkaConsumer(topic, bootstrap_servers=args.bootstrap, client_id="gangwatch-tail",
                              auto_offset_reset="earliest" if args.from_beginning else "latest",
-                             enable_auto_commit=False, consumer_timeout_ms=int(args.timeout * 1000))
+                             enable_auto_commit=False, consumer_timeout_ms=int(args.timeout * 1000),
+                             **kafka_python_security())  # GANGWATCH_KAFKA_* SASL/SSL
     shown = 0
     try:
         for msg in consumer:
