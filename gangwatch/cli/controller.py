@@ -52,7 +52,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
     try:
         if args.listen:
             [(host, port)] = hostports(args.listen, 8080)
-            webhook = WebhookSource(host, port, secret)
+            webhook = WebhookSource(host, port, secret, tolerance_s=args.signature_tolerance)
             sources.append(webhook)
             logging.getLogger("gangwatch.controller").info("webhook receiver at %s", webhook.url)
         topic.wait_assigned(args.connect_timeout)
@@ -95,6 +95,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="applied action ids, the node set, and each launch's logs (runs/attempt-N/)")
     opt(c, "--listen", help="take actions from signed webhook POSTs at HOST:PORT instead of the topic "
         "(secret in GANGWATCH_WEBHOOK_SECRET)")
+    opt(c, "--signature-tolerance", type=positive(number), default=300.0,
+        help="--listen: seconds a webhook signature's timestamp may be from this clock; older (or replayed) "
+        "requests are refused")
     opt(c, "--group", help="consumer group", shown_default="gangwatch-controller-JOB")
     opt(c, "--rdzv-host", default="127.0.0.1", help="address the torchrun rendezvous listens on")
     opt(c, "--resume-timeout", type=positive(number), default=300.0,
