@@ -145,7 +145,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "time, and publish findings, actions (the alert topic) and incidents keyed by job; bad "
                        "messages go to the DLQ topic with the reason, topic, partition and offset. Start several "
                        "workers with the same --app-id to share the partitions; a worker that dies is replaced "
-                       "with its jobs' state (Faust tables backed by changelog topics). Stop with Ctrl-C / TERM.",
+                       "with its jobs' state (Faust tables backed by changelog topics). Stop with Ctrl-C / TERM. "
+                       "Every setting, detector thresholds and triage budgets included, also comes from --set, "
+                       "GANGWATCH_* variables and --config (`gangwatch config show` lists them).",
                        epilog="topics (prefix gw. by default): inputs telemetry (step, heartbeat, framework; key job), "
                        "jobs (job), node-events (hw, gpu; key node), traces (stack, flight), ops (ops, recovery); "
                        "outputs findings, actions, incidents, dlq. They are created if missing.\n"

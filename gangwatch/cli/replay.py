@@ -157,7 +157,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Decode the files (batches unpacked), merge them by event time, run the "
                        "detectors and triage, and write findings/actions/incidents as JSONL plus the embedded "
                        "chDB store. Bad lines go to rejected.jsonl with the reason. A rerun into the same --out "
-                       "replaces its outputs (store included) unless --append.",
+                       "replaces its outputs (store included) unless --append. Detector thresholds and triage "
+                       "settings come from --set, GANGWATCH_* variables and --config (`gangwatch config show`).",
                        epilog="example: gangwatch replay run.jsonl.gz --out out/ && "
                        "gangwatch store query 'SELECT type, count() FROM gw_findings GROUP BY type' --out out/")
     r.add_argument("files", nargs="+", type=Path, metavar="FILE", help="JSONL or JSONL.gz files of contract-v1 records")

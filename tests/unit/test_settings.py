@@ -333,3 +333,15 @@ def test_help_stays_fast_without_pydantic():
            "if m.split('.')[0] in ('pydantic', 'pydantic_settings', 'numpy', 'faust')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_example_file_in_the_docs_loads_and_means_what_it_says(tmp_path):
+    import re
+
+    page = (Path(__file__).parents[2] / "docs" / "settings.md").read_text()
+    (example,) = re.findall(r"```toml\n(.*?)```", page, re.S)
+    st = S.load({}, {}, toml(tmp_path, example))
+    ws = st.worker_settings()
+    assert ws.core.detectors["hang"].min_stall_s == 45.0 and ws.core.detectors["failstop"].miss_factor == 3.0
+    assert ws.topics.prefix == "prod." and ws.batch_max == 5000 and ws.core.triage.spares == 4
+    assert st.source("triage.budgets.detect") == "toml" and st.source("worker.tick_s") == "default"
