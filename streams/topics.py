@@ -49,11 +49,12 @@ class TopicSettings:
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> TopicSettings:
-        """Defaults, then GANGWATCH_TOPIC_<FIELD> variables, then explicit (non-None) overrides."""
+        """Defaults, then GANGWATCH_TOPIC_<FIELD> variables, then GANGWATCH_TOPICS__<FIELD> (the settings
+        object's names, `gangwatch.settings`), then explicit (non-None) overrides."""
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         for f in fields(cls):
-            raw = env.get(f"GANGWATCH_TOPIC_{f.name.upper()}")
+            raw = env.get(f"GANGWATCH_TOPICS__{f.name.upper()}") or env.get(f"GANGWATCH_TOPIC_{f.name.upper()}")
             if raw:
                 values[f.name] = int(raw) if f.type in ("int", int) else raw
         values.update({k: v for k, v in overrides.items() if v is not None})

@@ -134,6 +134,9 @@ def test_the_older_flat_variables_still_work_below_the_nested_ones():
     assert loaded.get("topics.prefix") == "old."
     both = S.load({}, {"GANGWATCH_BATCH_MAX": "9", "GANGWATCH_WORKER__BATCH_MAX": "10"})
     assert both.get("worker.batch_max") == 10
+    from gangwatch.streams.topics import TopicSettings  # what `topics`, `publish` and the controller read
+
+    assert TopicSettings.from_env({"GANGWATCH_TOPICS__PREFIX": "n.", "GANGWATCH_TOPIC_PREFIX": "o."}).prefix == "n."
 
 
 def test_cli_flags_and_set_win_and_fill_the_options(tmp_path):
@@ -345,3 +348,26 @@ def test_the_example_file_in_the_docs_loads_and_means_what_it_says(tmp_path):
     assert ws.core.detectors["hang"].min_stall_s == 45.0 and ws.core.detectors["failstop"].miss_factor == 3.0
     assert ws.topics.prefix == "prod." and ws.batch_max == 5000 and ws.core.triage.spares == 4
     assert st.source("triage.budgets.detect") == "toml" and st.source("worker.tick_s") == "default"
+
+
+def test_the_worker_runs_with_the_settings_of_flags_variables_and_file(monkeypatch, tmp_path):
+    from gangwatch.streams import worker
+
+    from gangwatch.cli import kafka
+
+    ran = []
+    monkeypatch.setattr(kafka, "wait_for_kafka", lambda *a: None)
+    monkeypatch.setattr(worker, "run", lambda s, **kw: ran.append(s))
+    for k in [k for k in os.environ if k.startswith("GANGWATCH_")]:
+        monkeypatch.delenv(k)
+    cfg = toml(tmp_path, "[worker]\nsession_timeout_s = 45\n[triage.safety]\nmax_evict_nodes = 3\n")
+    monkeypatch.setenv("GANGWATCH_DETECTORS__HANG__MIN_STALL_S", "30")
+    monkeypatch.setenv("GANGWATCH_TOPICS__PREFIX", "prod.")
+    assert main(["worker", "--config", str(cfg), "--batch-max", "7", "--lateness", "2.5", "--no-silence"]) == 0
+    (s,) = ran
+    assert (s.batch_max, s.silence, s.lateness_s, s.topics.prefix) == (7, False, 2.5, "prod.")
+    assert s.session_timeout_s == 45.0 and s.request_timeout_s == 55.0  # not given: session + 10
+    assert s.core.detectors["hang"].min_stall_s == 30.0 and s.core.triage.safety.max_evict_nodes == 3
+    assert s.core.lateness_s == 2.5 and s.web is False and s.metrics_port == 9464
+    assert main(["worker", "--web-port", "8080", "--request-timeout", "50"]) == 0
+    assert (ran[-1].web, ran[-1].web_port, ran[-1].request_timeout_s) == (True, 8080, 50.0)
