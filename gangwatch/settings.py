@@ -23,6 +23,7 @@ pydantic and pydantic-settings are imported by `load()`, never at import time, s
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import importlib
 import os
@@ -143,16 +144,6 @@ def _hints(dc: type) -> dict[str, Any]:
     return typing.get_type_hints(dc)
 
 
-def _sections() -> dict[str, dict[str, tuple[Any, Any]]]:
-    """section -> field -> (type, default) for the plain sections (detectors apart)."""
-    out = {}
-    for sec in SECTIONS:
-        dc = sec.dataclass()
-        hints, inst = _hints(dc), dc()
-        out[sec.name] = {f.name: (hints[f.name], getattr(inst, f.name)) for f in sec.fields()}
-    return out
-
-
 def _detector_types() -> dict[str, type]:
     from gangwatch.detectors.monitor import detector_configs
 
@@ -210,7 +201,7 @@ def model() -> type:
     sections[DETECTORS] = dets_model
 
     def customise(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
-        return _SOURCES[0](settings_cls, init_settings)
+        return _SOURCES.get()(settings_cls, init_settings)
 
     ns: dict[str, Any] = {
         "__annotations__": dict(sections),
@@ -223,7 +214,8 @@ def model() -> type:
     return type("GangwatchSettings", (BaseSettings,), ns)
 
 
-_SOURCES: list[Any] = [None]  # the sources of the `load()` under way (pydantic-settings asks the class for them)
+# the sources of the `load()` under way: pydantic-settings asks the class for them, `load()` decides them
+_SOURCES: contextvars.ContextVar[Any] = contextvars.ContextVar("gangwatch_settings_sources")
 
 
 # --- loading ---------------------------------------------------------------------------------------------
@@ -459,7 +451,7 @@ def load(flags: Mapping[str, tuple[Any, str]] | None = None, environ: Mapping[st
         return (InitSettingsSource(settings_cls, flag_values), Given(settings_cls, nested_env),
                 Given(settings_cls, aliases), Given(settings_cls, toml))
 
-    _SOURCES[0] = sources
+    token = _SOURCES.set(sources)
     try:
         obj = cls()
     except ValidationError as e:
@@ -471,5 +463,5 @@ def load(flags: Mapping[str, tuple[Any, str]] | None = None, environ: Mapping[st
                                 f"{', '.join(unknown)} (`gangwatch config show` lists them all)", 3) from None
         raise SettingsError("; ".join(_explain(x, layers) for x in errors)) from None
     finally:
-        _SOURCES[0] = None
+        _SOURCES.reset(token)
     return Loaded(obj.model_dump(), layers)
