@@ -65,7 +65,7 @@ class EnvOption:
     convert: Callable[[str], Any]
     default: Any
     choices: tuple[str, ...] | None = None
-    setting: str = ""  # a path in gangwatch.settings: its value comes from the settings object
+    setting: str = ""  # a path in gangwatch.settings: its value (and `env`'s) comes from the settings object
 
 
 class _SettingHelp(str):
@@ -104,7 +104,7 @@ def opt(p: argparse.ArgumentParser, *flags: str, type: Callable[[str], Any] = st
         names = [gw_settings.env_name(setting), *([gw_settings.ALIAS_OF[setting]]
                                                   if setting in gw_settings.ALIAS_OF else [])]
         notes.append(f"env {' or '.join(names)}")
-        name, env = "", False  # the settings read the variables
+        name = names[-1]  # the variable deployments know it by (`resolve` leaves it to the settings to read)
     elif env:
         notes.append(f"env {name}")
     if shown is not None and shown is not False:
