@@ -5,6 +5,7 @@
 - `WorkerProc`: `gangwatch worker` in a subprocess, with test settings; stop = TERM, wait, KILL.
 - `read_all()` / `wait_for()`: read topics from the beginning (no consumer group), poll to a condition.
 - `caught_up()`: has a consumer group committed every message of some topics?
+- `PrivateBroker`: a broker of one test's own (deploy/kafka/broker.sh on free ports), which it may kill.
 """
 
 from __future__ import annotations
@@ -223,3 +224,48 @@ def group_members(bootstrap: str, group: str) -> int:
         return len(info.get("members") or []) if info.get("group_state") == "Stable" else 0
     finally:
         admin.close()
+
+
+class PrivateBroker:
+    """A real broker for one test (deploy/kafka/broker.sh, its own ports and directory), to kill and restart.
+
+    The shared broker of the session must never go down; this one may: `kill()` is SIGKILL (no clean
+    shutdown, as a crashed machine), `start()` again recovers its data.
+    """
+
+    def __init__(self, workdir: Path) -> None:
+        from gangwatch.streams.launcher import free_port
+
+        self.port = free_port("127.0.0.1")
+        self.dir = workdir / "kafka"
+        self.env = {**os.environ, "GANGWATCH_KAFKA_PORT": str(self.port),
+                    "GANGWATCH_KAFKA_CONTROLLER_PORT": str(free_port("127.0.0.1")),
+                    "GANGWATCH_KAFKA_DIR": str(self.dir), "GANGWATCH_KAFKA_HEAP_OPTS": "-Xms128m -Xmx512m",
+                    "PYTHON": sys.executable}
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _run(self, command: str) -> None:
+        done = subprocess.run([str(REPO / "deploy" / "kafka" / "broker.sh"), command], env=self.env,
+                              capture_output=True, text=True, timeout=240)
+        if done.returncode != 0:
+            raise RuntimeError(f"broker.sh {command} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+
+    def start(self) -> None:
+        self._run("start")
+
+    def kill(self) -> None:
+        pid = int((self.dir / "broker.pid").read_text())
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(100):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"the broker (pid {pid}) survived SIGKILL for 10 s")
+
+    def stop(self) -> None:
+        self._run("stop")

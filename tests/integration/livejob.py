@@ -64,9 +64,10 @@ class Fault:
 
 class LiveJob:
     def __init__(self, bootstrap: str, topics: TopicSettings, clickhouse: tuple[str, int], workdir: Path, *,
-                 job: str, fault: Fault | None = None, webhook: bool = False) -> None:
+                 job: str, fault: Fault | None = None, webhook: bool = False,
+                 worker_extra: tuple[str, ...] = ()) -> None:
         self.bootstrap, self.topics, self.workdir, self.job, self.fault = bootstrap, topics, workdir, job, fault
-        self.webhook = webhook
+        self.webhook, self.worker_extra = webhook, worker_extra
         self.host, self.port = clickhouse
         self.store = ClickHouseStore(self.host, self.port, database=job)  # creates the database
         self.store.create_tables()  # the worker creates them too; here they exist before the first query
@@ -84,7 +85,8 @@ class LiveJob:
         listen = f"127.0.0.1:{free_port('127.0.0.1')}" if self.webhook else ""
         webhook = ("--webhook", f"http://{listen}/actions") if listen else ()
         secret = {SECRET_ENV: f"secret-of-{self.job}"} if listen else {}
-        self._spawn("worker", worker_args(self.bootstrap, self.job, self.topics, "--store", url, *webhook), env=secret)
+        self._spawn("worker", worker_args(self.bootstrap, self.job, self.topics, "--store", url, *webhook,
+                                              *self.worker_extra), env=secret)
         for node in (*NODES, *SPARES):
             self._spawn(f"agent-{node}", self._gangwatch("agent", "--node", node, "--kmsg", "off", "--gpu-every", "0",
                                                          "--spool-dir", str(self.workdir / f"spool-{node}")))
