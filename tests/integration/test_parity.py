@@ -17,6 +17,12 @@ and the rest after the Xid was consumed: live order, where the hop is faster
 than the gap between records. `--no-silence` keeps the pauses from counting as
 silence (replay has no wall clock either); `test_silence_*` checks the timer.
 
+Several jobs (`test_several_jobs_*`): three jobs interleaved on the topics, with
+a fail-stop, an Xid (a node event), and a topology change followed by a fail-stop,
+published whole before the worker starts, so every input including the node-event
+hop is read as a backlog at full speed; then again with the worker killed halfway.
+Each job's outputs equal replay's, in order.
+
 Handover: a worker killed after its offsets were committed (`test_restart_*`)
 or mid-stream with a second worker in the group (`test_two_workers_*`) is
 replaced from the changelogs with the same results; in the second case outputs
@@ -249,3 +255,93 @@ def test_bad_messages_go_to_the_dlq_with_where_they_came_from(kafka_bootstrap, t
     assert dead[1]["field"] == "rank" and dead[1]["kind"] == "heartbeat"
     wait_for(lambda: caught_up(kafka_bootstrap, unique, topics.job_inputs), DEADLINE, "all input consumed", proc=w)
     assert kafka_outputs(kafka_bootstrap, topics)["findings"] == []  # the good records ran, quietly
+
+
+# --- several jobs, as a backlog -------------------------------------------------------------------
+
+
+def several_jobs() -> list:
+    """Three jobs on their own nodes, interleaved in one stream: j1 loses n001 at 20 s; j2 gets a fatal Xid 79 on
+    n012 at 30.5 s (a node event, re-keyed by job through `by-job`); j3 stays healthy but is restarted at 15 s on
+    a new node (a second job record: a topology change) and then loses it at 22 s. Every fault is decided
+    within its own job's records (the worker runs with `--no-silence`: no wall clock moves a job)."""
+    import dataclasses
+
+    from gangwatch.schemas import Job
+
+    def moved(recs: list, job: str, first_node: int) -> list:
+        out = []
+        for r in recs:
+            if isinstance(r, Job):
+                r = dataclasses.replace(r, job=job, ranks=[
+                    dataclasses.replace(ri, node=f"n{int(ri.node[1:]) + first_node:03d}") for ri in r.ranks])
+            elif r.kind == "hw":
+                r = dataclasses.replace(r, node=f"n{int(r.node[1:]) + first_node:03d}")
+            else:
+                r = dataclasses.replace(r, job=job)
+            out.append(r)
+        return out
+
+    j1 = moved(scenario(seconds=40, silent="n001", xid_node=None), "j1", 0)
+    j2 = moved(scenario(seconds=40, silent=None, xid_node="n002", xid_at=30.5), "j2", 10)
+    j3 = moved(scenario(seconds=40, nodes=2, silent=None, xid_node=None), "j3", 20)
+    [first] = [r for r in j3 if r.kind == "job"]
+    restart = dataclasses.replace(first, ts=first.ts + 15.0004, ranks=[
+        dataclasses.replace(ri, node="n029" if ri.node == "n021" else ri.node) for ri in first.ranks])
+    silent_from = first.ts + 22.0
+    j3 = [r for r in j3 if not (r.kind in ("step", "heartbeat") and r.rank >= 4 and r.ts >= silent_from)]
+    return sorted([*j1, *j2, *j3, restart], key=lambda r: r.ts)
+
+
+def by_job(values) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for rec in records(values):
+        out.setdefault(rec.job, []).append(rec)
+    return out
+
+
+def assert_same_per_job(bootstrap: str, t: TopicSettings, expected: dict[str, list], *, by_id: bool = False) -> None:
+    """Each job's outputs equal replay's, in the same order (jobs interleave differently across partitions)."""
+    got = kafka_outputs(bootstrap, t)
+    for name in ("findings", "actions", "incidents"):
+        mine = by_job(got[name])
+        if by_id:
+            mine = {j: [r for i, r in enumerate(rs) if (r.id, r.ts) not in {(q.id, q.ts) for q in rs[:i]}]
+                    for j, rs in mine.items()}
+        want: dict[str, list] = {}
+        for rec in as_records(expected[name]):
+            want.setdefault(rec.job, []).append(rec)
+        assert mine == want, name
+    assert got["dlq"] == [] and expected["rejected"] == []
+
+
+def test_several_jobs_as_a_backlog_match_replay(kafka_bootstrap, topics, unique, tmp_path, workers):
+    """Everything, node events included, is on the topics before the worker starts: read at full speed, the
+    inputs run at different speeds, and the worker must still give replay's outputs job by job."""
+    msgs = messages(several_jobs(), topics)
+    expected = replay_outputs(tmp_path, msgs)
+    cases = {(f["job"], f["type"], f.get("node")) for f in expected["findings"]}
+    assert {("j1", "fail_stop", "n001"), ("j2", "hw_fault", "n012"), ("j3", "fail_stop", "n029")} <= cases, cases
+    produce(kafka_bootstrap, msgs)
+    w = workers(*worker_args(kafka_bootstrap, unique, topics, "--no-silence"))
+    wait_for(lambda: counts_reached(kafka_bootstrap, topics, expected), DEADLINE, "the expected outputs", proc=w)
+    wait_for(lambda: caught_up(kafka_bootstrap, unique, topics.inputs), DEADLINE, "all input consumed", proc=w)
+    assert_same_per_job(kafka_bootstrap, topics, expected)
+
+
+def test_several_jobs_as_a_backlog_with_the_worker_killed_in_the_middle(kafka_bootstrap, topics, unique, tmp_path,
+                                                                        workers):
+    msgs = messages(several_jobs(), topics)
+    expected = replay_outputs(tmp_path, msgs)
+    half = len(msgs) // 2
+    produce(kafka_bootstrap, msgs[:half])
+    first = workers(*worker_args(kafka_bootstrap, unique, topics, "--no-silence"))
+    wait_for(lambda: caught_up(kafka_bootstrap, unique, topics.job_inputs), DEADLINE, "the first half consumed",
+             proc=first)
+    first.kill()  # no goodbye: its jobs move to the next worker through the changelogs
+    produce(kafka_bootstrap, msgs[half:])
+    second = workers(*worker_args(kafka_bootstrap, unique, topics, "--no-silence"))
+    wait_for(lambda: counts_reached(kafka_bootstrap, topics, expected), DEADLINE + 30, "the expected outputs",
+             proc=second)
+    wait_for(lambda: caught_up(kafka_bootstrap, unique, topics.inputs), DEADLINE, "all input consumed", proc=second)
+    assert_same_per_job(kafka_bootstrap, topics, expected, by_id=True)
