@@ -41,12 +41,18 @@ Alertmanager's contract, and how it is kept:
   are resolved and new ones fire, so nothing is left firing under a stale name.
 
 Sending happens on a background thread, so neither the replay loop nor the
-worker's event loop waits on HTTP: `write` only updates what should be firing,
-`flush` wakes the thread, `close` sends what is pending within `close_timeout_s`
-and stops it. A failed POST (connection error, 5xx, 429) is retried at the next
-wake-up or resend; a 4xx answer is logged with Alertmanager's reason and the
-batch dropped (sending it again cannot help). Delivery is best effort: alerts
-are notifications, the record of an incident is the store and the topics.
+worker's event loop waits on HTTP (it is an `AsyncSink`: the worker does not
+wrap it in a queue): `write` only updates what should be firing, `flush` wakes
+the thread, `close` sends what is pending within `close_timeout_s`, stops it
+and returns how many updates were left. A failed POST (connection error,
+timeout, 5xx, 408, 429) is transient: the thread waits `backoff_s`, doubling up
+to `max_backoff_s` (flushes meanwhile do not hurry it), then sends again. Any
+other 4xx is permanent: logged with Alertmanager's reason, and each alert of
+the batch becomes a dead letter (`take_dead()`, source `sink:alertmanager`)
+instead of being sent again (which cannot help). The outbox holds one update
+per label set; `pressure()` is True while it is over `high_water` (until it is
+at `low_water`). Delivery is best effort: alerts are notifications, the record
+of an incident is the store and the topics.
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gangwatch.schemas import Action, DeadLetter, Finding, Incident, Outputs, Record
+from gangwatch.sinks.controller import retryable
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +128,9 @@ class AlertmanagerSink:
     def __init__(self, url: str, *, resend_s: float = 60.0, ttl_s: float | None = None,
                  labels: Mapping[str, str] | None = None, report_url: str | None = None, timeout_s: float = 5.0,
                  close_timeout_s: float = 10.0, background: bool = True, send: Sender | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, backoff_s: float = 0.5, max_backoff_s: float = 30.0,
+                 high_water: int = 10_000, low_water: int = 5_000,
+                 sleep: Callable[[float], None] | None = None) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"Alertmanager URL must be http(s)://HOST[:PORT][/prefix], got {url!r}")
@@ -155,8 +164,16 @@ class AlertmanagerSink:
         self._last_resend = clock()
         self.posts = 0  # POSTs that Alertmanager accepted
         self.failures = 0  # POSTs that failed
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.high_water, self.low_water = high_water, min(low_water, high_water - 1)
+        self._pressed = False
+        self._dead: list[DeadLetter] = []
+        self.retries = 0  # transient failures waited out before sending again
+        self.name = "alertmanager"
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._backoff_wait = sleep or self._stop.wait  # the wait after a failure; close() cuts it short
         self._thread: threading.Thread | None = None
         if background:
             self._thread = threading.Thread(target=self._loop, name="gangwatch-alertmanager", daemon=True)
@@ -195,26 +212,56 @@ class AlertmanagerSink:
         else:
             self._wake.set()
 
-    def close(self) -> None:
-        """Send what is still pending (within `close_timeout_s`) and stop. Open alerts are not resolved:
-        the incidents are still open; they expire after `ttl_s` unless another process re-sends them."""
+    def close(self, timeout_s: float | None = None) -> int:
+        """Send what is still pending (within `close_timeout_s`) and stop; return the updates left unsent.
+        Open alerts are not resolved: the incidents are still open; they expire after `ttl_s` unless
+        another process re-sends them."""
+        timeout_s = self.close_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
         if self._thread is not None:
             self._stop.set()
             self._wake.set()
-            self._thread.join(self.close_timeout_s)
+            self._thread.join(timeout_s)
             self._thread = None
-        deadline = time.monotonic() + self.close_timeout_s
         while self.pending() and time.monotonic() < deadline:
             if self._send_pending():
                 break
             time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-        if self.pending():
-            log.warning("alertmanager %s: %d alert update(s) not delivered at close", self.url, self.pending())
+        left = self.pending()
+        if left:
+            log.warning("alertmanager %s: %d alert update(s) not delivered at close", self.url, left)
+        return left
 
     def pending(self) -> int:
         """Alert updates waiting to be sent."""
         with self._lock:
             return len(self._outbox)
+
+    def pressure(self) -> bool:
+        """True from when the outbox reaches `high_water` updates until it is down to `low_water`."""
+        depth = self.pending()
+        if depth >= self.high_water:
+            self._pressed = True
+        elif depth <= self.low_water:
+            self._pressed = False
+        return self._pressed
+
+    def take_dead(self) -> list[DeadLetter]:
+        """The dead letters of alerts Alertmanager refused (4xx) since the last call."""
+        with self._lock:
+            out, self._dead = self._dead, []
+        return out
+
+    def drain(self, timeout_s: float) -> int:
+        """Wake the sender and wait (at most `timeout_s`) until nothing is pending; return what is left."""
+        deadline = time.monotonic() + timeout_s
+        if self._thread is None:
+            self._send_pending()
+            return self.pending()
+        while self.pending() and time.monotonic() < deadline:
+            self._wake.set()
+            self._stop.wait(0.01)
+        return self.pending()
 
     def firing(self) -> list[dict[str, Any]]:
         """The alerts currently kept firing (for inspection)."""
@@ -319,13 +366,19 @@ class AlertmanagerSink:
     # --- sending ------------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        failures = 0
         while not self._stop.is_set():
             due = self._last_resend + self.resend_s - self._clock()
             self._wake.wait(timeout=max(0.05, min(due, self.resend_s)))
             self._wake.clear()
             if self._stop.is_set():
                 return
-            self._send_pending()
+            if self._send_pending() or not self.pending():
+                failures = 0
+                continue
+            failures += 1  # transient: wait before the next try, whatever flushes come meanwhile
+            self.retries += 1
+            self._backoff_wait(min(self.max_backoff_s, self.backoff_s * 2 ** (failures - 1)))
 
     def _send_pending(self) -> bool:
         """One POST of every pending update (and, when due, a re-send of every firing alert); True on success."""
@@ -350,12 +403,17 @@ class AlertmanagerSink:
             self.posts += 1
             return True
         self.failures += 1
-        if status is not None and 400 <= status < 500 and status != 429:
-            log.error("alertmanager %s refused %d alert(s): %s; dropped", self.url, len(batch), error)
+        if not retryable(status):
+            log.error("alertmanager %s refused %d alert(s): %s; not sent again (dead letters)", self.url,
+                      len(batch), error)
             with self._lock:
                 for labels, alert in batch.items():
                     if self._outbox.get(labels) is alert:
                         del self._outbox[labels]
+                    self._dead.append(DeadLetter(
+                        reason=f"not delivered to the alertmanager sink: permanent: {error}",
+                        source="sink:alertmanager", kind="alert", raw=json.dumps(alert)[:4096], ts=now))
+                del self._dead[:-10_000]
             return False
         log.warning("alertmanager %s: sending %d alert(s) failed (%s); retried at the next flush or resend",
                     self.url, len(batch), error)

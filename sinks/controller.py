@@ -21,10 +21,14 @@ and the receiver's idempotency by action id still makes it act once. The
 sender's and receiver's clocks must agree to within the tolerance. The old
 body-only ``sha256=<hex>`` form (before v1) is refused.
 
-Delivery is at least once, and bounded: connection errors, 5xx and 429 are
-retried with exponential backoff and jitter from a seeded RNG (a `Retry-After`
-is honoured, up to a cap), at most `max_attempts` tries within `deadline_s`;
-any other status is final. An action that finally fails is kept in `failed` and
+Delivery is at least once, and bounded: connection errors, timeouts, 5xx, 408
+and 429 are retried with exponential backoff and jitter from a seeded RNG (a
+`Retry-After` is honoured, up to a cap), at most `max_attempts` tries within
+`deadline_s`; any other status is final. With `single_attempt=True` (how the
+worker runs it, inside a `sinks.queued.QueuedSink` that retries off the event
+loop) `write` makes one POST per action and raises `DeliveryError` (transient
+or not, by the same rule) at the first failure; it remembers the ids delivered,
+so the queue's retry of the same outputs resumes after them. An action that finally fails is kept in `failed` and
 handed to the optional dead-letter callback: never dropped silently. Findings
 and incidents are not sent; `collect_stacks` actions are (the controller relays
 them to the node sidecars). The secret (argument or `GANGWATCH_WEBHOOK_SECRET`)
@@ -53,6 +57,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from gangwatch.schemas import Action, DeadLetter, Outputs, Record, encode
+from gangwatch.sinks.base import DeliveryError
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +66,13 @@ SIGNATURE_HEADER = "X-Gangwatch-Signature"
 ACTION_HEADER = "X-Gangwatch-Action"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 _ERROR_BODY_KEEP = 200  # characters of a controller's error response kept in a failure
+_DELIVERED_KEEP = 100_000  # action ids remembered as delivered (single_attempt mode)
+
+
+def retryable(status: int | None) -> bool:
+    """Whether a POST that ended with `status` (None: no response: refused, reset, timed out) may be retried:
+    connection errors, 408, 429 and 5xx; every other 4xx says the request itself is wrong."""
+    return status is None or status in (408, 429) or status >= 500
 
 
 DEFAULT_TOLERANCE_S = 300.0  # how far a signature's timestamp may be from the receiver's clock
@@ -304,6 +316,7 @@ class Delivery:
     status: int | None
     error: str
     elapsed_s: float
+    retry_after: float | None = None  # the last answer's Retry-After, seconds
 
 
 class WebhookSink:
@@ -326,7 +339,8 @@ class WebhookSink:
                  dead_letter: Callable[[Delivery], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  wall_clock: Callable[[], float] = time.time, ssl_context: ssl.SSLContext | None = None,
-                 proxies: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None) -> None:
+                 proxies: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None,
+                 single_attempt: bool = False) -> None:
         scheme = urllib.parse.urlsplit(url).scheme
         if scheme not in ("http", "https"):
             raise ValueError(f"webhook URL must be http or https, got {scheme or 'no'} scheme")
@@ -353,6 +367,8 @@ class WebhookSink:
         if ssl_context is not None:
             handlers.append(urllib.request.HTTPSHandler(context=ssl_context))
         self._opener = urllib.request.build_opener(*handlers)
+        self.single_attempt = single_attempt
+        self._delivered: dict[str, None] = {}  # ids delivered, oldest first (single_attempt mode)
         self.failed: list[Delivery] = []
         self.sent = 0  # actions delivered (2xx)
         self.attempts = 0  # POSTs made, retries included
@@ -364,9 +380,25 @@ class WebhookSink:
     # --- the Sink protocol ----------------------------------------------------------
 
     def write(self, out: Outputs) -> None:
-        """Deliver the actions now (the controller should not wait for a checkpoint)."""
+        """Deliver the actions now (the controller should not wait for a checkpoint).
+
+        With `single_attempt`: one POST per action not delivered before; the first failure raises
+        `DeliveryError` (`transient` by `retryable`), and what follows it waits for the retry."""
+        if not self.single_attempt:
+            for action in out.actions:
+                self.deliver(action)
+            return
         for action in out.actions:
-            self.deliver(action)
+            if action.id in self._delivered:
+                continue
+            d = self.deliver(action, attempts=1)
+            if not d.ok:
+                transient = retryable(d.status)
+                raise DeliveryError(f"action {action.id} ({action.type}): {d.error}", transient=transient,
+                                    retry_after=d.retry_after, ids=() if transient else (action.id,))
+            self._delivered[action.id] = None
+            if len(self._delivered) > _DELIVERED_KEEP:
+                del self._delivered[next(iter(self._delivered))]
 
     def reject(self, dead: DeadLetter) -> None:
         pass
@@ -385,8 +417,12 @@ class WebhookSink:
 
     # --- delivery -------------------------------------------------------------------
 
-    def deliver(self, action: Action) -> Delivery:
-        """POST one action until it is accepted or the retry budget is spent; never raises on I/O."""
+    def deliver(self, action: Action, attempts: int | None = None) -> Delivery:
+        """POST one action until it is accepted or the retry budget is spent; never raises on I/O.
+
+        `attempts` (default `max_attempts`) bounds the POSTs; with `single_attempt` a failure is the
+        caller's to retry and is neither kept in `failed` nor handed to the dead-letter callback."""
+        max_attempts = self.max_attempts if attempts is None else attempts
         body = encode(action)
         headers = {
             "Content-Type": "application/json",
@@ -410,12 +446,11 @@ class WebhookSink:
             if status is not None and 200 <= status < 300:
                 self.sent += 1
                 return Delivery(action, True, attempt, status, "", self._clock() - start)
-            retryable = status is None or status == 429 or status >= 500
-            if not retryable:
+            if not retryable(status):
                 log.error("webhook %s rejected action %s (%s): %s; not retried", _mask_url(self.url), action.id,
                           action.type, error)
                 break
-            if attempt >= self.max_attempts:
+            if attempt >= max_attempts:
                 break
             delay = self._delay(attempt, retry_after)
             if self._clock() - start + delay > self.deadline_s:
@@ -424,7 +459,8 @@ class WebhookSink:
             log.warning("webhook %s: action %s attempt %d failed (%s); retry in %.2fs", _mask_url(self.url),
                         action.id, attempt, error, delay)
             self._sleep(delay)
-        return self._fail(Delivery(action, False, attempt, status, error, self._clock() - start))
+        d = Delivery(action, False, attempt, status, error, self._clock() - start, retry_after)
+        return d if self.single_attempt else self._fail(d)
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,6 +25,20 @@ from gangwatch.sinks.tables import ADDED_COLUMNS, ddl, upgrades
 USER_ENV = "GANGWATCH_CLICKHOUSE_USER"
 PASSWORD_ENV = "GANGWATCH_CLICKHOUSE_PASSWORD"
 _AUTH_CODES = frozenset({192, 193, 194, 195, 516})  # unknown user, wrong password, required, IP not allowed, failed
+# Server error codes that say "not now" rather than "never": timeouts, network, overload, memory, too many
+# parts/queries, read-only replicas, ZooKeeper/Keeper trouble, a cancelled or aborted query. Every other coded
+# error (unknown table or column, type mismatch, parse errors, a refused login, ...) is permanent: the same
+# rows will fail the same way.
+TRANSIENT_CODES = frozenset({
+    3, 32,  # UNEXPECTED_END_OF_FILE, ATTEMPT_TO_READ_AFTER_EOF (the connection went away mid-answer)
+    159, 173, 202, 203, 209, 210,  # TIMEOUT_EXCEEDED, CANNOT_ALLOCATE_MEMORY, TOO_MANY_SIMULTANEOUS_QUERIES,
+    # NO_FREE_CONNECTION, SOCKET_TIMEOUT, NETWORK_ERROR
+    225, 236, 241, 242, 244, 252, 255, 279,  # NO_ZOOKEEPER, ABORTED, MEMORY_LIMIT_EXCEEDED, TABLE_IS_READ_ONLY,
+    # UNEXPECTED_ZOOKEEPER_ERROR, TOO_MANY_PARTS, TOO_MANY_RETRIES_TO_FETCH_PARTS, ALL_CONNECTION_TRIES_FAILED
+    364, 369, 394, 425, 999,  # RECEIVED_ERROR_TOO_MANY_REQUESTS, ALL_REPLICAS_ARE_STALE, QUERY_WAS_CANCELLED,
+    # SYSTEM_ERROR, KEEPER_EXCEPTION
+})
+_CODE_IN_TEXT = re.compile(r"\bCode: (\d+)\b")
 
 
 class Store(Protocol):
@@ -139,6 +154,30 @@ class ClickHouseStore:
 
     def close(self) -> None:
         self._client.disconnect()
+
+
+def store_error_transient(exc: BaseException) -> bool | None:
+    """Whether a store error may pass by itself: True (retry), False (permanent), None (not a store error).
+
+    clickhouse-driver: its network errors, socket timeouts and unexpected packets are transient, a server
+    exception by its code (`TRANSIENT_CODES`), its client-side type errors (TypeMismatchError, unknown type,
+    string too large) permanent. chDB raises a plain exception whose text carries the server's ``Code: N``.
+    A connection refused or reset arrives as an OSError, which is the caller's to classify.
+    """
+    module = type(exc).__module__ or ""
+    if module.startswith("clickhouse_driver"):
+        name = type(exc).__name__
+        if name in ("NetworkError", "SocketTimeoutError", "UnexpectedPacketFromServerError",
+                    "UnknownPacketFromServerError", "PartiallyConsumedQueryError"):
+            return True
+        code = getattr(exc, "code", None)
+        if name == "ServerException" or isinstance(code, int):
+            return code in TRANSIENT_CODES
+        return False
+    if module.startswith("chdb") or (type(exc) is RuntimeError and "DB::Exception" in str(exc)):
+        m = _CODE_IN_TEXT.search(str(exc))
+        return bool(m) and int(m.group(1)) in TRANSIENT_CODES
+    return None
 
 
 def _columns(query: Callable[[str], list[dict[str, Any]]]) -> dict[str, set[str]]:

@@ -2,9 +2,16 @@
 
 Rows are buffered per table and inserted when a table reaches `batch_rows`, or
 when `max_delay_s` of wall time passed since the oldest buffered row, or on
-`flush()`. A failed insert is retried with exponential backoff; the output
-tables are ReplacingMergeTree keyed by record id, so a retry that did land
-twice collapses to one row.
+`flush()`. Only a transient failure (network, timeouts, a server overloaded:
+`store.store_error_transient`, or an OSError) is retried here, `retries` times
+with exponential backoff capped at `max_backoff_s`; a permanent one (unknown
+table or column, a type or parse error) is not: `flush` raises `DeliveryError`
+with `transient` saying which. Under the worker the sink runs with `retries=0`
+inside a `QueuedSink`, which does the retrying off the event loop and turns
+what can never be stored into dead letters. A table's rows leave the buffer
+only once inserted, so a flush that failed half-way resumes where it stopped
+(`discard()` drops what is buffered). The output tables are ReplacingMergeTree
+keyed by record id, so a retry that did land twice collapses to one row.
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gangwatch.schemas import DeadLetter, Outputs, Record
-from gangwatch.sinks.store import Store
+from gangwatch.sinks.base import DeliveryError
+from gangwatch.sinks.store import Store, store_error_transient
 from gangwatch.sinks.tables import ROW_OF, profile_row, rejected_row, telemetry_row
 
 log = logging.getLogger(__name__)
@@ -23,7 +31,7 @@ log = logging.getLogger(__name__)
 
 class StoreSink:
     def __init__(self, store: Store, *, telemetry: bool = False, telemetry_every: int = 1, batch_rows: int = 5000,
-                 max_delay_s: float = 1.0, retries: int = 5, backoff_s: float = 0.2,
+                 max_delay_s: float = 1.0, retries: int = 5, backoff_s: float = 0.2, max_backoff_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
         self.store = store
         self.telemetry = telemetry
@@ -32,6 +40,7 @@ class StoreSink:
         self.max_delay_s = max_delay_s
         self.retries = retries
         self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
         self._clock, self._sleep = clock, sleep
         self._rows: dict[str, list[dict[str, Any]]] = {}
         self._oldest: float | None = None
@@ -68,6 +77,11 @@ class StoreSink:
             rows = self._rows[table]
             if rows:
                 self._insert(table, rows)
+            del self._rows[table]  # only once stored: a failed flush resumes with the tables still here
+        self._oldest = None
+
+    def discard(self) -> None:
+        """Drop every buffered row (after a failed flush, before the caller writes them again)."""
         self._rows.clear()
         self._oldest = None
 
@@ -78,13 +92,18 @@ class StoreSink:
                 self.store.insert(table, rows)
                 self.inserted += len(rows)
                 return
-            except Exception as e:  # the driver raises many types; all mean "not stored"
+            except Exception as e:  # the driver raises many types: which of them may pass by itself?
+                transient = store_error_transient(e)
+                if transient is None:
+                    transient = isinstance(e, (OSError, EOFError))  # refused, reset, timed out
+                reason = f"insert of {len(rows)} row(s) into {table}: {type(e).__name__}: {e}"
+                if not transient:
+                    raise DeliveryError(reason, transient=False) from e
                 if attempt == self.retries:
-                    raise
-                log.warning("insert of %d rows into %s failed (%s); retry %d in %.1fs", len(rows), table, e,
-                            attempt + 1, delay)
+                    raise DeliveryError(reason, transient=True) from e
+                log.warning("%s; retry %d in %.1fs", reason, attempt + 1, delay)
                 self._sleep(delay)
-                delay *= 2
+                delay = min(delay * 2, self.max_backoff_s)
 
     def close(self) -> None:
         self.flush()
