@@ -30,7 +30,8 @@ Three sources end up on that one endpoint (one registry per worker app):
 - `gangwatch_decode_rejects_total{topic}` (counter): input items that broke the contract, by the
   topic they came on
 - `gangwatch_dlq_messages_total{cause, topic}` (counter): dead letters sent to the DLQ; cause
-  `decode` (broke the contract), `no_job` (no `job` record within `--hold`) or `core` (the core
+  `decode` (broke the contract), `future` (event time over `max_future_s` ahead of the worker's
+  clock: a sender's clock is wrong), `no_job` (no `job` record within `--hold`) or `core` (the core
   refused it, e.g. older than the job's topology)
 - `gangwatch_findings_total{type, detector}`, `gangwatch_actions_total{type}` (counters): what
   was published
@@ -118,8 +119,8 @@ class WorkerMetrics:
                                   "them.", registry=r)
         self.decode_rejects = Counter("gangwatch_decode_rejects", "Input items that broke the contract, by the topic "
                                       "they came on.", ["topic"], registry=r)
-        self.dlq = Counter("gangwatch_dlq_messages", "Dead letters sent to the DLQ topic, by cause (decode, no_job, "
-                           "core) and the input topic of the message.", ["cause", "topic"], registry=r)
+        self.dlq = Counter("gangwatch_dlq_messages", "Dead letters sent to the DLQ topic, by cause (decode, future, "
+                           "no_job, core) and the input topic of the message.", ["cause", "topic"], registry=r)
         self.findings = Counter("gangwatch_findings", "Findings published, by type and detector.",
                                 ["type", "detector"], registry=r)
         self.actions = Counter("gangwatch_actions", "Actions published, by type.", ["type"], registry=r)

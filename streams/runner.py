@@ -155,6 +155,13 @@ def _reject(res: Result, err: DecodeError, msg: Msg, ts: float | None, dlq: str,
     res.dead[cause, msg.topic] += 1
 
 
+def _from_the_future(rec: Record, now: float, limit: float) -> DecodeError:
+    who = " ".join(f"{k} {getattr(rec, k)}" for k in ("job", "rank", "node") if getattr(rec, k, None) is not None)
+    return DecodeError(f"event time {rec.ts:.3f} is {rec.ts - now:.0f} s ahead of this worker's clock (more than "
+                       f"max_future_s={limit:g}): fix the clock of its sender ({who}), e.g. with NTP",
+                       field="ts", kind=rec.kind)
+
+
 Lagging = Callable[[str, int], bool]  # (topic, partition) -> data is left to read there
 Upstream = Callable[[], float]  # event time from which the router may still publish onto by-job (inf: nothing)
 NEVER_LAGGING: Lagging = lambda topic, partition: False  # noqa: E731
@@ -180,12 +187,21 @@ class JobRunner:
     is silent, and for `reconnect_s` after it answers again a job's records newer than
     what was read before the outage are held; then they go to the core in event-time
     order, every producer's backlog in place, and silence counts from there.
+
+    Clock skew. Event time is the senders' clocks, so one clock far ahead would carry
+    its job's time with it and make every other rank look silent: a record more than
+    `max_future_s` ahead of this worker's wall clock (`wall`) when it arrives is not
+    processed but dead-lettered (cause `future`), naming the sender to fix (NTP).
+    Skew within it is absorbed: a rank is missing only after two heartbeat periods plus
+    slack, and timeouts run `lateness_s` behind the newest event time. Late records
+    (a clock behind, a backlog) are processed in event-time order like any other.
+    Replay has no wall clock: there the file's time is the only one.
     """
 
     def __init__(self, topics: TopicSettings, config: CoreConfig | None = None, *, hold_s: float = 30.0,
                  silence: bool = True, load: Callable[[str], bytes | None] = lambda job: None,
-                 keep_records: bool = False, reconnect_s: float = 15.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 keep_records: bool = False, reconnect_s: float = 15.0, max_future_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.topics = topics
         self.keep_records = keep_records  # hand every input record to the sinks (Result.records)
         self.config = config or CoreConfig()
@@ -198,6 +214,7 @@ class JobRunner:
         self.inputs = (*topics.job_inputs, topics.by_job)
         self.duplicates = 0  # replayed records skipped
         self.reconnect_s = reconnect_s
+        self.max_future_s, self.wall = max_future_s, wall
         # during an input-path outage and its reconnect grace: per job, the newest event time read before it
         self.outage: dict[str, float] | None = None
         self.trust_from = math.inf  # (clock) when the grace after an outage ends; inf while it lasts
@@ -223,6 +240,7 @@ class JobRunner:
         res = Result()
         by_job: dict[str, list[_Item]] = {}
         frontier = self.frontier
+        ahead = self.wall() + self.max_future_s  # later than this: a sender's clock is wrong
         for msg in msgs:
             if msg.value is None:
                 continue
@@ -230,6 +248,10 @@ class JobRunner:
             for v in decode(msg.value):
                 if isinstance(v, DecodeError):
                     _reject(res, v, msg, None, self.topics.dlq, "decode")
+                    continue
+                if v.ts > ahead:
+                    _reject(res, _from_the_future(v, ahead - self.max_future_s, self.max_future_s), msg, v.ts,
+                            self.topics.dlq, "future")
                     continue
                 if v.ts > frontier.get(where, float("-inf")):
                     frontier[where] = v.ts

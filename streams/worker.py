@@ -30,6 +30,11 @@ creates the topics and runs a Faust worker until TERM/INT. The logic lives in
   mistaken for silence. Nor is a broker outage: when no fetch has been answered
   for `fresh_s` the runner is told (`JobRunner.path`), and once fetches come back
   it waits `reconnect_s` for every producer's spooled backlog before going on.
+- Sinks: each is wrapped in `sinks.queued.queued` (a bounded queue and a delivery thread of its own; the
+  Alertmanager sink has its own), so the batch lock only ever enqueues; what a sink can never deliver comes
+  back as dead letters, published on the DLQ topic. While a sink's queue is over its high-water mark the jobs
+  agent waits before its next batch, outside the lock (`SinkPause`: at most `SINK_PAUSE_S` at a time; the
+  timer and the consumer's heartbeats go on).
 - Metrics: `streams.metrics` counts every batch's, tick's and routing step's
   `Result` and samples lag, jobs and sinks on every tick; Faust's own Prometheus
   sensor writes into the same registry; `run()` serves it on `metrics_port`.
@@ -58,6 +63,7 @@ if TYPE_CHECKING:  # Faust, aiokafka and prometheus-client are imported where a 
 
 log = logging.getLogger("gangwatch.worker")
 
+SINK_PAUSE_S = 5.0  # the longest the jobs agent holds its input for a sink's backlog, per episode
 _RAW: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
 
 
@@ -96,6 +102,7 @@ class WorkerSettings:
     fetch_wait_ms: int = 50  # the broker's longest wait on a fetch with no data (Faust hard-codes 1500 ms)
     fresh_s: float = 1.5  # no fetch answered for this long: the input path is down, and silence is no news
     reconnect_s: float = 15.0  # after it answers again, wait this long for every producer's backlog
+    max_future_s: float = 60.0  # a record this far ahead of the worker's clock is dead-lettered (clock skew)
     stats_every_s: float = 10.0  # log a progress line this often (0: never)
     metrics_port: int = 9464  # serve Prometheus metrics on this port; 0: no endpoint
     core: CoreConfig | None = None  # detectors' thresholds and triage (None: defaults); lateness_s above wins
@@ -116,7 +123,10 @@ async def _producer_knows(app: faust.App, tables: tuple[Any, ...]) -> None:
 def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     """The Faust app of one gangwatch worker (agents, tables, timer), not started."""
     import faust
+    from gangwatch.sinks.queued import SinkPause, queued
     from gangwatch.streams.metrics import WorkerMetrics, instrument
+
+    sinks = [queued(sink) for sink in sinks or []]  # network I/O off the event loop, each on its own thread
 
     _fetch_wait(s.fetch_wait_ms)
     t = s.topics
@@ -157,7 +167,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
 
     core = replace(s.core or CoreConfig(), lateness_s=s.lateness_s)
     runner = JobRunner(t, core, hold_s=s.hold_s, silence=s.silence, load=load,
-                       reconnect_s=s.reconnect_s,
+                       reconnect_s=s.reconnect_s, max_future_s=s.max_future_s,
                        keep_records=bool(sinks) and s.telemetry)
     router = NodeRouter(t, nodemap, hold_s=s.hold_s)
     metrics = WorkerMetrics()
@@ -165,6 +175,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     glue = _Glue(app, runner, router, states, job_topics, (t.node_events, t.node_jobs), sinks or [], s.telemetry,
                  metrics)
     app.gangwatch = glue  # type: ignore[attr-defined]  # for tests and introspection
+    pause = glue.pause = SinkPause(glue.sinks, SINK_PAUSE_S)
 
     # the jobs agent and the timer both move cores: one at a time from "process" to "state saved", so a
     # saved state never covers outputs that are still on their way
@@ -174,6 +185,8 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     async def jobs(stream: faust.StreamT) -> None:
         await _producer_knows(app, (states, nodemap))
         async for events in stream.take_events(s.batch_max, within=s.batch_within_s):
+            while pause.hold():  # a sink's queue is over its high-water mark: wait (bounded), not in the lock
+                await asyncio.sleep(0.05)
             msgs = [glue.msg(e) for e in events]
             async with busy:
                 start = time.monotonic()
@@ -264,6 +277,7 @@ class _Glue:
         self.node_topics = node_topics
         self.sinks = sinks
         self.telemetry = telemetry
+        self.pause: Any = None  # SinkPause: holds the input for a sink's backlog, collects sinks' dead letters
         self.next_offset: dict[tuple[str, int], int] = {}
         self.assigned: set[int] = set()
         self.need_restore = False
@@ -308,6 +322,11 @@ class _Glue:
             except Exception:
                 self.metrics.sink_failed(sink)
                 raise
+        dead = self.pause.dead_letters() if self.pause is not None else []
+        pending = [await send(self.runner.topics.dlq, d.source.encode(), d.encode(), partition=None, timestamp=None,
+                              headers=None) for d in dead]  # what a sink can never deliver: on the DLQ topic
+        if pending:
+            await asyncio.gather(*pending)
 
     def batch_done(self, res: Result, seconds: float) -> None:
         """After a batch took `seconds`: count it, and the event-time lag if it processed records."""
@@ -454,11 +473,12 @@ def run(s: WorkerSettings, *, loglevel: str = "info", create: bool = True) -> No
         from gangwatch.sinks.store import open_store
         from gangwatch.sinks.storesink import StoreSink
 
-        sinks.append(StoreSink(open_store(s.store), telemetry=s.telemetry))
+        sinks.append(StoreSink(open_store(s.store), telemetry=s.telemetry, retries=0))  # the queue retries
     if s.webhook:
         from gangwatch.sinks.controller import WebhookSink
 
-        sinks.append(WebhookSink(s.webhook, s.webhook_secret))  # None: the secret comes from GANGWATCH_WEBHOOK_SECRET
+        sinks.append(WebhookSink(s.webhook, s.webhook_secret,  # None: the secret is GANGWATCH_WEBHOOK_SECRET
+                                 single_attempt=True))  # the queue retries, off the event loop
     if s.alertmanager:
         from gangwatch.sinks.alertmanager import AlertmanagerSink
 
