@@ -373,6 +373,8 @@ class WebhookSink:
         self.sent = 0  # actions delivered (2xx)
         self.attempts = 0  # POSTs made, retries included
 
+    accepts = frozenset({"action"})  # all a queue in front of it needs to hold (sinks/queued.py)
+
     def __repr__(self) -> str:
         return (f"WebhookSink(url={_mask_url(self.url)!r}, secret={self._secret!r}, "
                 f"max_attempts={self.max_attempts}, sent={self.sent}, failed={len(self.failed)})")

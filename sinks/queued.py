@@ -10,7 +10,8 @@ The sinks are synchronous libraries (urllib, clickhouse-driver, kafka-python,
 files), so each gets one thread of its own; the caller (the worker's event
 loop, inside its batch lock) only appends to a list under a lock.
 
-- **Units.** `observe`, `reject` and `write` are staged; `flush()` closes the
+- **Units.** `observe`, `reject` and `write` are staged (only what the inner
+  sink takes, when it says so in `accepts`: the webhook only actions); `flush()` closes the
   staged calls into one unit (one worker batch) and queues it. The thread takes
   every unit waiting (up to `max_batch` records), replays their calls on the
   inner sink and calls its `flush()`: one delivery (one insert per table after a
@@ -189,6 +190,8 @@ class QueuedSink:
                              f"{low_water}, {high_water}")
         self.inner = inner
         self.name = name or _name(inner)
+        accepts = getattr(inner, "accepts", None)  # what it takes: finding, action, incident, profile, reject, observe
+        self._accepts: frozenset[str] | None = None if accepts is None else frozenset(accepts)
         self.capacity = capacity
         self.high = max(1, int(capacity * high_water))
         self.low = int(capacity * low_water)
@@ -226,12 +229,20 @@ class QueuedSink:
     # --- the Sink protocol (the caller's thread: never waits on I/O) ------------------------
 
     def observe(self, rec: Record) -> None:
-        self._stage(("observe", rec), 1)
+        if self._accepts is None or "observe" in self._accepts:
+            self._stage(("observe", rec), 1)
 
     def reject(self, dead: DeadLetter) -> None:
-        self._stage(("reject", dead), 1)
+        if self._accepts is None or "reject" in self._accepts:
+            self._stage(("reject", dead), 1)
 
     def write(self, out: Outputs) -> None:
+        if self._accepts is not None:  # queue only what the inner sink takes (the webhook: actions)
+            a = self._accepts
+            out = Outputs(findings=out.findings if "finding" in a else [],
+                          actions=out.actions if "action" in a else [],
+                          incidents=out.incidents if "incident" in a else [],
+                          profiles=out.profiles if "profile" in a else [])
         n = _count([("write", out)])
         if n:
             self._stage(("write", out), n)

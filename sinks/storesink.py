@@ -48,6 +48,12 @@ class StoreSink:
         self.inserted = 0
         store.create_tables()
 
+    @property
+    def accepts(self) -> frozenset[str]:
+        """What it stores (a queue in front of it holds nothing else): raw inputs only with `telemetry`."""
+        kinds = {"finding", "action", "incident", "profile", "reject"}
+        return frozenset(kinds | {"observe"} if self.telemetry else kinds)
+
     def write(self, out: Outputs) -> None:
         for rec in (*out.findings, *out.actions, *out.incidents):
             table, row = ROW_OF[rec.kind]

@@ -536,7 +536,7 @@ def _ids(out: Outputs) -> set[str]:
 
 
 def _count_all(h: Harness, n: int) -> int:
-    return sum(len(_ids(h.outputs(str(i)))) for i in range(n))
+    return sum(len(h.expected(str(i))) for i in range(n))  # what the sink takes of them (the webhook: actions)
 
 
 # --- the parts: classification, the pause, the worker's wrapping ------------------------------------------
@@ -638,3 +638,19 @@ def test_inline_delivery_blocks_the_caller_and_the_queue_does_not(tmp_path: Path
     h.close()
     assert t_inline >= 0.25 and t_queued < 0.05
     assert decode(h.receiver.accepted[-1])[0].id == "a-2"
+
+
+def test_a_queue_holds_only_what_its_sink_takes(tmp_path: Path) -> None:
+    """The webhook sends actions only: findings and incidents never fill its queue (nor end as its dead letters)."""
+    h = WebhookHarness(tmp_path)
+    sink = h.make(capacity=4)
+    h.gate.close()
+    for i in range(20):  # 20 findings and incidents, no action
+        send(sink, Outputs(findings=[finding(str(i))], incidents=[incident(str(i))]))
+    assert sink.pending() == 0 and not sink.pressure() and sink.take_dead() == []
+    store = queued(StoreSink(FakeStore(StoreHarness(tmp_path)), retries=0), start=False)
+    store.observe(finding("x"))  # telemetry off: not held
+    store.write(Outputs(findings=[finding("y")]))
+    store.flush()
+    assert store.pending() == 1
+    h.close()
