@@ -654,3 +654,47 @@ def test_a_queue_holds_only_what_its_sink_takes(tmp_path: Path) -> None:
     store.flush()
     assert store.pending() == 1
     h.close()
+
+
+def test_the_worker_only_enqueues_and_publishes_sinks_dead_letters_on_the_dlq_topic(tmp_path: Path) -> None:
+    """`_Glue.publish` as the jobs agent runs it: with the controller stuck it returns at once; a refused action
+    comes back as a dead letter on the DLQ topic at a later publish (the next batch or tick)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from gangwatch.streams.runner import JobRunner, Result
+    from gangwatch.streams.topics import TopicSettings
+    from gangwatch.streams.worker import _Glue
+
+    sent: list[tuple[str, bytes, bytes]] = []
+
+    class Producer:
+        async def send(self, topic: str, key: bytes, value: bytes, **kw: Any) -> Any:
+            sent.append((topic, key, value))
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+
+    topics = TopicSettings()
+    h = WebhookHarness(tmp_path)
+    sink = h.make()
+    glue = _Glue(SimpleNamespace(producer=Producer()), JobRunner(topics), None, {}, (), (), [sink], False, None)
+    glue.pause = SinkPause(glue.sinks)
+    h.gate.close()
+
+    async def batch(out: Outputs) -> float:
+        t = time.perf_counter()
+        await glue.publish(Result(outputs=out))
+        return time.perf_counter() - t
+
+    took = asyncio.run(batch(Outputs(actions=[action("poison"), action("ok")])))
+    assert h.gate.entered.wait(WAIT_S) and took < 0.05  # the POST is stuck at the controller; the batch is not
+    h.gate.opened.set()
+    assert sink.drain(WAIT_S) == 0 and sent == []
+    asyncio.run(batch(Outputs()))
+    [(topic, key, value)] = sent
+    dead = DeadLetter.from_dict(orjson.loads(value))
+    assert topic == topics.dlq and key == b"sink:webhook" and dead.kind == "action" and "HTTP 400" in dead.reason
+    assert set(h.state()) == {"a-ok"}
+    sink.close()
+    h.close()
