@@ -698,3 +698,75 @@ def test_the_worker_only_enqueues_and_publishes_sinks_dead_letters_on_the_dlq_to
     assert set(h.state()) == {"a-ok"}
     sink.close()
     h.close()
+
+
+# --- the store sink on real engines: chDB here, the ClickHouse server when GANGWATCH_CLICKHOUSE names one ----------
+
+
+def _real_store_contract(store: Any, break_link: Any = None) -> None:
+    """Idempotent rewrite on ReplacingMergeTree (read FINAL), a dropped table as the permanent (schema) error
+    and, when `break_link` is given (it breaks the connection and returns how to mend it), a transient one."""
+    mend: list[Any] = []
+    delays: list[float] = []
+
+    def sleep(s: float) -> None:  # the back-off wait: the server comes back meanwhile
+        delays.append(s)
+        while mend:
+            mend.pop()()
+
+    sink = queued(StoreSink(store, retries=0), retry=RetryPolicy(base_s=BASE_S, give_up_s=None), sleep=sleep)
+    h = Harness(Path("."))
+
+    def ids() -> set[str]:
+        return {r["id"] for t in ("gw_findings", "gw_actions", "gw_incidents")
+                for r in store.query(f"SELECT id FROM {t} FINAL")}
+
+    for _ in range(2):
+        send(sink, h.outputs("1"))
+    assert sink.drain(WAIT_S) == 0 and sink.take_dead() == []
+    assert ids() == h.expected("1") and store.query("SELECT count() AS n FROM gw_actions FINAL")[0]["n"] == 1
+    if break_link is not None:
+        mend.append(break_link())
+        send(sink, h.outputs("2"))
+        assert sink.drain(WAIT_S) == 0 and sink.take_dead() == []
+        assert len(delays) == 1 and ids() == h.expected("1", "2")
+    store.query("DROP TABLE gw_actions")  # a schema error: the same rows will never go in
+    send(sink, h.outputs("3"))
+    assert sink.drain(WAIT_S) == 0
+    [dead] = sink.take_dead()
+    assert dead.kind == "action" and "a-3" in dead.raw and "permanent" in dead.reason and "60" in dead.reason
+    assert {r["id"] for r in store.query("SELECT id FROM gw_findings FINAL")} >= {"f-3"}
+    assert {r["id"] for r in store.query("SELECT id FROM gw_incidents FINAL")} >= {"i-3"}
+    assert sink.close() == 0
+
+
+def test_store_contract_on_chdb(tmp_path: Path) -> None:
+    pytest.importorskip("chdb")
+    from gangwatch.sinks.store import ChdbStore
+
+    _real_store_contract(ChdbStore(tmp_path / "chdb"))
+
+
+def test_store_contract_on_the_clickhouse_server() -> None:
+    import os
+    import uuid
+
+    addr = os.environ.get("GANGWATCH_CLICKHOUSE")
+    if not addr:
+        pytest.skip("no ClickHouse server (set GANGWATCH_CLICKHOUSE=HOST:PORT)")
+    from clickhouse_driver import Client
+    from gangwatch.sinks.store import ClickHouseStore
+
+    host, _, port = addr.rpartition(":")
+    db = f"t{uuid.uuid4().hex[:12]}"
+    store = ClickHouseStore(host, int(port), database=db)
+    good = store._client
+
+    def break_link() -> Any:
+        store._client = Client(host="127.0.0.1", port=1, connect_timeout=1)  # nothing listens: refused
+        return lambda: setattr(store, "_client", good)
+
+    try:
+        _real_store_contract(store, break_link)
+    finally:
+        Client(host=host, port=int(port)).execute(f"DROP DATABASE IF EXISTS {db}")
