@@ -4,9 +4,12 @@ Each action goes out as its contract JSON (`schemas.encode(action)`, nothing
 added) with these headers:
 
 - `Content-Type: application/json`
-- `X-Gangwatch-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256>`: the MAC, with the
+- `X-Gangwatch-Signature-V1: t=<unix seconds>,v1=<hex HMAC-SHA256>`: the MAC, with the
   shared secret, of the bytes ``b"<t>.<idempotency key>." + body``, so it covers when it
   was sent, which action it is and the body (signature scheme v1, below)
+- `X-Gangwatch-Signature: sha256=<hex HMAC-SHA256 of the body>`: the body-only signature
+  of earlier releases, still sent so that their receivers keep working; it can be
+  replayed, so a receiver should check the v1 header instead
 - `Idempotency-Key: <action id>`: the same decision always carries the same key,
   so a controller that sees it twice acts once
 - `X-Gangwatch-Action: <action type>`
@@ -15,11 +18,11 @@ Receivers check with `verify_signature` (or a `SignatureVerifier`, which also
 remembers what it accepted): the MAC must match (constant time), `t` must be
 within `tolerance_s` (default 300 s) of the receiver's clock, and the same
 (key, t, signature) must not have been accepted before: a captured request
-cannot be replayed. Each attempt, retries included, is signed afresh with a
-timestamp later than the attempt before, so a legitimate retry always passes
+cannot be replayed (the reference controller checks only the v1 header).
+Each attempt, retries included, is signed afresh with a timestamp later than
+the attempt before, so a legitimate retry always passes
 and the receiver's idempotency by action id still makes it act once. The
-sender's and receiver's clocks must agree to within the tolerance. The old
-body-only ``sha256=<hex>`` form (before v1) is refused.
+sender's and receiver's clocks must agree to within the tolerance.
 
 Delivery is at least once, and bounded: connection errors, timeouts, 5xx, 408
 and 429 are retried with exponential backoff and jitter from a seeded RNG (a
@@ -62,7 +65,8 @@ from gangwatch.sinks.base import DeliveryError
 log = logging.getLogger(__name__)
 
 SECRET_ENV = "GANGWATCH_WEBHOOK_SECRET"
-SIGNATURE_HEADER = "X-Gangwatch-Signature"
+SIGNATURE_HEADER = "X-Gangwatch-Signature-V1"  # scheme v1: timestamp, idempotency key and body
+LEGACY_SIGNATURE_HEADER = "X-Gangwatch-Signature"  # before v1: the body only (replayable), kept for old receivers
 ACTION_HEADER = "X-Gangwatch-Action"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 _ERROR_BODY_KEEP = 200  # characters of a controller's error response kept in a failure
@@ -85,13 +89,18 @@ def signed_payload(timestamp: int, key: str, body: bytes) -> bytes:
 
 
 def sign(secret: str | bytes, body: bytes, key: str, timestamp: float) -> str:
-    """The `X-Gangwatch-Signature` value for `body` sent as action `key` at `timestamp` (unix seconds).
+    """The `X-Gangwatch-Signature-V1` value for `body` sent as action `key` at `timestamp` (unix seconds).
 
     ``t=<integer seconds>,v1=<hex HMAC-SHA256 of signed_payload(t, key, body)>``.
     """
     t = int(timestamp)
     mac = hmac.new(_key(secret), signed_payload(t, key, body), hashlib.sha256).hexdigest()
     return f"t={t},v1={mac}"
+
+
+def legacy_signature(secret: str | bytes, body: bytes) -> str:
+    """The `X-Gangwatch-Signature` value receivers of releases before v1 check: ``sha256=<hex HMAC of body>``."""
+    return "sha256=" + hmac.new(_key(secret), body, hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +125,8 @@ def _parse(header: str | None) -> tuple[int, list[str]] | str:
     if not header:
         return "no signature"
     if header.strip().startswith("sha256="):
-        return "a body-only sha256= signature (before v1) is no longer accepted: upgrade the sender"
+        return ("a body-only sha256= signature (before v1) proves no freshness: check the X-Gangwatch-Signature-V1 "
+                "header instead")
     t: int | None = None
     macs: list[str] = []
     for part in header.split(","):
@@ -139,7 +149,7 @@ def _parse(header: str | None) -> tuple[int, list[str]] | str:
 def verify_signature(secret: str | bytes, body: bytes, header: str | None, key: str | None, *,
                      tolerance_s: float = DEFAULT_TOLERANCE_S, now: float | None = None,
                      seen: ReplayGuard | None = None) -> Verdict:
-    """Check one request's `X-Gangwatch-Signature` (`header`) over `body` and its `Idempotency-Key` (`key`).
+    """Check one request's `X-Gangwatch-Signature-V1` (`header`) over `body` and its `Idempotency-Key` (`key`).
 
     Refuses (401) a missing or malformed header, a MAC that does not match (compared
     in constant time), a timestamp more than `tolerance_s` from `now` (default: the
@@ -444,6 +454,7 @@ class WebhookSink:
             # each attempt is signed afresh, with a timestamp later than the last: a retry is no replay
             signed_at = max(int(self._wall()), signed_at + 1)
             headers[SIGNATURE_HEADER] = sign(self._secret.reveal(), body, action.id, signed_at)
+            headers[LEGACY_SIGNATURE_HEADER] = legacy_signature(self._secret.reveal(), body)
             status, retry_after, error = self._post(body, headers)
             if status is not None and 200 <= status < 300:
                 self.sent += 1

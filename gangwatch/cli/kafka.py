@@ -166,7 +166,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="also write outputs to chdb:PATH or clickhouse://HOST:PORT[/DB] (default: Kafka only)")
     opt(w, "--telemetry", type=bool, setting="sinks.telemetry", help="with --store: also store every raw input record")
     opt(w, "--webhook", setting="sinks.webhook", help="job-controller URL: every action is POSTed there, signed "
-        "with HMAC-SHA256 (X-Gangwatch-Signature) using the secret sinks.webhook_secret (GANGWATCH_WEBHOOK_SECRET)")
+        "with HMAC-SHA256 (X-Gangwatch-Signature-V1) using the secret sinks.webhook_secret (GANGWATCH_WEBHOOK_SECRET)")
     opt(w, "--alertmanager", metavar="URL", type=http_url, setting="sinks.alertmanager",
         help="push incidents as alerts to this Alertmanager (http://HOST:9093)")
     opt(w, "--batch-max", type=positive(integer), setting="worker.batch_max", help="messages per batch")

@@ -29,7 +29,7 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                ok = bool(verify_signature(SECRET, body, self.headers.get("X-Gangwatch-Signature", ""),
+                ok = bool(verify_signature(SECRET, body, self.headers.get("X-Gangwatch-Signature-V1", ""),
                                            self.headers.get("Idempotency-Key")))
                 outer.posts.append({"ok": ok, "key": self.headers.get("Idempotency-Key"), "body": orjson.loads(body)})
                 self.send_response(200 if ok else 401)

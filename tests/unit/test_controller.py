@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import random
 import socket
@@ -36,7 +38,7 @@ class Receiver:
                     receiver.requests.append({
                         "path": self.path, "body": body, "headers": dict(self.headers),
                         "verified": bool(verify_signature(receiver.secret, body,
-                                                          self.headers.get("X-Gangwatch-Signature"),
+                                                          self.headers.get("X-Gangwatch-Signature-V1"),
                                                           self.headers.get("Idempotency-Key"))),
                     })
                     status, headers = receiver.script.pop(0) if receiver.script else (200, {})
@@ -122,8 +124,10 @@ def test_signed_body_arrives_and_verifies(receiver, fake_time):
     assert decode(req["body"]) == [action]
     h = req["headers"]
     assert h["Content-Type"] == "application/json"
-    t = int(h["X-Gangwatch-Signature"].split(",")[0].removeprefix("t="))
-    assert h["X-Gangwatch-Signature"] == sign(SECRET, req["body"], action.id, t)
+    t = int(h["X-Gangwatch-Signature-V1"].split(",")[0].removeprefix("t="))
+    assert h["X-Gangwatch-Signature-V1"] == sign(SECRET, req["body"], action.id, t)
+    # the body-only signature of earlier releases goes out beside it, unchanged, for their receivers
+    assert h["X-Gangwatch-Signature"] == "sha256=" + hmac.new(SECRET.encode(), req["body"], hashlib.sha256).hexdigest()
     assert h["Idempotency-Key"] == action.id
     assert h["X-Gangwatch-Action"] == "replace"
     assert (sink.sent, sink.attempts, sink.failed, fake_time.sleeps) == (1, 1, [], [])
@@ -136,7 +140,7 @@ def test_wrong_secret_fails_verification(receiver, fake_time):
     [req] = receiver.requests
     assert not req["verified"]
     assert receiver.delivered == []
-    header = req["headers"]["X-Gangwatch-Signature"]
+    header = req["headers"]["X-Gangwatch-Signature-V1"]
     key = req["headers"]["Idempotency-Key"]
     assert verify_signature("not-the-shared-secret", req["body"], header, key)
     assert not verify_signature(SECRET, req["body"] + b" ", sign(SECRET, req["body"], key, time.time()), key)

@@ -153,7 +153,7 @@ def test_the_sender_signs_each_attempt_afresh_and_later_than_the_last():
     sink._post = post  # type: ignore[method-assign]
     a = _action()
     sink.deliver(a)
-    sigs = [h["X-Gangwatch-Signature"] for h in posts]
+    sigs = [h["X-Gangwatch-Signature-V1"] for h in posts]
     assert len(sigs) == 3 and len(set(sigs)) == 3
     assert [s.split(",")[0] for s in sigs] == [f"t={T0}", f"t={T0 + 1}", f"t={T0 + 2}"]
     verify = SignatureVerifier(SECRET, clock=Clock(T0))
@@ -175,12 +175,12 @@ def test_the_reference_controller_refuses_a_captured_request_replayed(caplog):
     try:
         a = _action()
         body = encode(a)
-        headers = {"X-Gangwatch-Signature": sign(SECRET, body, a.id, T0), "Idempotency-Key": a.id}
+        headers = {"X-Gangwatch-Signature-V1": sign(SECRET, body, a.id, T0), "Idempotency-Key": a.id}
         assert _post(source.url, body, headers) == 202
         with caplog.at_level(logging.WARNING, logger="gangwatch.controller"):
             assert _post(source.url, body, headers) == 409  # the same request again
             clock.now = T0 + 3600
-            headers["X-Gangwatch-Signature"] = sign(SECRET, body, a.id, T0 + 10)
+            headers["X-Gangwatch-Signature-V1"] = sign(SECRET, body, a.id, T0 + 10)
             assert _post(source.url, body, headers) == 401  # an hour late
         assert "replayed" in caplog.text and "stale" in caplog.text
         assert source.poll(0.5) == [a]
@@ -201,3 +201,4 @@ def test_the_reference_controller_refuses_a_body_over_its_limit_unread():
 
 def test_the_verifier_repr_masks_the_secret():
     assert SECRET not in repr(SignatureVerifier(SECRET))
+
