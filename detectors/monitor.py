@@ -94,6 +94,15 @@ class JobMonitor:
             out += det.advance(now)
         return out
 
+    def finish(self) -> list[Finding]:
+        """The input ended (replay): what detectors still collecting (sweeps) make of what they have."""
+        out: list[Finding] = []
+        for det in self.detectors:
+            finish = getattr(det, "finish", None)
+            if finish is not None:
+                out += finish()
+        return out
+
     def state(self) -> dict[str, Any]:
         return {"job": to_dict(self.job_record), "detectors": {d.name: d.state() for d in self.detectors}}
 

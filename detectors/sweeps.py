@@ -2,8 +2,10 @@
 
 A sweep (stack dumps, flight-recorder summaries) is analysed when every rank of
 the topology has reported, or `window_s` of event time after its first record,
-whichever comes first. Records of a sweep already analysed, or arriving after
-its window, are dropped. At most `max_pending` sweeps are collected at once.
+whichever comes first, or when the input ends (`finish`: a file of dumps with a
+rank missing, whose py-spy failed or whose node died, holds all there is).
+Records of a sweep already analysed, or arriving after its window, are dropped.
+At most `max_pending` sweeps are collected at once.
 `SweepDetector` does the bookkeeping; a subclass says what it keeps of a record
 (`entry`) and what a finished sweep means (`analyse`). The evidence of what a
 sweep finds starts with the sweep's id (`SweepEvidence`), so triage can weigh
@@ -85,6 +87,13 @@ class SweepDetector:
         out: list[Finding] = []
         for deadline, sid in due:
             out += self._close(sid, deadline)
+        return out
+
+    def finish(self) -> list[Finding]:
+        """The input ended: analyse every sweep still collecting with what it has, stamped its last record."""
+        out: list[Finding] = []
+        for last, sid in sorted((s.last_ts, sid) for sid, s in self.pending.items()):
+            out += self._close(sid, last)
         return out
 
     def _close(self, sid: str, ts: float) -> list[Finding]:

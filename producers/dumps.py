@@ -1,10 +1,16 @@
 """Turn what a node leaves behind (per-rank dumps, a kernel log) into contract records for replay.
 
 A stack or flight sweep of a hung job is usually a folder with one file per rank
-(`dump_rank5.txt`, `rank3.pkl`, ...). `gangwatch ingest` makes a replayable
-stream of it: one `job` record (the topology: each rank on its own node unless
-told `gpus_per_node`) and one `stack` / `flight` record per rank, all in one
+(`dump_rank5.txt`, `rank3.pkl`, PyTorch's own `nccl_trace_rank_3` without a
+suffix, `trace_3`, ...). `gangwatch ingest` makes a replayable stream of it: one
+`job` record (the topology: each rank on its own node unless told
+`gpus_per_node`) and one `stack` / `flight` record per rank, all in one
 snapshot, at a fixed event time so the output is the same every run.
+
+A sweep may lack ranks: py-spy cannot dump a process stuck in the kernel, and a
+dead node leaves nothing. The job then has `ranks` ranks (default: the highest
+rank found + 1) and the sweep is analysed with the dumps there are (replay
+closes a partial sweep at the end of its input); `missing_ranks` names the gaps.
 """
 
 from __future__ import annotations
@@ -19,16 +25,20 @@ from gangwatch.producers.flight import load_dump, to_flight_record
 from gangwatch.producers.kmsg import parse_lines, to_hw_record
 
 _RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+_TRAILING = re.compile(r"(?:^|[_.-])(\d+)$")  # `trace_3`, `stack-3`: the rank as the name's last number
 _PYSPY_THREAD = re.compile(r"^Thread (0x[0-9a-fA-F]+|\d+) ", re.MULTILINE)
 DEFAULT_TS = 1_700_000_000.0
 
 
 def rank_files(directory: Path, suffixes: tuple[str, ...]) -> dict[int, Path]:
-    """Files of `directory` whose name carries a rank number (`rank3.pkl`, `dump_rank5.txt`), by rank."""
+    """Files of `directory` with one of `suffixes` (or none, as PyTorch names its flight-recorder dumps) whose
+    name carries a rank number (`rank3.pkl`, `dump_rank5.txt`, `nccl_trace_rank_3`, `trace_3`), by rank."""
     found: dict[int, Path] = {}
     for path in sorted(directory.iterdir()):
-        m = _RANK.search(path.name)
-        if m and path.suffix in suffixes and path.is_file():
+        if path.name.startswith(".") or not (path.suffix in suffixes or path.suffix == "") or not path.is_file():
+            continue
+        m = _RANK.search(path.name) or _TRAILING.search(path.stem)
+        if m:
             rank = int(m.group(1))
             if rank in found:
                 raise ValueError(f"two files for rank {rank}: {found[rank].name} and {path.name}")
@@ -45,19 +55,27 @@ def job_record(job: str, ranks: int, gpus_per_node: int, ts: float, heartbeat_s:
                       for r in range(ranks)]}
 
 
-def _check_dense(files: dict[int, Path]) -> int:
-    n = max(files) + 1
-    missing = sorted(set(range(n)) - set(files))
-    if missing:
-        raise ValueError(f"ranks {missing} have no dump; a sweep needs every rank 0..{n - 1}")
-    return n
+def _job_size(files: dict[int, Path], ranks: int | None) -> int:
+    """The job's rank count: `ranks` when given (every file's rank must be below it), else the highest + 1."""
+    if ranks is None:
+        return max(files) + 1
+    beyond = sorted(r for r in files if r >= ranks)
+    if beyond:
+        raise ValueError(f"dumps of ranks {beyond} but the job has {ranks} ranks (--ranks)")
+    return ranks
+
+
+def missing_ranks(recs: list[dict[str, Any]]) -> list[int]:
+    """The ranks of the job record of `recs` that have no dump among them."""
+    n = len(recs[0]["ranks"])
+    return sorted(set(range(n)) - {r["rank"] for r in recs[1:]})
 
 
 def pyspy_records(directory: Path, *, job: str = "job", gpus_per_node: int = 1, ts: float = DEFAULT_TS,
-                  snapshot: str = "s-0001") -> list[dict[str, Any]]:
-    """`job` + one `stack` record (format py-spy) per `*rank<N>*.txt` file."""
-    files = rank_files(directory, (".txt",))
-    n = _check_dense(files)
+                  snapshot: str = "s-0001", ranks: int | None = None) -> list[dict[str, Any]]:
+    """`job` + one `stack` record (format py-spy) per rank's file (`*rank<N>*.txt`, `.log`, `.out`)."""
+    files = rank_files(directory, (".txt", ".log", ".out"))
+    n = _job_size(files, ranks)
     recs = [job_record(job, n, gpus_per_node, ts)]
     for rank, path in sorted(files.items()):
         recs.append({"kind": "stack", "v": 1, "ts": ts + 1.0, "job": job, "rank": rank, "snapshot": snapshot,
@@ -98,10 +116,11 @@ def read_pyspy(path: Path) -> str:
 
 
 def flight_records(directory: Path, *, job: str = "job", gpus_per_node: int = 1, ts: float = DEFAULT_TS,
-                   snapshot: str = "s-0001") -> list[dict[str, Any]]:
-    """`job` + one `flight` record per `*rank<N>*.pkl` flight-recorder dump (read with a restricted unpickler)."""
+                   snapshot: str = "s-0001", ranks: int | None = None) -> list[dict[str, Any]]:
+    """`job` + one `flight` record per rank's flight-recorder dump (`*rank<N>*.pkl`, or PyTorch's own
+    `nccl_trace_rank_<N>` without a suffix), read with a restricted unpickler."""
     files = rank_files(directory, (".pkl", ".pickle"))
-    n = _check_dense(files)
+    n = _job_size(files, ranks)
     recs = [job_record(job, n, gpus_per_node, ts)]
     for rank, path in sorted(files.items()):
         recs.append(to_flight_record(load_dump(path), job=job, rank=rank, snapshot=snapshot, ts=ts + 1.0))

@@ -91,6 +91,16 @@ class JobCore:
         self.triage.advance(now, out)
         return out
 
+    def finish(self, now: float, out: Outputs | None = None) -> Outputs:
+        """End of input at event time `now`: timeouts up to it, then what collecting detectors have (partial
+        sweeps), decided as far as `now` allows."""
+        out = self.advance(now, out)
+        findings = self.monitor.finish()
+        if findings:
+            self.triage.on_findings(findings, out)
+            self.triage.advance(max(now, max(f.ts for f in findings)), out)
+        return out
+
     # --- state: data only -------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
@@ -188,5 +198,5 @@ class Core:
         out = Outputs()
         for job in sorted(self.jobs):
             core = self.jobs[job]
-            core.advance((self.max_ts if self.silence else core.max_ts), out)
+            core.finish((self.max_ts if self.silence else core.max_ts), out)
         return out

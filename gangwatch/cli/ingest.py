@@ -19,7 +19,7 @@ def _pci_gpu(spec: str) -> tuple[str, int]:
 def cmd_ingest(args: argparse.Namespace) -> int:
     import orjson
 
-    from gangwatch.producers.dumps import flight_records, kmsg_records, pyspy_records
+    from gangwatch.producers.dumps import flight_records, kmsg_records, missing_ranks, pyspy_records
 
     if not args.path.exists():
         raise UserError(f"no such path: {args.path}", EXIT_INPUT)
@@ -35,7 +35,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
                             "dump per rank", EXIT_INPUT)
         reader = pyspy_records if args.format == "pyspy" else flight_records
         make = lambda: reader(args.path, job=args.job or "job", gpus_per_node=args.gpus_per_node,  # noqa: E731
-                              ts=args.ts)
+                              ts=args.ts, ranks=args.ranks)
     try:
         recs = make()
     except ValueError as e:
@@ -46,6 +46,11 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     else:
         args.out.write_bytes(data)
         print(f"wrote {len(recs)} records to {args.out}", file=sys.stderr)
+    missing = missing_ranks(recs) if args.format != "kmsg" else []
+    if missing:
+        shown = ", ".join(map(str, missing[:16])) + (f" and {len(missing) - 16} more" if len(missing) > 16 else "")
+        print(f"note: no dump of rank(s) {shown} of {len(recs[0]['ranks'])}: the sweep is analysed without them "
+              "(a rank that could not be dumped is often on the node at fault: look at it too)", file=sys.stderr)
     if args.format == "kmsg" and not args.job:
         print("note: no --job given, so the file holds node events only; a replay attributes them to a job "
               "through that job's `job` record (replay it with the job's telemetry, or add --job JOB)",
@@ -66,8 +71,10 @@ def cmd_schema_export(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     g = sub.add_parser("ingest", help="turn per-rank dumps or a node's kernel log into replayable records",
                        description="pyspy / flight: read a folder with one file per rank (`*rank<N>*.txt` py-spy "
-                       "dumps or `*rank<N>*.pkl` PyTorch flight-recorder pickles, loaded without executing code) "
-                       "and write a `job` record and one `stack`/`flight` record per rank, all in one snapshot. "
+                       "dumps or `*rank<N>*.pkl` PyTorch flight-recorder pickles, loaded without executing code; "
+                       "a name ending in the rank, such as PyTorch's own `nccl_trace_rank_3`, will do) "
+                       "and write a `job` record and one `stack`/`flight` record per rank, all in one snapshot; "
+                       "ranks without a dump are named and the sweep is analysed without them. "
                        "kmsg: read one node's kernel log (dmesg text) and write an `hw` record per GPU, ECC, NIC, "
                        "PCIe or NVLink event (multi-line firmware dumps fold into their Xid). Files that are not "
                        "what the format says are refused with the reason.",
@@ -81,6 +88,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--job", help="job id (pyspy/flight: default `job`; kmsg: also write a job record on --node)")
     g.add_argument("--gpus-per-node", type=positive(integer), default=1,
                    help="ranks per node when placing ranks on nodes n000, n001, ... (default 1: one node per rank)")
+    g.add_argument("--ranks", type=positive(integer),
+                   help="pyspy/flight: ranks of the job (default: the highest rank with a dump + 1)")
     g.add_argument("--node", default="n000", help="kmsg: the node the log comes from (default n000)")
     g.add_argument("--gpu-of", action="append", metavar="PCI=GPU",
                    help="kmsg: map a PCI bus id as the log prints it to a GPU index; repeatable")

@@ -54,3 +54,40 @@ def test_ingest_kmsg_of_a_benign_log_writes_nothing(tmp_path, real_data):
     out = tmp_path / "hw.jsonl"
     assert main(["ingest", "kmsg", str(real_data / "kmsg" / "benign-kmsg.log"), "--out", str(out)]) == 0
     assert out.read_bytes() == b""
+
+
+def test_a_sweep_missing_a_rank_is_analysed_with_the_dumps_there_are(tmp_path, real_data, capsys):
+    """py-spy could not dump rank 2 (a process stuck in the kernel, a dead node): the other seven still name
+    rank 5, whatever the files are called (`.log` here); the gap is said in one line."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    for src in (real_data / "pyspy" / "dataloader-hang-8ranks").glob("dump_rank*.txt"):
+        if src.stem != "dump_rank2":
+            (sweep / f"{src.stem}.log").write_bytes(src.read_bytes())
+    findings, actions, _ = _replay(tmp_path, "pyspy", sweep)
+    assert [(f["type"], f["rank"]) for f in findings] == [("stack_outlier", 5)]
+    assert [(a["type"], a["nodes"]) for a in actions] == [("replace", ["n005"])]
+    assert "no dump of rank(s) 2 of 8" in capsys.readouterr().err
+
+
+def test_flight_dumps_under_pytorchs_own_names_read_like_any_other(tmp_path, real_data):
+    """PyTorch writes `${TORCH_NCCL_DEBUG_INFO_TEMP_FILE}<rank>`, by default `/tmp/nccl_trace_rank_<rank>`: no
+    suffix."""
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    for src in (real_data / "flight-recorder" / "gloo-dataloader-hang-4ranks").glob("rank*.pkl"):
+        (dumps / f"nccl_trace_rank_{src.stem.removeprefix('rank')}").write_bytes(src.read_bytes())
+    findings, actions, _ = _replay(tmp_path, "flight", dumps)
+    assert [(f["type"], f["rank"]) for f in findings] == [("stack_outlier", 3)]
+    assert [(a["type"], a["nodes"]) for a in actions] == [("replace", ["n003"])]
+
+
+def test_ranks_says_how_big_the_job_is_when_the_last_ranks_left_no_dump(tmp_path, real_data, capsys):
+    folder = real_data / "pyspy" / "dataloader-hang-8ranks"
+    out = tmp_path / "s.jsonl"
+    assert main(["ingest", "pyspy", str(folder), "--ranks", "10", "--out", str(out)]) == 0
+    recs = [orjson.loads(x) for x in out.read_bytes().splitlines()]
+    assert len(recs[0]["ranks"]) == 10 and len(recs) == 9
+    assert "no dump of rank(s) 8, 9 of 10" in capsys.readouterr().err
+    assert main(["ingest", "pyspy", str(folder), "--ranks", "4"]) == 3
+    assert "dumps of ranks [4, 5, 6, 7] but the job has 4 ranks" in capsys.readouterr().err
