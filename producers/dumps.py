@@ -15,6 +15,7 @@ closes a partial sweep at the end of its input); `missing_ranks` names the gaps.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -106,9 +107,36 @@ def read_text(path: Path, what: str, max_bytes: int | None = None) -> str:
     return text
 
 
+def pyspy_json_to_text(traces: list[dict[str, Any]]) -> str:
+    """`py-spy dump --json` (a list of thread traces: pid, thread_id, os_thread_id, thread_name, active,
+    owns_gil, frames of name/filename/short_filename/line) as the text `py-spy dump` prints, which the stack
+    detector reads."""
+    lines: list[str] = []
+    pid = None
+    for t in traces:
+        if t.get("pid") is not None and t.get("pid") != pid:
+            pid = t["pid"]
+            info = t.get("process_info") or {}
+            lines.append(f"Process {pid}: {info.get('command_line', '')}".rstrip())
+        tid = t.get("os_thread_id") if t.get("os_thread_id") is not None else f"{int(t.get('thread_id') or 0):#X}"
+        status = "idle" if not t.get("active", True) else "active+gil" if t.get("owns_gil") else "active"
+        lines.append(f'Thread {tid} ({status}): "{t.get("thread_name") or ""}"')
+        for f in t.get("frames") or ():
+            lines.append(f"    {f.get('name', '?')} ({f.get('short_filename') or f.get('filename', '')}:"
+                         f"{f.get('line', 0)})")
+    return "\n".join(lines) + "\n"
+
+
 def read_pyspy(path: Path) -> str:
-    """The text of a `py-spy dump`, refusing files that are not one (no `Thread <id> ...` header)."""
+    """The text of a `py-spy dump` (or of `py-spy dump --json`, turned into that text), refusing files that are
+    neither (no `Thread <id> ...` header)."""
     text = read_text(path, "a py-spy dump")
+    if text.lstrip().startswith("["):
+        try:
+            traces = json.loads(text)
+            text = pyspy_json_to_text([t for t in traces if isinstance(t, dict)])
+        except (ValueError, TypeError, AttributeError) as e:
+            raise ValueError(f"{path} looks like `py-spy dump --json` output but does not read as one: {e}") from None
     if not _PYSPY_THREAD.search(text):
         raise ValueError(f"{path} is not a py-spy dump: no 'Thread <id> (...)' line, as `py-spy dump --pid P` "
                          "prints")

@@ -91,3 +91,24 @@ def test_ranks_says_how_big_the_job_is_when_the_last_ranks_left_no_dump(tmp_path
     assert "no dump of rank(s) 8, 9 of 10" in capsys.readouterr().err
     assert main(["ingest", "pyspy", str(folder), "--ranks", "4"]) == 3
     assert "dumps of ranks [4, 5, 6, 7] but the job has 4 ranks" in capsys.readouterr().err
+
+
+def test_a_sweep_of_py_spy_json_dumps_reads_like_the_text_ones(tmp_path, real_data):
+    """`py-spy dump --json` (py-spy's StackTrace list) of the same sweep, made from the text dumps here: the same
+    culprit. A JSON file that is no trace list is refused with the reason."""
+    from gangwatch.detectors.stacks import parse_pyspy
+
+    sweep = tmp_path / "json"
+    sweep.mkdir()
+    for src in (real_data / "pyspy" / "dataloader-hang-8ranks").glob("dump_rank*.txt"):
+        traces = [{"pid": t.pid or 1, "thread_id": 140000000000 + i, "os_thread_id": int(t.thread),
+                   "thread_name": t.name, "active": t.state != "idle", "owns_gil": False,
+                   "frames": [{"name": f.func, "filename": f"/opt/{f.file}", "short_filename": f.file,
+                               "line": f.line or 0, "module": None, "locals": None} for f in t.frames]}
+                  for i, t in enumerate(parse_pyspy(src.read_text()))]
+        (sweep / f"{src.stem}.txt").write_text(orjson.dumps(traces).decode())
+    findings, actions, _ = _replay(tmp_path, "pyspy", sweep)
+    assert [(f["type"], f["rank"]) for f in findings] == [("stack_outlier", 5)]
+    assert [(a["type"], a["nodes"]) for a in actions] == [("replace", ["n005"])]
+    (sweep / "dump_rank0.txt").write_text('[{"frames": 3}]')
+    assert main(["ingest", "pyspy", str(sweep)]) == 3
