@@ -147,7 +147,7 @@ def flight_records(directory: Path, *, job: str = "job", gpus_per_node: int = 1,
                    snapshot: str = "s-0001", ranks: int | None = None) -> list[dict[str, Any]]:
     """`job` + one `flight` record per rank's flight-recorder dump (`*rank<N>*.pkl`, or PyTorch's own
     `nccl_trace_rank_<N>` without a suffix), read with a restricted unpickler."""
-    files = rank_files(directory, (".pkl", ".pickle"))
+    files = rank_files(directory, (".pkl", ".pickle", ".json"))
     n = _job_size(files, ranks)
     recs = [job_record(job, n, gpus_per_node, ts)]
     for rank, path in sorted(files.items()):

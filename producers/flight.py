@@ -69,7 +69,8 @@ class _PlainDataUnpickler(pickle.Unpickler):
 
 def load_dump(src: str | os.PathLike[str] | bytes | bytearray | memoryview,
               max_bytes: int | None = None) -> dict[str, Any]:
-    """Parse a flight-recorder dump (the pickle bytes, or a path to them) into its dict.
+    """Parse a flight-recorder dump (the pickle bytes, or a path to them) into its dict; a JSON dump (PyTorch's
+    `_dump_nccl_trace_json`, or a pickle converted with `json.dump`) is read as the same dict.
 
     Raises `UnsafePickleError` for a pickle that names any class or function
     (nothing is executed), and `FlightDumpError` for anything else that is not
@@ -92,7 +93,7 @@ def load_dump(src: str | os.PathLike[str] | bytes | bytearray | memoryview,
         if len(data) > limit:
             raise FlightDumpError(f"dump larger than {limit} bytes: refused")
     try:
-        obj = _PlainDataUnpickler(io.BytesIO(data)).load()
+        obj = _json_dump(data) if data.lstrip()[:1] == b"{" else _PlainDataUnpickler(io.BytesIO(data)).load()
     except UnsafePickleError:
         raise
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, KeyError, IndexError,
@@ -103,6 +104,15 @@ def load_dump(src: str | os.PathLike[str] | bytes | bytearray | memoryview,
     if not isinstance(obj.get("entries", []), list):
         raise FlightDumpError("a flight-recorder dump needs an `entries` list")
     return obj
+
+
+def _json_dump(data: bytes) -> Any:
+    import json
+
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise FlightDumpError(f"not a readable flight-recorder JSON dump: {str(e)[:200]}") from e
 
 
 # --- mapping onto the contract ------------------------------------------------------------

@@ -71,7 +71,8 @@ def cmd_schema_export(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     g = sub.add_parser("ingest", help="turn per-rank dumps or a node's kernel log into replayable records",
                        description="pyspy / flight: read a folder with one file per rank (`*rank<N>*.txt` py-spy "
-                       "dumps or `*rank<N>*.pkl` PyTorch flight-recorder pickles, loaded without executing code; "
+                       "dumps, text or --json, or `*rank<N>*.pkl` PyTorch flight-recorder pickles, loaded without "
+                       "executing code, or their JSON; "
                        "a name ending in the rank, such as PyTorch's own `nccl_trace_rank_3`, will do) "
                        "and write a `job` record and one `stack`/`flight` record per rank, all in one snapshot; "
                        "ranks without a dump are named and the sweep is analysed without them. "

@@ -112,3 +112,16 @@ def test_a_sweep_of_py_spy_json_dumps_reads_like_the_text_ones(tmp_path, real_da
     assert [(a["type"], a["nodes"]) for a in actions] == [("replace", ["n005"])]
     (sweep / "dump_rank0.txt").write_text('[{"frames": 3}]')
     assert main(["ingest", "pyspy", str(sweep)]) == 3
+
+
+def test_flight_dumps_written_as_json_read_like_the_pickles(tmp_path, real_data):
+    """PyTorch can write the flight recorder as JSON (`_dump_nccl_trace_json`): the same dict, the same culprit."""
+    from gangwatch.producers.flight import load_dump
+
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    for src in (real_data / "flight-recorder" / "gloo-dataloader-hang-4ranks").glob("rank*.pkl"):
+        (dumps / f"nccl_trace_{src.stem}.json").write_bytes(orjson.dumps(load_dump(src), default=str))
+    findings, actions, _ = _replay(tmp_path, "flight", dumps)
+    assert [(f["type"], f["rank"]) for f in findings] == [("stack_outlier", 3)]
+    assert [(a["type"], a["nodes"]) for a in actions] == [("replace", ["n003"])]
