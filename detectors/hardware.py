@@ -241,6 +241,11 @@ class HardwareDetector:
                 out.append(self._nic_down_finding(key, down))
         return out
 
+    def finish(self) -> list[Finding]:
+        """The input ended (replay of a kernel log): every storm not yet reported is all it will be. A NIC still
+        down is left alone: whether it would have come back within `nic_flap_s` is not in the input."""
+        return [self._storm_finding(key, s) for key, s in sorted(self.storms.items()) if not s["reported"]]
+
     def _storm_finding(self, key: str, s: dict[str, Any]) -> Finding:
         s["reported"] = True
         node, gpu, source, code = key.split("|")

@@ -24,6 +24,7 @@ from typing import Any
 from gangwatch.producers import flight
 from gangwatch.producers.flight import load_dump, to_flight_record
 from gangwatch.producers.kmsg import parse_lines, to_hw_record
+from gangwatch.producers.nvml import bus_key
 
 _RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _TRAILING = re.compile(r"(?:^|[_.-])(\d+)$")  # `trace_3`, `stack-3`: the rank as the name's last number
@@ -165,12 +166,22 @@ def kmsg_records(path: Path, *, node: str, ts: float = DEFAULT_TS, gpu_of: dict[
     `job` record placing `gpus_per_node` ranks on `node` comes first, so that a
     replay of the file alone attributes the events.
     """
-    events = parse_lines(read_text(path, "a kernel log").splitlines())
-    gpu_of = {k.lower(): v for k, v in (gpu_of or {}).items()}
-    recs = [job_record(job, gpus_per_node, gpus_per_node, ts)] if job else []
-    for r in recs[:1]:
-        for rank in r["ranks"]:
-            rank["node"] = node
-    for i, ev in enumerate(events):
-        recs.append(to_hw_record(ev, node=node, ts=ts + 1.0 + i * 1e-3, gpu=gpu_of.get((ev.pci or "").lower())))
+    return kmsg_folder_records({node: path}, ts=ts, gpu_of=gpu_of, job=job, gpus_per_node=gpus_per_node)
+
+
+def kmsg_folder_records(logs: dict[str, Path], *, ts: float = DEFAULT_TS, gpu_of: dict[str, int] | None = None,
+                        job: str | None = None, gpus_per_node: int = 8) -> list[dict[str, Any]]:
+    """`kmsg_records` of several nodes' kernel logs (node name -> its log): with `job`, one `job` record placing
+    `gpus_per_node` ranks on each node, in the order given; each log's events keep their order."""
+    gpu_of = {bus_key(k): v for k, v in (gpu_of or {}).items()}
+    recs: list[dict[str, Any]] = []
+    if job:
+        recs.append(job_record(job, gpus_per_node * len(logs), gpus_per_node, ts))
+        for rank in recs[0]["ranks"]:
+            rank["node"] = list(logs)[rank["rank"] // gpus_per_node]
+    for node, path in logs.items():
+        events = parse_lines(read_text(path, "a kernel log").splitlines())
+        for i, ev in enumerate(events):
+            gpu = gpu_of.get(bus_key(ev.pci)) if ev.pci else None
+            recs.append(to_hw_record(ev, node=node, ts=ts + 1.0 + i * 1e-3, gpu=gpu))
     return recs

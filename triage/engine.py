@@ -92,13 +92,17 @@ class JobCore:
         return out
 
     def finish(self, now: float, out: Outputs | None = None) -> Outputs:
-        """End of input at event time `now`: timeouts up to it, then what collecting detectors have (partial
-        sweeps), decided as far as `now` allows."""
+        """End of input at event time `now`: timeouts up to it, then what collecting detectors hold (a partial
+        sweep, a storm still inside its window). An incident those open is decided when its class would decide
+        it: no more evidence is coming. (The end of a file is still not silence: no timeout runs past `now`.)"""
         out = self.advance(now, out)
         findings = self.monitor.finish()
         if findings:
+            before = self.triage.incident
             self.triage.on_findings(findings, out)
-            self.triage.advance(max(now, max(f.ts for f in findings)), out)
+            opened = self.triage.incident if self.triage.incident is not before else None
+            until = max(now, max(f.ts for f in findings), opened.decide_at if opened is not None else now)
+            self.triage.advance(until, out)
         return out
 
     # --- state: data only -------------------------------------------------------

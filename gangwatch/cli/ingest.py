@@ -19,16 +19,28 @@ def _pci_gpu(spec: str) -> tuple[str, int]:
 def cmd_ingest(args: argparse.Namespace) -> int:
     import orjson
 
-    from gangwatch.producers.dumps import flight_records, kmsg_records, missing_ranks, pyspy_records
+    from gangwatch.producers.dumps import (
+        flight_records,
+        kmsg_folder_records,
+        kmsg_records,
+        missing_ranks,
+        pyspy_records,
+    )
 
     if not args.path.exists():
         raise UserError(f"no such path: {args.path}", EXIT_INPUT)
     if args.format == "kmsg":
-        if not args.path.is_file():
-            raise UserError(f"{args.path} is not a file: `ingest kmsg` reads one node's kernel log", EXIT_INPUT)
         gpu_of = dict(_pci_gpu(x) for x in args.gpu_of or ())
-        make = lambda: kmsg_records(args.path, node=args.node, ts=args.ts, gpu_of=gpu_of, job=args.job,  # noqa: E731
-                                    gpus_per_node=args.gpus_per_node)
+        if args.path.is_dir():  # one log per node, named after it
+            logs = {p.stem: p for p in sorted(args.path.iterdir()) if p.is_file() and not p.name.startswith(".")}
+            if not logs:
+                raise UserError(f"{args.path} holds no kernel logs (one file per node, named after the node)",
+                                EXIT_INPUT)
+            make = lambda: kmsg_folder_records(logs, ts=args.ts, gpu_of=gpu_of, job=args.job,  # noqa: E731
+                                               gpus_per_node=args.gpus_per_node)
+        else:
+            make = lambda: kmsg_records(args.path, node=args.node, ts=args.ts, gpu_of=gpu_of,  # noqa: E731
+                                        job=args.job, gpus_per_node=args.gpus_per_node)
     else:
         if not args.path.is_dir():
             raise UserError(f"{args.path} is not a directory: `ingest {args.format}` reads a folder with one "
@@ -76,7 +88,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "a name ending in the rank, such as PyTorch's own `nccl_trace_rank_3`, will do) "
                        "and write a `job` record and one `stack`/`flight` record per rank, all in one snapshot; "
                        "ranks without a dump are named and the sweep is analysed without them. "
-                       "kmsg: read one node's kernel log (dmesg text) and write an `hw` record per GPU, ECC, NIC, "
+                       "kmsg: read one node's kernel log (dmesg text; or a folder of them, one per node, each "
+                       "file named after its node) and write an `hw` record per GPU, ECC, NIC, "
                        "PCIe or NVLink event (multi-line firmware dumps fold into their Xid). Files that are not "
                        "what the format says are refused with the reason.",
                        epilog="examples: gangwatch ingest pyspy tests/data/pyspy/dataloader-hang-8ranks "
@@ -91,7 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="ranks per node when placing ranks on nodes n000, n001, ... (default 1: one node per rank)")
     g.add_argument("--ranks", type=positive(integer),
                    help="pyspy/flight: ranks of the job (default: the highest rank with a dump + 1)")
-    g.add_argument("--node", default="n000", help="kmsg: the node the log comes from (default n000)")
+    g.add_argument("--node", default="n000", help="kmsg: the node a single log comes from (default n000)")
     g.add_argument("--gpu-of", action="append", metavar="PCI=GPU",
                    help="kmsg: map a PCI bus id as the log prints it to a GPU index; repeatable")
     g.add_argument("--ts", type=number, default=1_700_000_000.0,

@@ -125,3 +125,22 @@ def test_flight_dumps_written_as_json_read_like_the_pickles(tmp_path, real_data)
     findings, actions, _ = _replay(tmp_path, "flight", dumps)
     assert [(f["type"], f["rank"]) for f in findings] == [("stack_outlier", 3)]
     assert [(a["type"], a["nodes"]) for a in actions] == [("replace", ["n003"])]
+
+
+def test_a_folder_of_kernel_logs_is_one_job_over_their_nodes(tmp_path, real_data):
+    """dmesg of three nodes, each file named after its node: one job record over the three, each node's events
+    on it; the Xid 79 node is the one replaced, the benign node untouched."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "gpu-a.log").write_bytes((real_data / "kmsg" / "benign-kmsg.log").read_bytes())
+    (logs / "gpu-b.log").write_text("[ 100.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.\n")
+    (logs / "gpu-c.log").write_bytes((real_data / "kmsg" / "benign-kmsg.log").read_bytes())
+    out = tmp_path / "hw.jsonl"
+    assert main(["ingest", "kmsg", str(logs), "--job", "j", "--gpus-per-node", "2", "--gpu-of", "0000:3B:00.0=1",
+                 "--out", str(out)]) == 0
+    recs = [orjson.loads(x) for x in out.read_bytes().splitlines()]
+    assert [r["node"] for r in recs[0]["ranks"]] == ["gpu-a", "gpu-a", "gpu-b", "gpu-b", "gpu-c", "gpu-c"]
+    assert [(r["node"], r["code"], r["gpu"]) for r in recs[1:]] == [("gpu-b", 79, 1)]
+    assert main(["replay", str(out), "--out", str(tmp_path / "out"), "-q", "--no-store"]) == 0
+    actions = [orjson.loads(x) for x in (tmp_path / "out" / "actions.jsonl").read_bytes().splitlines()]
+    assert [(a["type"], a["nodes"]) for a in actions] == [("replace", ["gpu-b"])]
