@@ -27,8 +27,8 @@ import heapq
 import math
 import time
 import zlib
-from collections import Counter
-from collections.abc import Callable, Iterable, MutableMapping
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -213,6 +213,8 @@ class JobRunner:
         self.frontier: dict[tuple[str, int], float] = {}  # (topic, partition) -> newest event time read
         self.inputs = (*topics.job_inputs, topics.by_job)
         self.duplicates = 0  # replayed records skipped
+        self.by_job_read: Counter[str] = Counter()  # records read from by-job, per job (the router's in-flight)
+        self.job_nodes: set[str] = set()  # nodes of every job record read (processed or not yet)
         self.reconnect_s = reconnect_s
         self.max_future_s, self.wall = max_future_s, wall
         # during an input-path outage and its reconnect grace: per job, the newest event time read before it
@@ -249,6 +251,8 @@ class JobRunner:
                 if isinstance(v, DecodeError):
                     _reject(res, v, msg, None, self.topics.dlq, "decode")
                     continue
+                if msg.topic == self.topics.by_job and msg.key:
+                    self.by_job_read[msg.key.decode()] += 1
                 if v.ts > ahead:
                     _reject(res, _from_the_future(v, ahead - self.max_future_s, self.max_future_s), msg, v.ts,
                             self.topics.dlq, "future")
@@ -259,6 +263,8 @@ class JobRunner:
                 if job is None:  # a node event on a job-keyed topic: let the router re-key it
                     res.sends.append(Send(self.topics.node_events, (v.node or "").encode(), encode(v)))
                     continue
+                if v.kind == "job":
+                    self.job_nodes.update(r.node for r in v.ranks)
                 self._seq += 1
                 by_job.setdefault(job, []).append(_Item(v.ts, self._seq, v, msg))
                 self._state(job).partition = msg.partition
@@ -482,6 +488,15 @@ class NodeRouter:
 
     `table` maps node (bytes) -> JSON `{"job": .., "ts": ..}` (the worker passes its
     changelog-backed Faust table).
+
+    Until the jobs side has read back what was published onto by-job, those events
+    are still upstream of their job: `upstream` counts the events published per job
+    (`inflight`) against the by-job records the runner has read (`JobRunner.by_job_read`),
+    so a backlog read at full speed cannot run a job's time past a node event on its way.
+    Entries older than `hold_s` (wall) no longer hold anything (the job may be another
+    worker's). Events still waiting for their node's job (`pending`) hold back only when
+    their node is in a job record the runner has read (`nodes`): its mapping is on the
+    way; most pending events are of nodes that run no job at all, and hold nothing.
     """
 
     def __init__(self, topics: TopicSettings, table: MutableMapping[bytes, bytes], *, hold_s: float = 30.0,
@@ -494,11 +509,28 @@ class NodeRouter:
         self.frontier: dict[tuple[str, int], float] = {}  # (topic, partition) -> newest event time read
         self.dropped = 0
         self.routed = 0
+        self.inflight: dict[str, deque[tuple[float, float]]] = {}  # job -> (event time, wall) published, unread
+        self.published: Counter[str] = Counter()  # events published onto by-job, per job
 
-    def upstream(self, inputs: Iterable[tuple[str, int]], lagging: Lagging) -> float:
-        """Event time from which this router may still publish onto by-job: the oldest frontier among its
-        `inputs` (topic, partition) that still have data to read (inf when it has read everything)."""
-        return min((self.frontier.get(tp, float("-inf")) for tp in inputs if lagging(*tp)), default=float("inf"))
+    def upstream(self, inputs: Iterable[tuple[str, int]], lagging: Lagging,
+                 read: Mapping[str, int] | None = None, nodes: Iterable[str] = ()) -> float:
+        """Event time from which node events may still reach by-job: the oldest frontier among this router's
+        `inputs` (topic, partition) that still have data to read, of the events published but not yet `read`
+        back by the runner, and of those waiting for the mapping of a node in a job record read (`nodes`)."""
+        point = min((self.frontier.get(tp, -math.inf) for tp in inputs if lagging(*tp)), default=math.inf)
+        now = self.clock()
+        for node in set(self.pending).intersection(nodes):
+            point = min([point, *(r.ts for t, r in self.pending[node] if now - t < self.hold_s)])
+        for job in list(self.inflight):
+            q = self.inflight[job]
+            unread = self.published[job] - (read or {}).get(job, 0)
+            while q and (len(q) > unread or now - q[0][1] >= self.hold_s):
+                q.popleft()
+            if q:
+                point = min(point, min(ts for ts, _ in q))
+            else:
+                del self.inflight[job]
+        return point
 
     def on_batch(self, msgs: list[Msg]) -> Result:
         res = Result()
@@ -529,6 +561,8 @@ class NodeRouter:
         for job in sorted(out):
             recs = out[job]
             self.routed += len(recs)
+            self.published[job] += len(recs)
+            self.inflight.setdefault(job, deque()).extend((r.ts, now) for r in recs)
             res.sends.append(Send(self.topics.by_job, job.encode(), encode_batch(recs, recs[0].ts)))
         return res
 

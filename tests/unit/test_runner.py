@@ -251,6 +251,46 @@ def test_a_sender_clock_an_hour_ahead_is_dead_lettered_not_allowed_to_carry_the_
     assert not [s for s in res.sends if s.topic == T.dlq]
 
 
+def _worker_loop(msgs, *, read_back: bool) -> list:
+    """The worker's two agents over a backlog: the jobs agent reads all it has each round; the router reads
+    the node events and the node -> job map one round behind it, and what it re-keys comes back on by-job."""
+    runner, router = JobRunner(T, silence=False), NodeRouter(T, {})
+    node_q = [Msg(t, 0, i, k, v) for i, (t, k, v) in enumerate(msgs) if t == T.node_events]
+    job_q = [Msg(t, 0, i, k, v) for i, (t, k, v) in enumerate(msgs) if t != T.node_events]
+    lagging = lambda topic, p: topic == T.node_events and any(m.topic == T.node_events for m in node_q)  # noqa: E731
+    upstream = lambda: router.upstream([(T.node_events, 0)], lagging,  # noqa: E731
+                                       *((runner.by_job_read, runner.job_nodes) if read_back else ()))
+    out, offset = [], 10**6
+    for rnd in range(20):
+        batch, job_q = job_q, []
+        res = runner.on_batch(batch, upstream=upstream) if batch else runner.on_tick(upstream=upstream)
+        for s in res.sends:
+            offset += 1
+            if s.topic in (T.node_jobs, T.node_events):
+                node_q.append(Msg(s.topic, 0, offset, s.key, s.value))
+        out += emitted(res)
+        if rnd % 2 and node_q:
+            batch, node_q = node_q, []
+            for s in router.on_batch(batch).sends:
+                offset += 1
+                job_q.append(Msg(s.topic, 0, offset, s.key, s.value))
+    return sorted((r.job, r.kind, r.type, r.ts) for r in out if r.kind in ("finding", "action"))
+
+
+def test_a_node_event_on_its_way_through_the_router_holds_its_job_back():
+    """Three jobs as a backlog; j2's Xid goes node-events -> router -> by-job while the jobs agent races through
+    j2's telemetry. The router's events in flight (published, not yet read back) and those waiting for the map of
+    a node in a job record already read hold the release point: replay's findings and actions. Without that, j2
+    runs past its Xid and never replaces n012."""
+    from tests.integration.test_parity import several_jobs
+
+    msgs = messages(several_jobs(), T)
+    want = sorted((r.job, r.kind, r.type, r.ts) for r in replay_core(several_jobs()) if r.kind in ("finding", "action"))
+    assert _worker_loop(msgs, read_back=True) == want
+    blind = _worker_loop(msgs, read_back=False)
+    assert ("j2", "action", "replace") not in {t[:3] for t in blind}
+
+
 def test_held_records_are_not_saved_as_done():
     """A worker that dies while records are held: its successor reads them again from the saved offsets."""
     recs = _node_events(scenario(xid_node="n002"))
