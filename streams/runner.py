@@ -28,7 +28,7 @@ import math
 import time
 import zlib
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Container, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -513,17 +513,22 @@ class NodeRouter:
         self.published: Counter[str] = Counter()  # events published onto by-job, per job
 
     def upstream(self, inputs: Iterable[tuple[str, int]], lagging: Lagging,
-                 read: Mapping[str, int] | None = None, nodes: Iterable[str] = ()) -> float:
+                 read: Mapping[str, int] | None = None, nodes: Iterable[str] = (),
+                 mine: Container[str] | None = None) -> float:
         """Event time from which node events may still reach by-job: the oldest frontier among this router's
         `inputs` (topic, partition) that still have data to read, of the events published but not yet `read`
-        back by the runner, and of those waiting for the mapping of a node in a job record read (`nodes`)."""
+        back by the runner (`read`, for the jobs that are `mine`: another worker's hold nothing here), and of
+        those waiting for the mapping of a node in a job record read (`nodes`)."""
         point = min((self.frontier.get(tp, -math.inf) for tp in inputs if lagging(*tp)), default=math.inf)
         now = self.clock()
         for node in set(self.pending).intersection(nodes):
             point = min([point, *(r.ts for t, r in self.pending[node] if now - t < self.hold_s)])
         for job in list(self.inflight):
             q = self.inflight[job]
-            unread = self.published[job] - (read or {}).get(job, 0)
+            if read is None or (mine is not None and job not in mine):
+                del self.inflight[job]
+                continue
+            unread = self.published[job] - read.get(job, 0)
             while q and (len(q) > unread or now - q[0][1] >= self.hold_s):
                 q.popleft()
             if q:

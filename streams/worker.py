@@ -419,7 +419,8 @@ class _Glue:
     def upstream(self) -> float:
         """Event time from which the router (ours) may still publish node events onto by-job."""
         inputs = [(tp.topic, tp.partition) for tp in self.app.consumer.assignment() if tp.topic in self.node_topics]
-        return self.router.upstream(inputs, self.lagging, self.runner.by_job_read, self.runner.job_nodes)
+        runner = self.runner
+        return self.router.upstream(inputs, self.lagging, runner.by_job_read, runner.job_nodes, runner.jobs)
 
     def restore_assigned(self) -> None:
         """After a rebalance: bring every saved job of our partitions into memory (so silence is watched)."""

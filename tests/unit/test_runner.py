@@ -259,7 +259,7 @@ def _worker_loop(msgs, *, read_back: bool) -> list:
     job_q = [Msg(t, 0, i, k, v) for i, (t, k, v) in enumerate(msgs) if t != T.node_events]
     lagging = lambda topic, p: topic == T.node_events and any(m.topic == T.node_events for m in node_q)  # noqa: E731
     upstream = lambda: router.upstream([(T.node_events, 0)], lagging,  # noqa: E731
-                                       *((runner.by_job_read, runner.job_nodes) if read_back else ()))
+                                       *((runner.by_job_read, runner.job_nodes, runner.jobs) if read_back else ()))
     out, offset = [], 10**6
     for rnd in range(20):
         batch, job_q = job_q, []
