@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from gangwatch.schemas.security import ENV as KAFKA_ENV
+
 ENV_PREFIX = "GANGWATCH_"
 DELIMITER = "__"
 CONFIG_ENV = "GANGWATCH_CONFIG"
@@ -70,6 +72,7 @@ SECTIONS = (
     Section("topics", "gangwatch.streams.topics:TopicSettings"),
     Section("core", "gangwatch.triage.engine:CoreConfig", exclude=("triage", "detectors")),
     Section("triage", "gangwatch.triage.config:TriageConfig"),
+    Section("kafka", "gangwatch.schemas.security:KafkaSecurity"),  # SASL / SSL of every Kafka client
 )
 DETECTORS = "detectors"  # the last section: one table per detector, from detectors.monitor.detector_configs()
 
@@ -102,6 +105,7 @@ ALIASES = {
     "GANGWATCH_TOPIC_PREFIX": "topics.prefix",
     "GANGWATCH_TOPIC_PARTITIONS": "topics.partitions",
     "GANGWATCH_TOPIC_REPLICATION": "topics.replication",
+    **{variable: f"kafka.{name}" for name, variable in KAFKA_ENV.items()},
 }
 ALIAS_OF = {path: name for name, path in ALIASES.items()}
 
@@ -393,6 +397,25 @@ class Loaded:
         types = _detector_types()
         return CoreConfig(**self.values["core"], triage=_build(TriageConfig, self.values["triage"]),
                           detectors={n: _build(t, self.values[DETECTORS][n]) for n, t in types.items()})
+
+    def kafka_security(self):
+        """The Kafka clients' SASL / SSL settings; a `SettingsError` when they do not fit together."""
+        from gangwatch.schemas.security import KafkaSecurity
+
+        try:
+            return _build(KafkaSecurity, self.values["kafka"])
+        except ValueError as e:
+            raise SettingsError(f"kafka: {e}") from None
+
+    def export_kafka(self, environ: typing.MutableMapping[str, str]) -> None:
+        """Put the Kafka settings given by flags or TOML into `environ` (`GANGWATCH_KAFKA_*`), where every Kafka
+        client of this process, and the processes it starts, reads them; the environment's own stay as they are."""
+        self.kafka_security()  # refuse a combination that does not fit, before any client tries it
+        for name, variable in KAFKA_ENV.items():
+            path = f"kafka.{name}"
+            value = self.get(path)
+            if self.origin(path).kind in ("flag", "toml") and value is not None:
+                environ[variable] = str(value).lower() if isinstance(value, bool) else str(value)
 
     def worker_settings(self):
         from gangwatch.streams.worker import WorkerSettings

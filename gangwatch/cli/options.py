@@ -176,6 +176,7 @@ def _load_settings(args: argparse.Namespace, bound: list[EnvOption], environ: An
         flags[name.strip()] = (None if value.strip().lower() == "none" else value, f"--set {name.strip()}")
     try:
         loaded = gw_settings.load(flags, environ, getattr(args, "config", None))
+        loaded.export_kafka(os.environ)
     except gw_settings.SettingsError as e:
         raise UserError(str(e), e.code) from None
     args.settings = loaded

@@ -63,6 +63,9 @@ def test_every_field_of_the_runtime_dataclasses_is_a_setting_with_its_default():
     expect("triage", TriageConfig())
     for name, kind in detector_configs().items():
         expect(f"detectors.{name}", kind())
+    from gangwatch.schemas.security import KafkaSecurity
+
+    expect("kafka", KafkaSecurity())
     assert values.pop("core.lateness_s") == ws.lateness_s
     assert set(values) == {"core.tick_s"}  # nothing else: no setting restated by hand
     assert set(detector_configs()) >= {"failstop", "hang", "failslow", "sdc", "stacks", "flight", "hardware",
@@ -371,3 +374,34 @@ def test_the_worker_runs_with_the_settings_of_flags_variables_and_file(monkeypat
     assert s.core.lateness_s == 2.5 and s.web is False and s.metrics_port == 9464
     assert main(["worker", "--web-port", "8080", "--request-timeout", "50"]) == 0
     assert (ran[-1].web, ran[-1].web_port, ran[-1].request_timeout_s) == (True, 8080, 50.0)
+
+
+# --- the Kafka clients' security ---------------------------------------------------------------------------
+
+
+def test_kafka_sasl_from_a_toml_file_reaches_the_clients_and_its_password_no_screen(tmp_path):
+    """SASL/SSL of every Kafka client in the settings too: from TOML (or a flag) it is put where the clients read
+    it, GANGWATCH_KAFKA_* (the environment's own win, as for every setting); `config show` masks the password."""
+    from gangwatch.schemas.security import KafkaSecurity
+
+    cfg = toml(tmp_path, "[kafka]\nsecurity_protocol = 'SASL_SSL'\nsasl_mechanism = 'SCRAM-SHA-512'\n"
+                         "username = 'gw'\npassword = 'hunter2-very-secret'\n")
+    environ: dict[str, str] = {"GANGWATCH_KAFKA_SSL_CHECK_HOSTNAME": "0"}
+    loaded = S.load({}, environ, cfg)
+    loaded.export_kafka(environ)
+    sec = KafkaSecurity.from_env(environ)
+    assert (sec.security_protocol, sec.sasl_mechanism, sec.username, sec.password) == (
+        "SASL_SSL", "SCRAM-SHA-512", "gw", "hunter2-very-secret")
+    assert sec.ssl_check_hostname is False and loaded.source("kafka.ssl_check_hostname") == "env"
+    assert sec.kafka_python()["sasl_plain_username"] == "gw"
+    shown = gangwatch("config", "show", "--config", str(cfg))
+    assert shown.returncode == 0 and "hunter2" not in shown.stdout + shown.stderr
+    assert any(line.startswith("kafka.password") and "***" in line for line in shown.stdout.splitlines())
+
+
+def test_kafka_settings_that_do_not_fit_together_are_one_line():
+    bad = gangwatch("config", "show", env={"GANGWATCH_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+                                           "GANGWATCH_KAFKA_USERNAME": "gw"})
+    assert bad.returncode == EXIT_USAGE and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().splitlines() == [
+        "gangwatch config: error: kafka: SASL_PLAINTEXT needs GANGWATCH_KAFKA_USERNAME and GANGWATCH_KAFKA_PASSWORD"]
