@@ -72,7 +72,8 @@ SECTIONS = (
     Section("topics", "gangwatch.streams.topics:TopicSettings"),
     Section("core", "gangwatch.triage.engine:CoreConfig", exclude=("triage", "detectors")),
     Section("triage", "gangwatch.triage.config:TriageConfig"),
-    Section("kafka", "gangwatch.schemas.security:KafkaSecurity"),  # SASL / SSL of every Kafka client
+    Section("kafka_security", "gangwatch.schemas.security:KafkaSecurity"),  # SASL / SSL of every Kafka client
+    # (not `kafka`: GANGWATCH_KAFKA, the tests' broker address, would be read as that whole section)
 )
 DETECTORS = "detectors"  # the last section: one table per detector, from detectors.monitor.detector_configs()
 
@@ -105,7 +106,7 @@ ALIASES = {
     "GANGWATCH_TOPIC_PREFIX": "topics.prefix",
     "GANGWATCH_TOPIC_PARTITIONS": "topics.partitions",
     "GANGWATCH_TOPIC_REPLICATION": "topics.replication",
-    **{variable: f"kafka.{name}" for name, variable in KAFKA_ENV.items()},
+    **{variable: f"kafka_security.{name}" for name, variable in KAFKA_ENV.items()},
 }
 ALIAS_OF = {path: name for name, path in ALIASES.items()}
 
@@ -403,16 +404,16 @@ class Loaded:
         from gangwatch.schemas.security import KafkaSecurity
 
         try:
-            return _build(KafkaSecurity, self.values["kafka"])
+            return _build(KafkaSecurity, self.values["kafka_security"])
         except ValueError as e:
-            raise SettingsError(f"kafka: {e}") from None
+            raise SettingsError(f"kafka_security: {e}") from None
 
     def export_kafka(self, environ: typing.MutableMapping[str, str]) -> None:
         """Put the Kafka settings given by flags or TOML into `environ` (`GANGWATCH_KAFKA_*`), where every Kafka
         client of this process, and the processes it starts, reads them; the environment's own stay as they are."""
         self.kafka_security()  # refuse a combination that does not fit, before any client tries it
         for name, variable in KAFKA_ENV.items():
-            path = f"kafka.{name}"
+            path = f"kafka_security.{name}"
             value = self.get(path)
             if self.origin(path).kind in ("flag", "toml") and value is not None:
                 environ[variable] = str(value).lower() if isinstance(value, bool) else str(value)

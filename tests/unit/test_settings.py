@@ -65,7 +65,7 @@ def test_every_field_of_the_runtime_dataclasses_is_a_setting_with_its_default():
         expect(f"detectors.{name}", kind())
     from gangwatch.schemas.security import KafkaSecurity
 
-    expect("kafka", KafkaSecurity())
+    expect("kafka_security", KafkaSecurity())
     assert values.pop("core.lateness_s") == ws.lateness_s
     assert set(values) == {"core.tick_s"}  # nothing else: no setting restated by hand
     assert set(detector_configs()) >= {"failstop", "hang", "failslow", "sdc", "stacks", "flight", "hardware",
@@ -384,7 +384,7 @@ def test_kafka_sasl_from_a_toml_file_reaches_the_clients_and_its_password_no_scr
     it, GANGWATCH_KAFKA_* (the environment's own win, as for every setting); `config show` masks the password."""
     from gangwatch.schemas.security import KafkaSecurity
 
-    cfg = toml(tmp_path, "[kafka]\nsecurity_protocol = 'SASL_SSL'\nsasl_mechanism = 'SCRAM-SHA-512'\n"
+    cfg = toml(tmp_path, "[kafka_security]\nsecurity_protocol = 'SASL_SSL'\nsasl_mechanism = 'SCRAM-SHA-512'\n"
                          "username = 'gw'\npassword = 'hunter2-very-secret'\n")
     environ: dict[str, str] = {"GANGWATCH_KAFKA_SSL_CHECK_HOSTNAME": "0"}
     loaded = S.load({}, environ, cfg)
@@ -392,11 +392,11 @@ def test_kafka_sasl_from_a_toml_file_reaches_the_clients_and_its_password_no_scr
     sec = KafkaSecurity.from_env(environ)
     assert (sec.security_protocol, sec.sasl_mechanism, sec.username, sec.password) == (
         "SASL_SSL", "SCRAM-SHA-512", "gw", "hunter2-very-secret")
-    assert sec.ssl_check_hostname is False and loaded.source("kafka.ssl_check_hostname") == "env"
+    assert sec.ssl_check_hostname is False and loaded.source("kafka_security.ssl_check_hostname") == "env"
     assert sec.kafka_python()["sasl_plain_username"] == "gw"
     shown = gangwatch("config", "show", "--config", str(cfg))
     assert shown.returncode == 0 and "hunter2" not in shown.stdout + shown.stderr
-    assert any(line.startswith("kafka.password") and "***" in line for line in shown.stdout.splitlines())
+    assert any(line.startswith("kafka_security.password") and "***" in line for line in shown.stdout.splitlines())
 
 
 def test_kafka_settings_that_do_not_fit_together_are_one_line():
@@ -404,4 +404,5 @@ def test_kafka_settings_that_do_not_fit_together_are_one_line():
                                            "GANGWATCH_KAFKA_USERNAME": "gw"})
     assert bad.returncode == EXIT_USAGE and "Traceback" not in bad.stderr
     assert bad.stderr.strip().splitlines() == [
-        "gangwatch config: error: kafka: SASL_PLAINTEXT needs GANGWATCH_KAFKA_USERNAME and GANGWATCH_KAFKA_PASSWORD"]
+        "gangwatch config: error: kafka_security: SASL_PLAINTEXT needs GANGWATCH_KAFKA_USERNAME and "
+        "GANGWATCH_KAFKA_PASSWORD"]
