@@ -52,7 +52,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gangwatch.sinks.base import Sink
-from gangwatch.streams.runner import JobRunner, Msg, NodeRouter, Result
+from gangwatch.streams.router import NodeRouter
+from gangwatch.streams.runner import JobRunner, Msg, Result
 from gangwatch.streams.topics import TopicSettings, create_topics
 from gangwatch.triage.engine import CoreConfig
 

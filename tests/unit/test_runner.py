@@ -7,7 +7,8 @@ import random
 import orjson
 import pytest
 from gangwatch.schemas import Gpu, Heartbeat, Hw, decode, encode, encode_batch
-from gangwatch.streams.runner import JobRunner, Msg, NodeRouter
+from gangwatch.streams.router import NodeRouter
+from gangwatch.streams.runner import JobRunner, Msg
 from gangwatch.streams.topics import TopicSettings, topic_for
 from gangwatch.triage.engine import Core
 
