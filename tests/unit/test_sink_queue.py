@@ -1,0 +1,270 @@
+"""The delivery queue's parts (error classification, Retry-After, giving up, the bounded pause, how the worker
+wraps and feeds its sinks) and the store sink on real engines: chDB here, the ClickHouse server when
+GANGWATCH_CLICKHOUSE names one. The contract over every sink is test_sink_contract.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from clickhouse_driver.errors import ErrorCodes, NetworkError, ServerException
+from gangwatch.schemas import DeadLetter, Outputs, decode
+from gangwatch.sinks.alertmanager import AlertmanagerSink
+from gangwatch.sinks.base import DeliveryError
+from gangwatch.sinks.controller import WebhookSink
+from gangwatch.sinks.queued import QueuedSink, RetryPolicy, SinkPause, classify, queued
+from gangwatch.sinks.storesink import StoreSink
+from kafka.errors import KafkaTimeoutError
+
+from tests.unit.sinkcases import (
+    BASE_S,
+    SECRET,
+    WAIT_S,
+    FakeStore,
+    Harness,
+    StoreHarness,
+    WebhookHarness,
+    action,
+    finding,
+    incident,
+    send,
+)
+
+pytestmark = pytest.mark.unit
+
+
+# --- the parts: classification, the pause, the worker's wrapping ------------------------------------------
+
+
+def test_classification_of_errors() -> None:
+    import urllib.error
+
+    def http(code: int) -> urllib.error.HTTPError:
+        return urllib.error.HTTPError("http://x", code, "x", {}, None)  # type: ignore[arg-type]
+
+    transient = [ConnectionRefusedError(), ConnectionResetError(), TimeoutError(), http(503),
+                 http(500), http(429), http(408), NetworkError("down"),
+                 ServerException("too many parts", code=ErrorCodes.TOO_MANY_PARTS),
+                 ServerException("timeout", code=ErrorCodes.TIMEOUT_EXCEEDED), KafkaTimeoutError(),
+                 DeliveryError("x", transient=True), OSError(28, "No space left on device"),
+                 RuntimeError("Code: 241. DB::Exception: Memory limit (total) exceeded")]
+    permanent = [http(400), http(401), http(404), http(413), ServerException("no table", code=ErrorCodes.UNKNOWN_TABLE),
+                 ServerException("type", code=ErrorCodes.TYPE_MISMATCH), TypeError("Dict key must be str"),
+                 UnicodeEncodeError("ascii", "é", 0, 1, "x"), ValueError("bad"), PermissionError(13, "denied"),
+                 DeliveryError("x", transient=False), RuntimeError("Code: 60. DB::Exception: Table x does not exist")]
+    assert [e for e in transient if not classify(e)[0]] == []
+    assert [e for e in permanent if classify(e)[0]] == []
+
+
+def test_retry_after_is_honoured_up_to_the_cap() -> None:
+    p = RetryPolicy(base_s=0.5, cap_s=30.0)
+    assert [p.delay(n) for n in range(1, 9)] == [0.5, 1, 2, 4, 8, 16, 30, 30]
+    assert p.delay(1, hint=7.0) == 7.0 and p.delay(1, hint=600.0) == 30.0
+
+
+def test_transient_failures_give_up_into_dead_letters_after_give_up_s(tmp_path: Path) -> None:
+    now = [0.0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    h = StoreHarness(tmp_path)
+    sink = queued(h.inner(), retry=RetryPolicy(base_s=1.0, cap_s=8.0, give_up_s=60.0), clock=lambda: now[0],
+                  sleep=sleep)
+    h.fail_transient(1_000)
+    send(sink, Outputs(actions=[action("1")]))
+    assert sink.drain(WAIT_S) == 0
+    [dead] = sink.take_dead()
+    assert "gave up after" in dead.reason and dead.kind == "action" and 60.0 <= now[0] < 70.0
+    sink.close()
+
+
+def test_the_pause_holds_for_a_bounded_time_then_lets_the_worker_go_on() -> None:
+    class Pressed:
+        def __init__(self) -> None:
+            self.on = True
+
+        def pressure(self) -> bool:
+            return self.on
+
+    now = [0.0]
+    s = Pressed()
+    pause = SinkPause([s, object()], max_pause_s=5.0, clock=lambda: now[0])
+    assert pause.hold()
+    now[0] = 4.9
+    assert pause.hold()
+    now[0] = 5.0
+    assert not pause.hold() and pause.gave_up == 1  # spent: go on while it stays pressed
+    now[0] = 50.0
+    assert not pause.hold()
+    s.on = False
+    assert not pause.hold()
+    s.on = True
+    assert pause.hold() and pause.pauses == 2  # a new episode
+
+
+def test_the_worker_keeps_each_sinks_metric_name_and_leaves_async_sinks_alone(tmp_path: Path) -> None:
+    from gangwatch.streams.metrics import sink_name
+
+    store = queued(StoreSink(FakeStore(StoreHarness(tmp_path)), retries=0))
+    hook = queued(WebhookSink("http://127.0.0.1:9/x", SECRET, single_attempt=True))
+    am = AlertmanagerSink("http://127.0.0.1:9", background=False)
+    assert isinstance(store, QueuedSink) and (sink_name(store), sink_name(hook)) == ("store", "webhook")
+    assert queued(am) is am and queued(store) is store
+    for s in (store, hook):
+        s.close()
+
+
+def test_inline_delivery_blocks_the_caller_and_the_queue_does_not(tmp_path: Path) -> None:
+    """The point of it all, measured: a receiver stuck for 0.3 s holds an inline write 0.3 s, a queued one not."""
+    h = WebhookHarness(tmp_path)
+    inline = h.inner()
+    h.gate.close()
+    timer = threading.Timer(0.3, h.gate.opened.set)
+    timer.start()
+    t_inline = send(inline, Outputs(actions=[action("1")]))
+    sink = h.make()
+    h.gate.close()
+    timer = threading.Timer(0.3, h.gate.opened.set)
+    timer.start()
+    t_queued = send(sink, Outputs(actions=[action("2")]))
+    assert sink.drain(WAIT_S) == 0
+    h.close()
+    assert t_inline >= 0.25 and t_queued < 0.05
+    assert decode(h.receiver.accepted[-1])[0].id == "a-2"
+
+
+def test_a_queue_holds_only_what_its_sink_takes(tmp_path: Path) -> None:
+    """The webhook sends actions only: findings and incidents never fill its queue (nor end as its dead letters)."""
+    h = WebhookHarness(tmp_path)
+    sink = h.make(capacity=4)
+    h.gate.close()
+    for i in range(20):  # 20 findings and incidents, no action
+        send(sink, Outputs(findings=[finding(str(i))], incidents=[incident(str(i))]))
+    assert sink.pending() == 0 and not sink.pressure() and sink.take_dead() == []
+    store = queued(StoreSink(FakeStore(StoreHarness(tmp_path)), retries=0), start=False)
+    store.observe(finding("x"))  # telemetry off: not held
+    store.write(Outputs(findings=[finding("y")]))
+    store.flush()
+    assert store.pending() == 1
+    h.close()
+
+
+def test_the_worker_only_enqueues_and_publishes_sinks_dead_letters_on_the_dlq_topic(tmp_path: Path) -> None:
+    """`_Glue.publish` as the jobs agent runs it: with the controller stuck it returns at once; a refused action
+    comes back as a dead letter on the DLQ topic at a later publish (the next batch or tick)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from gangwatch.streams.runner import JobRunner, Result
+    from gangwatch.streams.topics import TopicSettings
+    from gangwatch.streams.worker import _Glue
+
+    sent: list[tuple[str, bytes, bytes]] = []
+
+    class Producer:
+        async def send(self, topic: str, key: bytes, value: bytes, **kw: Any) -> Any:
+            sent.append((topic, key, value))
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+
+    topics = TopicSettings()
+    h = WebhookHarness(tmp_path)
+    sink = h.make()
+    glue = _Glue(SimpleNamespace(producer=Producer()), JobRunner(topics), None, {}, (), (), [sink], False, None)
+    glue.pause = SinkPause(glue.sinks)
+    h.gate.close()
+
+    async def batch(out: Outputs) -> float:
+        t = time.perf_counter()
+        await glue.publish(Result(outputs=out))
+        return time.perf_counter() - t
+
+    took = asyncio.run(batch(Outputs(actions=[action("poison"), action("ok")])))
+    assert h.gate.entered.wait(WAIT_S) and took < 0.05  # the POST is stuck at the controller; the batch is not
+    h.gate.opened.set()
+    assert sink.drain(WAIT_S) == 0 and sent == []
+    asyncio.run(batch(Outputs()))
+    [(topic, key, value)] = sent
+    dead = DeadLetter.from_dict(orjson.loads(value))
+    assert topic == topics.dlq and key == b"sink:webhook" and dead.kind == "action" and "HTTP 400" in dead.reason
+    assert set(h.state()) == {"a-ok"}
+    sink.close()
+    h.close()
+
+
+# --- the store sink on real engines: chDB here, the ClickHouse server when GANGWATCH_CLICKHOUSE names one ----------
+
+
+def _real_store_contract(store: Any, break_link: Any = None) -> None:
+    """Idempotent rewrite on ReplacingMergeTree (read FINAL), a dropped table as the permanent (schema) error
+    and, when `break_link` is given (it breaks the connection and returns how to mend it), a transient one."""
+    mend: list[Any] = []
+    delays: list[float] = []
+
+    def sleep(s: float) -> None:  # the back-off wait: the server comes back meanwhile
+        delays.append(s)
+        while mend:
+            mend.pop()()
+
+    sink = queued(StoreSink(store, retries=0), retry=RetryPolicy(base_s=BASE_S, give_up_s=None), sleep=sleep)
+    h = Harness(Path("."))
+
+    def ids() -> set[str]:
+        return {r["id"] for t in ("gw_findings", "gw_actions", "gw_incidents")
+                for r in store.query(f"SELECT id FROM {t} FINAL")}
+
+    for _ in range(2):
+        send(sink, h.outputs("1"))
+    assert sink.drain(WAIT_S) == 0 and sink.take_dead() == []
+    assert ids() == h.expected("1") and store.query("SELECT count() AS n FROM gw_actions FINAL")[0]["n"] == 1
+    if break_link is not None:
+        mend.append(break_link())
+        send(sink, h.outputs("2"))
+        assert sink.drain(WAIT_S) == 0 and sink.take_dead() == []
+        assert len(delays) == 1 and ids() == h.expected("1", "2")
+    store.query("DROP TABLE gw_actions")  # a schema error: the same rows will never go in
+    send(sink, h.outputs("3"))
+    assert sink.drain(WAIT_S) == 0
+    [dead] = sink.take_dead()
+    assert dead.kind == "action" and "a-3" in dead.raw and "permanent" in dead.reason and "60" in dead.reason
+    assert {r["id"] for r in store.query("SELECT id FROM gw_findings FINAL")} >= {"f-3"}
+    assert {r["id"] for r in store.query("SELECT id FROM gw_incidents FINAL")} >= {"i-3"}
+    assert sink.close() == 0
+
+
+def test_store_contract_on_chdb(tmp_path: Path) -> None:
+    pytest.importorskip("chdb")
+    from gangwatch.sinks.store import ChdbStore
+
+    _real_store_contract(ChdbStore(tmp_path / "chdb"))
+
+
+def test_store_contract_on_the_clickhouse_server() -> None:
+    import os
+    import uuid
+
+    addr = os.environ.get("GANGWATCH_CLICKHOUSE")
+    if not addr:
+        pytest.skip("no ClickHouse server (set GANGWATCH_CLICKHOUSE=HOST:PORT)")
+    from clickhouse_driver import Client
+    from gangwatch.sinks.store import ClickHouseStore
+
+    host, _, port = addr.rpartition(":")
+    db = f"t{uuid.uuid4().hex[:12]}"
+    store = ClickHouseStore(host, int(port), database=db)
+    good = store._client
+
+    def break_link() -> Any:
+        store._client = Client(host="127.0.0.1", port=1, connect_timeout=1)  # nothing listens: refused
+        return lambda: setattr(store, "_client", good)
+
+    try:
+        _real_store_contract(store, break_link)
+    finally:
+        Client(host=host, port=int(port)).execute(f"DROP DATABASE IF EXISTS {db}")
