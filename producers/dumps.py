@@ -16,7 +16,6 @@ closes a partial sweep at the end of its input); `missing_ranks` names the gaps.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -91,15 +90,7 @@ def read_text(path: Path, what: str, max_bytes: int | None = None) -> str:
     A file over `max_bytes` (default `flight.MAX_DUMP_BYTES`: 64 MiB, or `GANGWATCH_MAX_DUMP_BYTES`) is refused
     by its size on disk, before anything is read.
     """
-    limit = flight.MAX_DUMP_BYTES if max_bytes is None else max_bytes
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size > limit:
-            raise ValueError(f"{path} is larger than {limit} bytes ({size}): refused unread "
-                             f"({flight.DUMP_LIMIT_ENV} raises the limit)")
-        data = f.read(limit + 1)  # it may have grown since
-    if len(data) > limit:
-        raise ValueError(f"{path} is larger than {limit} bytes: refused")
+    data = flight.read_bounded(path, flight.MAX_DUMP_BYTES if max_bytes is None else max_bytes)
     if b"\0" in data:
         raise ValueError(f"{path} is not {what}: it holds binary data (NUL bytes)")
     text = data.decode("utf-8", errors="replace")

@@ -67,6 +67,21 @@ class _PlainDataUnpickler(pickle.Unpickler):
         raise UnsafePickleError("refused: the dump uses persistent ids")
 
 
+def read_bounded(path: str | os.PathLike[str], limit: int, what: str | None = None) -> bytes:
+    """The bytes of a file of at most `limit` bytes: a larger one is refused by its size on disk, unread, and
+    never read past the limit (it may grow meanwhile). `what` names it in the error (default: "<path> is")."""
+    name = what or f"{path} is"
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise FlightDumpError(f"{name} larger than {limit} bytes ({size}): refused unread "
+                                  f"({DUMP_LIMIT_ENV} raises the limit)")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise FlightDumpError(f"{name} larger than {limit} bytes: refused")
+    return data
+
+
 def load_dump(src: str | os.PathLike[str] | bytes | bytearray | memoryview,
               max_bytes: int | None = None) -> dict[str, Any]:
     """Parse a flight-recorder dump (the pickle bytes, or a path to them) into its dict; a JSON dump (PyTorch's
@@ -84,14 +99,7 @@ def load_dump(src: str | os.PathLike[str] | bytes | bytearray | memoryview,
             raise FlightDumpError(f"dump larger than {limit} bytes ({len(src)}): refused unread")
         data = bytes(src)
     else:
-        with open(src, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > limit:
-                raise FlightDumpError(f"dump larger than {limit} bytes ({size}): refused unread "
-                                      f"({DUMP_LIMIT_ENV} raises the limit)")
-            data = f.read(limit + 1)  # it may have grown since
-        if len(data) > limit:
-            raise FlightDumpError(f"dump larger than {limit} bytes: refused")
+        data = read_bounded(src, limit, "dump")
     try:
         obj = _json_dump(data) if data.lstrip()[:1] == b"{" else _PlainDataUnpickler(io.BytesIO(data)).load()
     except UnsafePickleError:
