@@ -39,6 +39,13 @@ loop, inside its batch lock) only appends to a list under a lock.
   bounded by `SinkPause`, outside its batch lock). A unit that arrives while
   `capacity` records are pending is not queued: it becomes dead letters
   ("queue full"), so memory stays bounded whatever the receiver does.
+- **Marks.** `mark()` after a `flush()` names everything queued so far;
+  once `done() >= mark` all of it was delivered or became dead letters
+  (`done()` counts units settled in order: one refused at once while an
+  earlier one is still on its way waits for that one). The worker writes a job's saved state only when
+  the outputs that state covers are settled in every sink, so a worker killed
+  with deliveries still queued leaves a state from before them: its
+  replacement reads those inputs again and delivers their outputs (same ids).
 - **Flush and close.** `drain(timeout_s)` waits until everything queued is
   delivered (or dead) and returns the records left; `close(timeout_s)` drains,
   stops the thread and closes the inner sink, and returns what was left (a
@@ -202,11 +209,15 @@ class QueuedSink:
         self._clock = clock
         self._sleep = sleep or self._wait_unless_closing
         self._cond = threading.Condition(threading.RLock())
-        self._queue: deque[tuple[list[Op], int]] = deque()  # (calls, records) per unit
+        self._queue: deque[tuple[list[Op], int, int]] = deque()  # (calls, records, unit number) per unit
         self._staged: list[Op] = []
         self._staged_n = 0
         self._queued = 0  # records in _queue
         self._inflight = 0  # records being delivered
+        self._inflight_units: list[int] = []
+        self._units_in = 0  # units closed by flush() (queued, or refused as dead letters at once), numbered from 1
+        self._units_done = 0  # units 1.._units_done are all settled: delivered or dead
+        self._settled_ahead: set[int] = set()  # settled while an earlier one was not (refused when the queue was full)
         self._pressed = False
         self._closing = threading.Event()  # close() was called: no new units, the back-off wait ends
         self._abandon = False  # close() timed out: give up the delivery in progress
@@ -263,8 +274,9 @@ class QueuedSink:
             if left:
                 self._abandon = True
                 while self._queue:
-                    ops, n = self._queue.popleft()
+                    ops, n, unit = self._queue.popleft()
                     self._queued -= n
+                    self._settle([unit])
                     self._dead_letters(ops, "closed before it could be delivered")
             self._cond.notify_all()
         if self._thread is not None:
@@ -290,6 +302,15 @@ class QueuedSink:
         """True from when `pending()` reaches the high-water mark until it falls to the low-water mark."""
         with self._cond:
             return self._update_pressure()
+
+    def mark(self) -> int:
+        """A mark after everything flushed so far: all of it is settled once `done()` reaches it."""
+        with self._cond:
+            return self._units_in
+
+    def done(self) -> int:
+        """The mark up to which everything is settled: delivered, or a dead letter `take_dead()` hands over."""
+        return self._units_done
 
     @property
     def full(self) -> bool:
@@ -341,18 +362,28 @@ class QueuedSink:
             return
         ops, n = self._staged, self._staged_n
         self._staged, self._staged_n = [], 0
+        self._units_in += 1
+        unit = self._units_in
         if self._closing.is_set():
             self._dead_letters(ops, "the sink is closed")
+            self._settle([unit])
             return
         if self.pending() >= self.capacity:
             self.overflowed += n
             self._dead_letters(ops, f"queue full ({self.capacity} records waiting for the {self.name} sink)")
+            self._settle([unit])
             self._update_pressure()
             return
-        self._queue.append((ops, n))
+        self._queue.append((ops, n, unit))
         self._queued += n
         self._update_pressure()
         self._cond.notify_all()
+
+    def _settle(self, units: list[int]) -> None:  # holding the lock
+        self._settled_ahead.update(units)
+        while self._units_done + 1 in self._settled_ahead:
+            self._units_done += 1
+            self._settled_ahead.discard(self._units_done)
 
     def _update_pressure(self) -> bool:  # holding the lock
         depth = self.pending()
@@ -363,14 +394,17 @@ class QueuedSink:
         return self._pressed
 
     def _take_batch(self) -> tuple[list[Op], int]:  # holding the lock; the queue is not empty
-        ops, n = self._queue.popleft()
+        ops, n, unit = self._queue.popleft()
         ops = list(ops)
+        units = [unit]
         while self._queue and n + self._queue[0][1] <= self.max_batch:
-            more, m = self._queue.popleft()
+            more, m, unit = self._queue.popleft()
             ops += more
             n += m
+            units.append(unit)
         self._queued -= n
         self._inflight = n
+        self._inflight_units = units
         return ops, n
 
     def _deliver_next_locked(self) -> None:
@@ -381,6 +415,8 @@ class QueuedSink:
         finally:
             self._cond.acquire()
             self._inflight = 0
+            self._settle(self._inflight_units)
+            self._inflight_units = []
             self._update_pressure()
             self._cond.notify_all()
 

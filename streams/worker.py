@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gangwatch.sinks.base import Sink
+from gangwatch.streams.checkpoint import Checkpoints
 from gangwatch.streams.router import NodeRouter
 from gangwatch.streams.runner import JobRunner, Msg, Result
 from gangwatch.streams.topics import TopicSettings, create_topics
@@ -224,6 +225,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
         lost = {tp.partition for tp in revoked if tp.topic in job_topics}
         gone = runner.drop_partitions(lost)
+        glue.checkpoints.drop(gone)
         if gone:
             log.info("revoked partitions %s: dropped %d jobs from memory", sorted(lost), len(gone))
 
@@ -235,8 +237,10 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
 
     @app.on_before_shutdown.connect
     def on_shutdown(sender: Any, **kwargs: Any) -> None:
-        for sink in glue.sinks:
-            sink.close()
+        left = [sink.close() for sink in glue.sinks]
+        if not any(left) and not pause.dead_letters():  # all delivered: the states waiting for it can be written
+            glue.checkpoints.note_settled()
+            glue.checkpoints.write_settled()
 
     return app
 
@@ -279,6 +283,7 @@ class _Glue:
         self.sinks = sinks
         self.telemetry = telemetry
         self.pause: Any = None  # SinkPause: holds the input for a sink's backlog, collects sinks' dead letters
+        self.checkpoints = Checkpoints(sinks, self._write_state)  # states wait for their outputs' delivery
         self.next_offset: dict[tuple[str, int], int] = {}
         self.assigned: set[int] = set()
         self.need_restore = False
@@ -296,12 +301,18 @@ class _Glue:
         return Msg(m.topic, m.partition, m.offset, m.key, m.value, ts / 1000.0 if ts > 1e11 else ts)
 
     def save(self, res: Result) -> None:
-        """Write the state of every job the batch touched (a job a revoke took meanwhile is skipped:
-        its batch was not acked in time and will be replayed by the new owner)."""
-        for job in sorted(res.dirty):
-            if self.runner.jobs.get(job) is not None and self.runner.jobs[job].core is not None:
-                self.states[job.encode()] = self.runner.state_of(job)
-                self.saves += 1
+        """Offer the state of every job the batch touched (a job a revoke took meanwhile is skipped: its batch
+        was not acked in time and will be replayed by the new owner); write those whose outputs every sink has
+        settled (`streams.checkpoint`: a saved state never covers an output still waiting in a sink's queue)."""
+        jobs = self.runner.jobs
+        self.checkpoints.offer({job: self.runner.state_of(job) for job in sorted(res.dirty)
+                                if jobs.get(job) is not None and jobs[job].core is not None})
+        self.checkpoints.write_settled()
+
+    def _write_state(self, job: str, blob: bytes) -> None:
+        if self.runner.jobs.get(job) is not None:  # still ours
+            self.states[job.encode()] = blob
+            self.saves += 1
 
     async def publish(self, res: Result) -> None:
         """Send the outputs and wait until the broker has them; then feed the sinks."""
@@ -323,6 +334,7 @@ class _Glue:
             except Exception:
                 self.metrics.sink_failed(sink)
                 raise
+        self.checkpoints.note_settled()  # before their dead letters are taken: a state waits for its dead letters
         dead = self.pause.dead_letters() if self.pause is not None else []
         pending = [await send(self.runner.topics.dlq, d.source.encode(), d.encode(), partition=None, timestamp=None,
                               headers=None) for d in dead]  # what a sink can never deliver: on the DLQ topic

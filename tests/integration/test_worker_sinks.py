@@ -20,10 +20,12 @@ SECRET = "test-secret-not-for-production"
 
 
 class Receiver:
-    """A local job controller: records every POST and whether its signature verified."""
+    """A local job controller: records every POST and whether its signature verified; answers `status`
+    (503 while a test keeps it down) to a request whose signature verifies."""
 
     def __init__(self) -> None:
         self.posts: list[dict] = []
+        self.status = 200
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -31,8 +33,10 @@ class Receiver:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 ok = bool(verify_signature(SECRET, body, self.headers.get("X-Gangwatch-Signature-V1", ""),
                                            self.headers.get("Idempotency-Key")))
-                outer.posts.append({"ok": ok, "key": self.headers.get("Idempotency-Key"), "body": orjson.loads(body)})
-                self.send_response(200 if ok else 401)
+                code = outer.status if ok else 401
+                outer.posts.append({"ok": ok, "key": self.headers.get("Idempotency-Key"), "body": orjson.loads(body),
+                                    "status": code})
+                self.send_response(code)
                 self.end_headers()
 
             def log_message(self, *args) -> None:
@@ -91,6 +95,38 @@ def test_kafka_in_clickhouse_alert_topic_and_webhook_out(kafka_bootstrap, topics
     assert findings == [{"type": "fail_stop", "node": "n001"}]
     [inc] = store.query("SELECT class, culprit_nodes FROM gw_incidents FINAL")
     assert inc == {"class": "fail_stop", "culprit_nodes": ["n001"]}
+
+
+def test_an_action_still_queued_for_the_controller_survives_a_worker_kill(kafka_bootstrap, topics, unique, workers,
+                                                                         receiver):
+    """The controller answers 503 while the worker decides a replace; the worker is killed with the action still in
+    its webhook queue (published on the alert topic, every input read). The next worker delivers it, exactly once:
+    the job's saved state waited for that delivery, so the replacement reads those inputs again."""
+    receiver.status = 503
+    produce(kafka_bootstrap, messages(scenario(xid_node=None), topics))
+    args = worker_args(kafka_bootstrap, unique, topics, "--no-silence", "--webhook", receiver.url)
+    env = {"GANGWATCH_WEBHOOK_SECRET": SECRET}
+    first = workers(*args, env=env)
+
+    def refused() -> bool:
+        return any(p["body"]["type"] == "replace" and p["status"] == 503 for p in receiver.posts)
+
+    wait_for(refused, 90.0, "the replace, refused by the controller", proc=first)
+    wait_for(lambda: caught_up(kafka_bootstrap, unique, topics.job_inputs), 90.0, "all input consumed", proc=first)
+    [replace] = [a for a in (decode(v)[0] for _, v in read_all(kafka_bootstrap, [topics.actions])[topics.actions])
+                 if a.type == "replace"]
+    first.kill()
+    receiver.status = 200
+    second = workers(*args, env=env)
+
+    def applied() -> list[dict]:
+        return [p for p in receiver.posts if p["status"] == 200 and p["key"] == replace.id]
+
+    wait_for(applied, 90.0, "the replace, delivered by the next worker", proc=second)
+    wait_for(lambda: caught_up(kafka_bootstrap, unique, topics.job_inputs), 90.0, "all input consumed again",
+             proc=second)
+    assert len(applied()) == 1 and applied()[0]["body"]["nodes"] == ["n001"]
+    assert all(p["ok"] for p in receiver.posts)
 
 
 def test_replay_can_publish_to_the_alert_topic(kafka_bootstrap, unique, tmp_path, monkeypatch):

@@ -198,6 +198,79 @@ def test_the_worker_only_enqueues_and_publishes_sinks_dead_letters_on_the_dlq_to
     h.close()
 
 
+def test_marks_settle_when_delivered_or_dead_never_before(tmp_path: Path) -> None:
+    """A mark taken after a flush is reached only once that delivery is done: delivered (the controller let it
+    through) or dead (refused for good, or refused because the queue was full)."""
+    h = WebhookHarness(tmp_path)
+    sink = h.make(capacity=1)
+    assert sink.mark() == sink.done() == 0
+    h.gate.close()
+    send(sink, Outputs(actions=[action("1")]))
+    first = sink.mark()
+    assert h.gate.entered.wait(WAIT_S) and sink.done() < first  # on its way, stuck at the controller
+    send(sink, Outputs(actions=[action("2")]))  # the queue holds 1: refused at once, a dead letter
+    second = sink.mark()
+    assert second == first + 1 and sink.done() < first  # settled out of turn, never counted ahead of the first
+    h.gate.opened.set()
+    assert sink.drain(WAIT_S) == 0 and sink.done() == second
+    assert [d.kind for d in sink.take_dead()] == ["action"] and set(h.state()) == {"a-1"}
+    send(sink, Outputs(findings=[finding("3")]))  # nothing the webhook takes: no new mark to wait for
+    assert sink.mark() == second
+    sink.close()
+    h.close()
+
+
+class _Marked:
+    """A sink's marks, moved by hand."""
+
+    def __init__(self) -> None:
+        self.m = self.d = 0
+
+    def mark(self) -> int:
+        return self.m
+
+    def done(self) -> int:
+        return self.d
+
+
+def test_a_state_is_written_only_once_every_sink_settled_its_outputs() -> None:
+    from gangwatch.streams.checkpoint import Checkpoints
+
+    a, b = _Marked(), _Marked()
+    written: list[tuple[str, bytes]] = []
+    cps = Checkpoints([a, b, object()], lambda job, blob: written.append((job, blob)))  # object(): no marks
+    cps.offer({"j1": b"s0"})  # nothing on its way: written at once
+    assert written == [("j1", b"s0")]
+    a.m = b.m = 1  # a batch's outputs went into both sinks
+    cps.offer({"j1": b"s1", "j2": b"t1"})
+    a.m = 2  # the next batch's outputs, into `a` only
+    cps.offer({"j1": b"s2"})
+    cps.offer({"j1": b"s3"})  # replaces s2: only the oldest waiting state and the newest are kept
+    a.d = b.d = 1
+    assert cps.write_settled() == 0  # settled, but not yet noted (its dead letters are not handed on yet)
+    cps.note_settled()
+    assert cps.write_settled() == 2 and written[1:] == [("j1", b"s1"), ("j2", b"t1")]
+    assert cps.waiting() == 1
+    a.d = 2
+    cps.note_settled()
+    assert cps.write_settled() == 1 and written[-1] == ("j1", b"s3")
+    a.m = 3
+    cps.offer({"j3": b"u1"})
+    cps.drop(["j3"])  # revoked: its new owner restores the state saved before
+    a.d = 3
+    cps.note_settled()
+    assert cps.write_settled() == 0 and cps.waiting() == 0 and ("j3", b"u1") not in written
+
+
+def test_without_queued_sinks_every_state_is_written_at_once() -> None:
+    from gangwatch.streams.checkpoint import Checkpoints
+
+    written: list[str] = []
+    cps = Checkpoints([], lambda job, blob: written.append(job))
+    cps.offer({"j1": b"x", "j2": b"y"})
+    assert written == ["j1", "j2"] and cps.waiting() == 0
+
+
 # --- the store sink on real engines: chDB here, the ClickHouse server when GANGWATCH_CLICKHOUSE names one ----------
 
 
