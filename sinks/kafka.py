@@ -20,6 +20,7 @@ from typing import Any
 
 from gangwatch.schemas import DeadLetter, Outputs, Record, encode
 from gangwatch.schemas.security import kafka_python_security
+from gangwatch.sinks.base import DeliveryError
 from kafka import KafkaProducer
 
 log = logging.getLogger(__name__)
@@ -30,8 +31,13 @@ INCIDENTS_TOPIC = "gw.incidents"
 DLQ_TOPIC = "gw.dlq"
 
 
-class KafkaSinkError(Exception):
-    """Some records were not acknowledged by the broker since the last flush."""
+class KafkaSinkError(DeliveryError):
+    """Some records were not acknowledged by the broker since the last flush.
+
+    Transient when every error was one kafka-python marks retriable (a timeout, a leader moving); else
+    permanent, naming in `ids` the records whose own error never heals (a message too large, a topic
+    authorization failure), so a delivery queue dead-letters those and sends the others again.
+    """
 
 
 class KafkaSink:
@@ -86,7 +92,9 @@ class KafkaSink:
             topic, what, exc = errors[0]
             for t, w, e in errors:
                 log.error("kafka: %s to %s was not acknowledged: %s", w, t, e)
-            raise KafkaSinkError(f"{len(errors)} record(s) not acknowledged, first {what} to {topic}: {exc}")
+            lasting = tuple(w for _, w, e in errors if getattr(e, "retriable", True) is False)
+            raise KafkaSinkError(f"{len(errors)} record(s) not acknowledged, first {what} to {topic}: "
+                                 f"{type(exc).__name__}: {exc}", transient=not lasting, ids=lasting) from exc
 
     def close(self) -> None:
         try:

@@ -111,9 +111,10 @@ def classify(exc: BaseException) -> tuple[bool, str]:
     Transient: `DeliveryError(transient=True)`; an HTTP error 408, 429 or 5xx; connection refused
     or reset, timeouts and other socket errors (an OSError, but a file that cannot be opened or a
     read-only file system); ClickHouse network errors and transient server codes
-    (`store.store_error_transient`); a Kafka error kafka-python marks `retriable`, and the Kafka
-    sink's "not acknowledged". Permanent: every other HTTP status, ClickHouse schema and type
-    errors, encoding errors (ValueError, TypeError, UnicodeError), and anything not known here.
+    (`store.store_error_transient`); a Kafka error kafka-python marks `retriable` (the Kafka sink's
+    "not acknowledged" is a `DeliveryError` that says which). Permanent: every other HTTP status,
+    ClickHouse schema and type errors, encoding errors (ValueError, TypeError, UnicodeError), and anything
+    not known here.
     """
     reason = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, DeliveryError):
@@ -126,8 +127,6 @@ def classify(exc: BaseException) -> tuple[bool, str]:
     retriable = getattr(exc, "retriable", None)  # kafka-python's errors say it themselves
     if isinstance(retriable, bool):
         return retriable, reason
-    if type(exc).__name__ == "KafkaSinkError":  # records the broker did not acknowledge: sent again
-        return True, reason
     if isinstance(exc, _PERMANENT_OS) or (isinstance(exc, OSError) and exc.errno in _PERMANENT_ERRNO):
         return False, reason
     if isinstance(exc, (OSError, EOFError, http.client.HTTPException)):  # refused, reset, timed out, cut short

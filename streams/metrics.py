@@ -45,10 +45,10 @@ Three sources end up on that one endpoint (one registry per worker app):
 - `gangwatch_jobs` (gauge): jobs held in memory
 - `gangwatch_node_events_routed_total`, `gangwatch_node_events_dropped_total` (counters): node
   events re-keyed to their job, and dropped because no job ran on their node within `--hold`
-- `gangwatch_sink_queue_depth{sink}` (gauge): outputs a sink holds, not sent yet (the
-  Alertmanager sink's outbox; the store and webhook sinks write inside the batch)
-- `gangwatch_sink_failures_total{sink}` (counter): failed deliveries a sink reports (webhook,
-  Alertmanager, Kafka), and exceptions a sink raised
+- `gangwatch_sink_queue_depth{sink}` (gauge): records a sink holds, not delivered yet (each
+  sink's delivery queue, `sinks/queued.py`; the Alertmanager sink's own outbox)
+- `gangwatch_sink_failures_total{sink}` (counter): records a sink could never deliver (its dead
+  letters), failed deliveries a sink reports itself, and exceptions a sink raised
 
 Useful queries: `rate(gangwatch_records_total[5m])` (input rate by kind),
 `sum(gangwatch_consumer_lag_records)` (backlog), `histogram_quantile(0.9,

@@ -6,6 +6,7 @@ import orjson
 import pytest
 from gangwatch.schemas import Action, DeadLetter, DecodeError, Finding, Incident, Outputs, decode
 from gangwatch.sinks.kafka import KafkaSink, KafkaSinkError
+from gangwatch.sinks.queued import classify
 from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 
@@ -100,9 +101,12 @@ def test_a_record_the_broker_refuses_makes_flush_raise(kafka_bootstrap, unique):
         sink = KafkaSink(kafka_bootstrap, incidents_topic=small)
         sink.write(Outputs(incidents=[Incident(id="i-big", ts=1.0, job="j1", cls="unknown",
                                                culprit_nodes=[f"n{i:04d}" for i in range(100)])]))
-        with pytest.raises(KafkaSinkError, match="i-big"):
+        with pytest.raises(KafkaSinkError, match="i-big") as raised:
             sink.flush()
         assert sink.failed == 1
+        err = raised.value  # too large never heals: permanent, this record named, the broker's error kept
+        assert not err.transient and err.ids == ("i-big",) and "MessageSizeTooLarge" in str(err)
+        assert classify(err) == (False, err.reason) and err.__cause__ is not None
         sink.flush()  # reported once, not again
         sink.close()
     finally:
