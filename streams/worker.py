@@ -33,7 +33,7 @@ creates the topics and runs a Faust worker until TERM/INT. The logic lives in
 - Sinks: each is wrapped in `sinks.queued.queued` (a bounded queue and a delivery thread of its own; the
   Alertmanager sink has its own), so the batch lock only ever enqueues; what a sink can never deliver comes
   back as dead letters, published on the DLQ topic. While a sink's queue is over its high-water mark the jobs
-  agent waits before its next batch, outside the lock (`SinkPause`: at most `SINK_PAUSE_S` at a time; the
+  agent waits before its next batch, outside the lock (`SinkPause`: at most `sink_pause_s` at a time; the
   timer and the consumer's heartbeats go on).
 - Metrics: `streams.metrics` counts every batch's, tick's and routing step's
   `Result` and samples lag, jobs and sinks on every tick; Faust's own Prometheus
@@ -65,7 +65,6 @@ if TYPE_CHECKING:  # Faust, aiokafka and prometheus-client are imported where a 
 
 log = logging.getLogger("gangwatch.worker")
 
-SINK_PAUSE_S = 5.0  # the longest the jobs agent holds its input for a sink's backlog, per episode
 _RAW: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
 
 
@@ -107,6 +106,9 @@ class WorkerSettings:
     max_future_s: float = 60.0  # a record this far ahead of the worker's clock is dead-lettered (clock skew)
     stats_every_s: float = 10.0  # log a progress line this often (0: never)
     metrics_port: int = 9464  # serve Prometheus metrics on this port; 0: no endpoint
+    sink_queue: int = 100_000  # records each sink's delivery queue holds; what finds it full is dead-lettered
+    sink_pause_s: float = 5.0  # the longest the jobs agent holds its input for a sink's backlog, per episode
+    sink_give_up_s: float = 600.0  # a delivery failing (transiently) this long becomes dead letters
     core: CoreConfig | None = None  # detectors' thresholds and triage (None: defaults); lateness_s above wins
 
 
@@ -125,10 +127,11 @@ async def _producer_knows(app: faust.App, tables: tuple[Any, ...]) -> None:
 def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     """The Faust app of one gangwatch worker (agents, tables, timer), not started."""
     import faust
-    from gangwatch.sinks.queued import SinkPause, queued
+    from gangwatch.sinks.queued import RetryPolicy, SinkPause, queued
     from gangwatch.streams.metrics import WorkerMetrics, instrument
 
-    sinks = [queued(sink) for sink in sinks or []]  # network I/O off the event loop, each on its own thread
+    retry = RetryPolicy(give_up_s=s.sink_give_up_s)
+    sinks = [queued(sink, capacity=s.sink_queue, retry=retry) for sink in sinks or []]  # off the loop, a thread each
 
     _fetch_wait(s.fetch_wait_ms)
     t = s.topics
@@ -177,7 +180,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     glue = _Glue(app, runner, router, states, job_topics, (t.node_events, t.node_jobs), sinks or [], s.telemetry,
                  metrics)
     app.gangwatch = glue  # type: ignore[attr-defined]  # for tests and introspection
-    pause = glue.pause = SinkPause(glue.sinks, SINK_PAUSE_S)
+    pause = glue.pause = SinkPause(glue.sinks, s.sink_pause_s)
 
     # the jobs agent and the timer both move cores: one at a time from "process" to "state saved", so a
     # saved state never covers outputs that are still on their way

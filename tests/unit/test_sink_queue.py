@@ -119,6 +119,18 @@ def test_the_worker_keeps_each_sinks_metric_name_and_leaves_async_sinks_alone(tm
         s.close()
 
 
+def test_the_worker_sizes_its_queues_and_pause_from_its_settings(tmp_path: Path) -> None:
+    from gangwatch.streams.worker import WorkerSettings, make_app
+
+    app = make_app(WorkerSettings(app_id="t-queues", sink_queue=7, sink_pause_s=1.5, sink_give_up_s=30.0,
+                                  datadir=str(tmp_path)),
+                   [StoreSink(FakeStore(StoreHarness(tmp_path)), retries=0)])
+    glue = app.gangwatch
+    [sink] = glue.sinks
+    assert (sink.capacity, sink.retry.give_up_s, glue.pause.max_pause_s) == (7, 30.0, 1.5)
+    sink.close()
+
+
 def test_inline_delivery_blocks_the_caller_and_the_queue_does_not(tmp_path: Path) -> None:
     """The point of it all, measured: a receiver stuck for 0.3 s holds an inline write 0.3 s, a queued one not."""
     h = WebhookHarness(tmp_path)
