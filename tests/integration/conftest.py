@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from pathlib import Path
 
 import pytest
 from gangwatch.streams.topics import TopicSettings, create_topics
@@ -89,3 +90,53 @@ def workers(tmp_path):
     yield start
     for w in started:
         w.stop()
+
+
+# --- the fault tests' figures: one table at the end of the session -----------------------------
+
+FIGURES_ENV = "GANGWATCH_FAULT_TABLE"
+_FIGURES: list[tuple[str, str, str]] = []  # (fault, figure, value) in the order the tests reported them
+
+
+@pytest.fixture
+def fault_figures(request):
+    """`figures(name, value)`: add one figure of this test to the session's fault table (reported, not asserted).
+
+    The table is printed at the end of the session and written to `$GANGWATCH_FAULT_TABLE`, or to
+    `fault-figures.txt` under pytest's base temp dir."""
+    fault = request.node.name.removeprefix("test_")
+
+    def add(name: str, value) -> None:
+        text = f"{value:.3g}" if isinstance(value, float) else str(value)
+        _FIGURES.append((fault, name, text))
+
+    return add
+
+
+def _figures_table() -> str:
+    head = ("fault test", "figure", "value")
+    widths = [max(len(r[i]) for r in [head, *_FIGURES]) for i in range(3)]
+    line = "  ".join("-" * w for w in widths)
+    rows = [head, None, *_FIGURES]
+    return "\n".join(line if r is None else "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not _FIGURES:
+        return
+    table = _figures_table()
+    target = os.environ.get(FIGURES_ENV)
+    if target:
+        path = Path(target)
+    else:
+        path = Path(config._tmp_path_factory.getbasetemp()) / "fault-figures.txt"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(table + "\n")
+        where = f"written to {path}"
+    except OSError as e:
+        where = f"not written to {path}: {e}"
+    terminalreporter.section("fault figures")
+    terminalreporter.write_line(table)
+    terminalreporter.write_line(f"({where})")

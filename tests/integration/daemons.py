@@ -115,3 +115,59 @@ class Daemon:
                 self.proc.kill()
                 self.proc.wait(grace_s)
         self._out.close()
+
+
+class PrivateClickHouse:
+    """A ClickHouse server of one test's own (deploy/clickhouse/server.sh on free ports, its own data dir).
+
+    The shared server of the session must never go down; this one may: `kill()` is SIGKILL (no clean
+    shutdown, as a crashed machine), `start()` again serves the same data. `stop()` is safe to repeat.
+    """
+
+    SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "clickhouse" / "server.sh"
+
+    def __init__(self, workdir: Path) -> None:
+        import sys
+
+        require_program("clickhouse-server", "clickhouse", package="clickhouse-server")
+        self.dir = workdir / "clickhouse"
+        self.port = free_port()
+        self.env = {**os.environ, "GANGWATCH_CH_DIR": str(self.dir), "GANGWATCH_CH_PORT": str(self.port),
+                    "GANGWATCH_CH_HTTP_PORT": str(free_port()), "GANGWATCH_CH_INTERSERVER_PORT": str(free_port()),
+                    "GANGWATCH_CH_TIMEOUT": "60", "PYTHON": sys.executable}
+
+    @property
+    def addr(self) -> tuple[str, int]:
+        return "127.0.0.1", self.port
+
+    def url(self, database: str) -> str:
+        return f"clickhouse://127.0.0.1:{self.port}/{database}"
+
+    def _run(self, command: str) -> None:
+        done = subprocess.run([str(self.SCRIPT), command], env=self.env, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"server.sh {command} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+
+    def start(self) -> None:
+        self._run("start")
+
+    def pid(self) -> int:
+        return int((self.dir / "server.pid").read_text())
+
+    def kill(self) -> None:
+        """SIGKILL, and wait until the process is gone (its port closed)."""
+        pid = self.pid()
+        os.kill(pid, 9)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+            except OSError:
+                return
+            if state in ("Z", "X"):  # dead, waiting for a parent that is not us to reap it
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"ClickHouse (pid {pid}) survived SIGKILL for 10 s")
+
+    def stop(self) -> None:
+        self._run("stop")
