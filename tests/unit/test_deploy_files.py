@@ -131,3 +131,18 @@ def test_systemd_units_parse_and_run_real_commands(unit):
     check_command(argv[1:], env, unit.name)
     assert cp["Install"]["WantedBy"] == "multi-user.target"
     assert svc["Restart"] in ("always", "on-failure")
+
+
+def test_the_agent_unit_runs_without_root_with_only_the_capabilities_its_readers_need():
+    """Not root: a system user; CAP_SYSLOG (/dev/kmsg under dmesg_restrict) and CAP_SYS_PTRACE (py-spy) alone,
+    ambient so py-spy inherits them, the bounding set cut to the same two, no way to gain more."""
+    [unit] = [u for u in UNITS if u.name == "gangwatch-agent.service"]
+    cp = configparser.ConfigParser(strict=False, interpolation=None)
+    cp.optionxform = str
+    cp.read_string(unit.read_text())
+    svc = cp["Service"]
+    assert svc["User"] not in ("root", "0") and svc.get("DynamicUser", "no") == "no"
+    caps = {"CAP_SYSLOG", "CAP_SYS_PTRACE"}
+    assert set(svc["AmbientCapabilities"].split()) == caps and set(svc["CapabilityBoundingSet"].split()) == caps
+    assert svc["NoNewPrivileges"] == "yes"
+    assert f"useradd --system --no-create-home --shell /usr/sbin/nologin {svc['User']}" in unit.read_text()
