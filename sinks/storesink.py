@@ -12,6 +12,15 @@ what can never be stored into dead letters. A table's rows leave the buffer
 only once inserted, so a flush that failed half-way resumes where it stopped
 (`discard()` drops what is buffered). The output tables are ReplacingMergeTree
 keyed by record id, so a retry that did land twice collapses to one row.
+
+`gw_telemetry` and `gw_rejected` are plain MergeTree: nothing collapses a row
+inserted twice. A queue's retry discards and writes the whole delivery again,
+while part of it may already be stored (a table inserted before the one that
+failed, or the rows of a flush `batch_rows` triggered mid-delivery). So the sink
+remembers the rows of those two tables stored since the last completed
+`flush()`; `discard()` keeps them as landed, and each landed row is skipped once
+when the retry writes it again. (A row whose insert raised after the server had
+stored it cannot be told from one it never got; that doubling remains possible.)
 """
 
 from __future__ import annotations
@@ -27,6 +36,9 @@ from gangwatch.sinks.store import Store, store_error_transient
 from gangwatch.sinks.tables import ROW_OF, profile_row, rejected_row, telemetry_row
 
 log = logging.getLogger(__name__)
+
+APPEND_ONLY = frozenset({"gw_telemetry", "gw_rejected"})  # plain MergeTree: a row inserted twice stays twice
+LANDED_KEEP = 200_000  # digests of stored rows remembered at most (a queue's delivery is at most 20,000 records)
 
 
 class StoreSink:
@@ -45,7 +57,10 @@ class StoreSink:
         self._rows: dict[str, list[dict[str, Any]]] = {}
         self._oldest: float | None = None
         self._seen = 0
+        self._stored: dict[int, int] = {}  # digest -> rows of APPEND_ONLY tables stored since the last flush()
+        self._landed: dict[int, int] = {}  # ... stored by a delivery that failed: skipped once each on its retry
         self.inserted = 0
+        self.skipped = 0  # rows not inserted again: a failed delivery had stored them
         store.create_tables()
 
     @property
@@ -71,14 +86,30 @@ class StoreSink:
                 self._add("gw_telemetry", telemetry_row(rec))
 
     def _add(self, table: str, row: dict[str, Any]) -> None:
+        if self._landed and table in APPEND_ONLY:
+            key = _digest(table, row)
+            n = self._landed.get(key, 0)
+            if n:  # the failed attempt of this delivery stored it already
+                if n == 1:
+                    del self._landed[key]
+                else:
+                    self._landed[key] = n - 1
+                _count(self._stored, key)  # stored in this attempt too, should it fail in turn
+                self.skipped += 1
+                return
         rows = self._rows.setdefault(table, [])
         rows.append(row)
         if self._oldest is None:
             self._oldest = self._clock()
         if len(rows) >= self.batch_rows or self._clock() - self._oldest >= self.max_delay_s:
-            self.flush()
+            self._flush_tables()
 
     def flush(self) -> None:
+        """Insert everything buffered; the delivery is then complete (nothing of it is held as landed)."""
+        self._flush_tables()
+        self._stored.clear()
+
+    def _flush_tables(self) -> None:
         for table in sorted(self._rows):
             rows = self._rows[table]
             if rows:
@@ -87,9 +118,14 @@ class StoreSink:
         self._oldest = None
 
     def discard(self) -> None:
-        """Drop every buffered row (after a failed flush, before the caller writes them again)."""
+        """Drop every buffered row (after a failed flush, before the caller writes them again); what the failed
+        attempt had stored of APPEND_ONLY tables is held as landed, so writing it again skips it."""
         self._rows.clear()
         self._oldest = None
+        for key, n in self._stored.items():
+            _count(self._landed, key, n)
+        self._stored.clear()
+        _trim(self._landed)
 
     def _insert(self, table: str, rows: list[dict[str, Any]]) -> None:
         delay = self.backoff_s
@@ -97,6 +133,10 @@ class StoreSink:
             try:
                 self.store.insert(table, rows)
                 self.inserted += len(rows)
+                if table in APPEND_ONLY:
+                    for row in rows:
+                        _count(self._stored, _digest(table, row))
+                    _trim(self._stored)
                 return
             except Exception as e:  # the driver raises many types: which of them may pass by itself?
                 transient = store_error_transient(e)
@@ -114,3 +154,17 @@ class StoreSink:
     def close(self) -> None:
         self.flush()
         self.store.close()
+
+
+def _digest(table: str, row: dict[str, Any]) -> int:
+    """One row's identity within this process (every column's value; rows of these tables hold only scalars)."""
+    return hash((table, *row.values()))
+
+
+def _count(counts: dict[int, int], key: int, n: int = 1) -> None:
+    counts[key] = counts.get(key, 0) + n
+
+
+def _trim(counts: dict[int, int]) -> None:
+    while len(counts) > LANDED_KEEP:  # the oldest first: dicts keep insertion order
+        del counts[next(iter(counts))]
