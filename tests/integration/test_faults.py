@@ -65,13 +65,14 @@ def _clickhouse_down(ch, bootstrap, topics, unique, workers, figures):
     produce(bootstrap, messages(before, topics))
     wait_for(lambda: telemetry()["unique"] == len(before), 120.0, "the first records stored", proc=w)
 
+    pre = output_ids(bootstrap, topics)
     ch.kill()
     killed = time.monotonic()
     produce(bootstrap, messages(during, topics))
     wait_for(lambda: caught_up(bootstrap, unique, topics.job_inputs), 60.0, "the worker to read past the outage",
              proc=w)
     mid = output_ids(bootstrap, topics)
-    made = sum(len(ids) for ids in mid.values())
+    made = sum(len(mid[t] - pre[t]) for t in mid)
     assert made, "no output arose during the outage"
     wait_for(lambda: time.monotonic() - killed >= OUTAGE_S, OUTAGE_S + 5, "the outage to last its time", proc=w)
     ch.start()
@@ -111,7 +112,10 @@ def _clickhouse_down(ch, bootstrap, topics, unique, workers, figures):
     figures("records lost", lost)
     figures("rows duplicated (by key, after FINAL)", dup)
     figures("s from restart to all stored", round(back_s, 1))
+    retries = sum("sink store:" in line and "retry" in line for line in w.log.read_text(errors="replace").splitlines())
+    figures("store deliveries retried (worker log)", retries)
     print(f"\ntelemetry {tel}, outputs {produced_outputs}, profiles {prof}, rejected {rej['n']}")
+    assert retries > 0, "no delivery met the outage"
     assert lost == 0
     assert dup == 0
     assert rej["n"] == 0

@@ -266,6 +266,7 @@ def _controller_down(controller, watch, publisher, bootstrap, topics, w, figures
     figures("detection latency s, job B, controller down", round(during_s, 3))
     assert w.alive(), w.tail()
     assert controller.bad_signatures == 0
+    assert sum(controller.posts.values()) > sum(applied.values()), "no delivery met the outage"
     assert set(applied) == want, (want, applied)
     assert twice == {}
     assert sink_dead == []
