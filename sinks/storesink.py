@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 from gangwatch.schemas import DeadLetter, Outputs, Record
 from gangwatch.sinks.base import DeliveryError
 from gangwatch.sinks.store import Store, store_error_transient
@@ -157,8 +158,11 @@ class StoreSink:
 
 
 def _digest(table: str, row: dict[str, Any]) -> int:
-    """One row's identity within this process (every column's value; rows of these tables hold only scalars)."""
-    return hash((table, *row.values()))
+    """One row's identity within this process (every column's value)."""
+    try:
+        return hash((table, *row.values()))
+    except TypeError:  # a column that holds a list: its JSON instead
+        return hash((table, orjson.dumps(row, default=str)))
 
 
 def _count(counts: dict[int, int], key: int, n: int = 1) -> None:
