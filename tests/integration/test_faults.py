@@ -23,7 +23,7 @@ import orjson
 import pytest
 from gangwatch.sinks.store import ClickHouseStore
 
-from tests.integration.daemons import PrivateClickHouse
+from tests.integration.daemons import PrivateClickHouse, free_port, worker_metrics
 from tests.integration.kafkakit import T0, caught_up, messages, produce, read_all, scenario, wait_for, worker_args
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault]
@@ -55,7 +55,12 @@ def _clickhouse_down(ch, bootstrap, topics, unique, workers, figures):
     after = [r for r in recs if r.ts >= T0 + 50]  # published once it is back
     store = ClickHouseStore(*ch.addr, database=unique)  # creates the database
     store.create_tables()  # the worker makes them too; here they exist before the first query
-    w = workers(*worker_args(bootstrap, unique, topics, "--no-silence", "--store", ch.url(unique), "--telemetry"))
+    port = free_port()
+    w = workers(*worker_args(bootstrap, unique, topics, "--no-silence", "--store", ch.url(unique), "--telemetry",
+                             "--metrics-port", str(port)))
+
+    def processed(n: int) -> bool:  # the worker's cores had n records (its commits wait for the store: not those)
+        return worker_metrics(port)["records"] >= n
 
     def telemetry() -> dict:
         [row] = store.query("SELECT count() AS rows, uniqExact(kind, job, node, ifNull(rank, -1), ts) AS unique "
@@ -69,8 +74,7 @@ def _clickhouse_down(ch, bootstrap, topics, unique, workers, figures):
     ch.kill()
     killed = time.monotonic()
     produce(bootstrap, messages(during, topics))
-    wait_for(lambda: caught_up(bootstrap, unique, topics.job_inputs), 60.0, "the worker to read past the outage",
-             proc=w)
+    wait_for(lambda: processed(len(before) + len(during)), 60.0, "the worker to process past the outage", proc=w)
     mid = output_ids(bootstrap, topics)
     made = sum(len(mid[t] - pre[t]) for t in mid)
     assert made, "no output arose during the outage"
@@ -79,7 +83,7 @@ def _clickhouse_down(ch, bootstrap, topics, unique, workers, figures):
     restarted = time.monotonic()
     store = ClickHouseStore(*ch.addr, database=unique)  # a fresh connection to the restarted server
     produce(bootstrap, messages(after, topics))
-    wait_for(lambda: caught_up(bootstrap, unique, topics.job_inputs), 60.0, "the worker to read it all", proc=w)
+    wait_for(lambda: processed(len(recs)), 60.0, "the worker to process it all", proc=w)
     want = output_ids(bootstrap, topics)
 
     def stored_ids() -> dict[str, set[str]]:
@@ -91,6 +95,7 @@ def _clickhouse_down(ch, bootstrap, topics, unique, workers, figures):
 
     wait_for(all_stored, 120.0, "every record and output stored after the restart", every=0.5, proc=w)
     back_s = time.monotonic() - restarted
+    wait_for(lambda: caught_up(bootstrap, unique, topics.job_inputs), 60.0, "the input committed to its end", proc=w)
     tel = telemetry()
     have = stored_ids()
     lost = len(recs) - tel["unique"] + sum(len(want[t] - have[t]) for t in want)

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from gangwatch.streams.publish import kafka_send
 from gangwatch.streams.topics import TopicSettings
 
-from tests.integration.daemons import free_port
+from tests.integration.daemons import free_port, worker_metrics
 from tests.integration.kafkakit import (
     caught_up,
     group_members,
@@ -50,24 +49,6 @@ CALIBRATION_SECONDS = 100  # of each calibration job: 4 x 25.6 k records
 RSS_SLACK_MB = 400
 ENVELOPE = 64  # records per message (the publisher's default): the test's own producer must keep up with 2x
 DRAIN_FACTOR = 3.0  # the backlog must be gone within this many times the overload's duration (+30 s)
-
-
-def metrics(port: int) -> dict[str, float]:
-    """The worker's series we need, summed over their labels: records, lag (messages), RSS."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    out = {"records": 0.0, "lag": 0.0, "rss": 0.0}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == "gangwatch_records_total":
-                out["records"] += s.value
-            elif s.name == "gangwatch_consumer_lag_records":
-                out["lag"] += s.value
-            elif s.name == "process_resident_memory_bytes":
-                out["rss"] = s.value
-    return out
 
 
 def rss_mb(pid: int) -> float:
@@ -108,7 +89,7 @@ class Sampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                m = metrics(self.port)
+                m = worker_metrics(self.port)
                 self.last = m
                 self.lag_peak = max(self.lag_peak, m["lag"])
             except OSError:
@@ -147,7 +128,7 @@ def test_overload_2x_capacity(kafka_bootstrap, topics: TopicSettings, unique, wo
     base = messages(base_recs, topics, batch=ENVELOPE)
     per_msg = len(base_recs) / len(base)
     wait_for(lambda: group_members(kafka_bootstrap, unique) == 1, 120.0, "the worker to join", proc=w)
-    wait_for(lambda: metrics(port) is not None, 30.0, "the metrics endpoint", proc=w)
+    wait_for(lambda: worker_metrics(port) is not None, 30.0, "the metrics endpoint", proc=w)
 
     # calibration: a backlog, consumed as fast as the worker can
     cut = next(i for i, r in enumerate(base_recs) if r.ts >= base_recs[0].ts + CALIBRATION_SECONDS)
@@ -158,7 +139,7 @@ def test_overload_2x_capacity(kafka_bootstrap, topics: TopicSettings, unique, wo
     first: tuple[float, float] | None = None  # the steady part: from 20 % of the backlog consumed to 90 %
     deadline = time.monotonic() + 120
     while True:
-        m = metrics(port)
+        m = worker_metrics(port)
         now = time.monotonic()
         if first is None and m["records"] >= 0.2 * calib_records:
             first = (now, m["records"])
@@ -167,7 +148,7 @@ def test_overload_2x_capacity(kafka_bootstrap, topics: TopicSettings, unique, wo
         assert now < deadline and w.alive(), f"calibration did not finish: {m}\n{w.tail()}"
         time.sleep(0.02)
     capacity = (m["records"] - first[1]) / max(now - first[0], 1e-3)
-    wait_for(lambda: metrics(port)["records"] >= calib_records, 60.0, "the calibration backlog consumed", proc=w)
+    wait_for(lambda: worker_metrics(port)["records"] >= calib_records, 60.0, "the calibration backlog consumed", proc=w)
     rss_calibrated = rss_mb(w.proc.pid)
 
     # twice the capacity, for OVERLOAD_S, on new jobs
