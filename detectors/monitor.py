@@ -14,18 +14,22 @@ saved state, so a redeploy with new thresholds reaches restored jobs.
 from __future__ import annotations
 
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from functools import cache
 from typing import Any
 
+import numpy as np
 from gangwatch.detectors.base import Detector
 from gangwatch.detectors.catalog import DEFAULT_DETECTORS  # the detectors every job gets, in emission order
+from gangwatch.detectors.failstop import LIVE, FailStopDetector
+from gangwatch.detectors.hang import HangDetector
+from gangwatch.detectors.steps import RecordRun, observe_each
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Job, Record, to_dict
 from gangwatch.schemas.codec import decode_obj
 
-__all__ = ["DEFAULT_DETECTORS", "JobMonitor", "config_type", "detector_configs"]
+__all__ = ["DEFAULT_DETECTORS", "JobMonitor", "RecordRun", "config_type", "detector_configs"]
 
 
 @cache
@@ -55,6 +59,54 @@ def _checked(configs: Mapping[str, Any] | None, detectors: tuple[type, ...]) -> 
             raise TypeError(f"detector {name} takes a {kind.__name__}, not a {type(cfg).__name__}")
         out[name] = kind() if cfg is None else cfg
     return out
+
+
+# --- run paths of detectors that have none of their own -----------------------------------------
+# (they read the detector's state as its `observe` does; each falls back to `observe` record by record
+# whenever the shortcut could differ from it)
+
+RunPath = Callable[[Any, RecordRun], list[tuple[int, list[Finding]]]]
+
+
+def _failstop_run(det: FailStopDetector, run: RecordRun) -> list[tuple[int, list[Finding]]]:
+    """Heartbeats and steps of ranks already live, none of them due before the next tick: each only moves
+    its rank's last-seen time forward (`observe` gives no finding and schedules nothing sooner for them)."""
+    if "framework" in run.by_kind:
+        return observe_each(det, run)
+    recs, pos = run.recs, run.positions(det.kinds)
+    n = len(pos)
+    rank = np.fromiter((recs[i].rank for i in pos), dtype=np.int64, count=n)
+    ts = np.fromiter((recs[i].ts for i in pos), dtype=np.float64, count=n)
+    ok = (rank < det.topo.size) & (ts >= det.topo.ts)
+    rank, ts = rank[ok], ts[ok]
+    if rank.size == 0:
+        return []
+    if not (det.status[rank] == LIVE).all() or float((ts + det.timeout).min()) < det.next_tick:
+        return observe_each(det, run)
+    np.maximum.at(det.last_seen, rank, ts)
+    return []
+
+
+def _hang_run(det: HangDetector, run: RecordRun) -> list[tuple[int, list[Finding]]]:
+    """Steps: each rank's last step is the largest it reported; only a step past the job's newest one (a
+    handful per run) goes through `observe`, which is all that moves the job's progress."""
+    if "framework" in run.by_kind:
+        return observe_each(det, run)
+    cols = run.steps()
+    ok = cols.rank < det.topo.size
+    rank, step = cols.rank[ok], cols.step[ok]
+    if step.size == 0:
+        return []
+    np.maximum.at(det.last_step, rank, step)
+    before = np.maximum.accumulate(np.concatenate(([det.max_step], step[:-1])))
+    where = np.flatnonzero(ok)[np.flatnonzero(step > before)]
+    pos, recs = run.by_kind["step"], run.recs
+    for j in where.tolist():
+        det.observe(recs[pos[j]])  # never a finding: hang finds only as time passes
+    return []
+
+
+RUN_PATHS: dict[type, RunPath] = {FailStopDetector: _failstop_run, HangDetector: _hang_run}
 
 
 class JobMonitor:
@@ -87,6 +139,29 @@ class JobMonitor:
         for det in self._routes.get(rec.kind, ()):
             out += det.observe(rec)
         return out
+
+    def observe_run(self, run: RecordRun) -> dict[int, list[Finding]]:
+        """What `observe` on each record of `run` in turn gives (no time passes between them), as position in
+        the run -> its findings, detectors in emission order; positions without findings are left out.
+
+        Each detector gets the records of its kinds at once: through its `observe_run` when it has one
+        (the step scorers, fail-stop, hang: vectorized), else record by record. Detectors share no state,
+        so taking them one after the other gives each record's findings as taking the records in turn does.
+        """
+        found: dict[int, list[Finding]] = {}
+        for det in self.detectors:
+            if not any(k in run.by_kind for k in det.kinds):
+                continue
+            many = getattr(det, "observe_run", None)
+            path = RUN_PATHS.get(type(det))
+            pairs = many(run) if many is not None else path(det, run) if path is not None else observe_each(det, run)
+            for i, fs in pairs:
+                have = found.get(i)
+                if have is None:
+                    found[i] = list(fs)
+                else:
+                    have += fs
+        return found
 
     def advance(self, now: float) -> list[Finding]:
         out: list[Finding] = []

@@ -123,6 +123,49 @@ class StepColumns:
         return self._objects[name]
 
 
+class RecordRun:
+    """Consecutive records of one job during which its event time does not move, grouped by kind once.
+
+    The run path of the detectors (`observe_run`) reads it: each detector gets the records of
+    its kinds at once, and the step scorers share one `StepColumns` of the run's step records.
+    """
+
+    def __init__(self, recs: Sequence[Record]) -> None:
+        self.recs = recs
+        self.by_kind: dict[str, list[int]] = {}
+        for i, r in enumerate(recs):
+            pos = self.by_kind.get(r.kind)
+            if pos is None:
+                self.by_kind[r.kind] = [i]
+            else:
+                pos.append(i)
+        self._steps: StepColumns | None = None
+
+    def positions(self, kinds: frozenset[str] | set[str]) -> list[int]:
+        """Positions of the records of `kinds`, in order."""
+        present = [self.by_kind[k] for k in kinds if k in self.by_kind]
+        if len(present) == 1:
+            return present[0]
+        return sorted(i for pos in present for i in pos)
+
+    def steps(self) -> StepColumns:
+        """The run's step records as columns (`by_kind["step"]` gives their positions in the run)."""
+        if self._steps is None:
+            recs = self.recs
+            self._steps = StepColumns([recs[i] for i in self.by_kind.get("step", ())])
+        return self._steps
+
+
+def observe_each(det: Any, run: RecordRun) -> list[tuple[int, list[Finding]]]:
+    """A detector's run path by its record path: `observe` on each record of its kinds, in order."""
+    recs, out = run.recs, []
+    for i in run.positions(det.kinds):
+        found = det.observe(recs[i])
+        if found:
+            out.append((i, found))
+    return out
+
+
 # --- the step buffer ----------------------------------------------------------------------------
 
 
@@ -245,8 +288,9 @@ class StepBuffer:
 
     # --- a batch ---
 
-    def add_columns(self, cols: StepColumns) -> list[Closed]:
-        """Buffer a batch; the same result as `add` for each record in order, vectorized per run of a step."""
+    def add_columns(self, cols: StepColumns, at: list[int] | None = None) -> list[Closed]:
+        """Buffer a batch; the same result as `add` for each record in order, vectorized per run of a step.
+        With `at`, the position in `cols` of the record that closed each step returned is appended to it."""
         out: list[Closed] = []
         n = len(cols)
         if n == 0:
@@ -261,9 +305,13 @@ class StepBuffer:
             crowded = s not in self.open and len(self.open) >= self.config.max_open
             if late or crowded or e - a < _BATCH_MIN_RUN:
                 for i in range(a, e):
-                    out += self.add(s, int(ranks[i]), float(ts[i]), self._cached_row(cached, i))
+                    got = self.add(s, int(ranks[i]), float(ts[i]), self._cached_row(cached, i))
+                    if got:
+                        out += got
+                        if at is not None:
+                            at += [i] * len(got)
             else:
-                out += self._add_run(s, a, e, ranks, ts, cached)
+                out += self._add_run(s, a, e, ranks, ts, cached, at)
         return out
 
     def _cached_row(self, cached: dict[str, Any], i: int) -> tuple[Any, ...]:
@@ -271,7 +319,7 @@ class StepBuffer:
                      for nm, k in self.fields.items())
 
     def _add_run(self, s: int, a: int, e: int, ranks: np.ndarray, ts: np.ndarray,
-                 cached: dict[str, Any]) -> list[Closed]:
+                 cached: dict[str, Any], at: list[int] | None = None) -> list[Closed]:
         r = ranks[a:e]
         pos = np.flatnonzero((r >= 0) & (r < self.size))
         if pos.size == 0:
@@ -302,9 +350,17 @@ class StepBuffer:
         c0 = slot.count
         c1 = slot.count = c0 + new_r.size
         if c0 < self.need <= c1:
-            out += self._close_through(s - self.config.lag, float(ts[src[self.need - c0 - 1]]))
+            i = int(src[self.need - c0 - 1])
+            got = self._close_through(s - self.config.lag, float(ts[i]))
+            out += got
+            if at is not None:
+                at += [i] * len(got)
         if c0 < self.size == c1:
-            out += self._close_through(s, float(ts[src[self.size - c0 - 1]]))
+            i = int(src[self.size - c0 - 1])
+            got = self._close_through(s, float(ts[i]))
+            out += got
+            if at is not None:
+                at += [i] * len(got)
         return out
 
     # --- time ---
@@ -375,6 +431,20 @@ class StepScorer:
         """Batch path: the same findings as `observe` on each record in turn."""
         cols = recs if isinstance(recs, StepColumns) else StepColumns(recs)
         return self._score(self.buf.add_columns(cols))
+
+    def observe_run(self, run: RecordRun) -> list[tuple[int, list[Finding]]]:
+        """Run path: (position in the run, findings) of what `observe` on each record in turn gives."""
+        pos = run.by_kind.get("step")
+        if not pos:
+            return []
+        at: list[int] = []
+        closed = self.buf.add_columns(run.steps(), at)
+        out = []
+        for c, i in zip(closed, at, strict=True):
+            found = self._score([c])
+            if found:
+                out.append((pos[i], found))
+        return out
 
     def advance(self, now: float) -> list[Finding]:
         return self._score(self.buf.expire(now))

@@ -247,12 +247,50 @@ def _compile_record(cls: type) -> Callable[[dict, str], Any]:
         wires.append(wire)
     env["known"] = frozenset(wires) | {"kind", "v"}
     envelope = 2 if "kind" in cls.__dataclass_fields__ else 0  # top-level records carry kind and v
-    body.append(f"    if len(obj) > n + {envelope}:")
-    body.append("        extra = {k: x for k, x in obj.items() if k not in known}")
-    body.append(f"        if extra: return cls({', '.join(names + ['extra=extra'])})")
-    body.append(f"    return cls({', '.join(names)})")
+    setters = _slot_setters(cls, names)
+    if setters is None:
+        body.append(f"    if len(obj) > n + {envelope}:")
+        body.append("        extra = {k: x for k, x in obj.items() if k not in known}")
+        body.append(f"        if extra: return cls({', '.join(names + ['extra=extra'])})")
+        body.append(f"    return cls({', '.join(names)})")
+    else:  # what cls(...) does, without its keyword call and frozen-attribute path: each slot set directly
+        env.update(setters[0])
+        body.append(f"    if len(obj) > n + {envelope}:")
+        body.append("        extra = {k: x for k, x in obj.items() if k not in known} or new_extra()")
+        body.append("    else:")
+        body.append("        extra = new_extra()")
+        body.append("    rec = new(cls)")
+        body.extend(f"    {line}" for line in setters[1])
+        body.append("    return rec")
     exec(compile("\n".join(body), f"<builder {cls.__name__}>", "exec"), env)  # noqa: S102 - our own source
     return env["build"]
+
+
+def _slot_setters(cls: type, names: list[str]) -> tuple[dict[str, Any], list[str]] | None:
+    """For a slotted dataclass whose `__init__` only stores its fields (no `__post_init__`): the names a
+    builder needs and its lines setting every slot of `rec` as that `__init__` would (from `f{i}`, `extra`,
+    and the defaults of fields not in `__init__`). None for any other class: the builder calls it."""
+    fields = dataclasses.fields(cls)
+    if "__slots__" not in cls.__dict__ or hasattr(cls, "__post_init__") or fields[-1].name not in ("extra", "kind"):
+        return None
+    given = dict(n.split("=") for n in names)  # field -> f{i}
+    env: dict[str, Any] = {"new": object.__new__}
+    lines = []
+    for f in fields:
+        env[f"set_{f.name}"] = cls.__dict__[f.name].__set__
+        if f.name == "extra":
+            if f.default_factory is not dict:  # type: ignore[comparison-overlap]
+                return None
+            env["new_extra"] = dict
+            lines.append("set_extra(rec, extra)")
+        elif f.name in given:
+            lines.append(f"set_{f.name}(rec, {given[f.name]})")
+        elif not f.init and f.default is not dataclasses.MISSING:
+            env[f"const_{f.name}"] = f.default
+            lines.append(f"set_{f.name}(rec, const_{f.name})")
+        else:
+            return None
+    return env, lines
 
 
 def _fast_test(base: Any, meta: Meta, i: int, env: dict[str, Any]) -> str | None:
@@ -282,7 +320,15 @@ def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-_BUILDERS: dict[str, Callable[[dict, str], Any]] = {kind: _compile_record(cls) for kind, cls in KINDS.items()}
+class _Builders(dict):
+    """kind -> its builder, compiled on first use (a process that never decodes a kind never compiles it)."""
+
+    def __missing__(self, kind: str) -> Callable[[dict, str], Any]:
+        build = self[kind] = _compile_record(KINDS[kind])
+        return build
+
+
+_BUILDERS: dict[str, Callable[[dict, str], Any]] = _Builders()
 
 
 # --- decode ------------------------------------------------------------------------
@@ -341,7 +387,16 @@ def decode(data: bytes | str, max_bytes: int | None = None) -> list[Record | Dec
     if len(items) > MAX_BATCH_ITEMS:
         return [DecodeError(f"batch larger than {MAX_BATCH_ITEMS} items", "items", "batch", raw=_raw_text(data))]
     out: list[Record | DecodeError] = []
+    builders = _BUILDERS
     for i, item in enumerate(items):
+        if type(item) is dict:  # the common case first: a valid record of a known kind (else the checks below)
+            kind, v = item.get("kind"), item.get("v")
+            if type(kind) is str and type(v) is int and v == VERSION and kind in KINDS:
+                try:
+                    out.append(builders[kind](item, ""))
+                    continue
+                except (_Invalid, RecursionError):
+                    pass
         if type(item) is not dict:
             out.append(DecodeError(f"expected an object, got {_type_name(item)}", f"items[{i}]", index=i,
                                    raw=_raw_text(orjson.dumps(item, option=orjson.OPT_SERIALIZE_NUMPY))))
@@ -357,7 +412,7 @@ def _check_envelope(obj: dict, path: str, batch: bool = False) -> DecodeError | 
     kind = obj.get("kind")
     if type(kind) is not str:
         return DecodeError("missing or non-string `kind`", _join(path, "kind"))
-    if not batch and kind not in _BUILDERS:
+    if not batch and kind not in KINDS:
         return DecodeError(f"unknown kind {kind[:64]!r}", _join(path, "kind"))
     v = obj.get("v")
     if type(v) is not int or v != VERSION:
@@ -370,10 +425,11 @@ def _check_envelope(obj: dict, path: str, batch: bool = False) -> DecodeError | 
 
 def decode_obj(obj: dict, index: int | None = None) -> Record | DecodeError:
     """Validate one already-parsed JSON object (one record, not a batch)."""
-    head = _check_envelope(obj, "")
-    if head is not None:
-        return dataclasses.replace(head, index=index, raw=_raw_obj(obj))
-    kind = obj["kind"]
+    kind, v = obj.get("kind"), obj.get("v")
+    if type(kind) is not str or type(v) is not int or v != VERSION or kind not in KINDS:  # else: no error
+        head = _check_envelope(obj, "")
+        if head is not None:
+            return dataclasses.replace(head, index=index, raw=_raw_obj(obj))
     try:
         return _BUILDERS[kind](obj, "")
     except _Invalid as e:

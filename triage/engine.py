@@ -22,13 +22,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gangwatch.detectors.monitor import JobMonitor
+import numpy as np
+from gangwatch.detectors.monitor import JobMonitor, RecordRun
 from gangwatch.schemas import DecodeError, Job, Outputs, Record, encode
 from gangwatch.triage.config import TriageConfig
 from gangwatch.triage.job import Triage
 
 JOB_KEYED = frozenset({"step", "heartbeat", "framework", "stack", "flight", "recovery"})
 NODE_KEYED = frozenset({"hw", "gpu"})
+RUN_KINDS = JOB_KEYED | NODE_KEYED  # what `process_many` takes together (job and ops records go one by one)
+_TRIAGE_SKIPS = frozenset({"step", "heartbeat", "hw", "gpu"})  # kinds whose record triage ignores (a step: but
+# one past the job's newest step)
 STATE_VERSION = 2
 
 
@@ -78,6 +82,60 @@ class JobCore:
             self.triage.on_findings(findings, out)
         self.triage.on_record(rec, out)
         return out
+
+    def process_many(self, recs: list[Record], out: Outputs | None = None) -> Outputs:
+        """`process` of each record of this job in turn, giving the same outputs in the same order: between two
+        moves of the job's event time, its records go through the detectors as one `RecordRun` (each
+        detector takes its records at once), and triage hears each record's findings and the records it reads
+        in record order."""
+        out = Outputs() if out is None else out
+        n, s = len(recs), 0
+        lateness, tick = self.config.lateness_s, self.config.tick_s
+        while s < n:
+            rec = recs[s]
+            if rec.kind not in RUN_KINDS:
+                self.process(rec, out)
+                s += 1
+                continue
+            if rec.ts > self.max_ts:
+                self.max_ts = rec.ts
+                if rec.ts - lateness >= self.watermark + tick:
+                    self.advance(rec.ts - lateness, out)
+            e, top, due = s + 1, self.max_ts, self.watermark + tick
+            while e < n:
+                r = recs[e]
+                if r.kind not in RUN_KINDS:
+                    break
+                t = r.ts
+                if t > top:
+                    if t - lateness >= due:
+                        break
+                    top = t
+                e += 1
+            self.max_ts = top
+            self.records += e - s
+            self._observe_run(RecordRun(recs[s:e]), out)
+            s = e
+        return out
+
+    def _observe_run(self, run: RecordRun, out: Outputs) -> None:
+        found = self.monitor.observe_run(run)
+        tri = self.triage
+        heard = set(found)
+        for kind, pos in run.by_kind.items():
+            if kind not in _TRIAGE_SKIPS:
+                heard.update(pos)
+        steps = run.by_kind.get("step")
+        if steps:  # a step past the newest one triage has seen may end an incident
+            step = run.steps().step
+            before = np.maximum.accumulate(np.concatenate(([tri.max_step], step[:-1])))
+            heard.update(steps[j] for j in np.flatnonzero(step > before).tolist())
+        recs = run.recs
+        for i in sorted(heard):
+            fs = found.get(i)
+            if fs:
+                tri.on_findings(fs, out)
+            tri.on_record(recs[i], out)
 
     def advance(self, now: float, out: Outputs | None = None) -> Outputs:
         """Fire every timeout up to event time `now` (never backwards)."""
@@ -176,6 +234,49 @@ class Core:
         for job in ([rec.job] if rec.job else sorted({self.node_job.get(rec.node)} - {None})):  # ops
             if job in self.jobs:
                 self.jobs[job].process(rec, out)
+        return out
+
+    def _job_of(self, rec: Record) -> str | None:
+        """The job a record of `RUN_KINDS` goes to (None: none known)."""
+        if rec.kind in JOB_KEYED:
+            return rec.job if rec.job in self.jobs else None
+        job = self.node_job.get(rec.node)
+        return job if job in self.jobs else None
+
+    def process_many(self, recs: list[Record], out: Outputs | None = None) -> Outputs:
+        """`process` of each record in turn, giving the same outputs in the same order: consecutive records
+        of one job between two moves of the stream's time go to its `JobCore.process_many` together."""
+        out = Outputs() if out is None else out
+        n, i = len(recs), 0
+        lateness, tick, silence = self.config.lateness_s, self.config.tick_s, self.silence
+        while i < n:
+            rec = recs[i]
+            job = self._job_of(rec) if rec.kind in RUN_KINDS else None
+            if job is None:
+                self.process(rec, out)
+                i += 1
+                continue
+            if rec.ts > self.max_ts:
+                self.max_ts = rec.ts
+                if silence and rec.ts - lateness >= self.clock + tick:
+                    self.advance(rec.ts - lateness, out)
+            j, top, due = i + 1, self.max_ts, self.clock + tick
+            while j < n:
+                r = recs[j]
+                if r.kind not in RUN_KINDS:
+                    break
+                t = r.ts
+                if t > top and silence and t - lateness >= due:
+                    break
+                if (r.job if r.kind in JOB_KEYED else self.node_job.get(r.node)) != job:
+                    break
+                if t > top:
+                    top = t
+                j += 1
+            self.max_ts = top
+            self.records += j - i
+            self.jobs[job].process_many(recs[i:j], out)
+            i = j
         return out
 
     def _on_job(self, rec: Job, out: Outputs) -> None:

@@ -297,3 +297,28 @@ def test_missing_step_s_values_and_ranks_are_tolerated(topo):
     batches = gen_steps(topo, 60, slow=[JobSlow(40, 45)], **LEAN)
     found = feed(det, ([r for r in b if r.rank % 3] for b in batches))  # a third of the ranks never report
     assert [f.type for f in found] == ["job_slowdown"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_RECORD, min_size=60, max_size=300), st.lists(st.integers(1, 40), min_size=1, max_size=20),
+       st.booleans())
+def test_buffer_batch_path_says_which_record_closed_each_step(raw, cuts, by_step):
+    """`add_columns(cols, at)`: each step closed comes with the position of the record that closed it on the
+    record path (the run path of the core hands a step's findings to triage at that record)."""
+    if by_step:
+        raw = sorted(raw, key=lambda x: x[0])
+    recs = [rec(s, r, s + r / 100, loss=v, replica_digest=d) for s, r, v, d in raw]
+    fields = {"loss": "nf", "replica_digest": "c"}
+    cfg = BufferConfig(max_open=3, lag=1)
+    a, b = StepBuffer(8, fields, cfg), StepBuffer(8, fields, cfg)
+    one = [(i, c) for i, r in enumerate(recs) for c in a.add_record(r)]
+    many, i, k = [], 0, 0
+    while i < len(recs):
+        n = cuts[k % len(cuts)] * (20 if k % 2 == 0 else 1)
+        at: list[int] = []
+        closed = b.add_columns(StepColumns(recs[i:i + n]), at)
+        assert len(at) == len(closed)
+        many += [(i + p, c) for p, c in zip(at, closed, strict=True)]
+        i, k = i + n, k + 1
+    assert [p for p, _ in one] == [p for p, _ in many]
+    assert closed_view([c for _, c in one]) == closed_view([c for _, c in many])

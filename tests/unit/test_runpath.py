@@ -1,0 +1,143 @@
+"""The run path (`Core.process_many`, `JobCore.process_many`, `Replay.feed_many`): the same outputs, in the same
+order, as feeding the records one at a time, however the stream is cut."""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+import pytest
+from gangwatch.producers.simulate.emit import messages
+from gangwatch.producers.simulate.suite import standard_suite
+from gangwatch.schemas import DecodeError, Framework, Heartbeat, Job, Ops, Outputs, RankInfo, Step, decode, encode
+from gangwatch.streams import replay
+from gangwatch.triage.engine import Core, JobCore
+
+pytestmark = pytest.mark.unit
+
+CUTS = (1, 3, 17, 300, 5000, 10**6)
+
+
+def view(out: Outputs) -> list:
+    return ([encode(f) for f in out.findings], [encode(a) for a in out.actions], [encode(i) for i in out.incidents],
+            [str(e) for e in out.rejected])
+
+
+def one_by_one(recs: list, core: Core) -> Outputs:
+    out = Outputs()
+    for r in recs:
+        core.process(r, out)
+    out.extend(core.finish())
+    return out
+
+
+def in_runs(recs: list, core: Core, seed: int) -> Outputs:
+    rnd, out, i = random.Random(seed), Outputs(), 0
+    while i < len(recs):
+        n = rnd.choice(CUTS)
+        core.process_many(recs[i:i + n], out)
+        i += n
+    out.extend(core.finish())
+    return out
+
+
+SCENARIOS = ("xid79_64", "node_loss_128", "thermal_10pct_64", "dataloader_hang_128", "sdc_128", "planned_stop_32",
+             "healthy_slow_start_128")
+
+
+@pytest.fixture(scope="module", params=SCENARIOS)
+def scenario_records(request):
+    sc = next(s for s in standard_suite("ci") if s.name == request.param)
+    return [r for m in messages(sc) for r in decode(orjson.dumps(m)) if not isinstance(r, DecodeError)]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_runs_give_what_records_give_on_the_standard_scenarios(scenario_records, seed):
+    a, b = Core(), Core()
+    want, got = one_by_one(scenario_records, a), in_runs(scenario_records, b, seed)
+    assert want.findings, "the scenario finds something"
+    assert view(want) == view(got)
+    assert a.records == b.records and a.max_ts == b.max_ts and a.clock == b.clock
+    assert {j: c.state() for j, c in a.jobs.items()} == {j: c.state() for j, c in b.jobs.items()}
+
+
+T0 = 1_700_000_000.0
+
+
+def messy() -> list:
+    """Two jobs interleaved, ranks that never start or exit, a restart, out-of-range ranks, records of an unknown
+    job, ops, a crash: every branch the run path hands back to the record path, and time jumps."""
+    ranks = [RankInfo(rank=r, node=f"n{r // 4}", gpu=r % 4) for r in range(16)]
+    recs: list = [Job(ts=T0, job="a", ranks=ranks, heartbeat_s=2.0),
+                  Job(ts=T0, job="b", ranks=[RankInfo(rank=r, node=f"m{r // 4}", gpu=r % 4) for r in range(8)])]
+    rnd = random.Random(7)
+    for k in range(120):
+        t = T0 + 1 + k * 0.4
+        for r in range(18):
+            if r == 5 and k > 60 or r == 3 and k < 10:
+                continue  # rank 5 falls silent, rank 3 starts late
+            ts = round(t + rnd.uniform(0, 0.3), 6)
+            recs.append(Step(ts=ts, job="a", rank=r, step=k, step_s=0.4, compute_s=0.3 + (0.2 if r == 9 and k > 40
+                                                                                        else 0.0),
+                             comm_wait_s=0.1 if r != 9 or k <= 40 else 0.0, data_wait_s=0.0, loss=2.0 - k / 100,
+                             grad_norm=1.0, replica_digest=f"d{k}"))
+            if k % 5 == 0:
+                recs.append(Heartbeat(ts=ts, job="a", rank=r, step=k))
+            if r < 8 and k % 3 == 0:
+                recs.append(Step(ts=ts, job="b", rank=r, step=k // 3, step_s=1.2))
+        if k == 30:
+            recs.append(Step(ts=t, job="zzz", rank=0, step=1, step_s=1.0))  # no job record: rejected
+            recs.append(Ops(ts=t, type="maintenance", job="b", planned=True, until_ts=t + 5))
+        if k == 70:
+            recs.append(Framework(ts=t + 0.1, job="a", rank=12, type="exception", message="CUDA error"))
+        if k == 90:
+            recs.append(Job(ts=t + 0.2, job="b", ranks=[RankInfo(rank=r, node=f"m{r // 4}", gpu=r % 4)
+                                                          for r in range(8)]))
+    recs.sort(key=lambda r: r.ts)
+    return recs
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_runs_give_what_records_give_on_a_messy_stream(seed):
+    recs = messy()
+    a, b = Core(), Core()
+    want, got = one_by_one(recs, a), in_runs(recs, b, seed)
+    assert want.findings and want.rejected
+    assert view(want) == view(got)
+    assert {j: c.state() for j, c in a.jobs.items()} == {j: c.state() for j, c in b.jobs.items()}
+
+
+def test_a_job_core_takes_runs_too():
+    recs = [r for r in messy() if getattr(r, "job", None) == "a"]
+    a, b = JobCore(recs[0]), JobCore(recs[0])
+    want, got = Outputs(), Outputs()
+    for r in recs[1:]:
+        a.process(r, want)
+    for i in range(1, len(recs), 50):
+        b.process_many(recs[i:i + 50], got)
+    assert want.findings and view(want) == view(got) and a.state() == b.state()
+
+
+def test_replay_in_runs_writes_what_replay_record_by_record_writes(tmp_path):
+    lines = [encode(r) for r in messy()]
+    lines[100:100] = [b"{not json", b'{"kind":"step","v":1,"ts":1}', b""]  # errors, in place
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"\n".join(lines) + b"\n")
+
+    class OneByOne(replay.Replay):
+        def feed_many(self, items):
+            for item in items:
+                self.feed(item)
+
+    outs = {}
+    for name, cls in (("one", OneByOne), ("runs", replay.Replay)):
+        sink = replay.JsonlSink(tmp_path / name)
+        rep = cls([sink])
+        items = list(replay.InputFile(src))
+        for i in range(0, len(items), 37):
+            rep.feed_many(items[i:i + 37])
+        s = rep.close()
+        outs[name] = (s.records, s.rejected, s.findings, s.by_kind, s.by_type,
+                      {p.name: p.read_bytes() for p in sorted((tmp_path / name).glob("*.jsonl"))})
+    assert outs["one"][1] >= 3 and outs["one"][2] > 0
+    assert outs["one"] == outs["runs"]
