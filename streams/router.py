@@ -4,7 +4,11 @@
 (`node-jobs`, published by `JobRunner` when a `job` record arrives) -> the same
 records re-keyed by job onto `by-job`. An event of a node not (yet) in any job
 waits up to `hold_s` for its mapping, then is dropped (the core ignores events
-of nodes outside every job too).
+of nodes outside every job too). The worker commits no `node-events` offset past
+an event still waiting (`resume_points`), so a router that takes over reads it
+again; it then re-publishes the events after it that were already routed, and the
+jobs side drops those copies by digest (`JobRunner`: hw and ops; a repeated gpu
+sample is observed twice).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ class NodeRouter:
         self.table = table
         self.hold_s = hold_s
         self.clock = clock
-        self.pending: dict[str, list[tuple[float, Record]]] = {}  # node -> (wall time held, record)
+        self.pending: dict[str, list[tuple[float, Record, Msg]]] = {}  # node -> (wall time held, record, where)
         self.frontier: dict[tuple[str, int], float] = {}  # (topic, partition) -> newest event time read
         self.dropped = 0
         self.routed = 0
@@ -60,7 +64,7 @@ class NodeRouter:
         point = min((self.frontier.get(tp, -math.inf) for tp in inputs if lagging(*tp)), default=math.inf)
         now = self.clock()
         for node in set(self.pending).intersection(nodes):
-            point = min([point, *(r.ts for t, r in self.pending[node] if now - t < self.hold_s)])
+            point = min([point, *(r.ts for t, r, _ in self.pending[node] if now - t < self.hold_s)])
         for job in list(self.inflight):
             q = self.inflight[job]
             if read is None or (mine is not None and job not in mine):
@@ -96,9 +100,9 @@ class NodeRouter:
         items.sort(key=lambda x: (x[0], x[1]))  # stable: arrival order breaks ties
         out: dict[str, list[Record]] = {}
         now = self.clock()
-        for _, is_rec, payload, _msg in items:
+        for _, is_rec, payload, msg in items:
             if is_rec:
-                self._route(payload, now, out)
+                self._route(payload, msg, now, out)
             else:
                 self._map(payload, out)
         for job in sorted(out):
@@ -116,7 +120,7 @@ class NodeRouter:
         entry = orjson.loads(raw)
         return entry["job"], entry["ts"]
 
-    def _route(self, rec: Record, now: float, out: dict[str, list[Record]]) -> None:
+    def _route(self, rec: Record, msg: Msg, now: float, out: dict[str, list[Record]]) -> None:
         job = getattr(rec, "job", None)
         if job:  # an ops record that names its job after all
             out.setdefault(job, []).append(rec)
@@ -128,7 +132,7 @@ class NodeRouter:
             if len(held) >= MAX_PENDING:
                 held.pop(0)
                 self.dropped += 1
-            held.append((now, rec))
+            held.append((now, rec, msg))
         else:
             out.setdefault(hit[0], []).append(rec)
 
@@ -138,7 +142,7 @@ class NodeRouter:
         if job:
             self.table[key] = orjson.dumps({"job": job, "ts": ts})
             held = self.pending.pop(node, [])
-            for _, rec in held:
+            for _, rec, _msg in held:
                 if rec.ts >= ts:  # events before the job started on this node were not the job's
                     out.setdefault(job, []).append(rec)
                 else:
@@ -148,12 +152,21 @@ class NodeRouter:
             if cur is not None and cur[0] == entry.get("was"):
                 del self.table[key]
 
+    def resume_points(self) -> dict[tuple[str, int], int]:
+        """Per input (topic, partition), the offset of the oldest event still waiting for its node's job."""
+        out: dict[tuple[str, int], int] = {}
+        for held in self.pending.values():
+            for _, _, msg in held:
+                where = (msg.topic, msg.partition)
+                out[where] = min(out.get(where, msg.offset), msg.offset)
+        return out
+
     def on_tick(self) -> Result:
         """Drop events whose node found no job within `hold_s`."""
         now = self.clock()
         for node in list(self.pending):
             held = self.pending[node]
-            keep = [(t, r) for t, r in held if now - t < self.hold_s]
+            keep = [e for e in held if now - e[0] < self.hold_s]
             self.dropped += len(held) - len(keep)
             if keep:
                 self.pending[node] = keep

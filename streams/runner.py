@@ -79,6 +79,19 @@ class _Item(NamedTuple):
     seq: int
     rec: Record
     msg: Msg
+    idx: int = 0  # the record's place in its message (a batch envelope holds many)
+
+
+class Cover(NamedTuple):
+    """What one saved state of a job covers, per input ("topic:partition"): every record of the job below
+    `next` except those at or above `low` that the state lists as not processed yet (held, or waiting for the
+    job record). Small, and readable without unpacking the state (`cover_of`)."""
+
+    next: dict[str, int]
+    low: dict[str, int]
+
+
+NOTHING_SAVED = Cover({}, {})
 
 
 def dead_letter(err: DecodeError, msg: Msg, ts: float | None = None) -> DeadLetter:
@@ -91,22 +104,50 @@ def dead_letter(err: DecodeError, msg: Msg, ts: float | None = None) -> DeadLett
 class JobState:
     """Everything the worker holds for one job: its core and what it has already seen.
 
-    `offsets` ("topic:partition" -> next offset) are saved in the same value as the core,
-    so a partition replayed after a rebalance or crash (offsets commit later than state)
-    is skipped instead of observed twice. `seen` does the same for node events, which the
+    `offsets` ("topic:partition" -> next offset after the job's newest record read there)
+    are saved in the same value as the core, so a partition read again after a rebalance
+    or crash is skipped instead of observed twice. Records read but not processed yet
+    (`held`: ahead of the job's slowest input, see `JobRunner`; `pending`: waiting for the
+    job record) are saved by position (offset, place in the message) as owed; a state
+    restored with owed positions keeps them in `owed` until they are read again, and then
+    processes them as new. Positions, not a high-water mark: records are released in
+    event-time order, which within one partition need not be offset order (a record held
+    at offset 5 while offset 9 was processed). `seen` de-duplicates node events, which the
     router may re-publish at new offsets: digest -> event time, kept for `SEEN_S`.
-    The rest lives in memory only: `held` are records that arrived ahead of the job's
-    slowest input (see `JobRunner`), `pending` records that wait for the job record.
+    `written` is what the newest state written to the table covers, `first` the first
+    offset read at an input no written state covers yet: together they say where reading
+    must resume for this job (`uncovered`).
     """
 
     core: JobCore | None = None
     offsets: dict[str, int] = field(default_factory=dict)
     seen: dict[str, float] = field(default_factory=dict)
+    owed: dict[str, set[tuple[int, int]]] = field(default_factory=dict)
+    written: Cover = NOTHING_SAVED
+    first: dict[str, int] = field(default_factory=dict)
     partition: int = -1  # the job's partition number (the same on every job-keyed topic)
     arrived: float | None = None  # wall clock of the newest batch processed
     held: list[_Item] = field(default_factory=list)  # a heap by (ts, seq)
     pending: list[_Item] = field(default_factory=list)  # no job record yet
     pending_since: float | None = None
+
+    def unprocessed(self) -> dict[str, set[tuple[int, int]]]:
+        """Positions of the records read (now or by an earlier worker) that the core has not processed."""
+        out = {where: set(pos) for where, pos in self.owed.items()}
+        for it in (*self.held, *self.pending):
+            out.setdefault(f"{it.msg.topic}:{it.msg.partition}", set()).add((it.msg.offset, it.idx))
+        return out
+
+    def uncovered(self) -> dict[str, int]:
+        """Per input, the lowest offset holding a record of this job that no written state has processed:
+        what the written state lists as owed, and everything read at an input since that state was taken."""
+        out = dict(self.written.low)
+        for where, nxt in self.offsets.items():
+            was = self.written.next.get(where)
+            if was is None or nxt > was:
+                start = self.first.get(where, nxt) if was is None else was
+                out[where] = min(out.get(where, start), start)
+        return out
 
 
 SEEN_S = 600.0  # event-time horizon of node-event de-duplication
@@ -114,29 +155,43 @@ _DEDUP_KINDS = frozenset({"hw", "ops"})  # gpu samples are periodic and many: a 
 
 
 def pack_state(st: JobState) -> bytes:
-    """A job's saved state as a table value: JSON, zlib-compressed (a 2,048-rank job: ~150 KB -> ~15 KB).
+    """A job's saved state as a table value: its `Cover` as one line of JSON, then the state as JSON,
+    zlib-compressed (a 2,048-rank job: ~150 KB -> ~15 KB). A job whose `job` record has not been processed
+    yet has no core: its state is only what it read and owes.
 
-    Records still held are not in the core yet: the saved offsets stop before them and their
-    digests are left out of `seen`, so a worker that takes over reads them again.
+    Records read but not processed yet are listed by position (`owed`: "topic:partition" -> [[offset, place,
+    place...], ...]) and their digests stay in `seen`: a worker that takes over processes them when it reads
+    them again, and skips a copy the router re-published meanwhile.
     """
-    assert st.core is not None
-    offsets, seen = st.offsets, st.seen
-    if st.held:
-        offsets = dict(offsets)
-        for it in st.held:
-            where = f"{it.msg.topic}:{it.msg.partition}"
-            offsets[where] = min(offsets.get(where, it.msg.offset), it.msg.offset)
-        unseen = {_digest(it.rec) for it in st.held if it.rec.kind in _DEDUP_KINDS}
-        seen = {d: ts for d, ts in seen.items() if d not in unseen}
-    return zlib.compress(orjson.dumps({"core": st.core.state(), "offsets": offsets, "seen": seen},
-                                      option=orjson.OPT_SERIALIZE_NUMPY), 1)
+    owed = st.unprocessed()
+    cover = Cover(st.offsets, {where: min(pos)[0] for where, pos in owed.items() if pos})
+    by_offset = {where: _group(pos) for where, pos in owed.items() if pos}
+    body = {"core": None if st.core is None else st.core.state(), "offsets": st.offsets, "owed": by_offset,
+            "seen": st.seen}
+    packed = zlib.compress(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), 1)
+    return orjson.dumps(cover._asdict()) + b"\n" + packed
+
+
+def _group(positions: set[tuple[int, int]]) -> list[list[int]]:
+    places: dict[int, list[int]] = {}
+    for offset, idx in sorted(positions):
+        places.setdefault(offset, []).append(idx)
+    return [[offset, *idx] for offset, idx in places.items()]
+
+
+def cover_of(value: bytes) -> Cover:
+    """What a saved state covers, read from its first line only."""
+    head = orjson.loads(value[:value.index(b"\n")])
+    return Cover(head["next"], head["low"])
 
 
 def unpack_state(value: bytes, config: CoreConfig) -> JobState:
     """A saved job, running with today's `config` (settings are never read back from state)."""
-    obj = orjson.loads(zlib.decompress(value))
-    return JobState(JobCore.from_state(obj["core"], config), dict(obj.get("offsets") or {}),
-                    dict(obj.get("seen") or {}))
+    cut = value.index(b"\n")
+    obj = orjson.loads(zlib.decompress(value[cut + 1:]))
+    owed = {where: {(e[0], i) for e in entries for i in e[1:]} for where, entries in (obj.get("owed") or {}).items()}
+    core = None if obj["core"] is None else JobCore.from_state(obj["core"], config)
+    return JobState(core, dict(obj["offsets"]), dict(obj["seen"]), owed, cover_of(value))
 
 
 def _digest(rec: Record) -> str:
@@ -243,7 +298,7 @@ class JobRunner:
             if msg.value is None:
                 continue
             where = (msg.topic, msg.partition)
-            for v in decode(msg.value):
+            for idx, v in enumerate(decode(msg.value)):
                 if isinstance(v, DecodeError):
                     reject(res, v, msg, None, self.topics.dlq, "decode")
                     continue
@@ -262,7 +317,7 @@ class JobRunner:
                 if v.kind == "job":
                     self.job_nodes.update(r.node for r in v.ranks)
                 self._seq += 1
-                by_job.setdefault(job, []).append(_Item(v.ts, self._seq, v, msg))
+                by_job.setdefault(job, []).append(_Item(v.ts, self._seq, v, msg, idx))
                 self._state(job).partition = msg.partition
         now = self.clock()
         for job in sorted(set(by_job) | {j for j, st in self.jobs.items() if st.held}):
@@ -286,12 +341,14 @@ class JobRunner:
         return point
 
     def _fresh(self, st: JobState, items: list[_Item]) -> list[_Item]:
-        """Drop what the job's state already holds (replayed offsets, re-published node events)."""
-        offs, seen = st.offsets, st.seen
+        """Drop what the job's state already holds (replayed offsets, re-published node events); keep what it
+        owes (read by an earlier worker, not processed: see `JobState`)."""
+        offs, seen, owed = st.offsets, st.seen, st.owed
         by_job = self.topics.by_job
         fresh = []
         last: Msg | None = None
         old = True
+        due: set[tuple[int, int]] | None = None
         top: dict[str, int] = {}  # where -> next offset after this batch
         for it in items:
             m = it.msg
@@ -299,9 +356,16 @@ class JobRunner:
                 last = m
                 where = f"{m.topic}:{m.partition}"
                 old = m.offset < offs.get(where, 0)
+                due = owed.get(where) if old else None
                 if not old and m.offset >= top.get(where, 0):
                     top[where] = m.offset + 1
+                    st.first.setdefault(where, m.offset)
             if old:
+                if due and (m.offset, it.idx) in due:  # owed: its digest is in `seen` already
+                    due.discard((m.offset, it.idx))
+                    if not due:
+                        del owed[where]
+                    fresh.append(it)
                 continue
             if m.topic == by_job and it.rec.kind in _DEDUP_KINDS:
                 d = _digest(it.rec)
@@ -316,16 +380,17 @@ class JobRunner:
     def _run_job(self, job: str, items: list[_Item], now: float, lagging: Lagging, upstream: Upstream,
                  res: Result) -> None:
         st = self._state(job)
+        if items:
+            items.sort()
+            fresh = self._fresh(st, items)  # offsets advance as read, held or not: what is unprocessed is owed
+            res.duplicates += len(items) - len(fresh)
+            items = fresh
         if st.pending:
-            items = st.pending + items
+            items = sorted(st.pending + items)
             st.pending, st.pending_since = [], None
-        items.sort()
         if st.core is None and not any(it.rec.kind == "job" for it in (*items, *st.held)):
             self._hold(st, job, items, now, res)
             return
-        fresh = self._fresh(st, items)  # offsets advance as read, held or not: held items live in memory
-        res.duplicates += len(items) - len(fresh)
-        items = fresh
         for it in items:
             heapq.heappush(st.held, it)
         point = self.release_point(st.partition, lagging, upstream)
@@ -427,6 +492,7 @@ class JobRunner:
                 for it in st.pending:
                     self._no_job(job, it, res)
                 st.pending, st.pending_since = [], None
+                res.dirty.add(job)  # owes them no more
         if not self.silence or self.outage is not None:
             return res
         for job in sorted(self.jobs):
@@ -452,6 +518,27 @@ class JobRunner:
             self.trust_from = self.clock() + self.reconnect_s
 
     # --- rebalances -----------------------------------------------------------------
+
+    def saved(self, job: str, value: bytes) -> None:
+        """`value` (from `state_of`) is now the job's state in the table."""
+        st = self.jobs.get(job)
+        if st is not None:
+            st.written = cover_of(value)
+
+    def resume_points(self) -> dict[tuple[str, int], int]:
+        """Per input (topic, partition), the lowest offset holding a record that no written state has processed.
+
+        The worker commits no input offset past it: a worker that takes over starts reading there, so every
+        record is either in a saved state or read again (then the state's `offsets` and owed positions tell
+        processed from not). Inputs with nothing uncovered are absent.
+        """
+        out: dict[tuple[str, int], int] = {}
+        for st in self.jobs.values():
+            for where, offset in st.uncovered().items():
+                topic, _, p = where.rpartition(":")
+                key = (topic, int(p))
+                out[key] = min(out.get(key, offset), offset)
+        return out
 
     def restore(self, job: str, saved: bytes, partition: int) -> None:
         """Take over a job from its saved state (after a rebalance); silence counts from now."""

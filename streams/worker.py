@@ -23,6 +23,14 @@ creates the topics and runs a Faust worker until TERM/INT. The logic lives in
   input offsets (and digests of recent node events) it already holds, so a
   partition replayed after a rebalance or crash is skipped: each record reaches
   a core once, outputs are at least once (with stable ids).
+- Commits: no input offset is committed past a record that no written state has
+  processed (`JobRunner.resume_points`: records a job holds for a slower input or
+  for its job record, and records read since its newest written state) nor past a
+  node event the router still holds (`NodeRouter.resume_points`): `_Glue.cap_commits`
+  lowers what Faust commits, and the timer commits what the cap held back once it
+  is saved. A replacement worker (after a crash or a rebalance) starts there, and
+  the restored states tell the records they processed (skipped) from those they
+  owe (processed now).
 - Silence: a timer advances each job's event time by the wall time since its
   last batch arrived (watermark = max event time + elapsed - lateness), but only
   while the job's partitions are caught up and no rebalance is running, so a
@@ -214,11 +222,11 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
             return
         await _producer_knows(app, (states, nodemap))
         async with busy:
-            glue.restore_assigned()
             runner.path(glue.answering(s.fresh_s))
             res = runner.on_tick(glue.caught_up, glue.lagging, glue.upstream)
             await glue.publish(res)
             glue.save(res)
+        await glue.commit_released()
         metrics.count(res)
         router.on_tick()
         glue.sample_metrics()
@@ -229,6 +237,8 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         lost = {tp.partition for tp in revoked if tp.topic in job_topics}
         gone = runner.drop_partitions(lost)
         glue.checkpoints.drop(gone)
+        for tp in revoked:
+            glue.held_back.pop(tp, None)
         if gone:
             log.info("revoked partitions %s: dropped %d jobs from memory", sorted(lost), len(gone))
 
@@ -236,7 +246,14 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
         runner.resume()
         glue.assigned = {tp.partition for tp in assigned if tp.topic in job_topics}
-        glue.need_restore = True
+        glue.cap_commits()
+
+    @app.on_rebalance_complete.connect
+    async def on_recovered(sender: Any, **kwargs: Any) -> None:
+        # the tables are recovered and no input is read yet: every job of our partitions in memory before its
+        # first record, so what they owe caps the commits from the start
+        async with busy:
+            glue.restore_assigned()
 
     @app.on_before_shutdown.connect
     def on_shutdown(sender: Any, **kwargs: Any) -> None:
@@ -289,7 +306,19 @@ class _Glue:
         self.checkpoints = Checkpoints(sinks, self._write_state)  # states wait for their outputs' delivery
         self.next_offset: dict[tuple[str, int], int] = {}
         self.assigned: set[int] = set()
-        self.need_restore = False
+        self.held_back: dict[TP, int] = {}  # offsets Faust asked to commit that `cap_commits` lowered
+        self.committed: dict[TP, int] = {}  # what this worker last committed, per input
+        self._commit: Callable[[dict[TP, int]], Any] | None = None  # Faust's own commit, under the cap
+        # states written to the table whose changelog message the broker has not confirmed yet
+        self._unconfirmed: list[tuple[str, bytes, asyncio.Future]] = []
+        send = states.send_changelog
+
+        def send_changelog(*args: Any, **kwargs: Any) -> Any:
+            self._changelog_sent = fut = send(*args, **kwargs)
+            return fut
+
+        states.send_changelog = send_changelog  # to know when a state is on the broker, not just in the buffer
+        self._changelog_sent: Any = None
         self.saves = 0
         self.sent = 0
         self.batches = 0
@@ -310,14 +339,67 @@ class _Glue:
         was not acked in time and will be replayed by the new owner); write those whose outputs every sink has
         settled (`streams.checkpoint`: a saved state never covers an output still waiting in a sink's queue)."""
         jobs = self.runner.jobs
-        self.checkpoints.offer({job: self.runner.state_of(job) for job in sorted(res.dirty)
-                                if jobs.get(job) is not None and jobs[job].core is not None})
+        self.checkpoints.offer({job: self.runner.state_of(job) for job in sorted(res.dirty) if job in jobs})
         self.checkpoints.write_settled()
 
     def _write_state(self, job: str, blob: bytes) -> None:
         if self.runner.jobs.get(job) is not None:  # still ours
             self.states[job.encode()] = blob
+            self._unconfirmed.append((job, blob, self._changelog_sent))
             self.saves += 1
+
+    def _confirm_writes(self) -> None:
+        """Tell the runner which written states the broker has (in the order they were written)."""
+        done = 0
+        for job, blob, fut in self._unconfirmed:
+            if not fut.done():
+                break
+            done += 1
+            if not fut.cancelled() and fut.exception() is None:
+                self.runner.saved(job, blob)
+        del self._unconfirmed[:done]
+
+    def cap_commits(self) -> None:
+        """Commit no input offset past a record no written state has processed (`resume_points`).
+
+        Faust commits the offset after the messages its streams acknowledged, and `take_events`
+        acknowledges a whole batch, held records included. Its own view of what is committed is
+        left alone (its acknowledgement bookkeeping depends on it); only what reaches the broker
+        is lowered, and `commit_released` commits the rest once the records are saved.
+        """
+        consumer = self.app.consumer
+        if self._commit is None:
+            self._commit = consumer._commit  # ThreadDelegateConsumer._commit (faust-streaming 0.15)
+            consumer._commit = self._commit_capped
+
+    def resume_points(self) -> dict[tuple[str, int], int]:
+        self._confirm_writes()
+        return {**self.runner.resume_points(), **self.router.resume_points()}
+
+    async def _commit_capped(self, offsets: dict[TP, int]) -> bool:
+        points = self.resume_points()
+        capped = {}
+        for tp, offset in offsets.items():
+            capped[tp] = min(offset, points.get((tp.topic, tp.partition), offset))
+            if capped[tp] < offset:
+                self.held_back[tp] = offset
+            else:
+                self.held_back.pop(tp, None)
+        assert self._commit is not None
+        done = await self._commit(capped)
+        if done:
+            self.committed.update(capped)
+        return bool(done)
+
+    async def commit_released(self) -> None:
+        """Commit what the cap held back and is saved now (Faust commits again only when its acks move)."""
+        if not self.held_back:
+            return
+        points = self.resume_points()
+        due = {tp: offset for tp, offset in self.held_back.items()
+               if min(offset, points.get((tp.topic, tp.partition), offset)) > self.committed.get(tp, -1)}
+        if due:
+            await self._commit_capped(due)
 
     async def publish(self, res: Result) -> None:
         """Send the outputs and wait until the broker has them; then feed the sinks."""
@@ -446,10 +528,8 @@ class _Glue:
         return self.router.upstream(inputs, self.lagging, runner.by_job_read, runner.job_nodes, runner.jobs)
 
     def restore_assigned(self) -> None:
-        """After a rebalance: bring every saved job of our partitions into memory (so silence is watched)."""
-        if not self.need_restore:
-            return
-        self.need_restore = False
+        """After a rebalance: bring every saved job of our partitions into memory (so silence is watched, and
+        what it owes caps the commits)."""
         from aiokafka.partitioner import murmur2
 
         n = self.app.conf.topic_partitions
@@ -457,7 +537,7 @@ class _Glue:
         for key in list(self.states.keys()):
             job = key.decode()
             p = (murmur2(key) & 0x7FFFFFFF) % n
-            if p in self.assigned and getattr(self.runner.jobs.get(job), "core", None) is None:
+            if p in self.assigned and job not in self.runner.jobs:
                 saved = self.states.get(key)
                 if saved:
                     self.runner.restore(job, saved, p)

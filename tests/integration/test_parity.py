@@ -262,11 +262,12 @@ def test_bad_messages_go_to_the_dlq_with_where_they_came_from(kafka_bootstrap, t
 # --- several jobs, as a backlog -------------------------------------------------------------------
 
 
-def several_jobs() -> list:
+def several_jobs(seconds: int = 40) -> list:
     """Three jobs on their own nodes, interleaved in one stream: j1 loses n001 at 20 s; j2 gets a fatal Xid 79 on
-    n012 at 30.5 s (a node event, re-keyed by job through `by-job`); j3 stays healthy but is restarted at 15 s on
-    a new node (a second job record: a topology change) and then loses it at 22 s. Every fault is decided
-    within its own job's records (the worker runs with `--no-silence`: no wall clock moves a job)."""
+    n012 9.5 s before the end (30.5 s; a node event, re-keyed by job through `by-job`); j3 stays healthy but is
+    restarted at 15 s on a new node (a second job record: a topology change) and then loses it at 22 s. Every
+    fault is decided within its own job's records (the worker runs with `--no-silence`: no wall clock moves a
+    job). All three last `seconds`: replay's one watermark would move a job that ended early past its end."""
     import dataclasses
 
     from gangwatch.schemas import Job
@@ -284,9 +285,9 @@ def several_jobs() -> list:
             out.append(r)
         return out
 
-    j1 = moved(scenario(seconds=40, silent="n001", xid_node=None), "j1", 0)
-    j2 = moved(scenario(seconds=40, silent=None, xid_node="n002", xid_at=30.5), "j2", 10)
-    j3 = moved(scenario(seconds=40, nodes=2, silent=None, xid_node=None), "j3", 20)
+    j1 = moved(scenario(seconds=seconds, silent="n001", xid_node=None), "j1", 0)
+    j2 = moved(scenario(seconds=seconds, silent=None, xid_node="n002", xid_at=seconds - 9.5), "j2", 10)
+    j3 = moved(scenario(seconds=seconds, nodes=2, silent=None, xid_node=None), "j3", 20)
     [first] = [r for r in j3 if r.kind == "job"]
     restart = dataclasses.replace(first, ts=first.ts + 15.0004, ranks=[
         dataclasses.replace(ri, node="n029" if ri.node == "n021" else ri.node) for ri in first.ranks])
@@ -330,3 +331,33 @@ def test_several_jobs_as_a_backlog_match_replay(kafka_bootstrap, topics, unique,
     wait_for(lambda: caught_up(kafka_bootstrap, unique, topics.inputs), DEADLINE, "all input consumed", proc=w)
     assert_same_per_job(kafka_bootstrap, topics, expected)
 
+
+
+def test_several_jobs_match_replay_with_the_worker_killed_halfway(kafka_bootstrap, topics, unique, tmp_path,
+                                                                    workers):
+    """The same backlog, longer (one record per message), and the worker SIGKILLed as soon as the first finding
+    is out (j1's or j3's, about 20 s in), long before j2's (near the end): it holds records of jobs whose inputs
+    it has not read up to their time, and has acknowledged them to Faust. A new worker resumes from the committed
+    offsets, which never pass a record no saved state has processed, and gives replay's outputs job by job
+    (outputs are at least once: compared after dropping repeats of an id)."""
+    msgs = messages(several_jobs(seconds=400), topics, batch=1)
+    expected = replay_outputs(tmp_path, msgs)
+    assert {f["job"] for f in expected["findings"]} == {"j1", "j2", "j3"}
+    produce(kafka_bootstrap, msgs)
+    first = workers(*worker_args(kafka_bootstrap, unique, topics, "--no-silence", "--batch-max", "20"))
+    probe = KafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=None)
+    try:
+        tps = [TopicPartition(topics.findings, p) for p in range(PARTITIONS)]
+        wait_for(lambda: sum(probe.end_offsets(tps).values()) > 0, DEADLINE, "the first finding", every=0.02,
+                 proc=first)
+    finally:
+        probe.close()
+    first.kill()  # no goodbye: what it held in memory is gone
+    halfway = set(by_job(kafka_outputs(kafka_bootstrap, topics)["findings"]))
+    assert halfway and "j2" not in halfway, halfway
+
+    second = workers(*worker_args(kafka_bootstrap, unique, topics, "--no-silence"))
+    wait_for(lambda: counts_reached(kafka_bootstrap, topics, expected), DEADLINE + 30, "the expected outputs",
+             proc=second)
+    wait_for(lambda: caught_up(kafka_bootstrap, unique, topics.inputs), DEADLINE, "all input consumed", proc=second)
+    assert_same_per_job(kafka_bootstrap, topics, expected, by_id=True)
