@@ -359,7 +359,8 @@ class JobRunner:
                 due = owed.get(where) if old else None
                 if not old and m.offset >= top.get(where, 0):
                     top[where] = m.offset + 1
-                    st.first.setdefault(where, m.offset)
+                if not old and m.offset < st.first.get(where, m.offset + 1):  # items come in event-time order
+                    st.first[where] = m.offset
             if old:
                 if due and (m.offset, it.idx) in due:  # owed: its digest is in `seen` already
                     due.discard((m.offset, it.idx))

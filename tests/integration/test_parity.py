@@ -20,10 +20,11 @@ silence (replay has no wall clock either); `test_silence_*` checks the timer.
 Several jobs (`test_several_jobs_*`): three jobs interleaved on the topics, with
 a fail-stop, an Xid (a node event), and a topology change followed by a fail-stop,
 published whole before the worker starts, so every input including the node-event
-hop is read as a backlog at full speed. Each job's outputs equal replay's, in order.
-(Not yet with the worker killed halfway: records a job holds for a slower input are
-acknowledged to Faust, so their offsets get committed, but are not in the saved
-state; a replacement worker never reads them again. Known gap.)
+hop is read as a backlog at full speed. Each job's outputs equal replay's, in order,
+also with the worker SIGKILLed halfway while it holds records of jobs whose slower
+inputs it has not read up to their time (`test_several_jobs_*_killed_halfway`): no
+offset is committed past a record no saved state has processed, so its replacement
+reads them again.
 
 Handover: a worker killed after its offsets were committed (`test_restart_*`)
 or mid-stream with a second worker in the group (`test_two_workers_*`) is

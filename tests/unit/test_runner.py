@@ -293,16 +293,97 @@ def test_a_node_event_on_its_way_through_the_router_holds_its_job_back():
 
 
 def test_held_records_are_not_saved_as_done():
-    """A worker that dies while records are held: its successor reads them again from the saved offsets."""
+    """A worker that dies while records are held: its successor reads again from the resume point, processes what
+    the saved state owes and skips what it processed."""
     recs = _node_events(scenario(xid_node="n002"))
     batches = _backlog(recs, chunks=4)
     a = JobRunner(T)
     lagging = lambda topic, p: topic == T.telemetry  # noqa: E731
     out = emitted(a.on_batch(batches[0], lagging)) + emitted(a.on_batch(batches[1], lagging))
+    held = a.jobs["j1"].held
+    assert held and any(it.msg.topic == T.by_job for it in held)
     saved = a.state_of("j1")
+    a.saved("j1", saved)
+    points = a.resume_points()
+    assert points[(T.by_job, 0)] == min(it.msg.offset for it in held if it.msg.topic == T.by_job)
     b = JobRunner(T, load=lambda job: saved)
-    out += emitted(b.on_batch([m for batch in batches for m in batch]))  # all of it again, offsets as before
+    read = batches[0] + batches[1]  # committed (acknowledged), but for the resume points
+    again = [m for m in read if m.offset >= points.get((m.topic, m.partition), m.offset + 1)]
+    out += emitted(b.on_batch(again + [m for batch in batches[2:] for m in batch]))  # what a successor reads
     assert out == replay_core(recs)
+    assert b.records + a.records == len(recs)  # each record reached a core once
+
+
+def _out_of_offset_order() -> list[Msg]:
+    """One partition whose offset order is not event-time order: telemetry offset 0 is newer than offset 1,
+    and a node event read on by-job sits between them."""
+    job = messages(scenario(nodes=1, seconds=0, silent=None, xid_node=None), T)[0]
+    return [Msg(job[0], 0, 0, job[1], job[2]),
+            Msg(T.telemetry, 0, 0, b"j1", encode(Heartbeat(ts=T0 + 2.0, job="j1", rank=0))),
+            Msg(T.telemetry, 0, 1, b"j1", encode(Heartbeat(ts=T0 + 1.0, job="j1", rank=1))),
+            Msg(T.by_job, 0, 0, b"j1", encode(Gpu(ts=T0 + 1.5, node="n000", gpu=0, temp_c=60.0)))]
+
+
+def test_records_released_out_of_offset_order_are_owed_by_position():
+    """While by-job still has data to read, the telemetry at offset 0 (newer than by-job's frontier) is held and
+    offset 1 is processed: the saved state owes offset 0 alone. A high-water mark could only say "from 0",
+    and offset 1 would reach the core twice."""
+    a = JobRunner(T)
+    a.on_batch(_out_of_offset_order(), lagging=lambda topic, p: topic == T.by_job)
+    assert [it.msg.offset for it in a.jobs["j1"].held] == [0] and a.records == 3  # job, offset 1, gpu
+    saved = a.state_of("j1")
+    a.saved("j1", saved)
+    assert a.resume_points() == {(T.telemetry, 0): 0}
+    b = JobRunner(T, load=lambda job: saved)
+    b.on_batch(_out_of_offset_order()[1:3])  # the telemetry again, from the resume point
+    assert (b.records, b.duplicates) == (1, 1)
+    assert b.jobs["j1"].owed == {} and b.jobs["j1"].core.max_ts == T0 + 2.0
+
+
+def test_resume_points_follow_what_the_broker_has_saved():
+    """Until a state is confirmed saved, everything a job read is uncovered; then only what that state owes, plus
+    what was read after it; a job that owes nothing holds no input back."""
+    a = JobRunner(T)
+    msgs = _out_of_offset_order()
+    a.on_batch(msgs, lagging=lambda topic, p: topic == T.by_job)
+    assert a.resume_points() == {(T.jobs, 0): 0, (T.telemetry, 0): 0, (T.by_job, 0): 0}  # nothing saved yet
+    a.saved("j1", a.state_of("j1"))
+    assert a.resume_points() == {(T.telemetry, 0): 0}
+    a.on_batch([Msg(T.telemetry, 0, 2, b"j1", encode(Heartbeat(ts=T0 + 3.0, job="j1", rank=0)))])
+    assert a.resume_points() == {(T.telemetry, 0): 0}  # released, but the saved state still owes offset 0
+    a.saved("j1", a.state_of("j1"))
+    assert a.resume_points() == {}
+    a.on_batch([Msg(T.telemetry, 0, 3, b"j1", encode(Heartbeat(ts=T0 + 4.0, job="j1", rank=0)))])
+    assert a.resume_points() == {(T.telemetry, 0): 3}  # read after the newest saved state
+
+
+def test_records_waiting_for_their_job_record_are_owed_until_given_up():
+    clock = Clock()
+    a = JobRunner(T, hold_s=5.0, clock=clock)
+    res = a.on_batch([Msg(T.telemetry, 1, 7, b"ghost", encode(Heartbeat(ts=T0, job="ghost", rank=0)))])
+    assert res.dirty == set() and a.resume_points() == {(T.telemetry, 1): 7}
+    saved = a.state_of("ghost")  # no core yet: only what it read and owes
+    b = JobRunner(T, load=lambda job: saved)
+    b.on_batch([Msg(T.telemetry, 1, 7, b"ghost", encode(Heartbeat(ts=T0, job="ghost", rank=0)))])
+    assert len(b.jobs["ghost"].pending) == 1  # owed: waits again
+    clock.now += 5.0
+    gone = a.on_tick()
+    assert gone.dirty == {"ghost"} and len(gone.rejects) == 1
+    a.saved("ghost", a.state_of("ghost"))
+    assert a.resume_points() == {}
+
+
+def test_router_commits_stop_at_the_oldest_event_waiting_for_its_node():
+    clock = Clock()
+    router = NodeRouter(T, {}, hold_s=30.0, clock=clock)
+    router.on_batch([Msg(T.node_events, 2, 5, b"n002", encode(xid("n002", T0 + 5))),
+                     Msg(T.node_events, 2, 6, b"n003", encode(xid("n003", T0 + 6)))])
+    assert router.resume_points() == {(T.node_events, 2): 5}
+    router.on_batch([Msg(T.node_jobs, 0, 0, b"n002", orjson.dumps({"node": "n002", "job": "j1", "ts": T0}))])
+    assert router.resume_points() == {(T.node_events, 2): 6}  # routed: on by-job now
+    clock.now += 30.0
+    router.on_tick()
+    assert router.resume_points() == {}  # given up
 
 
 def test_the_router_frontier_holds_back_by_job_until_the_router_has_read_its_inputs():
