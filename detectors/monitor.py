@@ -17,6 +17,7 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from functools import cache
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,7 @@ def _checked(configs: Mapping[str, Any] | None, detectors: tuple[type, ...]) -> 
 # (they read the detector's state as its `observe` does; each falls back to `observe` record by record
 # whenever the shortcut could differ from it)
 
+_RANK, _TS = attrgetter("rank"), attrgetter("ts")
 RunPath = Callable[[Any, RecordRun], list[tuple[int, list[Finding]]]]
 
 
@@ -73,10 +75,10 @@ def _failstop_run(det: FailStopDetector, run: RecordRun) -> list[tuple[int, list
     its rank's last-seen time forward (`observe` gives no finding and schedules nothing sooner for them)."""
     if "framework" in run.by_kind:
         return observe_each(det, run)
-    recs, pos = run.recs, run.positions(det.kinds)
-    n = len(pos)
-    rank = np.fromiter((recs[i].rank for i in pos), dtype=np.int64, count=n)
-    ts = np.fromiter((recs[i].ts for i in pos), dtype=np.float64, count=n)
+    pos = run.positions(det.kinds)
+    mine = list(map(run.recs.__getitem__, pos))
+    rank = np.fromiter(map(_RANK, mine), dtype=np.int64, count=len(mine))
+    ts = np.fromiter(map(_TS, mine), dtype=np.float64, count=len(mine))
     ok = (rank < det.topo.size) & (ts >= det.topo.ts)
     rank, ts = rank[ok], ts[ok]
     if rank.size == 0:

@@ -45,31 +45,46 @@ def open_text(path: Path) -> IO[bytes]:
     return _gunzipped(open(path, "rb"))
 
 
-_SKIP_CHUNK = 1 << 20  # bytes read at a time while skipping the rest of a line over the limit
 _HEAD_KEEP = 16 * 1024  # bytes of an oversized line kept for its dead letter (DeadLetter keeps 4 KiB of text)
 
 
+_BLOCK = 1 << 20  # bytes read at a time
+
+
 def bounded_lines(fh: IO[bytes], limit: int) -> Iterator[tuple[bytes, int]]:
-    """(line without its newline, its length) for each line of `fh`, never holding more than `limit` + 1 bytes
-    of one line: a longer line comes as (its first bytes, its full length) and the rest of it is read in
-    chunks and dropped, up to the next newline."""
+    """(line without its newline, its length) for each line of `fh`, never holding more than `limit` bytes of
+    one line (plus one block read): a longer line comes as (its first bytes, its full length) and the rest of
+    it is read and dropped, up to the next newline. Blocks come from `read1` (one read of the underlying file
+    or gzip stream each): a file cut short raises after every line that was whole before the cut."""
+    read = getattr(fh, "read1", fh.read)
+    keep = min(limit + 1, _HEAD_KEEP)  # what of a line over the limit is kept (as reading limit + 1 bytes would)
+    carry = b""
+    skipping: tuple[bytes, int] | None = None  # (head, length so far) of a line over the limit
     while True:
-        line = fh.readline(limit + 1)
-        if not line:
+        block = read(_BLOCK)
+        if skipping is not None:
+            if not block:
+                yield skipping
+                return
+            nl = block.find(b"\n")
+            if nl < 0:
+                skipping = (skipping[0], skipping[1] + len(block))
+                continue
+            yield skipping[0], skipping[1] + nl
+            skipping, block = None, block[nl + 1:]
+            if not block:
+                continue
+        elif not block:
+            if carry:  # the last line, without a newline
+                yield carry, len(carry)
             return
-        if line.endswith(b"\n"):
-            yield line[:-1], len(line) - 1
-            continue
-        if len(line) <= limit:  # the last line, without a newline
-            yield line, len(line)
-            continue
-        head, size = line[:_HEAD_KEEP], len(line)
-        while True:
-            chunk = fh.readline(_SKIP_CHUNK)
-            size += len(chunk)
-            if not chunk or chunk.endswith(b"\n"):
-                break
-        yield head, size - (1 if chunk.endswith(b"\n") else 0)
+        lines = (carry + block if carry else block).split(b"\n")
+        carry = lines.pop()
+        for line in lines:
+            n = len(line)
+            yield (line if n <= limit else line[:keep]), n
+        if len(carry) > limit:
+            skipping, carry = (carry[:keep], len(carry)), b""
 
 
 class InputFile:

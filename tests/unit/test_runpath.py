@@ -141,3 +141,56 @@ def test_replay_in_runs_writes_what_replay_record_by_record_writes(tmp_path):
                       {p.name: p.read_bytes() for p in sorted((tmp_path / name).glob("*.jsonl"))})
     assert outs["one"][1] >= 3 and outs["one"][2] > 0
     assert outs["one"] == outs["runs"]
+
+
+# --- reading lines in blocks ----------------------------------------------------------------------------
+
+
+def readline_lines(fh, limit):
+    """The reference: `bounded_lines` as it read, one `readline(limit + 1)` at a time."""
+    while True:
+        line = fh.readline(limit + 1)
+        if not line:
+            return
+        if line.endswith(b"\n"):
+            yield line[:-1], len(line) - 1
+            continue
+        if len(line) <= limit:
+            yield line, len(line)
+            continue
+        head, size = line[:replay._HEAD_KEEP], len(line)
+        while True:
+            chunk = fh.readline(1 << 20)
+            size += len(chunk)
+            if not chunk or chunk.endswith(b"\n"):
+                break
+        yield head, size - (1 if chunk.endswith(b"\n") else 0)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_lines_read_in_blocks_are_the_lines_read_one_by_one(seed, monkeypatch):
+    import io
+    rnd = random.Random(seed)
+    monkeypatch.setattr(replay, "_BLOCK", rnd.choice([7, 64, 1000, 1 << 20]))
+    limit = rnd.choice([5, 50, 999, 20_000])
+    parts = [b"x" * rnd.choice([0, 1, limit - 1, limit, limit + 1, limit + 2, 3 * limit, 17_000, 40_000])
+             + rnd.choice([b"", b"\r", b" "]) for _ in range(rnd.randint(0, 40))]
+    data = b"\n".join(parts) + rnd.choice([b"", b"\n", b"\n\n"])
+    assert list(replay.bounded_lines(io.BytesIO(data), limit)) == list(readline_lines(io.BytesIO(data), limit))
+
+
+@pytest.mark.parametrize("cut", [0.0, 0.3, 0.5, 0.77, 0.99, 1.0])
+def test_a_gzip_cut_short_stops_where_it_stopped(tmp_path, monkeypatch, cut):
+    import gzip
+    lines = [encode(r) for r in messy()]
+    whole = gzip.compress(b"\n".join(lines) + b"\n")
+    src = tmp_path / "in.jsonl.gz"
+    src.write_bytes(whole[:max(10, int(len(whole) * cut))])
+
+    def items():
+        f = replay.InputFile(src)
+        return [(i.line, i.ts, str(i.value) if isinstance(i.value, DecodeError) else encode(i.value)) for i in f]
+
+    got = items()
+    monkeypatch.setattr(replay, "bounded_lines", readline_lines)
+    assert got == items()
