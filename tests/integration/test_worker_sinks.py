@@ -12,6 +12,7 @@ from gangwatch.schemas import decode
 from gangwatch.sinks.controller import verify_signature
 from gangwatch.sinks.store import ClickHouseStore
 
+from tests.integration.daemons import free_port, worker_metrics
 from tests.integration.kafkakit import caught_up, messages, produce, read_all, scenario, wait_for, worker_args
 
 pytestmark = pytest.mark.integration
@@ -100,19 +101,28 @@ def test_kafka_in_clickhouse_alert_topic_and_webhook_out(kafka_bootstrap, topics
 def test_an_action_still_queued_for_the_controller_survives_a_worker_kill(kafka_bootstrap, topics, unique, workers,
                                                                          receiver):
     """The controller answers 503 while the worker decides a replace; the worker is killed with the action still in
-    its webhook queue (published on the alert topic, every input read). The next worker delivers it, exactly once:
-    the job's saved state waited for that delivery, so the replacement reads those inputs again."""
+    its webhook queue (published on the alert topic, every input record processed, the delivery refused three times:
+    long past the commit interval). The next worker delivers it, exactly once: the job's saved state, and so the
+    committed offsets, waited for that delivery, so the replacement reads those inputs again."""
     receiver.status = 503
-    produce(kafka_bootstrap, messages(scenario(xid_node=None), topics))
+    recs = scenario(xid_node=None)
+    produce(kafka_bootstrap, messages(recs, topics))
+    port = free_port()
     args = worker_args(kafka_bootstrap, unique, topics, "--no-silence", "--webhook", receiver.url)
     env = {"GANGWATCH_WEBHOOK_SECRET": SECRET}
-    first = workers(*args, env=env)
+    first = workers(*args, "--metrics-port", str(port), env=env)
 
-    def refused() -> bool:
-        return any(p["body"]["type"] == "replace" and p["status"] == 503 for p in receiver.posts)
+    def refused() -> int:
+        return sum(p["body"]["type"] == "replace" and p["status"] == 503 for p in list(receiver.posts))
 
-    wait_for(refused, 90.0, "the replace, refused by the controller", proc=first)
-    wait_for(lambda: caught_up(kafka_bootstrap, unique, topics.job_inputs), 90.0, "all input consumed", proc=first)
+    def processed() -> bool:
+        try:
+            return worker_metrics(port)["records"] >= len(recs)
+        except OSError:  # the endpoint is not up yet
+            return False
+
+    wait_for(processed, 90.0, "every record processed", proc=first)
+    wait_for(lambda: refused() >= 3, 90.0, "the replace, refused three times by the controller", proc=first)
     [replace] = [a for a in (decode(v)[0] for _, v in read_all(kafka_bootstrap, [topics.actions])[topics.actions])
                  if a.type == "replace"]
     first.kill()
@@ -120,10 +130,10 @@ def test_an_action_still_queued_for_the_controller_survives_a_worker_kill(kafka_
     second = workers(*args, env=env)
 
     def applied() -> list[dict]:
-        return [p for p in receiver.posts if p["status"] == 200 and p["key"] == replace.id]
+        return [p for p in list(receiver.posts) if p["status"] == 200 and p["key"] == replace.id]
 
     wait_for(applied, 90.0, "the replace, delivered by the next worker", proc=second)
-    wait_for(lambda: caught_up(kafka_bootstrap, unique, topics.job_inputs), 90.0, "all input consumed again",
+    wait_for(lambda: caught_up(kafka_bootstrap, unique, topics.job_inputs), 90.0, "all input consumed and committed",
              proc=second)
     assert len(applied()) == 1 and applied()[0]["body"]["nodes"] == ["n001"]
     assert all(p["ok"] for p in receiver.posts)
