@@ -309,16 +309,18 @@ class _Glue:
         self.held_back: dict[TP, int] = {}  # offsets Faust asked to commit that `cap_commits` lowered
         self.committed: dict[TP, int] = {}  # what this worker last committed, per input
         self._commit: Callable[[dict[TP, int]], Any] | None = None  # Faust's own commit, under the cap
-        # states written to the table whose changelog message the broker has not confirmed yet
-        self._unconfirmed: list[tuple[str, bytes, asyncio.Future]] = []
-        send = states.send_changelog
-
-        def send_changelog(*args: Any, **kwargs: Any) -> Any:
-            self._changelog_sent = fut = send(*args, **kwargs)
-            return fut
-
-        states.send_changelog = send_changelog  # to know when a state is on the broker, not just in the buffer
+        # states written to the table whose changelog message the broker has not confirmed yet (None: a plain
+        # mapping, which has no changelog to wait for)
+        self._unconfirmed: list[tuple[str, bytes, asyncio.Future | None]] = []
         self._changelog_sent: Any = None
+        send = getattr(states, "send_changelog", None)
+        if send is not None:  # a Faust table: know when a state is on the broker, not just in the producer's buffer
+
+            def send_changelog(*args: Any, **kwargs: Any) -> Any:
+                self._changelog_sent = fut = send(*args, **kwargs)
+                return fut
+
+            states.send_changelog = send_changelog
         self.saves = 0
         self.sent = 0
         self.batches = 0
@@ -344,6 +346,7 @@ class _Glue:
 
     def _write_state(self, job: str, blob: bytes) -> None:
         if self.runner.jobs.get(job) is not None:  # still ours
+            self._changelog_sent = None
             self.states[job.encode()] = blob
             self._unconfirmed.append((job, blob, self._changelog_sent))
             self.saves += 1
@@ -352,10 +355,10 @@ class _Glue:
         """Tell the runner which written states the broker has (in the order they were written)."""
         done = 0
         for job, blob, fut in self._unconfirmed:
-            if not fut.done():
+            if fut is not None and not fut.done():
                 break
             done += 1
-            if not fut.cancelled() and fut.exception() is None:
+            if fut is None or not fut.cancelled() and fut.exception() is None:
                 self.runner.saved(job, blob)
         del self._unconfirmed[:done]
 
