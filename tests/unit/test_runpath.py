@@ -97,10 +97,11 @@ def messy() -> list:
     return recs
 
 
+@pytest.mark.parametrize("silence", [True, False])
 @pytest.mark.parametrize("seed", range(6))
-def test_runs_give_what_records_give_on_a_messy_stream(seed):
+def test_runs_give_what_records_give_on_a_messy_stream(seed, silence):
     recs = messy()
-    a, b = Core(), Core()
+    a, b = Core(silence=silence), Core(silence=silence)
     want, got = one_by_one(recs, a), in_runs(recs, b, seed)
     assert want.findings and want.rejected
     assert view(want) == view(got)
