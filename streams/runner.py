@@ -406,26 +406,39 @@ class JobRunner:
             self._process(job, st, ready, now, res)
 
     def _process(self, job: str, st: JobState, items: list[_Item], now: float, res: Result) -> None:
+        """Feed the job's released items to its core in order: a `job` record alone (it may change the nodes),
+        the records between them as one run (`JobCore.process_many`: the same outputs as one by one)."""
         kinds = res.kinds
+        run: list[_Item] = []
+
+        def flush_run() -> None:
+            if run:
+                out = st.core.process_many([it.rec for it in run])
+                if out:
+                    self._emit(job, out, run[-1], res)  # a JobCore rejects nothing (else: named after the last)
+                run.clear()
+
         for it in items:
             rec = it.rec
-            if st.core is None:
-                if rec.kind != "job":
+            if rec.kind != "job":
+                if st.core is None:
                     self._no_job(job, it, res)
                     continue
-                kinds["job"] += 1
+                kinds[rec.kind] += 1
+                run.append(it)
+                continue
+            flush_run()
+            kinds["job"] += 1
+            if st.core is None:
                 st.core = JobCore(rec, self.config)
                 self._publish_nodes(job, rec.ts, set(), set(st.core.nodes), res)
                 continue
-            if rec.kind == "job":
-                before = set(st.core.nodes)
-                out = st.core.process(rec)
-                self._publish_nodes(job, rec.ts, before, set(st.core.nodes), res)
-            else:
-                out = st.core.process(rec)
-            kinds[rec.kind] += 1
+            before = set(st.core.nodes)
+            out = st.core.process(rec)
+            self._publish_nodes(job, rec.ts, before, set(st.core.nodes), res)
             if out:
                 self._emit(job, out, it, res)
+        flush_run()
         self.records += len(items)
         if self.keep_records:
             res.records += [it.rec for it in items]
