@@ -1,11 +1,14 @@
 """Benchmark: the Faust worker on the real broker, next to a raw consumer that only decodes.
 
 1. Pre-fills `gw.telemetry` with N records of one 2,048-rank job (steps and
-   heartbeats, one batch envelope per node per step, as a node sidecar sends them).
+   heartbeats in batch envelopes: by default 16 records, one node's step, as a
+   node sidecar sends them; `--envelopes 8,64` measures each size in turn, on
+   topics of its own).
 2. Raw: an aiokafka consumer (no group) reads and `schemas.decode`s them all.
 3. Worker: `gangwatch worker` in a subprocess (defaults, `--no-silence`) consumes
    them; progress is its consumer group's committed offsets, polled every 0.1 s.
-   Reported: the steady rate (first commit -> last commit) and the rate from spawn.
+   Reported: the steady rate (first commit -> last commit) and the rate from spawn,
+   and its ratio to the raw consumer on the same topic, per envelope size.
 4. Latency: a fresh worker (silence on) and fresh topics; `--jobs` jobs sharing
    the ranks are offered a fixed load of live records (event time = wall time),
    and a fatal Xid hits a node every `--xid-every` s (jobs in turn, so each Xid is
@@ -66,19 +69,39 @@ def node_batch(node: int, step: int, ts: float, job: str = "j1", first_rank: int
 # --- throughput ----------------------------------------------------------------------
 
 
-def prefill(bootstrap: str, t: TopicSettings, ranks: int, records: int) -> tuple[int, int, float]:
-    """Job record + `records` telemetry records; returns (records, messages, seconds)."""
+def telemetry(ranks: int, records: int, t0: float):
+    """`records` step and heartbeat records of one job, node by node within each step (the order sidecars send)."""
+    n = 0
+    step = 0
+    while True:
+        step += 1
+        for node in range(ranks // GPUS):
+            ts = t0 + step * 1.0 + node * 1e-4
+            for g in range(GPUS):
+                r = node * GPUS + g
+                yield Step(ts=ts, job="j1", rank=r, step=step, step_s=1.0, compute_s=0.6, comm_wait_s=0.35,
+                           data_wait_s=0.01)
+                yield Heartbeat(ts=ts, job="j1", rank=r, step=step)
+                n += 2
+                if n >= records:
+                    return
+
+
+def prefill(bootstrap: str, t: TopicSettings, ranks: int, records: int,
+            per_msg: int = 2 * GPUS) -> tuple[int, int, float]:
+    """Job record + `records` telemetry records in envelopes of `per_msg`; returns (records, messages, seconds)."""
     producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=1 << 20,
                              compression_type=None, max_request_size=16 << 20)
     t0 = 1_700_000_000.0
     producer.send(t.jobs, key=b"j1", value=encode(make_job(ranks, t0, hb=5.0)))
-    nodes = ranks // GPUS
-    per_msg = 2 * GPUS
     n_msgs = records // per_msg
     started = time.perf_counter()
-    for i in range(n_msgs):
-        step, node = divmod(i, nodes)
-        producer.send(t.telemetry, key=b"j1", value=node_batch(node, step + 1, t0 + (step + 1) * 1.0 + node * 1e-4))
+    chunk: list = []
+    for rec in telemetry(ranks, n_msgs * per_msg, t0):
+        chunk.append(rec)
+        if len(chunk) == per_msg:
+            producer.send(t.telemetry, key=b"j1", value=encode_batch(chunk, chunk[0].ts))
+            chunk = []
     producer.flush()
     producer.close()
     return n_msgs * per_msg, n_msgs, time.perf_counter() - started
@@ -282,27 +305,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=30.0, help="length of the latency run")
     p.add_argument("--xid-every", type=float, default=0.5, help="seconds between injected fatal Xids")
     p.add_argument("--jobs", type=int, default=16, help="jobs sharing the ranks in the latency run")
+    p.add_argument("--envelopes", default="16", metavar="N[,N...]",
+                   help="records per batch envelope (message), each size measured in turn (default: 16)")
     args = p.parse_args(argv)
+    sizes = [int(x) for x in args.envelopes.split(",") if x.strip()]
 
     run = f"bench{uuid.uuid4().hex[:8]}"
     logs = Path(tempfile.mkdtemp(prefix=f"{run}-"))
     admin = KafkaAdminClient(bootstrap_servers=args.bootstrap)
     made: list[str] = []
     try:
-        t = TopicSettings.from_env(prefix=f"{run}.")
-        made += create_topics(t, args.bootstrap)
-        print(f"pre-filling {args.records:,} records of a {args.ranks:,}-rank job into {t.telemetry} ...",
-              file=sys.stderr)
-        records, messages, fill_s = prefill(args.bootstrap, t, args.ranks, args.records)
-        per_msg = records // messages
-        print(f"  {records:,} records in {messages:,} messages, produced in {fill_s:.1f} s", file=sys.stderr)
-
-        print("raw aiokafka consumer + decode ...", file=sys.stderr)
-        raw_records, raw_s = asyncio.run(raw_consume(args.bootstrap, t.telemetry, messages))
-        raw_rate = raw_records / raw_s
-
-        print("Faust worker ...", file=sys.stderr)
-        wk = worker_throughput(args.bootstrap, t, f"{run}-tp", messages, per_msg, logs / "throughput.log")
+        through = []  # (records per envelope, raw records/s, worker figures), side by side in this run
+        for k, size in enumerate(sizes):
+            t = TopicSettings.from_env(prefix=f"{run}e{k}.")
+            made += create_topics(t, args.bootstrap)
+            print(f"pre-filling {args.records:,} records of a {args.ranks:,}-rank job into {t.telemetry}, "
+                  f"{size} per envelope ...", file=sys.stderr)
+            records, messages, fill_s = prefill(args.bootstrap, t, args.ranks, args.records, size)
+            print(f"  {records:,} records in {messages:,} messages, produced in {fill_s:.1f} s", file=sys.stderr)
+            print("raw aiokafka consumer + decode ...", file=sys.stderr)
+            raw_records, raw_s = asyncio.run(raw_consume(args.bootstrap, t.telemetry, messages))
+            print("Faust worker ...", file=sys.stderr)
+            wk = worker_throughput(args.bootstrap, t, f"{run}-tp{k}", messages, size, logs / f"throughput{k}.log")
+            through.append((size, raw_records / raw_s, wk))
 
         print(f"latency at {args.rate:,.0f} records/s for {args.seconds:.0f} s ...", file=sys.stderr)
         t2 = TopicSettings.from_env(prefix=f"{run}l.")
@@ -315,11 +340,15 @@ def main(argv: list[str] | None = None) -> int:
             admin.delete_topics(mine)
         admin.close()
 
-    rows = [
-        ("raw consumer (aiokafka + decode)", f"{raw_rate:,.0f} records/s", ""),
-        ("worker, steady (first->last commit)", f"{wk['steady']:,.0f} records/s", ">= 50,000"),
-        ("worker / raw", f"{wk['steady'] / raw_rate:.0%}", ">= 50%"),
-        ("worker, from spawn (incl. start+join)", f"{wk['from_spawn']:,.0f} records/s ({wk['wall']:.1f} s)", ""),
+    rows = []
+    for size, raw_rate, wk in through:
+        rows += [
+            (f"[{size}/envelope] raw consumer + decode", f"{raw_rate:,.0f} records/s", ""),
+            (f"[{size}/envelope] worker, steady", f"{wk['steady']:,.0f} records/s", ">= 50,000"),
+            (f"[{size}/envelope] worker / raw", f"{wk['steady'] / raw_rate:.0%}", ">= 50%"),
+            (f"[{size}/envelope] worker, from spawn", f"{wk['from_spawn']:,.0f} records/s ({wk['wall']:.1f} s)", ""),
+        ]
+    rows += [
         (f"latency: offered load ({args.jobs} jobs)",
          f"{lat['load']['offered']:,.0f} records/s, {lat['load']['xids']} Xids", ""),
     ]
@@ -328,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((f"{kind} latency p50 / p99 / max",
                      f"{m['p50'] * 1e3:,.0f} / {m['p99'] * 1e3:,.0f} / {m['max'] * 1e3:,.0f} ms (n={m['n']})",
                      "p99 <= 1,000 ms" if kind == "actions" else ""))
-    print(f"\nbench_worker: {args.ranks:,}-rank job, {records:,} records in batches of {per_msg}, "
+    print(f"\nbench_worker: {args.ranks:,}-rank job, {args.records:,} records per envelope size, "
           f"{t.partitions} partitions")
     print(f"{'measure':<40} {'value':<36} target")
     for name, value, target in rows:
