@@ -65,7 +65,7 @@ _PREFIX = re.compile(
     r"^(?:"
     r"\d+,\d+,\d+,[^;]*;"  # /dev/kmsg record header: priority,seq,usec,flags;
     rf"|(?:[A-Z][a-z]{{2}} [ \d]\d \d\d:\d\d:\d\d|{_ISO}) \S+ kernel: (?:{_MONO} ?)?"  # syslog / journal
-    rf"|(?:{_FACILITY} *:{_LEVEL} *: )?(?:(?:{_MONO}|{_CTIME}|{_ISO})(?:\[\s*[TC]\d+\])? ?)?"  # dmesg
+    rf"|(?:<\d+>|{_FACILITY} *:{_LEVEL} *: )?(?:(?:{_MONO}|{_CTIME}|{_ISO})(?:\[\s*[TC]\d+\])? ?)?"  # dmesg (-r, -x)
     r")"
 )
 

@@ -89,6 +89,9 @@ def test_benign_kmsg_yields_no_event(real_data: Path) -> None:
         f"2025-01-21T04:41:44,283302+00:00 {XID79}",
         f"Feb 23 16:24:18 gpu-node-7 kernel: [ 1234.567890] {XID79}",
         f"Feb  3 16:24:18 gpu-node-7 kernel: {XID79}",
+        f"<4>[ 1234.567890] {XID79}",  # dmesg -r: the raw priority before the time
+        f"<3>{XID79}",
+        f"2026-11-30T12:00:01.123456+00:00 gpu-node-7 kernel: {XID79}",  # rsyslog's RFC 3339 time
         XID79,
     ],
 )
