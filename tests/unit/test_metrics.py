@@ -113,8 +113,10 @@ def test_a_record_the_core_refuses_is_a_core_dead_letter(worker_metrics, monkeyp
     job = Job(ts=10.0, job="j1", heartbeat_s=1.0, ranks=[RankInfo(rank=0, node="n0", gpu=0)])
     runner = JobRunner(T)
     m.count(runner.on_batch(as_msgs([(T.jobs, b"j1", encode(job))])))
-    core = runner.jobs["j1"].core  # today's cores refuse nothing on their own: make this one refuse
-    monkeypatch.setattr(core, "process", lambda rec: Outputs(rejected=[DecodeError("refused", "ts", rec.kind)]))
+    core = runner.jobs["j1"].core  # today's cores refuse nothing on their own: make this one refuse (the runner
+    # hands a job's records between job records to process_many as one run)
+    monkeypatch.setattr(core, "process_many",
+                        lambda recs, out=None: Outputs(rejected=[DecodeError("refused", "ts", recs[-1].kind)]))
     m.count(runner.on_batch(as_msgs([(T.telemetry, b"j1", encode(Heartbeat(ts=11.0, job="j1", rank=0)))])))
     assert value(reg, "gangwatch_dlq_messages_total", cause="core", topic=T.telemetry) == 1
     assert value(reg, "gangwatch_records_total", kind="heartbeat") == 1  # it did reach the core
