@@ -325,13 +325,11 @@ class _Glue:
         self.sent = 0
         self.batches = 0
         self.lag_s = 0.0  # wall clock - newest event time, after the last batch (live data: the pipeline's lag)
-        self.last_read = float("-inf")  # monotonic time the agents last took a record
         self._started = time.monotonic()
         self._last_stats = self._started
 
     def msg(self, event: Any) -> Msg:
         m = event.message
-        self.last_read = time.monotonic()
         self.next_offset[(m.topic, m.partition)] = m.offset + 1
         ts = (m.timestamp or 0.0)
         return Msg(m.topic, m.partition, m.offset, m.key, m.value, ts / 1000.0 if ts > 1e11 else ts)
@@ -481,17 +479,13 @@ class _Glue:
         return True
 
     def answering(self, fresh_s: float) -> bool:
-        """Whether the broker answers our fetches: some assigned partition had one answered within `fresh_s`,
-        or the agents took a record within `fresh_s`.
+        """Whether the broker answers our fetches: some assigned partition had one answered within `fresh_s`.
 
         An idle partition is fetched every `fetch_wait_ms`; a busy one whose records wait in the
-        consumer's buffer is not re-fetched meanwhile, so one fresh answer is enough; and while
-        Faust's flow control pauses every partition (its buffers are full, the agents behind) no
-        fetch is made at all, but records are being taken: that is a busy path, not a broken one.
-        True when it cannot tell (not started, nothing assigned, nothing fetched yet).
+        consumer's buffer is not re-fetched meanwhile, so one fresh answer is enough. Records taken
+        from the consumer's buffer prove nothing: they were fetched before, maybe from a broker gone
+        since. True when it cannot tell (not started, nothing assigned, nothing fetched yet).
         """
-        if time.monotonic() - self.last_read <= fresh_s:
-            return True
         try:
             consumer = self.app.consumer._thread._ensure_consumer()  # aiokafka's, under Faust 0.15's driver
             stamps = [consumer.last_poll_timestamp(tp) for tp in consumer.assignment()]
