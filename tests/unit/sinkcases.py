@@ -317,7 +317,21 @@ class StoreHarness(Harness):
         return self.inserts
 
 
-class WebhookHarness(Harness):
+class ReceiverHarness(Harness):
+    """A sink that POSTs to a local `Receiver`: failures are scripted HTTP statuses."""
+
+    def fail_transient(self, n: int) -> None:
+        self.receiver.script = [503] * n
+
+    def attempts(self) -> int:
+        return len(self.receiver.requests)
+
+    def close(self) -> None:
+        super().close()
+        self.receiver.close()
+
+
+class WebhookHarness(ReceiverHarness):
     name = "webhook"
 
     def inner(self) -> WebhookSink:
@@ -337,18 +351,8 @@ class WebhookHarness(Harness):
     def state(self) -> dict[str, Any]:
         return {orjson.loads(b)["id"]: orjson.loads(b) for b in self.receiver.accepted}
 
-    def fail_transient(self, n: int) -> None:
-        self.receiver.script = [503] * n
 
-    def attempts(self) -> int:
-        return len(self.receiver.requests)
-
-    def close(self) -> None:
-        super().close()
-        self.receiver.close()
-
-
-class AlertmanagerHarness(Harness):
+class AlertmanagerHarness(ReceiverHarness):
     name = "alertmanager"
     native = True
 
@@ -375,16 +379,6 @@ class AlertmanagerHarness(Harness):
             for alert in json.loads(body):
                 out[alert["labels"]["incident"]] = alert["labels"]
         return out
-
-    def fail_transient(self, n: int) -> None:
-        self.receiver.script = [503] * n
-
-    def attempts(self) -> int:
-        return len(self.receiver.requests)
-
-    def close(self) -> None:
-        super().close()
-        self.receiver.close()
 
 
 HARNESSES = [FilesHarness, KafkaHarness, StoreHarness, WebhookHarness, AlertmanagerHarness]
