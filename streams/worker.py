@@ -13,8 +13,9 @@ creates the topics and runs a Faust worker until TERM/INT. The logic lives in
   (the node -> job map the jobs agent publishes on every `job` record) and
   re-publishes node events keyed by their job onto `by-job` (`NodeRouter`).
 - State: each job's `Core.state()` (zlib'd JSON) is saved in table
-  `core-state` (changelog topic `<app id>-core-state-changelog`) after every
-  batch that touched the job; the router's node -> job map is table
+  `core-state` (changelog topic `<app id>-core-state-changelog`) on the timer,
+  at most every `save_every_s` per job that batches touched (`_Glue.save`: packing
+  a big job's state is not paid per batch); the router's node -> job map is table
   `node-job`. Both use `use_partitioner=True`: a table key is a job (or node)
   id hashed by the same murmur2 partitioner as the producers' keys, so the
   state of a job lives on the changelog partition of that job's input partition
@@ -52,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import tempfile
 import time
 from collections.abc import Callable
@@ -95,6 +97,7 @@ class WorkerSettings:
     batch_max: int = 20_000  # records (messages) per take() batch
     batch_within_s: float = 0.1  # ... or whatever arrived within this time
     tick_s: float = 0.5  # silence timer period
+    save_every_s: float = 1.0  # a touched job's state is saved at most this often (and at most ~10 % of the time)
     silence: bool = True  # advance event time through wall-clock silence
     lateness_s: float = 1.0  # how far behind the newest event time timeouts are evaluated
     hold_s: float = 30.0  # how long a record waits for its job record, a node event for its job
@@ -186,7 +189,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     metrics = WorkerMetrics()
     instrument(app, metrics)  # Faust's own sensor, into the same registry
     glue = _Glue(app, runner, router, states, job_topics, (t.node_events, t.node_jobs), sinks or [], s.telemetry,
-                 metrics)
+                 metrics, s.save_every_s)
     app.gangwatch = glue  # type: ignore[attr-defined]  # for tests and introspection
     pause = glue.pause = SinkPause(glue.sinks, s.sink_pause_s)
 
@@ -205,7 +208,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
                 start = time.monotonic()
                 res = runner.on_batch(msgs, glue.lagging, glue.upstream)
                 await glue.publish(res)  # delivered before the state that says "done" is written
-                glue.save(res)
+                glue.save(res, take=False)  # the timer takes states
             glue.batch_done(res, time.monotonic() - start)
 
     @app.agent(node_src, name="gangwatch-route")
@@ -225,7 +228,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
             runner.path(glue.answering(s.fresh_s))
             res = runner.on_tick(glue.caught_up, glue.lagging, glue.upstream)
             await glue.publish(res)
-            glue.save(res)
+            glue.save(res, take=True)
         await glue.commit_released()
         metrics.count(res)
         router.on_tick()
@@ -236,7 +239,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
         lost = {tp.partition for tp in revoked if tp.topic in job_topics}
         gone = runner.drop_partitions(lost)
-        glue.checkpoints.drop(gone)
+        glue.forget(gone)
         for tp in revoked:
             glue.held_back.pop(tp, None)
         if gone:
@@ -259,6 +262,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     def on_shutdown(sender: Any, **kwargs: Any) -> None:
         left = [sink.close() for sink in glue.sinks]
         if not any(left) and not pause.dead_letters():  # all delivered: the states waiting for it can be written
+            glue.take_states()
             glue.checkpoints.note_settled()
             glue.checkpoints.write_settled()
 
@@ -292,7 +296,7 @@ class _Glue:
 
     def __init__(self, app: faust.App, runner: JobRunner, router: NodeRouter, states: Any,
                  job_topics: tuple[str, ...], node_topics: tuple[str, ...], sinks: list[Sink], telemetry: bool,
-                 metrics: WorkerMetrics) -> None:
+                 metrics: WorkerMetrics, save_every_s: float = 1.0) -> None:
         self.app = app
         self.metrics = metrics
         self.runner = runner
@@ -321,6 +325,10 @@ class _Glue:
                 return fut
 
             states.send_changelog = send_changelog
+        self.save_every_s = save_every_s
+        self.clock = time.monotonic  # when states are due (wall time: saving is I/O, not event logic)
+        self.touched: set[str] = set()  # jobs batches changed since their state was last taken
+        self.next_take: dict[str, float] = {}  # job -> monotonic time its state may be taken again
         self.saves = 0
         self.sent = 0
         self.batches = 0
@@ -334,13 +342,41 @@ class _Glue:
         ts = (m.timestamp or 0.0)
         return Msg(m.topic, m.partition, m.offset, m.key, m.value, ts / 1000.0 if ts > 1e11 else ts)
 
-    def save(self, res: Result) -> None:
-        """Offer the state of every job the batch touched (a job a revoke took meanwhile is skipped: its batch
-        was not acked in time and will be replayed by the new owner); write those whose outputs every sink has
-        settled (`streams.checkpoint`: a saved state never covers an output still waiting in a sink's queue)."""
-        jobs = self.runner.jobs
-        self.checkpoints.offer({job: self.runner.state_of(job) for job in sorted(res.dirty) if job in jobs})
+    def save(self, res: Result, take: bool) -> None:
+        """Remember the jobs `res` touched; with `take` (the timer's tick), offer the states of those due; then
+        write every offered state whose outputs every sink has settled (`streams.checkpoint`: a saved state never
+        covers an output still waiting in a sink's queue).
+
+        A job's state is taken at most every `save_every_s`, and at least ten times as long apart as packing it
+        took (a 100k-rank job's state is megabytes), so saving costs the worker at most ~10 % of its time. What
+        is not saved yet is no loss: the commits stop at the oldest record no written state covers
+        (`cap_commits`), so a replacement reads it again. A job a revoke took meanwhile is skipped (its new owner
+        restores the saved state and reads on from there).
+        """
+        self.touched |= res.dirty
+        if take:
+            self.take_states(self.clock())
         self.checkpoints.write_settled()
+
+    def take_states(self, now: float | None = None) -> None:
+        """Offer the states of the touched jobs due at monotonic time `now` (None: all of them, as at shutdown)."""
+        jobs, states = self.runner.jobs, {}
+        for job in sorted(self.touched):
+            if now is not None and self.next_take.get(job, -math.inf) > now:
+                continue
+            self.touched.discard(job)
+            if job in jobs:
+                start = self.clock()
+                states[job] = self.runner.state_of(job)
+                self.next_take[job] = start + max(self.save_every_s, 10 * (self.clock() - start))
+        self.checkpoints.offer(states)
+
+    def forget(self, jobs: list[str]) -> None:
+        """Jobs this worker no longer has: nothing of theirs is saved from here."""
+        self.checkpoints.drop(jobs)
+        self.touched.difference_update(jobs)
+        for job in jobs:
+            self.next_take.pop(job, None)
 
     def _write_state(self, job: str, blob: bytes) -> None:
         if self.runner.jobs.get(job) is not None:  # still ours

@@ -37,3 +37,60 @@ def test_a_fresh_fetch_answer_means_the_broker_answers() -> None:
     assert glue(Consumer({"a": now_ms - 10_000, "b": now_ms - 200})).answering(1.5)
     assert not glue(Consumer({"a": now_ms - 10_000, "b": now_ms - 3_000})).answering(1.5)
     assert glue(Consumer({"a": None})).answering(1.5)  # nothing fetched yet: no opinion
+
+
+class Packing:
+    """`JobRunner.state_of` that takes `cost` seconds of a fake clock per job packed."""
+
+    def __init__(self, cost: dict[str, float]) -> None:
+        self.now = 100.0
+        self.cost = cost
+        self.packed: list[str] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def state_of(self, job: str) -> bytes:
+        self.now += self.cost[job]
+        self.packed.append(job)
+        return job.encode()
+
+
+def test_states_are_taken_on_the_tick_at_most_every_save_every_s_and_never_most_of_the_time() -> None:
+    from gangwatch.streams.runner import JobState, Result
+
+    g = glue(Consumer({}))
+    g.save_every_s = 1.0
+    pack = Packing({"small": 0.001, "big": 0.5})  # packing the big job's state takes half a second
+    g.clock, g.runner.state_of = pack.clock, pack.state_of
+    g.runner.jobs.update(small=JobState(), big=JobState())
+    written: list[str] = []
+    g.checkpoints._write = lambda job, blob: written.append(job)
+
+    def batch(*jobs: str) -> None:
+        g.save(Result(dirty=set(jobs)), take=False)
+
+    def tick(dt: float) -> list[str]:
+        pack.now += dt
+        pack.packed.clear()
+        g.save(Result(), take=True)
+        return sorted(pack.packed)
+
+    batch("small", "big")
+    batch("small")
+    assert pack.packed == [] and written == []  # batches only remember the jobs they touched
+    assert tick(0.5) == ["big", "small"] and sorted(written) == ["big", "small"]
+    batch("small", "big")
+    assert tick(0.5) == []  # both were taken less than save_every_s ago
+    assert tick(0.6) == ["small"]  # the big one took 0.5 s to pack: not again for 10 x 0.5 s
+    assert tick(0.5) == []  # nothing touched since
+    batch("small", "big")
+    assert tick(1.0) == ["small"]
+    assert tick(1.5) == []  # the big one waits 5 s after its last packing began (t=100.5)
+    assert tick(0.5) == ["big"]
+    batch("small", "big")
+    g.forget(["big"])  # revoked: nothing of it is saved from here
+    pack.packed.clear()
+    g.take_states()  # shutdown: every touched job, due or not
+    assert pack.packed == ["small"]
+    assert "big" not in g.next_take
