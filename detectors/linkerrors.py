@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Gpu, Record
@@ -60,6 +61,53 @@ LINK_ERRORS = FindingType("link_errors", LinkErrorRate, Policy(
     label=lambda f, ev: f"{ev.counter.upper()}_RATE", explains_slow=True))
 
 
+COUNTERS = ("pcie_replay", "nvlink_crc")  # the columns of a node's links
+# One counter of one GPU: its last sample; the sample intervals in its window (at most `window`; -1: no sample yet);
+# the intervals since its last bad one; whether an episode is on.
+_LINK = np.dtype([("ts", "f8"), ("value", "i8"), ("intervals", "i8"), ("clean", "i8"), ("episode", "?")])
+_NO_SAMPLE = (0.0, 0, -1, 0, False)
+BadInterval = tuple[int, float, int]  # (age: 0 is the newest interval, start_ts, start_value)
+
+
+class _NodeLinks:
+    """The link counters of one node's GPUs, packed: one numpy row per GPU (in the order first seen), one column
+    per counter of `COUNTERS`, and the bad intervals of each counter's window on the side.
+
+    Why: at 100k ranks a dict per counter, with a list per interval of its window, was most of the core's memory
+    (issue 11). Here a counter is 33 bytes, and of its window only the bad intervals are kept: the onset is the
+    oldest of them, and a healthy link, nearly every link, has none.
+    """
+
+    __slots__ = ("rows", "links", "bad")
+
+    def __init__(self) -> None:
+        self.rows: dict[int, int] = {}  # gpu -> row
+        self.links = np.empty((0, len(COUNTERS)), dtype=_LINK)
+        self.bad: dict[tuple[int, int], list[BadInterval]] = {}  # (row, column) -> its window's, oldest first
+
+    def row(self, gpu: int) -> int:
+        r = self.rows.get(gpu)
+        if r is None:
+            r = self.rows[gpu] = len(self.rows)
+            self.links = np.concatenate([self.links, np.array([[_NO_SAMPLE] * len(COUNTERS)], dtype=_LINK)])
+        return r
+
+    def state(self) -> dict[str, Any]:
+        gpus = list(self.rows)
+        return {"gpus": gpus, "links": [[list(link) for link in row] for row in self.links.tolist()],
+                "bad": [[gpus[r], COUNTERS[c], [list(b) for b in bad]] for (r, c), bad in self.bad.items()]}
+
+    @classmethod
+    def from_state(cls, s: dict[str, Any]) -> _NodeLinks:
+        node = cls()
+        node.rows = {gpu: r for r, gpu in enumerate(s["gpus"])}
+        links = [[tuple(link) for link in row] for row in s["links"]]
+        node.links = np.array(links, dtype=_LINK).reshape(len(links), len(COUNTERS))
+        node.bad = {(node.rows[gpu], COUNTERS.index(counter)): [tuple(b) for b in bad]
+                    for gpu, counter, bad in s["bad"]}
+        return node
+
+
 class LinkErrorDetector:
     """PCIe-replay and NVLink-CRC error rates of the GPUs of one job's nodes."""
 
@@ -73,63 +121,97 @@ class LinkErrorDetector:
         if not 1 <= cfg.hits <= cfg.window:
             raise ValueError("need 1 <= hits <= window")
         self.topo = topo
-        self.thresholds = {"pcie_replay": cfg.pcie_replay_per_s, "nvlink_crc": cfg.nvlink_crc_per_s}
-        # "node|gpu|counter" -> {ts, value, recent: [[start_ts, start_value, bad], ...] (oldest first), clean, episode}
-        self.links: dict[str, dict[str, Any]] = {}
+        self.thresholds = (cfg.pcie_replay_per_s, cfg.nvlink_crc_per_s)  # of COUNTERS
+        self.nodes: dict[str, _NodeLinks] = {}
 
     def set_topology(self, topo: Topology) -> None:
         """A new job record: links of nodes that left the job are forgotten."""
         self.topo = topo
         nodes = set(topo.nodes)
-        self.links = {k: v for k, v in self.links.items() if k.split("|", 1)[0] in nodes}
+        self.nodes = {k: v for k, v in self.nodes.items() if k in nodes}
 
     def observe(self, rec: Record) -> list[Finding]:
         out = []
-        for counter, threshold in self.thresholds.items():
+        for c, counter in enumerate(COUNTERS):
             value = getattr(rec, counter)
             if value is not None:
-                out += self._sample(rec, counter, int(value), threshold)
+                node = self.nodes.get(rec.node)
+                if node is None:
+                    node = self.nodes[rec.node] = _NodeLinks()
+                out += self._sample(rec, node, node.row(rec.gpu), c, int(value))
         return out
 
-    def _sample(self, rec: Gpu, counter: str, value: int, threshold: float) -> list[Finding]:
-        key = f"{rec.node}|{rec.gpu}|{counter}"
-        s = self.links.get(key)
-        if s is not None and rec.ts <= s["ts"]:
+    def _sample(self, rec: Gpu, node: _NodeLinks, r: int, c: int, value: int) -> list[Finding]:
+        cfg = self.config
+        ts, last, intervals, clean, episode = node.links[r, c].item()
+        if intervals >= 0 and rec.ts <= ts:
             return []  # not newer than the last sample of this GPU
-        if s is None or value < s["value"]:  # first sample, or the counter was reset
-            self.links[key] = {"ts": rec.ts, "value": value, "recent": [], "clean": 0, "episode": False}
+        if intervals < 0 or value < last:  # first sample, or the counter was reset
+            node.links[r, c] = (rec.ts, value, 0, 0, False)
+            node.bad.pop((r, c), None)
             return []
-        bad = (value - s["value"]) / (rec.ts - s["ts"]) >= threshold
-        s["recent"] = [*s["recent"][-(self.config.window - 1):], [s["ts"], s["value"], bad]]
-        s["ts"], s["value"] = rec.ts, value
-        s["clean"] = 0 if bad else s["clean"] + 1
-        if s["episode"]:
-            s["episode"] = s["clean"] < self.config.rearm_intervals
-            return []
-        over = sum(1 for *_, b in s["recent"] if b)
-        if over < self.config.hits:
-            return []
-        s["episode"] = True
-        onset_ts, onset_value, _ = next(r for r in s["recent"] if r[2])
+        bad = (value - last) / (rec.ts - ts) >= self.thresholds[c]
+        # the window takes the new interval; its oldest leaves once it holds `window`
+        intervals = min(intervals, cfg.window - 1) + 1
+        over = [(age + 1, t, v) for age, t, v in node.bad.get((r, c), ()) if age + 1 < cfg.window]
+        if bad:
+            over.append((0, ts, last))
+        if over:
+            node.bad[(r, c)] = over
+        else:
+            node.bad.pop((r, c), None)
+        clean = 0 if bad else clean + 1
+        found = []
+        if episode:
+            episode = clean < cfg.rearm_intervals
+        elif len(over) >= cfg.hits:
+            episode = True
+            found = [self._finding(rec, c, value, over, intervals)]
+        node.links[r, c] = (rec.ts, value, intervals, clean, episode)
+        return found
+
+    def _finding(self, rec: Gpu, c: int, value: int, over: list[BadInterval], intervals: int) -> Finding:
+        counter, threshold = COUNTERS[c], self.thresholds[c]
+        _, onset_ts, onset_value = over[0]
         errors = value - onset_value
         rate = errors / (rec.ts - onset_ts)
-        return [LINK_ERRORS.finding(
-            ts=rec.ts, job=self.topo.job, detector=f"linkerrors.{counter}", key=(key, onset_ts), topo=self.topo,
+        key = (f"{rec.node}|{rec.gpu}|{counter}", onset_ts)  # as before the links were packed: the same ids
+        return LINK_ERRORS.finding(
+            ts=rec.ts, job=self.topo.job, detector=f"linkerrors.{counter}", key=key, topo=self.topo,
             rank=self.topo.rank_on(rec.node, rec.gpu), node=rec.node, gpu=rec.gpu, score=round(rate / threshold, 4),
             evidence=LinkErrorRate(counter=counter, rate_per_s=round(rate, 6), threshold_per_s=round(threshold, 6),
-                                   errors=errors, intervals_over=over, window_intervals=len(s["recent"]),
+                                   errors=errors, intervals_over=len(over), window_intervals=intervals,
                                    onset_ts=round(onset_ts, 6), counter_value=value),
-        )]
+        )
 
     def advance(self, now: float) -> list[Finding]:
         return []  # rates are measured between samples: nothing happens between them
 
     def state(self) -> dict[str, Any]:
-        return {"config": asdict(self.config),
-                "links": {k: {**v, "recent": [list(r) for r in v["recent"]]} for k, v in self.links.items()}}
+        return {"config": asdict(self.config), "nodes": {k: v.state() for k, v in self.nodes.items()}}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> LinkErrorDetector:
         det = cls(topo, LinkErrorConfig(**state["config"]))
-        det.links = {k: {**v, "recent": [list(r) for r in v["recent"]]} for k, v in state["links"].items()}
+        if "links" in state:  # saved before the links were packed per node
+            det.nodes = _nodes_from_links(state["links"])
+        else:
+            det.nodes = {k: _NodeLinks.from_state(v) for k, v in state["nodes"].items()}
         return det
+
+
+def _nodes_from_links(links: dict[str, dict[str, Any]]) -> dict[str, _NodeLinks]:
+    """The links of a state saved before issue 11: a dict per "node|gpu|counter" {ts, value, recent, clean,
+    episode}, `recent` holding the window's intervals as [start_ts, start_value, bad], oldest first."""
+    nodes: dict[str, _NodeLinks] = {}
+    for key, s in links.items():
+        name, gpu, counter = key.rsplit("|", 2)
+        node = nodes.get(name)
+        if node is None:
+            node = nodes[name] = _NodeLinks()
+        r, c, recent = node.row(int(gpu)), COUNTERS.index(counter), s["recent"]
+        node.links[r, c] = (s["ts"], s["value"], len(recent), s["clean"], s["episode"])
+        bad = [(len(recent) - 1 - i, t, v) for i, (t, v, b) in enumerate(recent) if b]
+        if bad:
+            node.bad[(r, c)] = bad
+    return nodes
