@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.topology import Topology
 from gangwatch.detectors.xid import is_verdict, lookup
@@ -92,6 +94,65 @@ HW_FAULT = FindingType("hw_fault", (HwEvent, NicFlap, GpuCondition), Policy(
     explains_slow=_explains_slow))
 
 
+# NVML error counters whose jump between two samples of a GPU is a condition (named as the counter): (field,
+# severity, name); the jump that counts is in `HardwareConfig` (an ECC_DBE: any)
+_COUNTERS = (("ecc_dbe", "fatal", "ECC_DBE"), ("ecc_sbe", "precursor", "ECC_SBE_BURST"),
+             ("pcie_replay", "precursor", "PCIE_REPLAY_SURGE"), ("nvlink_crc", "precursor", "NVLINK_CRC_SURGE"))
+# a GPU's conditions, in the order its findings are made when several start in one sample
+_CONDITIONS = ("throttle", "remap", "temp", *(field for field, _, _ in _COUNTERS))
+_COLUMN = {cond: i for i, cond in enumerate(_CONDITIONS)}
+
+
+class _NodeGpus:
+    """What the detector remembers of one node's GPUs, packed: one numpy row per GPU (in the order first seen).
+
+    - `counters`, `known`: the last value of each of `_COUNTERS`, and whether there is one yet;
+    - `active`: for each of `_CONDITIONS`, -1 while it is not active, else the samples without it since it was
+      last seen (it re-arms at `clean_samples`).
+
+    Why: at 100k ranks a dict of counters and a dict of conditions per GPU were a third of the core's memory
+    (issue 11); these rows are under 100 bytes a GPU.
+    """
+
+    __slots__ = ("rows", "counters", "known", "active")
+
+    def __init__(self, gpus: Iterable[int] = ()) -> None:
+        self.rows: dict[int, int] = {}  # gpu -> row
+        self.counters = np.zeros((0, len(_COUNTERS)), dtype=np.int64)
+        self.known = np.zeros((0, len(_COUNTERS)), dtype=bool)
+        self.active = np.zeros((0, len(_CONDITIONS)), dtype=np.int64)
+        self.add(gpus)
+
+    def add(self, gpus: Iterable[int]) -> None:
+        """Rows for these GPUs, nothing seen yet (growing the arrays is the costly part: done a node at a time)."""
+        new = [gpu for gpu in dict.fromkeys(gpus) if gpu not in self.rows]
+        self.rows.update({gpu: r for r, gpu in enumerate(new, start=len(self.rows))})
+        self.counters = np.concatenate([self.counters, np.zeros((len(new), len(_COUNTERS)), dtype=np.int64)])
+        self.known = np.concatenate([self.known, np.zeros((len(new), len(_COUNTERS)), dtype=bool)])
+        self.active = np.concatenate([self.active, np.full((len(new), len(_CONDITIONS)), -1, dtype=np.int64)])
+
+    def row(self, gpu: int) -> int:
+        r = self.rows.get(gpu)
+        if r is None:
+            self.add([gpu])
+            r = self.rows[gpu]
+        return r
+
+    def state(self) -> dict[str, Any]:
+        return {"gpus": list(self.rows), "counters": self.counters.tolist(), "known": self.known.tolist(),
+                "active": self.active.tolist()}
+
+    @classmethod
+    def from_state(cls, s: dict[str, Any]) -> _NodeGpus:
+        node = cls()
+        node.rows = {gpu: r for r, gpu in enumerate(s["gpus"])}
+        n = len(node.rows)
+        node.counters = np.array(s["counters"], dtype=np.int64).reshape(n, len(_COUNTERS))
+        node.known = np.array(s["known"], dtype=bool).reshape(n, len(_COUNTERS))
+        node.active = np.array(s["active"], dtype=np.int64).reshape(n, len(_CONDITIONS))
+        return node
+
+
 class HardwareDetector:
     """Kernel-log events and NVML samples of the nodes of one job."""
 
@@ -105,7 +166,8 @@ class HardwareDetector:
         # key "node|gpu|source|code" -> open storm {first, last, count, severity, message, reported}
         self.storms: dict[str, dict[str, Any]] = {}
         self.nic_down: dict[str, dict[str, Any]] = {}  # "node|iface" -> {ts, message}
-        self.gpu_last: dict[str, dict[str, Any]] = {}  # "node|gpu" -> last counters + active conditions
+        self.gpus: dict[str, _NodeGpus] = {}  # node -> its GPUs' last counters and active conditions
+        self.limits = (1, self.config.sbe_burst, self.config.pcie_replay_surge, self.config.nvlink_crc_surge)
 
     def set_topology(self, topo: Topology) -> None:
         self.topo = topo
@@ -171,8 +233,11 @@ class HardwareDetector:
 
     def _gpu(self, rec: Gpu) -> list[Finding]:
         cfg = self.config
-        key = f"{rec.node}|{rec.gpu}"
-        last = self.gpu_last.setdefault(key, {"active": {}, "counters": {}})
+        node = self.gpus.get(rec.node)
+        if node is None:  # rows for the GPUs the job record puts on it
+            gpus = (self.topo.ranks[r].gpu for r in self.topo.node_ranks.get(rec.node, ()))
+            node = self.gpus[rec.node] = _NodeGpus(gpus)
+        r = node.row(rec.gpu)
         conditions: dict[str, tuple[str, str]] = {}
         throttle = sorted(set(rec.throttle or ()) & _THROTTLE_DEGRADED)
         if throttle:
@@ -181,31 +246,29 @@ class HardwareDetector:
             conditions["remap"] = ("degraded", "ROW_REMAP_PENDING")
         if rec.temp_c is not None and rec.temp_c >= cfg.temp_precursor_c:
             conditions["temp"] = ("precursor", "HIGH_TEMPERATURE")
-        counters = last["counters"]
-        for field, limit, sev, name in (("ecc_dbe", 1, "fatal", "ECC_DBE"), ("ecc_sbe", cfg.sbe_burst, "precursor",
-                                        "ECC_SBE_BURST"), ("pcie_replay", cfg.pcie_replay_surge, "precursor",
-                                        "PCIE_REPLAY_SURGE"), ("nvlink_crc", cfg.nvlink_crc_surge, "precursor",
-                                        "NVLINK_CRC_SURGE")):
+        counters, known = node.counters[r].tolist(), node.known[r].tolist()
+        for i, (field, sev, name) in enumerate(_COUNTERS):
             value = getattr(rec, field)
             if value is None:
                 continue
-            prev = counters.get(field)
-            counters[field] = value
-            if prev is not None and value - prev >= limit:
+            if known[i] and value - counters[i] >= self.limits[i]:
                 conditions[field] = (sev, name)
+            counters[i], known[i] = value, True
+        node.counters[r], node.known[r] = counters, known
         out = []
-        active = last["active"]
+        active = node.active[r].tolist()
         for cond, (sev, name) in conditions.items():
-            if cond not in active:
+            if active[_COLUMN[cond]] < 0:
                 out.append(self._finding(rec.ts, rec.node, rec.gpu, "nvml", None, sev, name, 1, "",
-                                         key=(key, cond, rec.ts), shape=GpuCondition, temp_c=rec.temp_c,
-                                         sm_clock_mhz=rec.sm_clock_mhz))
-            active[cond] = 0
-        for cond in list(active):
-            if cond not in conditions:
-                active[cond] += 1
-                if active[cond] >= cfg.clean_samples:
-                    del active[cond]
+                                         key=(f"{rec.node}|{rec.gpu}", cond, rec.ts), shape=GpuCondition,
+                                         temp_c=rec.temp_c, sm_clock_mhz=rec.sm_clock_mhz))
+            active[_COLUMN[cond]] = 0
+        for i, cond in enumerate(_CONDITIONS):
+            if active[i] >= 0 and cond not in conditions:
+                active[i] += 1
+                if active[i] >= cfg.clean_samples:
+                    active[i] = -1
+        node.active[r] = active
         return out
 
     # --- storms -------------------------------------------------------------------
@@ -271,16 +334,37 @@ class HardwareDetector:
     # --- state --------------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
-        return copy.deepcopy({"config": asdict(self.config), "storms": self.storms, "nic_down": self.nic_down,
-                              "gpu_last": self.gpu_last})  # a snapshot: later records must not change it
+        return {**copy.deepcopy({"config": asdict(self.config), "storms": self.storms, "nic_down": self.nic_down}),
+                "gpus": {k: v.state() for k, v in self.gpus.items()}}  # a snapshot: later records must not change it
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> HardwareDetector:
         det = cls(topo, HardwareConfig(**state["config"]))
         det.storms = copy.deepcopy(state["storms"])
         det.nic_down = copy.deepcopy(state["nic_down"])
-        det.gpu_last = copy.deepcopy(state["gpu_last"])
+        if "gpu_last" in state:  # saved before the GPUs were packed per node
+            det.gpus = _gpus_from_gpu_last(state["gpu_last"])
+        else:
+            det.gpus = {k: _NodeGpus.from_state(v) for k, v in state["gpus"].items()}
         return det
+
+
+def _gpus_from_gpu_last(gpu_last: dict[str, dict[str, Any]]) -> dict[str, _NodeGpus]:
+    """The GPUs of a state saved before issue 11: a dict per "node|gpu" {"counters": {field: last value},
+    "active": {condition: samples without it}}."""
+    gpus: dict[str, _NodeGpus] = {}
+    for key, last in gpu_last.items():
+        name, gpu = key.rsplit("|", 1)
+        node = gpus.get(name)
+        if node is None:
+            node = gpus[name] = _NodeGpus()
+        r = node.row(int(gpu))
+        for i, (field, _, _) in enumerate(_COUNTERS):
+            if field in last["counters"]:
+                node.counters[r, i], node.known[r, i] = last["counters"][field], True
+        for cond, clean in last["active"].items():
+            node.active[r, _COLUMN[cond]] = clean
+    return gpus
 
 
 def _iface(message: str) -> str:

@@ -23,6 +23,7 @@ decided without the full hysteresis hold (`explains_slow`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -80,16 +81,25 @@ class _NodeLinks:
 
     __slots__ = ("rows", "links", "bad")
 
-    def __init__(self) -> None:
+    def __init__(self, gpus: Iterable[int] = ()) -> None:
         self.rows: dict[int, int] = {}  # gpu -> row
         self.links = np.empty((0, len(COUNTERS)), dtype=_LINK)
         self.bad: dict[tuple[int, int], list[BadInterval]] = {}  # (row, column) -> its window's, oldest first
+        self.add(gpus)
+
+    def add(self, gpus: Iterable[int]) -> None:
+        """Rows for these GPUs, no sample yet (growing the array is the costly part: done a node at a time)."""
+        new = [gpu for gpu in dict.fromkeys(gpus) if gpu not in self.rows]
+        more = np.empty((len(new), len(COUNTERS)), dtype=_LINK)
+        more[...] = _NO_SAMPLE
+        self.rows.update({gpu: r for r, gpu in enumerate(new, start=len(self.rows))})
+        self.links = np.concatenate([self.links, more])
 
     def row(self, gpu: int) -> int:
         r = self.rows.get(gpu)
         if r is None:
-            r = self.rows[gpu] = len(self.rows)
-            self.links = np.concatenate([self.links, np.array([[_NO_SAMPLE] * len(COUNTERS)], dtype=_LINK)])
+            self.add([gpu])
+            r = self.rows[gpu]
         return r
 
     def state(self) -> dict[str, Any]:
@@ -136,8 +146,9 @@ class LinkErrorDetector:
             value = getattr(rec, counter)
             if value is not None:
                 node = self.nodes.get(rec.node)
-                if node is None:
-                    node = self.nodes[rec.node] = _NodeLinks()
+                if node is None:  # rows for the GPUs the job record puts on it
+                    gpus = (self.topo.ranks[r].gpu for r in self.topo.node_ranks.get(rec.node, ()))
+                    node = self.nodes[rec.node] = _NodeLinks(gpus)
                 out += self._sample(rec, node, node.row(rec.gpu), c, int(value))
         return out
 
