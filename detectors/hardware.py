@@ -95,7 +95,7 @@ HW_FAULT = FindingType("hw_fault", (HwEvent, NicFlap, GpuCondition), Policy(
 
 
 # NVML error counters whose jump between two samples of a GPU is a condition (named as the counter): (field,
-# severity, name); the jump that counts is in `HardwareConfig` (an ECC_DBE: any)
+# severity, name); the jump that counts is set in `HardwareConfig` (for ECC_DBE: any)
 _COUNTERS = (("ecc_dbe", "fatal", "ECC_DBE"), ("ecc_sbe", "precursor", "ECC_SBE_BURST"),
              ("pcie_replay", "precursor", "PCIE_REPLAY_SURGE"), ("nvlink_crc", "precursor", "NVLINK_CRC_SURGE"))
 # a GPU's conditions, in the order its findings are made when several start in one sample
@@ -104,7 +104,8 @@ _COLUMN = {cond: i for i, cond in enumerate(_CONDITIONS)}
 
 
 class _NodeGpus:
-    """What the detector remembers of one node's GPUs, packed: one numpy row per GPU (in the order first seen).
+    """What the detector remembers of one node's GPUs, packed: one numpy row per GPU (those the job record puts on
+    the node, then any other as it is first seen).
 
     - `counters`, `known`: the last value of each of `_COUNTERS`, and whether there is one yet;
     - `active`: for each of `_CONDITIONS`, -1 while it is not active, else the samples without it since it was
@@ -167,7 +168,8 @@ class HardwareDetector:
         self.storms: dict[str, dict[str, Any]] = {}
         self.nic_down: dict[str, dict[str, Any]] = {}  # "node|iface" -> {ts, message}
         self.gpus: dict[str, _NodeGpus] = {}  # node -> its GPUs' last counters and active conditions
-        self.limits = (1, self.config.sbe_burst, self.config.pcie_replay_surge, self.config.nvlink_crc_surge)
+        # the jump between two samples that makes each of `_COUNTERS` a condition
+        self.surges = (1, self.config.sbe_burst, self.config.pcie_replay_surge, self.config.nvlink_crc_surge)
 
     def set_topology(self, topo: Topology) -> None:
         self.topo = topo
@@ -251,7 +253,7 @@ class HardwareDetector:
             value = getattr(rec, field)
             if value is None:
                 continue
-            if known[i] and value - counters[i] >= self.limits[i]:
+            if known[i] and value - counters[i] >= self.surges[i]:
                 conditions[field] = (sev, name)
             counters[i], known[i] = value, True
         node.counters[r], node.known[r] = counters, known

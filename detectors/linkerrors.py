@@ -62,7 +62,7 @@ LINK_ERRORS = FindingType("link_errors", LinkErrorRate, Policy(
     label=lambda f, ev: f"{ev.counter.upper()}_RATE", explains_slow=True))
 
 
-COUNTERS = ("pcie_replay", "nvlink_crc")  # the columns of a node's links
+_COUNTERS = ("pcie_replay", "nvlink_crc")  # the columns of a node's links
 # One counter of one GPU: its last sample; the sample intervals in its window (at most `window`; -1: no sample yet);
 # the intervals since its last bad one; whether an episode is on.
 _LINK = np.dtype([("ts", "f8"), ("value", "i8"), ("intervals", "i8"), ("clean", "i8"), ("episode", "?")])
@@ -71,8 +71,9 @@ BadInterval = tuple[int, float, int]  # (age: 0 is the newest interval, start_ts
 
 
 class _NodeLinks:
-    """The link counters of one node's GPUs, packed: one numpy row per GPU (in the order first seen), one column
-    per counter of `COUNTERS`, and the bad intervals of each counter's window on the side.
+    """The link counters of one node's GPUs, packed: one numpy row per GPU (those the job record puts on the node,
+    then any other as it is first seen), one column per counter of `_COUNTERS`, and the bad intervals of each
+    counter's window on the side.
 
     Why: at 100k ranks a dict per counter, with a list per interval of its window, was most of the core's memory
     (issue 11). Here a counter is 33 bytes, and of its window only the bad intervals are kept: the onset is the
@@ -83,14 +84,14 @@ class _NodeLinks:
 
     def __init__(self, gpus: Iterable[int] = ()) -> None:
         self.rows: dict[int, int] = {}  # gpu -> row
-        self.links = np.empty((0, len(COUNTERS)), dtype=_LINK)
+        self.links = np.empty((0, len(_COUNTERS)), dtype=_LINK)
         self.bad: dict[tuple[int, int], list[BadInterval]] = {}  # (row, column) -> its window's, oldest first
         self.add(gpus)
 
     def add(self, gpus: Iterable[int]) -> None:
         """Rows for these GPUs, no sample yet (growing the array is the costly part: done a node at a time)."""
         new = [gpu for gpu in dict.fromkeys(gpus) if gpu not in self.rows]
-        more = np.empty((len(new), len(COUNTERS)), dtype=_LINK)
+        more = np.empty((len(new), len(_COUNTERS)), dtype=_LINK)
         more[...] = _NO_SAMPLE
         self.rows.update({gpu: r for r, gpu in enumerate(new, start=len(self.rows))})
         self.links = np.concatenate([self.links, more])
@@ -105,15 +106,15 @@ class _NodeLinks:
     def state(self) -> dict[str, Any]:
         gpus = list(self.rows)
         return {"gpus": gpus, "links": [[list(link) for link in row] for row in self.links.tolist()],
-                "bad": [[gpus[r], COUNTERS[c], [list(b) for b in bad]] for (r, c), bad in self.bad.items()]}
+                "bad": [[gpus[r], _COUNTERS[c], [list(b) for b in bad]] for (r, c), bad in self.bad.items()]}
 
     @classmethod
     def from_state(cls, s: dict[str, Any]) -> _NodeLinks:
         node = cls()
         node.rows = {gpu: r for r, gpu in enumerate(s["gpus"])}
         links = [[tuple(link) for link in row] for row in s["links"]]
-        node.links = np.array(links, dtype=_LINK).reshape(len(links), len(COUNTERS))
-        node.bad = {(node.rows[gpu], COUNTERS.index(counter)): [tuple(b) for b in bad]
+        node.links = np.array(links, dtype=_LINK).reshape(len(links), len(_COUNTERS))
+        node.bad = {(node.rows[gpu], _COUNTERS.index(counter)): [tuple(b) for b in bad]
                     for gpu, counter, bad in s["bad"]}
         return node
 
@@ -131,7 +132,7 @@ class LinkErrorDetector:
         if not 1 <= cfg.hits <= cfg.window:
             raise ValueError("need 1 <= hits <= window")
         self.topo = topo
-        self.thresholds = (cfg.pcie_replay_per_s, cfg.nvlink_crc_per_s)  # of COUNTERS
+        self.thresholds = (cfg.pcie_replay_per_s, cfg.nvlink_crc_per_s)  # of _COUNTERS
         self.nodes: dict[str, _NodeLinks] = {}
 
     def set_topology(self, topo: Topology) -> None:
@@ -142,7 +143,7 @@ class LinkErrorDetector:
 
     def observe(self, rec: Record) -> list[Finding]:
         out = []
-        for c, counter in enumerate(COUNTERS):
+        for c, counter in enumerate(_COUNTERS):
             value = getattr(rec, counter)
             if value is not None:
                 node = self.nodes.get(rec.node)
@@ -182,7 +183,7 @@ class LinkErrorDetector:
         return found
 
     def _finding(self, rec: Gpu, c: int, value: int, over: list[BadInterval], intervals: int) -> Finding:
-        counter, threshold = COUNTERS[c], self.thresholds[c]
+        counter, threshold = _COUNTERS[c], self.thresholds[c]
         _, onset_ts, onset_value = over[0]
         errors = value - onset_value
         rate = errors / (rec.ts - onset_ts)
@@ -220,7 +221,7 @@ def _nodes_from_links(links: dict[str, dict[str, Any]]) -> dict[str, _NodeLinks]
         node = nodes.get(name)
         if node is None:
             node = nodes[name] = _NodeLinks()
-        r, c, recent = node.row(int(gpu)), COUNTERS.index(counter), s["recent"]
+        r, c, recent = node.row(int(gpu)), _COUNTERS.index(counter), s["recent"]
         node.links[r, c] = (s["ts"], s["value"], len(recent), s["clean"], s["episode"])
         bad = [(len(recent) - 1 - i, t, v) for i, (t, v, b) in enumerate(recent) if b]
         if bad:

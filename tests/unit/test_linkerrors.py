@@ -74,6 +74,13 @@ def test_one_finding_per_episode_and_a_new_one_after_it_healed():
     assert [typed(f).evidence.onset_ts for f in found] == [T0, T0 + 90.0]
 
 
+def test_a_window_of_one_interval_holds_only_the_last_one():
+    cfg = LinkErrorConfig(hits=1, window=1, rearm_intervals=1)
+    found = drive(LinkErrorDetector(TOPO, cfg), samples(cumulative([20, 0, 20])))
+    assert [(typed(f).evidence.onset_ts, typed(f).evidence.intervals_over, typed(f).evidence.window_intervals)
+            for f in found] == [(T0, 1, 1), (T0 + 20.0, 1, 1)]
+
+
 def test_nvlink_crc_has_its_own_threshold_and_each_gpu_its_own_counter():
     crc = samples(cumulative([500] * 6), counter="nvlink_crc", gpu=1)  # 50/s: below 100/s
     storm = samples(cumulative([5000] * 6), counter="nvlink_crc", gpu=2)
