@@ -227,12 +227,7 @@ class FailStopDetector:
             self.status[rank] = EXITED
             self._heard(rank, rec.ts)
         else:
-            state = self.status[rank]
-            # an exited process's own last records are not a comeback; a record a period later is a new process
-            after = self.last_seen[rank] + (self.topo.heartbeat_s if state == EXITED else 0.0)
-            if state == NOT_STARTED or rec.ts > after:
-                self.status[rank] = LIVE
-                self._heard(rank, rec.ts)
+            self.beat(rank, rec.ts)
         if peer_lost:
             self.peer_lost_ts = max(self.peer_lost_ts, rec.ts)
             self.lost_peer[rank] = True
@@ -243,6 +238,16 @@ class FailStopDetector:
         if rec.kind == "framework" and rec.type in _CRASH_TYPES and not clean_exit(rec):
             return self._crash(rec)
         return []
+
+    def beat(self, rank: int, ts: float) -> None:
+        """A sign of life of a rank of this job (what `observe` does with a heartbeat or a step, from their
+        rank and time alone: the run path calls it without building the record)."""
+        state = self.status[rank]
+        # an exited process's own last records are not a comeback; a record a period later is a new process
+        after = self.last_seen[rank] + (self.topo.heartbeat_s if state == EXITED else 0.0)
+        if state == NOT_STARTED or ts > after:
+            self.status[rank] = LIVE
+            self._heard(rank, ts)
 
     def _heard(self, rank: int, ts: float) -> None:
         self.last_seen[rank] = max(self.last_seen[rank], ts)

@@ -91,15 +91,19 @@ class HangDetector:
         if rec.step > self.last_step[rec.rank]:
             self.last_step[rec.rank] = rec.step
         if rec.step > self.max_step:
-            if self.max_step >= 0 and rec.ts > self.progress_ts:
-                self.seen_intervals += 1
-                if self.seen_intervals > self.config.warmup_steps and not self.reported:  # a hang is no rhythm
-                    gap = (rec.ts - self.progress_ts) / (rec.step - self.max_step)
-                    self.intervals = [*self.intervals[-(self.config.window - 1):], round(gap, 6)]
-            self.max_step = rec.step
-            self.progress_ts = max(self.progress_ts, rec.ts)
-            self.reported = False
+            self.progress(rec.step, rec.ts)
         return []
+
+    def progress(self, step: int, ts: float) -> None:
+        """A step past the newest one any rank finished, at `ts`: the job made progress."""
+        if self.max_step >= 0 and ts > self.progress_ts:
+            self.seen_intervals += 1
+            if self.seen_intervals > self.config.warmup_steps and not self.reported:  # a hang is no rhythm
+                gap = (ts - self.progress_ts) / (step - self.max_step)
+                self.intervals = [*self.intervals[-(self.config.window - 1):], round(gap, 6)]
+        self.max_step = step
+        self.progress_ts = max(self.progress_ts, ts)
+        self.reported = False
 
     def threshold_s(self) -> float:
         """Seconds without progress that count as a hang, from the job's recent rhythm."""

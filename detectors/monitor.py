@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from gangwatch.detectors.base import Detector
 from gangwatch.detectors.catalog import DEFAULT_DETECTORS  # the detectors every job gets, in emission order
-from gangwatch.detectors.failstop import LIVE, FailStopDetector
+from gangwatch.detectors.failstop import LIVE, NOT_STARTED, FailStopDetector
 from gangwatch.detectors.hang import HangDetector
 from gangwatch.detectors.steps import RecordRun, observe_each
 from gangwatch.detectors.topology import Topology
@@ -70,41 +70,65 @@ _RANK, _TS = attrgetter("rank"), attrgetter("ts")
 RunPath = Callable[[Any, RecordRun], list[tuple[int, list[Finding]]]]
 
 
+def _ranks_and_times(run: RecordRun, kinds: frozenset[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(rank, ts) of the run's records of `kinds` (steps and heartbeats), in run order: steps from the run's
+    columns, other records from their attributes."""
+    parts = []  # (positions, ranks, times) per kind
+    for kind in kinds:
+        pos = run.by_kind.get(kind)
+        if not pos:
+            continue
+        if kind == "step":
+            cols = run.steps()
+            parts.append((pos, cols.rank, cols.ts))
+        else:
+            mine = list(map(run.recs.__getitem__, pos))
+            parts.append((pos, np.fromiter(map(_RANK, mine), dtype=np.int64, count=len(mine)),
+                          np.fromiter(map(_TS, mine), dtype=np.float64, count=len(mine))))
+    if len(parts) == 1:
+        return parts[0][1], parts[0][2]
+    order = np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")
+    return np.concatenate([p[1] for p in parts])[order], np.concatenate([p[2] for p in parts])[order]
+
+
 def _failstop_run(det: FailStopDetector, run: RecordRun) -> list[tuple[int, list[Finding]]]:
-    """Heartbeats and steps of ranks already live, none of them due before the next tick: each only moves
-    its rank's last-seen time forward (`observe` gives no finding and schedules nothing sooner for them)."""
+    """Heartbeats and steps of ranks not exited nor silent, none of them due before the next tick: each only
+    makes its rank live and moves its last-seen time forward (`observe` gives no finding and schedules nothing
+    sooner for them). Otherwise `beat` on each in turn (what `observe` does with them); a run with a
+    framework record goes through `observe`, record by record."""
     if "framework" in run.by_kind:
         return observe_each(det, run)
-    pos = run.positions(det.kinds)
-    mine = list(map(run.recs.__getitem__, pos))
-    rank = np.fromiter(map(_RANK, mine), dtype=np.int64, count=len(mine))
-    ts = np.fromiter(map(_TS, mine), dtype=np.float64, count=len(mine))
+    rank, ts = _ranks_and_times(run, det.kinds)
     ok = (rank < det.topo.size) & (ts >= det.topo.ts)
     rank, ts = rank[ok], ts[ok]
     if rank.size == 0:
         return []
-    if not (det.status[rank] == LIVE).all() or float((ts + det.timeout).min()) < det.next_tick:
-        return observe_each(det, run)
+    status = det.status[rank]
+    if not ((status == LIVE) | (status == NOT_STARTED)).all() or float((ts + det.timeout).min()) < det.next_tick:
+        beat = det.beat
+        for r, t in zip(rank.tolist(), ts.tolist(), strict=True):
+            beat(r, t)
+        return []
+    det.status[rank] = LIVE
     np.maximum.at(det.last_seen, rank, ts)
     return []
 
 
 def _hang_run(det: HangDetector, run: RecordRun) -> list[tuple[int, list[Finding]]]:
     """Steps: each rank's last step is the largest it reported; only a step past the job's newest one (a
-    handful per run) goes through `observe`, which is all that moves the job's progress."""
+    handful per run) moves the job's progress."""
     if "framework" in run.by_kind:
         return observe_each(det, run)
     cols = run.steps()
     ok = cols.rank < det.topo.size
-    rank, step = cols.rank[ok], cols.step[ok]
+    rank, step, ts = cols.rank[ok], cols.step[ok], cols.ts[ok]
     if step.size == 0:
         return []
     np.maximum.at(det.last_step, rank, step)
     before = np.maximum.accumulate(np.concatenate(([det.max_step], step[:-1])))
-    where = np.flatnonzero(ok)[np.flatnonzero(step > before)]
-    pos, recs = run.by_kind["step"], run.recs
-    for j in where.tolist():
-        det.observe(recs[pos[j]])  # never a finding: hang finds only as time passes
+    new = np.flatnonzero(step > before)
+    for s, t in zip(step[new].tolist(), ts[new].tolist(), strict=True):
+        det.progress(s, t)  # never a finding: hang finds only as time passes
     return []
 
 

@@ -10,14 +10,16 @@ base of the detectors that score closed steps (fail-slow, slowdown, SDC).
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any, ClassVar
 
 import numpy as np
 from gangwatch.schemas import Finding, Record
+from gangwatch.schemas.codec import StepRows
 
 _BATCH_MIN_RUN = 16  # shorter runs of one step go through the per-record path (cheaper, same result)
 
@@ -69,9 +71,10 @@ class StepColumns:
     """A batch of `step` records as columns, shared by the detectors it is fed to.
 
     `StepColumns(records)` extracts each field lazily, once; `from_arrays`
-    takes arrays as they come (a columnar decoder, a simulator) with no record
-    objects at all. Numeric fields are (values, present): a missing value is
-    NaN and not present, a NaN that was reported is NaN and present.
+    takes arrays as they come (a simulator) and `from_lists` the decoder's
+    columns (`StepRows`), with no record objects at all. Numeric fields are
+    (values, present): a missing value is NaN and not present, a NaN that was
+    reported is NaN and present.
     """
 
     def __init__(self, recs: Sequence[Record] = ()) -> None:
@@ -80,6 +83,7 @@ class StepColumns:
         self.ts = np.fromiter(map(attrgetter("ts"), self.recs), dtype=np.float64, count=n)
         self.step = np.fromiter(map(attrgetter("step"), self.recs), dtype=np.int64, count=n)
         self.rank = np.fromiter(map(attrgetter("rank"), self.recs), dtype=np.int64, count=n)
+        self._lists: Callable[[str], list[Any]] | None = None
         self._floats: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._objects: dict[str, list[Any]] = {}
 
@@ -99,11 +103,23 @@ class StepColumns:
             cols._floats[name] = (vals, ~np.isnan(vals) if present is None else np.asarray(present, bool))
         return cols
 
+    @classmethod
+    def from_lists(cls, lists: Callable[[str], list[Any]]) -> StepColumns:
+        """Columns of the values `lists(attribute)` gives, one per record as a `Step` holds it (None where
+        missing); each field is read once, when first asked for."""
+        cols = cls()
+        cols.recs, cols._lists = None, lists
+        cols.ts = np.array(lists("ts"), dtype=np.float64)
+        cols.step, cols.rank = np.array(lists("step"), dtype=np.int64), np.array(lists("rank"), dtype=np.int64)
+        return cols
+
     def __len__(self) -> int:
         return len(self.ts)
 
     def _raw(self, name: str) -> list[Any]:
-        return list(map(attrgetter(name), self.recs)) if self.recs is not None else [None] * len(self)
+        if self.recs is not None:
+            return list(map(attrgetter(name), self.recs))
+        return self._lists(name) if self._lists is not None else [None] * len(self)
 
     def floats(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """(values, present) of a numeric field."""
@@ -128,18 +144,41 @@ class RecordRun:
 
     The run path of the detectors (`observe_run`) reads it: each detector gets the records of
     its kinds at once, and the step scorers share one `StepColumns` of the run's step records.
+    The run may hold `StepRows` (a batch of steps as the decoder's columns): their steps take one
+    position each like any record, and `record(i)` builds a step's record only when it is read.
     """
 
-    def __init__(self, recs: Sequence[Record]) -> None:
-        self.recs = recs
+    def __init__(self, recs: Sequence[Record | StepRows]) -> None:
+        self.pieces = recs
+        self.recs: list[Record | None] = []  # the record at each position (None: a step of a StepRows, unbuilt)
         self.by_kind: dict[str, list[int]] = {}
-        for i, r in enumerate(recs):
-            pos = self.by_kind.get(r.kind)
+        self._rows: list[tuple[int, StepRows]] = []  # (position of its first step, StepRows)
+        out, by_kind = self.recs, self.by_kind
+        for r in recs:
+            if type(r) is StepRows:
+                start = len(out)
+                self._rows.append((start, r))
+                out += [None] * len(r)
+                by_kind.setdefault("step", []).extend(range(start, len(out)))
+                continue
+            pos = by_kind.get(r.kind)
             if pos is None:
-                self.by_kind[r.kind] = [i]
+                by_kind[r.kind] = [len(out)]
             else:
-                pos.append(i)
+                pos.append(len(out))
+            out.append(r)
         self._steps: StepColumns | None = None
+
+    def __len__(self) -> int:
+        return len(self.recs)
+
+    def record(self, i: int) -> Record:
+        """The record at position `i`."""
+        rec = self.recs[i]
+        if rec is None:
+            start, rows = self._rows[bisect.bisect_right(self._rows, i, key=itemgetter(0)) - 1]
+            rec = self.recs[i] = rows.record(i - start)
+        return rec
 
     def positions(self, kinds: frozenset[str] | set[str]) -> list[int]:
         """Positions of the records of `kinds`, in order."""
@@ -151,16 +190,30 @@ class RecordRun:
     def steps(self) -> StepColumns:
         """The run's step records as columns (`by_kind["step"]` gives their positions in the run)."""
         if self._steps is None:
-            recs = self.recs
-            self._steps = StepColumns([recs[i] for i in self.by_kind.get("step", ())])
+            if not self._rows:
+                recs = self.recs
+                self._steps = StepColumns([recs[i] for i in self.by_kind.get("step", ())])
+            else:
+                self._steps = StepColumns.from_lists(self._step_lists)
         return self._steps
+
+    def _step_lists(self, name: str) -> list[Any]:
+        """Attribute `name` of every step of the run, in order: the decoder's columns as they are, and the
+        attribute of each step record between them."""
+        out: list[Any] = []
+        for r in self.pieces:
+            if type(r) is StepRows:
+                out += r.cols[name]
+            elif r.kind == "step":
+                out.append(getattr(r, name))
+        return out
 
 
 def observe_each(det: Any, run: RecordRun) -> list[tuple[int, list[Finding]]]:
     """A detector's run path by its record path: `observe` on each record of its kinds, in order."""
-    recs, out = run.recs, []
+    record, out = run.record, []
     for i in run.positions(det.kinds):
-        found = det.observe(recs[i])
+        found = det.observe(record(i))
         if found:
             out.append((i, found))
     return out

@@ -12,6 +12,7 @@ Validators are compiled once per kind from the dataclass annotations in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -331,6 +332,91 @@ class _Builders(dict):
 _BUILDERS: dict[str, Callable[[dict, str], Any]] = _Builders()
 
 
+# --- step items as columns --------------------------------------------------------
+
+
+class StepRows:
+    """The `step` items of one batch envelope, as columns: no record object per item.
+
+    What `decode(..., columns=True)` returns for a batch whose every item is a step of one job that the
+    record path accepts as it stands (each value passes its field's fast check, no unknown fields): the
+    values are exactly the ones the `Step` records would hold, and `record(i)` builds that record when a
+    reader needs it (the few triage reads, a detector's record-by-record fallback).
+    """
+
+    __slots__ = ("job", "cols", "ts")
+
+    def __init__(self, job: str, cols: dict[str, list[Any]]) -> None:
+        self.job = job
+        self.cols = cols  # Step attribute -> one value per item (None where the item leaves it out)
+        self.ts: list[float] = cols["ts"]
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def record(self, i: int) -> Record:
+        """Item `i` as the `Step` record the record path gives for it."""
+        return KINDS["step"](**{name: col[i] for name, col in self.cols.items()})
+
+    def records(self) -> list[Record]:
+        return [self.record(i) for i in range(len(self))]
+
+    def split(self, k: int) -> tuple[StepRows, StepRows]:
+        """(the first `k` items, the rest)."""
+        head = {n: c[:k] for n, c in self.cols.items()}
+        tail = {n: c[k:] for n, c in self.cols.items()}
+        return StepRows(self.job, head), StepRows(self.job, tail)
+
+
+@functools.cache
+def _compile_step_rows() -> Callable[[list], StepRows | None]:
+    """The columnar builder of `step` items, generated from the `Step` annotations as the record builder is.
+
+    It accepts an item only where the record builder's fast path would keep every value as it stands, so
+    the columns hold exactly what the records would; anything else (a missing or null required field, a
+    value that needs the full check, an unknown field, another kind, items of several jobs) gives None, and
+    the envelope goes through the record path, which says what is wrong with it, if anything.
+    """
+    cls = KINDS["step"]
+    hints = typing.get_type_hints(cls, include_extras=True)
+    env: dict[str, Any] = {"StepRows": StepRows, "VERSION": VERSION}
+    head, names = ["def rows(items):"], []
+    body = ["    for obj in items:",
+            "        if type(obj) is not dict:",
+            "            return None",
+            "        get = obj.get",
+            "        v = get('v')",
+            "        if get('kind') != 'step' or type(v) is not int or v != VERSION:",
+            "            return None",
+            "        n = 2"]
+    for i, f in enumerate(dataclasses.fields(cls)):
+        if f.name in ("extra", "kind"):
+            continue
+        wire = WIRE_NAMES.get(f.name, f.name)
+        base, meta, _ = unwrap(hints[f.name])
+        fast = _fast_test(base, meta, i, env)
+        assert fast is not None, f"Step.{f.name} has no fast check"  # noqa: S101 - a bug in records.py
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        assert required or f.default is None, f"Step.{f.name}: only None defaults are columns"  # noqa: S101
+        head.append(f"    c{i} = []; add{i} = c{i}.append")
+        body.append(f"        v = get({wire!r})")
+        if required:
+            body += ["        if v is None or not (" + fast + "):", "            return None", "        n += 1"]
+        else:
+            body += ["        if v is not None:", "            if not (" + fast + "):", "                return None",
+                     "            n += 1"]
+        body.append(f"        add{i}(v)")
+        names.append((f.name, f"c{i}"))
+    body += ["        if len(obj) != n:", "            return None"]  # unknown fields: the record path keeps them
+    job = dict(names)["job"]
+    tail = [f"    if not {job} or {job}.count({job}[0]) != len({job}):", "        return None",
+            f"    return StepRows({job}[0], {{{', '.join(f'{n!r}: {c}' for n, c in names)}}})"]
+    exec(compile("\n".join(head + body + tail), "<columns step>", "exec"), env)  # noqa: S102 - our own source
+    return env["rows"]
+
+
+
+
 # --- decode ------------------------------------------------------------------------
 
 
@@ -361,11 +447,13 @@ def _int64(text: str) -> int | float:
     return value if -(1 << 63) <= value < (1 << 64) else float(value)
 
 
-def decode(data: bytes | str, max_bytes: int | None = None) -> list[Record | DecodeError]:
+def decode(data: bytes | str, max_bytes: int | None = None, *,
+           columns: bool = False) -> list[Record | DecodeError | StepRows]:
     """Decode one message into records; errors come back as `DecodeError` values, in place.
 
     A message longer than `max_bytes` (default `MAX_MESSAGE_BYTES`, from `GANGWATCH_MAX_MESSAGE_BYTES`) is one
-    error, `message larger than N bytes`, checked before any parsing.
+    error, `message larger than N bytes`, checked before any parsing. With `columns`, a batch of steps of
+    one job that are valid as they stand comes back as one `StepRows` (the same records, as columns).
     """
     limit = MAX_MESSAGE_BYTES if max_bytes is None else max_bytes
     if len(data) > limit:
@@ -386,7 +474,11 @@ def decode(data: bytes | str, max_bytes: int | None = None) -> list[Record | Dec
         return [DecodeError("a batch needs an `items` array", "items", "batch", raw=_raw_text(data))]
     if len(items) > MAX_BATCH_ITEMS:
         return [DecodeError(f"batch larger than {MAX_BATCH_ITEMS} items", "items", "batch", raw=_raw_text(data))]
-    out: list[Record | DecodeError] = []
+    if columns:
+        rows = _compile_step_rows()(items)
+        if rows is not None:
+            return [rows]
+    out: list[Record | DecodeError | StepRows] = []
     builders = _BUILDERS
     for i, item in enumerate(items):
         if type(item) is dict:  # the common case first: a valid record of a known kind (else the checks below)

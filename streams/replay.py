@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO
 
 from gangwatch.schemas import DeadLetter, DecodeError, Outputs, Record, codec, decode
-from gangwatch.schemas.codec import oversized
+from gangwatch.schemas.codec import StepRows, oversized
 from gangwatch.sinks.base import Sink
 from gangwatch.sinks.files import JsonlSink
 from gangwatch.sinks.store import Store
@@ -95,9 +95,10 @@ class InputFile:
     `line larger than N bytes`, which replay writes to `rejected.jsonl` like any bad line.
     """
 
-    def __init__(self, path: Path, max_line_bytes: int | None = None) -> None:
+    def __init__(self, path: Path, max_line_bytes: int | None = None, *, columns: bool = False) -> None:
         self.path = path
         self.max_line_bytes = max_line_bytes
+        self.columns = columns  # batches of steps as one `StepRows` item each (see `codec.decode`)
         self.size = path.stat().st_size
         self._raw: IO[bytes] | None = None
         self.stopped: str | None = None  # "FILE line N: why", when the file ended before its end
@@ -110,11 +111,13 @@ class InputFile:
         return self.size if self._raw.closed else self._raw.tell()
 
     def __iter__(self) -> Iterator[Item]:
-        """Decode every line (batches unpacked); blank lines are skipped. A file cut short (a truncated
-        gzip, an unreadable block) ends with one error item saying where, after everything before it."""
+        """Decode every line (batches unpacked; with `columns`, a batch of valid steps of one job is one
+        `StepRows` item, timed by its last step); blank lines are skipped. A file cut short (a truncated gzip,
+        an unreadable block) ends with one error item saying where, after everything before it."""
         source = str(self.path)
         last_ts = float("-inf")
         n = 0
+        columns = self.columns
         with open(self.path, "rb") as raw:
             self._raw = raw
             fh = _gunzipped(raw)
@@ -128,11 +131,11 @@ class InputFile:
                         continue
                     if not line.strip():
                         continue
-                    for v in decode(line, max_bytes=limit):
+                    for v in decode(line, max_bytes=limit, columns=columns):
                         if type(v) is DecodeError:
                             yield Item(last_ts, source, n, v)  # keep errors in place, by the previous record's time
                         else:
-                            last_ts = v.ts
+                            last_ts = v.ts[-1] if type(v) is StepRows else v.ts
                             yield Item(last_ts, source, n, v)
             except (EOFError, OSError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
                 why = str(e) or type(e).__name__
@@ -147,11 +150,20 @@ class Item:
     ts: float
     source: str
     line: int
-    value: Record | DecodeError
+    value: Record | DecodeError | StepRows
+
+
+def _records_of(item: Item) -> list[Item]:
+    """An item of each record of `item` (a `StepRows` holds several; anything else is one)."""
+    v = item.value
+    if type(v) is not StepRows:
+        return [item]
+    return [Item(rec.ts, item.source, item.line, rec) for rec in v.records()]
 
 
 def merged(inputs: Iterable[InputFile]) -> Iterator[Item]:
-    """Items of all files merged by event time (stable: file order breaks ties)."""
+    """Items of all files merged by event time (stable: file order breaks ties; read them without `columns`:
+    a `StepRows` item would be placed by its last step's time alone)."""
     return heapq.merge(*inputs, key=lambda it: it.ts)
 
 
@@ -196,6 +208,10 @@ class Replay:
     def feed(self, item: Item) -> None:
         s = self.summary
         v = item.value
+        if type(v) is StepRows:
+            for one in _records_of(item):
+                self.feed(one)
+            return
         if isinstance(v, DecodeError):
             self._reject(v, item.source, item.line, item.ts)
             return
@@ -212,15 +228,36 @@ class Replay:
 
     def feed_many(self, items: list[Item]) -> None:
         """`feed` of each item in turn, with the same outputs in the same order: consecutive records that the
-        core cannot reject go through `Core.process_many` together; anything else one by one, in its place."""
+        core cannot reject go through `Core.process_many` together (a `StepRows` whole, as columns, unless a
+        sink observes records); anything else one by one, in its place."""
         s = self.summary
         jobs = self.core.jobs
         by_kind = s.by_kind
         observers = [sink.observe for sink in self.sinks if type(sink) is not JsonlSink]  # JSONL observes nothing
-        run: list[Record] = []
+        run: list[Record | StepRows] = []
         last: Item | None = None
+        if observers:  # they observe records: steps as their records
+            items = [one for item in items for one in _records_of(item)]
         for item in items:
             v = item.value
+            if type(v) is StepRows:
+                if v.job in jobs:
+                    n, ts = len(v), v.ts
+                    s.records += n
+                    by_kind["step"] = by_kind.get("step", 0) + n
+                    if s.first_ts is None:
+                        s.first_ts = ts[0]
+                    top = max(ts)
+                    if s.last_ts is None or top > s.last_ts:
+                        s.last_ts = top
+                    run.append(v)
+                    last = item
+                    continue
+                if run:
+                    self._run(run, last)
+                    run = []
+                self.feed(item)  # a job not known: record by record, each rejected
+                continue
             kind = None if isinstance(v, DecodeError) else v.kind  # (an error has a `kind` too: the one it failed)
             if kind not in RUN_KINDS or (kind in JOB_KEYED and v.job not in jobs):  # an error, a job, ops, ...
                 if run:
@@ -242,7 +279,7 @@ class Replay:
         if run:
             self._run(run, last)
 
-    def _run(self, run: list[Record], last: Item | None) -> None:
+    def _run(self, run: list[Record | StepRows], last: Item | None) -> None:
         out = self.core.process_many(run)
         if out:
             self._emit(out, last)  # the core rejects none of these records: `last` is never blamed
@@ -286,7 +323,7 @@ def run(paths: list[Path], out_dir: Path, store: Store | None, *, telemetry: boo
     The JSONL outputs are replaced unless `append`. An input cut short keeps what was read
     before the cut in every output; `Summary.stopped` says where it stopped.
     """
-    inputs = [InputFile(p) for p in paths]
+    inputs = [InputFile(p, columns=len(paths) == 1) for p in paths]
     total = sum(i.size for i in inputs) or 1
     sinks = [JsonlSink(out_dir, append=append), *(sinks or [])]
     if store is not None:

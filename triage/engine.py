@@ -18,6 +18,7 @@ only (with a version), so a redeploy with new thresholds reaches restored jobs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 from gangwatch.detectors.monitor import JobMonitor, RecordRun
 from gangwatch.schemas import DecodeError, Job, Outputs, Record, encode
+from gangwatch.schemas.codec import StepRows
 from gangwatch.triage.config import TriageConfig
 from gangwatch.triage.job import Triage
 
@@ -43,6 +45,18 @@ class CoreConfig:
     triage: TriageConfig = field(default_factory=TriageConfig)
     # detector name -> its config dataclass (detectors.monitor.config_type); a detector left out runs on defaults
     detectors: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _until_due(ts: list[float], start: int, top: float, lateness: float, due: float) -> tuple[int, float]:
+    """Where in `ts` (from `start` on) a time first moves event time to `due` or past it (its index, or
+    len(ts)), and the largest time before it (at least `top`): where a run of records is cut."""
+    for k in range(start, len(ts)):
+        t = ts[k]
+        if t > top:
+            if t - lateness >= due:
+                return k, top
+            top = t
+    return len(ts), top
 
 
 class JobCore:
@@ -83,37 +97,52 @@ class JobCore:
         self.triage.on_record(rec, out)
         return out
 
-    def process_many(self, recs: list[Record], out: Outputs | None = None) -> Outputs:
+    def process_many(self, recs: list[Record | StepRows], out: Outputs | None = None) -> Outputs:
         """`process` of each record of this job in turn, giving the same outputs in the same order: between two
         moves of the job's event time, its records go through the detectors as one `RecordRun` (each
         detector takes its records at once), and triage hears each record's findings and the records it reads
-        in record order."""
+        in record order. A `StepRows` counts as its steps, in turn (it is cut where the job's time moves)."""
         out = Outputs() if out is None else out
+        recs = list(recs)  # a StepRows cut in two leaves its rest here
         n, s = len(recs), 0
         lateness, tick = self.config.lateness_s, self.config.tick_s
         while s < n:
             rec = recs[s]
-            if rec.kind not in RUN_KINDS:
+            rows = type(rec) is StepRows
+            if not rows and rec.kind not in RUN_KINDS:
                 self.process(rec, out)
                 s += 1
                 continue
-            if rec.ts > self.max_ts:
-                self.max_ts = rec.ts
-                if rec.ts - lateness >= self.watermark + tick:
-                    self.advance(rec.ts - lateness, out)
-            e, top, due = s + 1, self.max_ts, self.watermark + tick
+            ts = rec.ts[0] if rows else rec.ts
+            if ts > self.max_ts:
+                self.max_ts = ts
+                if ts - lateness >= self.watermark + tick:
+                    self.advance(ts - lateness, out)
+            e, top, due, count = s, self.max_ts, self.watermark + tick, 0
             while e < n:
                 r = recs[e]
-                if r.kind not in RUN_KINDS:
-                    break
-                t = r.ts
-                if t > top:
-                    if t - lateness >= due:
+                if type(r) is StepRows:
+                    k, top = _until_due(r.ts, 1 if e == s else 0, top, lateness, due)
+                    count += k
+                    if k < len(r):
+                        if k:
+                            recs[e:e + 1] = r.split(k)
+                            n, e = n + 1, e + 1
                         break
-                    top = t
+                elif e > s:
+                    if r.kind not in RUN_KINDS:
+                        break
+                    t = r.ts
+                    if t > top:
+                        if t - lateness >= due:
+                            break
+                        top = t
+                    count += 1
+                else:
+                    count += 1
                 e += 1
             self.max_ts = top
-            self.records += e - s
+            self.records += count
             self._observe_run(RecordRun(recs[s:e]), out)
             s = e
         return out
@@ -130,12 +159,12 @@ class JobCore:
             step = run.steps().step
             before = np.maximum.accumulate(np.concatenate(([tri.max_step], step[:-1])))
             heard.update(steps[j] for j in np.flatnonzero(step > before).tolist())
-        recs = run.recs
+        record = run.record
         for i in sorted(heard):
             fs = found.get(i)
             if fs:
                 tri.on_findings(fs, out)
-            tri.on_record(recs[i], out)
+            tri.on_record(record(i), out)
 
     def advance(self, now: float, out: Outputs | None = None) -> Outputs:
         """Fire every timeout up to event time `now` (never backwards)."""
@@ -243,38 +272,62 @@ class Core:
         job = self.node_job.get(rec.node)
         return job if job in self.jobs else None
 
-    def process_many(self, recs: list[Record], out: Outputs | None = None) -> Outputs:
+    def process_many(self, recs: list[Record | StepRows], out: Outputs | None = None) -> Outputs:
         """`process` of each record in turn, giving the same outputs in the same order: consecutive records
-        of one job between two moves of the stream's time go to its `JobCore.process_many` together."""
+        of one job between two moves of the stream's time go to its `JobCore.process_many` together. A
+        `StepRows` counts as its steps, in turn (cut where the stream's time moves; of a job not known, they
+        go one by one)."""
         out = Outputs() if out is None else out
+        recs = list(recs)  # a StepRows cut in two leaves its rest here
         n, i = len(recs), 0
         lateness, tick, silence = self.config.lateness_s, self.config.tick_s, self.silence
         while i < n:
             rec = recs[i]
-            job = self._job_of(rec) if rec.kind in RUN_KINDS else None
+            rows = type(rec) is StepRows
+            if rows:
+                job = rec.job if rec.job in self.jobs else None
+            else:
+                job = self._job_of(rec) if rec.kind in RUN_KINDS else None
             if job is None:
-                self.process(rec, out)
+                for r in rec.records() if rows else (rec,):
+                    self.process(r, out)
                 i += 1
                 continue
-            if rec.ts > self.max_ts:
-                self.max_ts = rec.ts
-                if silence and rec.ts - lateness >= self.clock + tick:
-                    self.advance(rec.ts - lateness, out)
-            j, top, due = i + 1, self.max_ts, self.clock + tick
+            ts = rec.ts[0] if rows else rec.ts
+            if ts > self.max_ts:
+                self.max_ts = ts
+                if silence and ts - lateness >= self.clock + tick:
+                    self.advance(ts - lateness, out)
+            j, top, count = i, self.max_ts, 0
+            due = self.clock + tick if silence else math.inf
             while j < n:
                 r = recs[j]
-                if r.kind not in RUN_KINDS:
-                    break
-                t = r.ts
-                if t > top and silence and t - lateness >= due:
-                    break
-                if (r.job if r.kind in JOB_KEYED else self.node_job.get(r.node)) != job:
-                    break
-                if t > top:
-                    top = t
+                if type(r) is StepRows:
+                    if r.job != job:
+                        break
+                    k, top = _until_due(r.ts, 1 if j == i else 0, top, lateness, due)
+                    count += k
+                    if k < len(r):
+                        if k:
+                            recs[j:j + 1] = r.split(k)
+                            n, j = n + 1, j + 1
+                        break
+                elif j > i:
+                    if r.kind not in RUN_KINDS:
+                        break
+                    t = r.ts
+                    if t > top and t - lateness >= due:
+                        break
+                    if (r.job if r.kind in JOB_KEYED else self.node_job.get(r.node)) != job:
+                        break
+                    if t > top:
+                        top = t
+                    count += 1
+                else:
+                    count += 1
                 j += 1
             self.max_ts = top
-            self.records += j - i
+            self.records += count
             self.jobs[job].process_many(recs[i:j], out)
             i = j
         return out

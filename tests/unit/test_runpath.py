@@ -9,7 +9,20 @@ import orjson
 import pytest
 from gangwatch.producers.simulate.emit import messages
 from gangwatch.producers.simulate.suite import standard_suite
-from gangwatch.schemas import DecodeError, Framework, Heartbeat, Job, Ops, Outputs, RankInfo, Step, decode, encode
+from gangwatch.schemas import (
+    DecodeError,
+    Framework,
+    Heartbeat,
+    Job,
+    Ops,
+    Outputs,
+    RankInfo,
+    Step,
+    decode,
+    encode,
+    to_dict,
+)
+from gangwatch.schemas.codec import StepRows
 from gangwatch.streams import replay
 from gangwatch.triage.engine import Core, JobCore
 
@@ -142,6 +155,147 @@ def test_replay_in_runs_writes_what_replay_record_by_record_writes(tmp_path):
                       {p.name: p.read_bytes() for p in sorted((tmp_path / name).glob("*.jsonl"))})
     assert outs["one"][1] >= 3 and outs["one"][2] > 0
     assert outs["one"] == outs["runs"]
+
+
+# --- steps as columns ---------------------------------------------------------------------------------
+
+
+def spoiled(item: dict, rnd: random.Random) -> dict:
+    """A step item changed in one way the columns must not take as it stands: the record path rejects it, or
+    accepts it only after converting a value, or keeps something the columns cannot hold."""
+    item = dict(item)
+    how = rnd.randrange(12)
+    if how == 0:
+        item["step_s"] = -1.0  # below the minimum: rejected
+    elif how == 1:
+        item["rank"] = "3"  # a string: rejected
+    elif how == 2:
+        del item["ts"]  # required: rejected
+    elif how == 3:
+        item["ts"] = int(item["ts"])  # an integer time: accepted, as a float
+    elif how == 4:
+        item["loss"] = "NaN"  # a reported NaN: accepted, as a float
+    elif how == 5:
+        item["note"] = "hi"  # an unknown field: kept in `extra`
+    elif how == 6:
+        item["compute_s"] = None  # an explicit null: accepted as missing
+    elif how == 7:
+        item["job"] = "b"  # another job in the same batch
+    elif how == 8:
+        item["kind"] = "heartbeat"  # another kind
+    elif how == 9:
+        item["step"] = True  # a boolean: rejected
+    elif how == 10:
+        item["replica_digest"] = "x" * 300  # too long: rejected
+    else:
+        item["v"] = 2  # another version: rejected
+    return item
+
+
+def test_steps_as_columns_are_the_records_the_record_path_gives():
+    rnd = random.Random(3)
+    steps = [r for r in messy() if r.kind == "step"]
+    seen = {"columns": 0, "records": 0}
+    for _ in range(400):
+        k = rnd.randrange(len(steps) - 9)
+        items = [to_dict(r) for r in steps[k:k + rnd.choice([1, 2, 8, 9])] if r.job == "a"]
+        if not items:
+            continue
+        for j in range(len(items)):
+            if rnd.random() < 0.15:
+                items[j] = spoiled(items[j], rnd)
+        for j in range(len(items)):  # optional fields left out
+            if rnd.random() < 0.2:
+                items[j].pop(rnd.choice(["compute_s", "loss", "replica_digest", "grad_norm"]), None)
+        msg = orjson.dumps({"kind": "batch", "v": 1, "ts": 1.0, "items": items})
+        want, got = decode(msg), decode(msg, columns=True)
+        if len(got) == 1 and type(got[0]) is StepRows:
+            seen["columns"] += 1
+            assert got[0].records() == want and [encode(r) for r in got[0].records()] == [encode(r) for r in want]
+            assert [type(r.ts) for r in got[0].records()] == [type(r.ts) for r in want]
+            assert got[0].job == want[0].job and len(got[0]) == len(want)
+        else:
+            seen["records"] += 1
+            assert [str(v) if type(v) is DecodeError else encode(v) for v in got] == \
+                   [str(v) if type(v) is DecodeError else encode(v) for v in want]
+    assert min(seen.values()) > 50, seen
+
+
+def test_step_rows_split_where_time_moves():
+    items = [to_dict(r) for r in messy() if r.kind == "step" and r.job == "a"][:40]
+    rows = decode(orjson.dumps({"kind": "batch", "v": 1, "items": items}), columns=True)[0]
+    head, tail = rows.split(15)
+    assert head.records() + tail.records() == rows.records() and len(head) == 15
+
+
+def in_batches(recs: list, rnd: random.Random) -> list[bytes]:
+    """The records as lines: consecutive records of one kind and job in batches of random sizes, the rest one
+    per line; some items spoiled, some lines not JSON."""
+    lines, i = [], 0
+    while i < len(recs):
+        r = recs[i]
+        n = 1
+        while i + n < len(recs) and n < rnd.choice([1, 3, 8, 40]) and recs[i + n].kind == r.kind and \
+                getattr(recs[i + n], "job", None) == getattr(r, "job", None):
+            n += 1
+        if n == 1 and rnd.random() < 0.5:
+            lines.append(encode(r))
+        else:
+            items = [to_dict(x) for x in recs[i:i + n]]
+            if rnd.random() < 0.1:
+                j = rnd.randrange(len(items))
+                items[j] = spoiled(items[j], rnd) if items[j]["kind"] == "step" else {"kind": "step"}
+            lines.append(orjson.dumps({"kind": "batch", "v": 1, "ts": r.ts, "items": items}))
+        if rnd.random() < 0.01:
+            lines.append(b"{not json")
+        i += n
+    return lines
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_replay_of_steps_as_columns_writes_what_replay_record_by_record_writes(tmp_path, seed):
+    rnd = random.Random(seed)
+    recs = messy()
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"\n".join(in_batches(recs, rnd)) + b"\n")
+
+    class OneByOne(replay.Replay):
+        def feed_many(self, items):
+            for item in items:
+                self.feed(item)
+
+    outs = {}
+    for name, cls, columns in (("one", OneByOne, False), ("runs", replay.Replay, True)):
+        sink = replay.JsonlSink(tmp_path / name)
+        rep = cls([sink])
+        items = list(replay.InputFile(src, columns=columns))
+        if columns:
+            assert sum(type(i.value) is StepRows for i in items) > 20
+        i = 0
+        while i < len(items):
+            n = rnd.choice(CUTS)
+            rep.feed_many(items[i:i + n])
+            i += n
+        s = rep.close()
+        states = {j: c.state() for j, c in rep.core.jobs.items()}
+        outs[name] = (s.records, s.rejected, s.findings, s.by_kind, s.by_type, s.first_ts, s.last_ts, states,
+                      {p.name: p.read_bytes() for p in sorted((tmp_path / name).glob("*.jsonl"))})
+    assert outs["one"][1] >= 3 and outs["one"][2] > 0
+    assert outs["one"] == outs["runs"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_runs_of_step_rows_give_what_records_give_on_the_standard_scenarios(scenario_records, seed):
+    rnd = random.Random(seed)
+    pieces = [v for line in in_batches(scenario_records, rnd) for v in decode(line, columns=True)
+              if type(v) is not DecodeError]
+    recs = [r for v in pieces for r in (v.records() if type(v) is StepRows else (v,))]
+    assert sum(type(v) is StepRows for v in pieces) > 10
+    a, b = Core(), Core()
+    want, got = one_by_one(recs, a), in_runs(pieces, b, seed)
+    assert view(want) == view(got)
+    assert a.records == b.records and a.max_ts == b.max_ts and a.clock == b.clock
+    assert {j: c.state() for j, c in a.jobs.items()} == {j: c.state() for j, c in b.jobs.items()}
 
 
 # --- reading lines in blocks ----------------------------------------------------------------------------
