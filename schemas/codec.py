@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import json
 import math
+import operator
 import os
 import types
 import typing
@@ -294,22 +295,28 @@ def _slot_setters(cls: type, names: list[str]) -> tuple[dict[str, Any], list[str
     return env, lines
 
 
-def _fast_test(base: Any, meta: Meta, i: int, env: dict[str, Any]) -> str | None:
-    """An inline expression true when value `v` certainly passes the check (None: no fast path)."""
+def _fast_test(base: Any, meta: Meta, i: int, env: dict[str, Any], v: str = "v") -> str | None:
+    """An inline expression true when the value named `v` certainly passes the check as it stands (None: no
+    fast path)."""
     if base is float:
         lo = -1e308 if meta.minimum is None else meta.minimum
-        return f"type(v) is float and {lo!r} <= v < 1e308"  # False for NaN and infinities
+        return f"type({v}) is float and {lo!r} <= {v} < 1e308"  # False for NaN and infinities
     if base is int:
         lo = _INT_MIN if meta.minimum is None else int(meta.minimum)
-        return f"type(v) is int and {lo} <= v <= {_INT_MAX}"
+        return f"type({v}) is int and {lo} <= {v} <= {_INT_MAX}"
     if base is str:
-        test = f"type(v) is str and len(v) <= {meta.max_len}"
+        test = f"type({v}) is str and len({v}) <= {meta.max_len}"
         if meta.enum:
             env[f"enum{i}"] = frozenset(meta.enum)
-            test += f" and v in enum{i}"
+            test += f" and {v} in enum{i}"
         return test
     if base is bool:
-        return "type(v) is bool"
+        return f"type({v}) is bool"
+    if typing.get_origin(base) is list:  # a list of plain strings (GPU throttle reasons, nodes): kept as parsed
+        item, item_meta, optional = unwrap(typing.get_args(base)[0])
+        if item is str and not optional and not item_meta.enum:
+            return (f"type({v}) is list and (not {v} or len({v}) <= {meta.max_len} and "
+                    f"all(type(x) is str and len(x) <= {item_meta.max_len} for x in {v}))")
     return None
 
 
@@ -376,11 +383,15 @@ def _compile_step_rows() -> Callable[[list], StepRows | None]:
     the columns hold exactly what the records would; anything else (a missing or null required field, a
     value that needs the full check, an unknown field, another kind, items of several jobs) gives None, and
     the envelope goes through the record path, which says what is wrong with it, if anything.
+
+    Two functions: `rows`, item by item and field by field (optional fields may be left out), and in front
+    of it `whole`, for the usual batch whose items carry every field: one `itemgetter` per item, the
+    checks on its values, and the columns transposed at the end (anything else: `rows` decides).
     """
     cls = KINDS["step"]
     hints = typing.get_type_hints(cls, include_extras=True)
     env: dict[str, Any] = {"StepRows": StepRows, "VERSION": VERSION}
-    head, names = ["def rows(items):"], []
+    head, names, wires, tests = ["def rows(items):"], [], [], []
     body = ["    for obj in items:",
             "        if type(obj) is not dict:",
             "            return None",
@@ -407,14 +418,37 @@ def _compile_step_rows() -> Callable[[list], StepRows | None]:
                      "            n += 1"]
         body.append(f"        add{i}(v)")
         names.append((f.name, f"c{i}"))
+        wires.append(wire)
+        tests.append(_fast_test(base, meta, i, env, f"x{i}"))
     body += ["        if len(obj) != n:", "            return None"]  # unknown fields: the record path keeps them
     job = dict(names)["job"]
     tail = [f"    if not {job} or {job}.count({job}[0]) != len({job}):", "        return None",
             f"    return StepRows({job}[0], {{{', '.join(f'{n!r}: {c}' for n, c in names)}}})"]
-    exec(compile("\n".join(head + body + tail), "<columns step>", "exec"), env)  # noqa: S102 - our own source
-    return env["rows"]
-
-
+    xs = [f"x{c[1:]}" for _, c in names]
+    env["every"] = operator.itemgetter("kind", "v", *wires)
+    whole = ["def whole(items):",
+             "    out = []",
+             "    add = out.append",
+             "    for obj in items:",
+             f"        if type(obj) is not dict or len(obj) != {len(wires) + 2}:",
+             "            return rows(items)",
+             "        try:",
+             "            row = every(obj)",
+             "        except KeyError:",
+             "            return rows(items)",
+             f"        kind, v, {', '.join(xs)} = row",
+             "        if not (kind == 'step' and type(v) is int and v == VERSION and " + " and ".join(
+                 f"({t})" for t in tests) + "):",
+             "            return rows(items)",
+             "        add(row)",
+             "    if not out:",
+             "        return None",
+             f"    _, _, {', '.join(c for _, c in names)} = zip(*out)",
+             f"    if {job}.count({job}[0]) != len({job}):",
+             "        return None",
+             f"    return StepRows({job}[0], {{{', '.join(f'{n!r}: {c}' for n, c in names)}}})"]
+    exec(compile("\n".join(head + body + tail + whole), "<columns step>", "exec"), env)  # noqa: S102 - our own source
+    return env["whole"]
 
 
 # --- decode ------------------------------------------------------------------------
@@ -464,7 +498,14 @@ def decode(data: bytes | str, max_bytes: int | None = None, *,
         return [DecodeError(f"not valid JSON: {str(e)[:200]}", raw=_raw_text(data))]
     if type(obj) is not dict:
         return [DecodeError(f"expected a JSON object, got {_type_name(obj)}", raw=_raw_text(data))]
-    if obj.get("kind") != "batch":
+    kind = obj.get("kind")
+    if kind != "batch":
+        v = obj.get("v")
+        if type(kind) is str and type(v) is int and v == VERSION and kind in KINDS:  # the common case first
+            try:
+                return [_BUILDERS[kind](obj, "")]
+            except (_Invalid, RecursionError):
+                pass
         return [decode_obj(obj)]
     head = _check_envelope(obj, "", batch=True)
     if head is not None:
