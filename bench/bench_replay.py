@@ -16,17 +16,24 @@ and reports records/s of each, the replay/orjson and whole-process/orjson ratios
 the memory the core holds per rank after the run (tracemalloc, target <= 1 KB).
 Nothing is asserted; figures vary with the machine's load.
 
-    python3 bench/bench_replay.py [--ranks 128,100000] [--duration 30]
+With `--baseline CHECKOUT` (another checkout of the code, e.g. `git worktree add /tmp/base HEAD~3`) it
+also replays each file with that code and with this checkout's, alternately, each in a fresh interpreter
+(`--repeat` times), in CPU seconds, and prints a second table: before and after measured side by side on
+one file, each beside an orjson pass made just before it.
+
+    python3 bench/bench_replay.py [--ranks 128,100000] [--duration 30] [--baseline /tmp/base --repeat 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 import tracemalloc
 from pathlib import Path
 
@@ -91,6 +98,76 @@ def whole_process(path: Path, out: Path) -> float:
     subprocess.run([sys.executable, "-m", "gangwatch", "replay", str(path), "--out", str(out), "--quiet",
                     "--no-progress"], check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - t0
+
+
+# replay of argv[1] in CPU seconds (process time: a shared machine's load moves it less than wall time)
+_TIMED_REPLAY = """
+import sys, tempfile, time
+from pathlib import Path
+from gangwatch.streams import replay
+t0 = time.process_time()
+s = replay.run([Path(sys.argv[1])], Path(tempfile.mkdtemp()), None)
+print(s.records, time.process_time() - t0, replay.__file__)
+"""
+
+
+def package_of(checkout: Path, into: Path) -> Path:
+    """A `gangwatch` package of links to `checkout`'s sources, laid out as its pyproject's package-dir says:
+    with it first on PYTHONPATH, an interpreter imports that checkout's code instead of the installed one."""
+    dirs = tomllib.loads((checkout / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    subpackages = {name.removeprefix("gangwatch."): src for name, src in dirs.items() if name != "gangwatch"}
+    pkg = into / "gangwatch"
+    pkg.mkdir(parents=True)
+    for part in (checkout / dirs["gangwatch"]).iterdir():
+        if part.name not in subpackages:
+            (pkg / part.name).symlink_to(part.resolve())
+    for name, src in subpackages.items():
+        (pkg / name).symlink_to((checkout / src).resolve())
+    return into
+
+
+def timed_replay(path: Path, checkout: Path, tmp: Path) -> tuple[int, float]:
+    """(records, CPU seconds) of `replay.run` of `path` with `checkout`'s code, in a fresh interpreter."""
+    where = tmp / f"pkg-{abs(hash(checkout.resolve()))}"
+    if not where.exists():
+        package_of(checkout, where)
+    env = {**os.environ, "PYTHONPATH": str(where)}
+    out = subprocess.run([sys.executable, "-c", _TIMED_REPLAY, str(path)], env=env, check=True, cwd=where,
+                         capture_output=True, text=True).stdout.split()
+    assert Path(out[2]).resolve().is_relative_to(checkout.resolve()), f"ran {out[2]}, not {checkout}"  # noqa: S101
+    return int(out[0]), float(out[1])
+
+
+def orjson_cpu(path: Path) -> float:
+    """orjson records per CPU second on `path`."""
+    t0 = time.process_time()
+    n, _ = orjson_only(path)
+    return n / (time.process_time() - t0)
+
+
+def compare(sizes: list[int], duration_s: float, baseline: Path, repeat: int) -> list[dict]:
+    """Replay of each size's file with `baseline`'s code and with this checkout's, alternately."""
+    here = Path(__file__).resolve().parents[1]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gw-bench-") as tmp:
+        for n in sizes:
+            path, _ = write(scenario(n, duration_s if n >= 4096 else max(duration_s, 120.0)), tmp)
+            for rep in range(repeat):
+                for name, checkout in (("baseline", baseline), ("this", here)):
+                    orj = orjson_cpu(path)
+                    records, cpu = timed_replay(path, checkout, Path(tmp))
+                    rows.append({"ranks": n, "records": records, "code": name, "rep": rep, "orjson_rps": orj,
+                                 "replay_rps": records / cpu, "ratio": records / cpu / orj})
+            path.unlink()
+    return rows
+
+
+def render_compare(rows: list[dict]) -> str:
+    lines = [f"{'ranks':>7} {'records':>9} {'code':>8} | {'orjson rec/cpu-s':>16} {'replay rec/cpu-s':>16} | "
+             f"{'replay/orjson':>13}"]
+    lines += [f"{r['ranks']:>7} {r['records']:>9,} {r['code']:>8} | {r['orjson_rps']:>16,.0f} "
+              f"{r['replay_rps']:>16,.0f} | {r['ratio']:>13.3f}" for r in rows]
+    return "\n".join(lines)
 
 
 def help_seconds(tries: int = 3) -> float:
@@ -159,8 +236,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", default="128,100000", help="comma-separated job sizes (multiples of 8)")
     ap.add_argument("--duration", type=float, default=30.0, help="seconds of simulated training per size")
+    ap.add_argument("--baseline", type=Path, help="another checkout to compare replay with, side by side")
+    ap.add_argument("--repeat", type=int, default=2, help="alternating runs of each checkout (with --baseline)")
     args = ap.parse_args()
-    print(render(measure([int(x) for x in args.ranks.split(",")], args.duration)))
+    sizes = [int(x) for x in args.ranks.split(",")]
+    print(render(measure(sizes, args.duration)))
+    if args.baseline is not None:
+        print()
+        print(render_compare(compare(sizes, args.duration, args.baseline, args.repeat)))
 
 
 if __name__ == "__main__":
