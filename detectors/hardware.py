@@ -255,10 +255,12 @@ class HardwareDetector:
                 continue
             if known[i] and value - counters[i] >= self.surges[i]:
                 conditions[field] = (sev, name)
-            counters[i], known[i] = value, True
-        node.counters[r], node.known[r] = counters, known
+            if not known[i] or value != counters[i]:  # (writing into numpy is what costs: only what changed)
+                node.counters[r, i], node.known[r, i] = value, True
         out = []
         active = node.active[r].tolist()
+        if not conditions and max(active) < 0:
+            return out  # nothing to report, nothing to re-arm: the common sample
         for cond, (sev, name) in conditions.items():
             if active[_COLUMN[cond]] < 0:
                 out.append(self._finding(rec.ts, rec.node, rec.gpu, "nvml", None, sev, name, 1, "",
