@@ -19,7 +19,7 @@ import operator
 import os
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -353,10 +353,10 @@ class StepRows:
 
     __slots__ = ("job", "cols", "ts")
 
-    def __init__(self, job: str, cols: dict[str, list[Any]]) -> None:
+    def __init__(self, job: str, cols: dict[str, Sequence[Any]]) -> None:
         self.job = job
         self.cols = cols  # Step attribute -> one value per item (None where the item leaves it out)
-        self.ts: list[float] = cols["ts"]
+        self.ts: Sequence[float] = cols["ts"]
 
     def __len__(self) -> int:
         return len(self.ts)

@@ -224,7 +224,6 @@ def test_steps_as_columns_are_the_records_the_record_path_gives():
 @pytest.mark.parametrize("throttle", [[], ["hw_slowdown"], ["x" * 256], ["x" * 257], [1], ["a"] * 64, ["a"] * 65,
                                       [None], "hw", None])
 def test_a_list_of_strings_is_kept_as_parsed_only_when_the_full_check_keeps_it(throttle):
-
     from gangwatch.schemas.codec import _compile_base
     from gangwatch.schemas.records import ID, Meta
     msg = orjson.dumps({"kind": "gpu", "v": 1, "ts": 1.0, "node": "n0", "gpu": 0, "throttle": throttle})
