@@ -19,10 +19,16 @@
    through one core per job): decisions wait on event time for evidence by
    design (storm windows, settle time, lateness); that wait is not latency.
 
+With `--baseline CHECKOUT` (another checkout with its own `.venv`, e.g. `git worktree add /tmp/base HEAD~3`
+and `/tmp/base/gw --help` to make its venv) step 3 runs that checkout's worker and this one's alternately
+(`--repeat` times each) on the same topic, each as a consumer group of its own: before and after, side by
+side in one run. `--seconds 0` skips the latency run.
+
 Prints a table with the targets; asserts nothing.
 
     deploy/kafka/broker.sh start
     PYTHONPATH=. python bench/bench_worker.py [--records 1000000] [--rate 20000] [--seconds 20]
+    PYTHONPATH=. python bench/bench_worker.py --records 300000 --envelopes 16,64 --seconds 0 --baseline /tmp/base
 """
 
 from __future__ import annotations
@@ -148,14 +154,18 @@ def committed(admin: KafkaAdminClient, group: str, tps: list[TopicPartition]) ->
 
 
 def worker_throughput(bootstrap: str, t: TopicSettings, app_id: str, messages: int, per_msg: int,
-                      log: Path) -> dict[str, float]:
+                      log: Path, checkout: Path | None = None) -> dict[str, float]:
+    """The worker of `checkout` (None: this one) consuming the pre-filled topic as group `app_id`."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
     tps = [TopicPartition(t.telemetry, p) for p in sorted(consumer.partitions_for_topic(t.telemetry))]
     consumer.close()
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     spawn = time.perf_counter()
-    w = WorkerProc(worker_args(bootstrap, app_id, t, "--no-silence", "--commit-interval", "0.1",
-                               "--standby-replicas", "0"), log)
+    args = worker_args(bootstrap, app_id, t, "--no-silence", "--commit-interval", "0.1", "--standby-replicas", "0")
+    if checkout is None:
+        w = WorkerProc(args, log)
+    else:
+        w = WorkerProc([str(checkout / ".venv" / "bin" / "python"), *args[1:]], log, checkout=checkout)
     first_t = first_n = None
     last_n = 0
     last_t = spawn
@@ -307,7 +317,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=16, help="jobs sharing the ranks in the latency run")
     p.add_argument("--envelopes", default="16", metavar="N[,N...]",
                    help="records per batch envelope (message), each size measured in turn (default: 16)")
+    p.add_argument("--baseline", type=Path, metavar="CHECKOUT",
+                   help="another checkout (with its .venv) whose worker runs beside this one's, alternately")
+    p.add_argument("--repeat", type=int, default=1, help="runs of each worker per envelope size (default: 1)")
     args = p.parse_args(argv)
+    if args.baseline is not None and not (args.baseline / ".venv" / "bin" / "python").exists():
+        p.error(f"{args.baseline} has no .venv: run {args.baseline}/gw --help once to make it")
     sizes = [int(x) for x in args.envelopes.split(",") if x.strip()]
 
     run = f"bench{uuid.uuid4().hex[:8]}"
@@ -325,15 +340,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {records:,} records in {messages:,} messages, produced in {fill_s:.1f} s", file=sys.stderr)
             print("raw aiokafka consumer + decode ...", file=sys.stderr)
             raw_records, raw_s = asyncio.run(raw_consume(args.bootstrap, t.telemetry, messages))
-            print("Faust worker ...", file=sys.stderr)
-            wk = worker_throughput(args.bootstrap, t, f"{run}-tp{k}", messages, size, logs / f"throughput{k}.log")
-            through.append((size, raw_records / raw_s, wk))
+            codes = [("this", None)] if args.baseline is None else [("baseline", args.baseline), ("this", None)]
+            for rep in range(args.repeat):
+                for code, checkout in codes:
+                    print(f"Faust worker ({code}) ...", file=sys.stderr)
+                    wk = worker_throughput(args.bootstrap, t, f"{run}-tp{k}-{code}{rep}", messages, size,
+                                           logs / f"throughput{k}-{code}{rep}.log", checkout)
+                    through.append((size, code if args.baseline else "", raw_records / raw_s, wk))
 
-        print(f"latency at {args.rate:,.0f} records/s for {args.seconds:.0f} s ...", file=sys.stderr)
-        t2 = TopicSettings.from_env(prefix=f"{run}l.")
-        made += create_topics(t2, args.bootstrap)
-        lat = latency(args.bootstrap, t2, f"{run}-lat", args.ranks, args.jobs, args.rate, args.seconds,
-                      args.xid_every, logs / "latency.log")
+        lat = None
+        if args.seconds > 0:
+            print(f"latency at {args.rate:,.0f} records/s for {args.seconds:.0f} s ...", file=sys.stderr)
+            t2 = TopicSettings.from_env(prefix=f"{run}l.")
+            made += create_topics(t2, args.bootstrap)
+            lat = latency(args.bootstrap, t2, f"{run}-lat", args.ranks, args.jobs, args.rate, args.seconds,
+                          args.xid_every, logs / "latency.log")
     finally:
         mine = [x for x in admin.list_topics() if x.startswith(run)]
         if mine:
@@ -341,18 +362,21 @@ def main(argv: list[str] | None = None) -> int:
         admin.close()
 
     rows = []
-    for size, raw_rate, wk in through:
+    shown = set()
+    for size, code, raw_rate, wk in through:
+        if size not in shown:
+            shown.add(size)
+            rows.append((f"[{size}/envelope] raw consumer + decode", f"{raw_rate:,.0f} records/s", ""))
+        who = f"worker ({code})" if code else "worker"
         rows += [
-            (f"[{size}/envelope] raw consumer + decode", f"{raw_rate:,.0f} records/s", ""),
-            (f"[{size}/envelope] worker, steady", f"{wk['steady']:,.0f} records/s", ">= 50,000"),
-            (f"[{size}/envelope] worker / raw", f"{wk['steady'] / raw_rate:.0%}", ">= 50%"),
-            (f"[{size}/envelope] worker, from spawn", f"{wk['from_spawn']:,.0f} records/s ({wk['wall']:.1f} s)", ""),
+            (f"[{size}/envelope] {who}, steady", f"{wk['steady']:,.0f} records/s", ">= 50,000"),
+            (f"[{size}/envelope] {who} / raw", f"{wk['steady'] / raw_rate:.0%}", ">= 50%"),
+            (f"[{size}/envelope] {who}, from spawn", f"{wk['from_spawn']:,.0f} records/s ({wk['wall']:.1f} s)", ""),
         ]
-    rows += [
-        (f"latency: offered load ({args.jobs} jobs)",
-         f"{lat['load']['offered']:,.0f} records/s, {lat['load']['xids']} Xids", ""),
-    ]
-    for kind in ("actions", "findings"):
+    if lat is not None:
+        rows.append((f"latency: offered load ({args.jobs} jobs)",
+                     f"{lat['load']['offered']:,.0f} records/s, {lat['load']['xids']} Xids", ""))
+    for kind in ("actions", "findings") if lat is not None else ():
         m = lat[kind]
         rows.append((f"{kind} latency p50 / p99 / max",
                      f"{m['p50'] * 1e3:,.0f} / {m['p99'] * 1e3:,.0f} / {m['max'] * 1e3:,.0f} ms (n={m['n']})",

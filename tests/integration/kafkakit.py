@@ -111,11 +111,13 @@ def worker_args(bootstrap: str, app_id: str, topics: TopicSettings, *extra: str)
 class WorkerProc:
     """One worker subprocess; its output goes to `log` (read it when a test fails)."""
 
-    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None, checkout: Path = REPO) -> None:
+        """`checkout`: the code the worker runs (another checkout's, as a benchmark's baseline; its own venv's
+        python in `args`)."""
         self.log = log
         self._fh = open(log, "ab")
-        full_env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.proc = subprocess.Popen(args, cwd=REPO, stdout=self._fh, stderr=subprocess.STDOUT, env=full_env,
+        full_env = {**os.environ, "PYTHONPATH": str(checkout), "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc = subprocess.Popen(args, cwd=checkout, stdout=self._fh, stderr=subprocess.STDOUT, env=full_env,
                                      start_new_session=True)
 
     def alive(self) -> bool:
