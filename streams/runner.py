@@ -294,31 +294,44 @@ class JobRunner:
         by_job: dict[str, list[_Item]] = {}
         frontier = self.frontier
         ahead = self.wall() + self.max_future_s  # later than this: a sender's clock is wrong
+        by_job_topic, dlq, seq = self.topics.by_job, self.topics.dlq, self._seq
+        partition_of: dict[str, int] = {}  # job -> the partition of its newest message here
         for msg in msgs:
             if msg.value is None:
                 continue
             where = (msg.topic, msg.partition)
+            newest = frontier.get(where, float("-inf"))
+            routed = msg.topic == by_job_topic and msg.key
             for idx, v in enumerate(decode(msg.value)):
                 if isinstance(v, DecodeError):
-                    reject(res, v, msg, None, self.topics.dlq, "decode")
+                    reject(res, v, msg, None, dlq, "decode")
                     continue
-                if msg.topic == self.topics.by_job and msg.key:
+                if routed:
                     self.by_job_read[msg.key.decode()] += 1
-                if v.ts > ahead:
-                    reject(res, _from_the_future(v, ahead - self.max_future_s, self.max_future_s), msg, v.ts,
-                            self.topics.dlq, "future")
+                ts = v.ts
+                if ts > ahead:
+                    reject(res, _from_the_future(v, ahead - self.max_future_s, self.max_future_s), msg, ts, dlq,
+                           "future")
                     continue
-                if v.ts > frontier.get(where, float("-inf")):
-                    frontier[where] = v.ts
-                job = self._job_of(v, msg)
+                if ts > newest:
+                    newest = ts
+                job = getattr(v, "job", None) or self._job_of(v, msg)
                 if job is None:  # a node event on a job-keyed topic: let the router re-key it
                     res.sends.append(Send(self.topics.node_events, (v.node or "").encode(), encode(v)))
                     continue
                 if v.kind == "job":
                     self.job_nodes.update(r.node for r in v.ranks)
-                self._seq += 1
-                by_job.setdefault(job, []).append(_Item(v.ts, self._seq, v, msg, idx))
-                self._state(job).partition = msg.partition
+                seq += 1
+                items = by_job.get(job)
+                if items is None:
+                    items = by_job[job] = []
+                items.append(_Item(ts, seq, v, msg, idx))
+                partition_of[job] = msg.partition
+            if newest > float("-inf"):
+                frontier[where] = newest
+        self._seq = seq
+        for job, partition in partition_of.items():
+            self._state(job).partition = partition
         now = self.clock()
         for job in sorted(set(by_job) | {j for j, st in self.jobs.items() if st.held}):
             self._run_job(job, by_job.get(job, []), now, lagging, upstream, res)
@@ -392,16 +405,24 @@ class JobRunner:
         if st.core is None and not any(it.rec.kind == "job" for it in (*items, *st.held)):
             self._hold(st, job, items, now, res)
             return
-        for it in items:
-            heapq.heappush(st.held, it)
+        held = st.held
+        if held:
+            for it in items:
+                heapq.heappush(held, it)
+        else:
+            held = st.held = items  # sorted: a heap already
         point = self.release_point(st.partition, lagging, upstream)
         if self.outage is not None:  # every producer's backlog first
             point = min(point, self.outage.get(job, -math.inf))
-        if len(st.held) > MAX_PENDING:  # memory bound: past it, the oldest go ahead of their inputs
-            point = max(point, heapq.nsmallest(len(st.held) - MAX_PENDING, st.held)[-1].ts)
-        ready = []
-        while st.held and st.held[0].ts <= point:
-            ready.append(heapq.heappop(st.held))
+        if len(held) > MAX_PENDING:  # memory bound: past it, the oldest go ahead of their inputs
+            point = max(point, heapq.nsmallest(len(held) - MAX_PENDING, held)[-1].ts)
+        if held and max(it.ts for it in held) <= point:  # the usual case: every record can go
+            ready = sorted(held)
+            st.held = []
+        else:
+            ready = []
+            while held and held[0].ts <= point:
+                ready.append(heapq.heappop(held))
         if ready:
             self._process(job, st, ready, now, res)
 
