@@ -4,7 +4,9 @@
    heartbeats in batch envelopes: by default 16 records, one node's step, as a
    node sidecar sends them; `--envelopes 8,64` measures each size in turn, on
    topics of its own).
-2. Raw: an aiokafka consumer (no group) reads and `schemas.decode`s them all.
+2. Raw: an aiokafka consumer (no group) reads and `schemas.decode`s them all. Beside it, the runner
+   alone: `JobRunner.on_batch` on the same messages in this process (decode + the core + the runner's
+   bookkeeping, CPU seconds): the worker minus Kafka and Faust.
 3. Worker: `gangwatch worker` in a subprocess (defaults, `--no-silence`) consumes
    them; progress is its consumer group's committed offsets, polled every 0.1 s.
    Reported: the steady rate (first commit -> last commit) and the rate from spawn,
@@ -111,6 +113,40 @@ def prefill(bootstrap: str, t: TopicSettings, ranks: int, records: int,
     producer.flush()
     producer.close()
     return n_msgs * per_msg, n_msgs, time.perf_counter() - started
+
+
+def runner_alone(t: TopicSettings, ranks: int, records: int, per_msg: int, batch: int = 300) -> float:
+    """Records per CPU second of `JobRunner.on_batch` alone, in this process, on the same messages the worker
+    reads (job record, then envelopes of `per_msg`), `batch` messages per call and the job's state packed every
+    20 calls: what the worker's logic costs without Kafka and Faust around it."""
+    import gc
+
+    from gangwatch.streams.runner import JobRunner, Msg
+
+    t0 = 1_700_000_000.0
+    msgs = [Msg(t.jobs, 0, 0, b"j1", encode(make_job(ranks, t0, hb=5.0)), t0)]
+    chunk: list = []
+    for rec in telemetry(ranks, records // per_msg * per_msg, t0):
+        chunk.append(rec)
+        if len(chunk) == per_msg:
+            msgs.append(Msg(t.telemetry, 0, len(msgs), b"j1", encode_batch(chunk, chunk[0].ts), t0))
+            chunk = []
+    runner = JobRunner(t, silence=False, wall=lambda: t0 + 1e6)
+    thresholds = gc.get_threshold()
+    gc.collect()
+    gc.freeze()  # as the worker does (streams/worker.py run())
+    gc.set_threshold(50_000, 20, 20)
+    try:
+        start = time.process_time()
+        for k, i in enumerate(range(0, len(msgs), batch)):
+            runner.on_batch(msgs[i:i + batch])
+            if k % 20 == 0:
+                runner.state_of("j1")
+        cpu = time.process_time() - start
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+    return runner.records / cpu
 
 
 async def raw_consume(bootstrap: str, topic: str, messages: int) -> tuple[int, float]:
@@ -340,13 +376,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {records:,} records in {messages:,} messages, produced in {fill_s:.1f} s", file=sys.stderr)
             print("raw aiokafka consumer + decode ...", file=sys.stderr)
             raw_records, raw_s = asyncio.run(raw_consume(args.bootstrap, t.telemetry, messages))
+            print("the runner alone, in this process ...", file=sys.stderr)
+            alone = runner_alone(t, args.ranks, records, size)
             codes = [("this", None)] if args.baseline is None else [("baseline", args.baseline), ("this", None)]
             for rep in range(args.repeat):
                 for code, checkout in codes:
                     print(f"Faust worker ({code}) ...", file=sys.stderr)
                     wk = worker_throughput(args.bootstrap, t, f"{run}-tp{k}-{code}{rep}", messages, size,
                                            logs / f"throughput{k}-{code}{rep}.log", checkout)
-                    through.append((size, code if args.baseline else "", raw_records / raw_s, wk))
+                    through.append((size, code if args.baseline else "", raw_records / raw_s, alone, wk))
 
         lat = None
         if args.seconds > 0:
@@ -363,10 +401,11 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     shown = set()
-    for size, code, raw_rate, wk in through:
+    for size, code, raw_rate, alone, wk in through:
         if size not in shown:
             shown.add(size)
             rows.append((f"[{size}/envelope] raw consumer + decode", f"{raw_rate:,.0f} records/s", ""))
+            rows.append((f"[{size}/envelope] runner alone (this code)", f"{alone:,.0f} records/cpu-s", ""))
         who = f"worker ({code})" if code else "worker"
         rows += [
             (f"[{size}/envelope] {who}, steady", f"{wk['steady']:,.0f} records/s", ">= 50,000"),
