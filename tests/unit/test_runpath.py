@@ -216,8 +216,8 @@ def test_steps_as_columns_are_the_records_the_record_path_gives():
             assert got[0].job == want[0].job and len(got[0]) == len(want)
         else:
             seen["records"] += 1
-            assert [str(v) if type(v) is DecodeError else encode(v) for v in got] == \
-                   [str(v) if type(v) is DecodeError else encode(v) for v in want]
+            assert [v.to_dict() if type(v) is DecodeError else encode(v) for v in got] == \
+                   [v.to_dict() if type(v) is DecodeError else encode(v) for v in want]
     assert min(seen.values()) > 50, seen
 
 
