@@ -118,7 +118,7 @@ def kafka_send(bootstrap: str, **config: Any) -> tuple[Send, Callable[[], None]]
     from kafka import KafkaProducer
 
     producer = KafkaProducer(bootstrap_servers=bootstrap, client_id="gangwatch-publish", linger_ms=20,
-                             max_request_size=8 * 1024 * 1024, **{**kafka_python_security(), **config})
+                             max_request_size=16 << 20, **{**kafka_python_security(), **config})
     errors: list[BaseException] = []
 
     def send(topic: str, key: bytes, value: bytes) -> None:

@@ -132,8 +132,18 @@ class TopicSettings:
         return (*self.inputs, *self.outputs, *self.internal)
 
     def configs(self, topic: str) -> dict[str, str]:
-        """Topic configs beyond the broker defaults."""
-        return {"cleanup.policy": "compact"} if topic == self.node_jobs else {}
+        """Topic configs beyond the broker defaults.
+
+        Every topic takes messages as large as the contract allows (`GANGWATCH_MAX_MESSAGE_BYTES`, 16 MiB),
+        not the broker's 1 MB default: the `job` record of a 100,000-rank job is 6.3 MB, and a node's batch
+        envelope of stack dumps can be megabytes. (A topic that exists already keeps its own configs.)
+        """
+        from gangwatch.schemas.codec import MAX_MESSAGE_BYTES
+
+        out = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
+        if topic == self.node_jobs:
+            out["cleanup.policy"] = "compact"
+        return out
 
 
 _BY_KIND = {

@@ -49,3 +49,23 @@ def test_a_bad_message_decodes_to_an_error_not_an_exception(kafka_bootstrap, top
     [msg] = consume(kafka_bootstrap, topic, unique, 1)
     [err] = decode(msg.value)
     assert isinstance(err, DecodeError) and err.field == "rank"
+
+
+def test_a_100k_rank_job_record_fits_the_topics_gangwatch_creates(kafka_bootstrap, unique):
+    """The `job` record of a 100,000-rank job is ~6 MB: over the broker's 1 MB default, within the contract's limit
+    (topics are created with `max.message.bytes` at that limit)."""
+    from gangwatch.schemas import Job, RankInfo
+    from gangwatch.schemas.codec import MAX_MESSAGE_BYTES
+    from gangwatch.streams.topics import TopicSettings, create_topics
+
+    t = TopicSettings(prefix=f"{unique}.")
+    create_topics(t, kafka_bootstrap)
+    job = Job(ts=1.0, job="big", heartbeat_s=5.0, ranks=[
+        RankInfo(rank=r, node=f"n{r // 8:05d}", gpu=r % 8, tp=r % 8, pp=0, dp=r // 8) for r in range(100_000)])
+    value = encode(job)
+    assert 1 << 20 < len(value) < MAX_MESSAGE_BYTES
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, max_request_size=MAX_MESSAGE_BYTES)
+    producer.send(t.jobs, key=b"big", value=value).get(timeout=30)  # MessageSizeTooLargeError on a 1 MB topic
+    producer.close()
+    [msg] = consume(kafka_bootstrap, t.jobs, unique, 1)
+    assert decode(msg.value) == [job]

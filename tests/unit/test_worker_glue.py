@@ -94,3 +94,14 @@ def test_states_are_taken_on_the_tick_at_most_every_save_every_s_and_never_most_
     g.take_states()  # shutdown: every touched job, due or not
     assert pack.packed == ["small"]
     assert "big" not in g.next_take
+
+
+def test_the_state_changelog_takes_a_100k_rank_jobs_state(tmp_path) -> None:
+    """A 100k-rank job's saved state is ~0.8 MB compressed (bench): its changelog topic is made for more than the
+    broker's 1 MB default, and the producer may send it."""
+    from gangwatch.streams.worker import STATE_MAX_BYTES, WorkerSettings, make_app
+
+    app = make_app(WorkerSettings(bootstrap="127.0.0.1:1", datadir=str(tmp_path / "faust"), metrics_port=0))
+    changelog = app.tables["core-state"].changelog_topic
+    assert int(changelog.config["max.message.bytes"]) == STATE_MAX_BYTES >= 8 << 20
+    assert app.conf.producer_max_request_size == STATE_MAX_BYTES
