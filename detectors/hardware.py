@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import copy
 import re
+from array import array
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-import numpy as np
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.topology import Topology
 from gangwatch.detectors.xid import is_verdict, lookup
@@ -104,33 +104,34 @@ _COLUMN = {cond: i for i, cond in enumerate(_CONDITIONS)}
 
 
 class _NodeGpus:
-    """What the detector remembers of one node's GPUs, packed: one numpy row per GPU (those the job record puts on
-    the node, then any other as it is first seen).
+    """What the detector remembers of one node's GPUs, packed: a row per GPU (those the job record puts on the
+    node, then any other as it is first seen), each field a flat `array.array` of rows one after the other (row `r`
+    of `counters` is `counters[r * len(_COUNTERS):(r + 1) * len(_COUNTERS)]`).
 
-    - `counters`, `known`: the last value of each of `_COUNTERS`, and whether there is one yet;
+    - `counters`, `known`: the last value of each of `_COUNTERS`, and whether there is one yet (0 or 1);
     - `active`: for each of `_CONDITIONS`, -1 while it is not active, else the samples without it since it was
       last seen (it re-arms at `clean_samples`).
 
     Why: at 100k ranks a dict of counters and a dict of conditions per GPU were a third of the core's memory
-    (issue 11); these rows are under 100 bytes a GPU.
+    (issue 11); these rows are under 100 bytes a GPU. Flat arrays rather than numpy ones: each GPU sample reads and
+    writes a few items of its row, and an `array.array` item is a Python number in tens of nanoseconds where a
+    numpy item, or a row converted to a list, takes several times that.
     """
 
     __slots__ = ("rows", "counters", "known", "active")
 
     def __init__(self, gpus: Iterable[int] = ()) -> None:
         self.rows: dict[int, int] = {}  # gpu -> row
-        self.counters = np.zeros((0, len(_COUNTERS)), dtype=np.int64)
-        self.known = np.zeros((0, len(_COUNTERS)), dtype=bool)
-        self.active = np.zeros((0, len(_CONDITIONS)), dtype=np.int64)
+        self.counters, self.known, self.active = array("q"), array("b"), array("q")
         self.add(gpus)
 
     def add(self, gpus: Iterable[int]) -> None:
-        """Rows for these GPUs, nothing seen yet (growing the arrays is the costly part: done a node at a time)."""
+        """Rows for these GPUs, nothing seen yet."""
         new = [gpu for gpu in dict.fromkeys(gpus) if gpu not in self.rows]
         self.rows.update({gpu: r for r, gpu in enumerate(new, start=len(self.rows))})
-        self.counters = np.concatenate([self.counters, np.zeros((len(new), len(_COUNTERS)), dtype=np.int64)])
-        self.known = np.concatenate([self.known, np.zeros((len(new), len(_COUNTERS)), dtype=bool)])
-        self.active = np.concatenate([self.active, np.full((len(new), len(_CONDITIONS)), -1, dtype=np.int64)])
+        self.counters.extend([0] * (len(new) * len(_COUNTERS)))
+        self.known.extend([False] * (len(new) * len(_COUNTERS)))
+        self.active.extend([-1] * (len(new) * len(_CONDITIONS)))
 
     def row(self, gpu: int) -> int:
         r = self.rows.get(gpu)
@@ -140,18 +141,21 @@ class _NodeGpus:
         return r
 
     def state(self) -> dict[str, Any]:
-        return {"gpus": list(self.rows), "counters": self.counters.tolist(), "known": self.known.tolist(),
-                "active": self.active.tolist()}
+        return {"gpus": list(self.rows), "counters": _rows(self.counters, len(_COUNTERS)),
+                "known": [list(map(bool, row)) for row in _rows(self.known, len(_COUNTERS))],
+                "active": _rows(self.active, len(_CONDITIONS))}
 
     @classmethod
     def from_state(cls, s: dict[str, Any]) -> _NodeGpus:
         node = cls()
         node.rows = {gpu: r for r, gpu in enumerate(s["gpus"])}
-        n = len(node.rows)
-        node.counters = np.array(s["counters"], dtype=np.int64).reshape(n, len(_COUNTERS))
-        node.known = np.array(s["known"], dtype=bool).reshape(n, len(_COUNTERS))
-        node.active = np.array(s["active"], dtype=np.int64).reshape(n, len(_CONDITIONS))
+        for field, rows in ((node.counters, s["counters"]), (node.known, s["known"]), (node.active, s["active"])):
+            field.extend(v for row in rows for v in row)
         return node
+
+
+def _rows(field: array, width: int) -> list[list[Any]]:
+    return [field[i:i + width].tolist() for i in range(0, len(field), width)]
 
 
 class HardwareDetector:
@@ -248,17 +252,17 @@ class HardwareDetector:
             conditions["remap"] = ("degraded", "ROW_REMAP_PENDING")
         if rec.temp_c is not None and rec.temp_c >= cfg.temp_precursor_c:
             conditions["temp"] = ("precursor", "HIGH_TEMPERATURE")
-        counters, known = node.counters[r].tolist(), node.known[r].tolist()
-        for i, (field, sev, name) in enumerate(_COUNTERS):
+        for c, (field, sev, name) in enumerate(_COUNTERS):
             value = getattr(rec, field)
             if value is None:
                 continue
-            if known[i] and value - counters[i] >= self.surges[i]:
+            i = r * len(_COUNTERS) + c
+            if node.known[i] and value - node.counters[i] >= self.surges[c]:
                 conditions[field] = (sev, name)
-            if not known[i] or value != counters[i]:  # (writing into numpy is what costs: only what changed)
-                node.counters[r, i], node.known[r, i] = value, True
+            node.counters[i], node.known[i] = value, True
         out = []
-        active = node.active[r].tolist()
+        row = slice(r * len(_CONDITIONS), (r + 1) * len(_CONDITIONS))
+        active = node.active[row]
         if not conditions and max(active) < 0:
             return out  # nothing to report, nothing to re-arm: the common sample
         for cond, (sev, name) in conditions.items():
@@ -272,7 +276,7 @@ class HardwareDetector:
                 active[i] += 1
                 if active[i] >= cfg.clean_samples:
                     active[i] = -1
-        node.active[r] = active
+        node.active[row] = active
         return out
 
     # --- storms -------------------------------------------------------------------
@@ -363,11 +367,11 @@ def _gpus_from_gpu_last(gpu_last: dict[str, dict[str, Any]]) -> dict[str, _NodeG
         if node is None:
             node = gpus[name] = _NodeGpus()
         r = node.row(int(gpu))
-        for i, (field, _, _) in enumerate(_COUNTERS):
+        for i, (field, _, _) in enumerate(_COUNTERS, start=r * len(_COUNTERS)):
             if field in last["counters"]:
-                node.counters[r, i], node.known[r, i] = last["counters"][field], True
+                node.counters[i], node.known[i] = last["counters"][field], True
         for cond, clean in last["active"].items():
-            node.active[r, _COLUMN[cond]] = clean
+            node.active[r * len(_CONDITIONS) + _COLUMN[cond]] = clean
     return gpus
 
 

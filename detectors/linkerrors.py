@@ -23,11 +23,11 @@ decided without the full hysteresis hold (`explains_slow`).
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-import numpy as np
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Gpu, Record
@@ -63,58 +63,67 @@ LINK_ERRORS = FindingType("link_errors", LinkErrorRate, Policy(
 
 
 _COUNTERS = ("pcie_replay", "nvlink_crc")  # the columns of a node's links
-# One counter of one GPU: its last sample; the sample intervals in its window (at most `window`; -1: no sample yet);
-# the intervals since its last bad one; whether an episode is on.
-_LINK = np.dtype([("ts", "f8"), ("value", "i8"), ("intervals", "i8"), ("clean", "i8"), ("episode", "?")])
-_NO_SAMPLE = (0.0, 0, -1, 0, False)
+_NO_SAMPLE = (0.0, 0, -1, 0, False)  # a counter's fields (see `_NodeLinks`) before its first sample
 BadInterval = tuple[int, float, int]  # (age: 0 is the newest interval, start_ts, start_value)
 
 
 class _NodeLinks:
-    """The link counters of one node's GPUs, packed: one numpy row per GPU (those the job record puts on the node,
-    then any other as it is first seen), one column per counter of `_COUNTERS`, and the bad intervals of each
-    counter's window on the side.
+    """The link counters of one node's GPUs, packed: a row per GPU (those the job record puts on the node, then any
+    other as it is first seen), a column per counter of `_COUNTERS`, each field of a counter in a flat `array.array`
+    indexed by `row * len(_COUNTERS) + column`, and the bad intervals of each counter's window on the side.
 
     Why: at 100k ranks a dict per counter, with a list per interval of its window, was most of the core's memory
     (issue 11). Here a counter is 33 bytes, and of its window only the bad intervals are kept: the onset is the
-    oldest of them, and a healthy link, nearly every link, has none.
+    oldest of them, and a healthy link, nearly every link, has none. Flat arrays rather than one numpy structured
+    array: each GPU sample reads and writes its counters' fields one by one, and an `array.array` item is a Python
+    number in tens of nanoseconds where a structured-array item takes microseconds.
     """
 
-    __slots__ = ("rows", "links", "bad")
+    __slots__ = ("rows", "ts", "value", "intervals", "clean", "episode", "bad")
 
     def __init__(self, gpus: Iterable[int] = ()) -> None:
         self.rows: dict[int, int] = {}  # gpu -> row
-        self.links = np.empty((0, len(_COUNTERS)), dtype=_LINK)
-        self.bad: dict[tuple[int, int], list[BadInterval]] = {}  # (row, column) -> its window's, oldest first
+        # a counter's last sample; the sample intervals in its window (at most `window`; -1: no sample yet); the
+        # intervals since its last bad one; whether an episode is on
+        self.ts, self.value = array("d"), array("q")
+        self.intervals, self.clean, self.episode = array("q"), array("q"), array("b")
+        self.bad: dict[int, list[BadInterval]] = {}  # index -> its window's, oldest first
         self.add(gpus)
 
-    def add(self, gpus: Iterable[int]) -> None:
-        """Rows for these GPUs, no sample yet (growing the array is the costly part: done a node at a time)."""
-        new = [gpu for gpu in dict.fromkeys(gpus) if gpu not in self.rows]
-        more = np.empty((len(new), len(_COUNTERS)), dtype=_LINK)
-        more[...] = _NO_SAMPLE
-        self.rows.update({gpu: r for r, gpu in enumerate(new, start=len(self.rows))})
-        self.links = np.concatenate([self.links, more])
+    def fields(self) -> tuple[array, ...]:
+        """The arrays, in the order of `_NO_SAMPLE` and of a counter in `state()`."""
+        return self.ts, self.value, self.intervals, self.clean, self.episode
 
-    def row(self, gpu: int) -> int:
+    def add(self, gpus: Iterable[int]) -> None:
+        """Rows for these GPUs, no sample yet."""
+        new = [gpu for gpu in dict.fromkeys(gpus) if gpu not in self.rows]
+        self.rows.update({gpu: r for r, gpu in enumerate(new, start=len(self.rows))})
+        for field, empty in zip(self.fields(), _NO_SAMPLE, strict=True):
+            field.extend([empty] * (len(new) * len(_COUNTERS)))
+
+    def index(self, gpu: int, c: int) -> int:
+        """Where counter `c` of this GPU is in the arrays (a row for the GPU if it has none yet)."""
         r = self.rows.get(gpu)
         if r is None:
             self.add([gpu])
             r = self.rows[gpu]
-        return r
+        return r * len(_COUNTERS) + c
 
     def state(self) -> dict[str, Any]:
-        gpus = list(self.rows)
-        return {"gpus": gpus, "links": [[list(link) for link in row] for row in self.links.tolist()],
-                "bad": [[gpus[r], _COUNTERS[c], [list(b) for b in bad]] for (r, c), bad in self.bad.items()]}
+        gpus, n = list(self.rows), len(_COUNTERS)
+        links = [[ts, value, intervals, clean, bool(episode)]
+                 for ts, value, intervals, clean, episode in zip(*self.fields(), strict=True)]
+        return {"gpus": gpus, "links": [links[i:i + n] for i in range(0, len(links), n)],
+                "bad": [[gpus[i // n], _COUNTERS[i % n], [list(b) for b in bad]] for i, bad in self.bad.items()]}
 
     @classmethod
     def from_state(cls, s: dict[str, Any]) -> _NodeLinks:
         node = cls()
         node.rows = {gpu: r for r, gpu in enumerate(s["gpus"])}
-        links = [[tuple(link) for link in row] for row in s["links"]]
-        node.links = np.array(links, dtype=_LINK).reshape(len(links), len(_COUNTERS))
-        node.bad = {(node.rows[gpu], _COUNTERS.index(counter)): [tuple(b) for b in bad]
+        links = [link for row in s["links"] for link in row]
+        for k, field in enumerate(node.fields()):
+            field.extend(link[k] for link in links)
+        node.bad = {node.rows[gpu] * len(_COUNTERS) + _COUNTERS.index(counter): [tuple(b) for b in bad]
                     for gpu, counter, bad in s["bad"]}
         return node
 
@@ -150,36 +159,38 @@ class LinkErrorDetector:
                 if node is None:  # rows for the GPUs the job record puts on it
                     gpus = (self.topo.ranks[r].gpu for r in self.topo.node_ranks.get(rec.node, ()))
                     node = self.nodes[rec.node] = _NodeLinks(gpus)
-                out += self._sample(rec, node, node.row(rec.gpu), c, int(value))
+                out += self._sample(rec, node, node.index(rec.gpu, c), c, int(value))
         return out
 
-    def _sample(self, rec: Gpu, node: _NodeLinks, r: int, c: int, value: int) -> list[Finding]:
+    def _sample(self, rec: Gpu, node: _NodeLinks, i: int, c: int, value: int) -> list[Finding]:
+        """Counter `c` of the GPU sampled by `rec`, at index `i` of its node's arrays, is now `value`."""
         cfg = self.config
-        ts, last, intervals, clean, episode = node.links[r, c].item()
+        ts, last, intervals = node.ts[i], node.value[i], node.intervals[i]
         if intervals >= 0 and rec.ts <= ts:
             return []  # not newer than the last sample of this GPU
         if intervals < 0 or value < last:  # first sample, or the counter was reset
-            node.links[r, c] = (rec.ts, value, 0, 0, False)
-            node.bad.pop((r, c), None)
+            node.value[i], node.ts[i], node.intervals[i], node.clean[i], node.episode[i] = value, rec.ts, 0, 0, False
+            node.bad.pop(i, None)
             return []
         bad = (value - last) / (rec.ts - ts) >= self.thresholds[c]
         # the window takes the new interval; its oldest leaves once it holds `window`
         intervals = min(intervals, cfg.window - 1) + 1
-        over = [(age + 1, t, v) for age, t, v in node.bad.get((r, c), ()) if age + 1 < cfg.window]
+        over = [(age + 1, t, v) for age, t, v in node.bad.get(i, ()) if age + 1 < cfg.window]
         if bad:
             over.append((0, ts, last))
         if over:
-            node.bad[(r, c)] = over
+            node.bad[i] = over
         else:
-            node.bad.pop((r, c), None)
-        clean = 0 if bad else clean + 1
-        found = []
+            node.bad.pop(i, None)
+        clean = 0 if bad else node.clean[i] + 1
+        episode, found = node.episode[i], []
         if episode:
             episode = clean < cfg.rearm_intervals
         elif len(over) >= cfg.hits:
             episode = True
             found = [self._finding(rec, c, value, over, intervals)]
-        node.links[r, c] = (rec.ts, value, intervals, clean, episode)
+        node.value[i], node.ts[i], node.intervals[i], node.clean[i], node.episode[i] = \
+            value, rec.ts, intervals, clean, episode
         return found
 
     def _finding(self, rec: Gpu, c: int, value: int, over: list[BadInterval], intervals: int) -> Finding:
@@ -221,9 +232,10 @@ def _nodes_from_links(links: dict[str, dict[str, Any]]) -> dict[str, _NodeLinks]
         node = nodes.get(name)
         if node is None:
             node = nodes[name] = _NodeLinks()
-        r, c, recent = node.row(int(gpu)), _COUNTERS.index(counter), s["recent"]
-        node.links[r, c] = (s["ts"], s["value"], len(recent), s["clean"], s["episode"])
-        bad = [(len(recent) - 1 - i, t, v) for i, (t, v, b) in enumerate(recent) if b]
+        i, recent = node.index(int(gpu), _COUNTERS.index(counter)), s["recent"]
+        for field, v in zip(node.fields(), (s["ts"], s["value"], len(recent), s["clean"], s["episode"]), strict=True):
+            field[i] = v
+        bad = [(len(recent) - 1 - k, t, v) for k, (t, v, b) in enumerate(recent) if b]
         if bad:
-            node.bad[(r, c)] = bad
+            node.bad[i] = bad
     return nodes
