@@ -19,7 +19,7 @@ only (with a version), so a redeploy with new thresholds reaches restored jobs.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +57,42 @@ def _until_due(ts: list[float], start: int, top: float, lateness: float, due: fl
                 return k, top
             top = t
     return len(ts), top
+
+
+def _run_end(recs: list[Record | StepRows], start: int, top: float, lateness: float, due: float,
+             job: str | None = None, job_of: Callable[[Record], str | None] | None = None) -> tuple[int, float, int]:
+    """How far the run of records that begins at `recs[start]` (of `RUN_KINDS`) goes: up to the first record that
+    is not of `RUN_KINDS`, moves event time to `due` or past it, or (with `job`: replay's many jobs) is not job
+    `job`'s, by `job_of`. Returns (its end, the largest time in it, at least `top`, its record count). A `StepRows`
+    the run ends inside is cut in two in place (`recs` grows by one; the end is where its rest begins)."""
+    n, e, count = len(recs), start, 0
+    while e < n:
+        r = recs[e]
+        if type(r) is StepRows:
+            if job is not None and r.job != job:
+                break
+            k, top = _until_due(r.ts, 1 if e == start else 0, top, lateness, due)
+            count += k
+            if k < len(r):
+                if k:
+                    recs[e:e + 1] = r.split(k)
+                    e += 1
+                break
+        elif e > start:
+            if r.kind not in RUN_KINDS:
+                break
+            t = r.ts
+            if t > top and t - lateness >= due:
+                break
+            if job_of is not None and job_of(r) != job:
+                break
+            if t > top:
+                top = t
+            count += 1
+        else:
+            count += 1
+        e += 1
+    return e, top, count
 
 
 class JobCore:
@@ -118,29 +154,8 @@ class JobCore:
                 self.max_ts = ts
                 if ts - lateness >= self.watermark + tick:
                     self.advance(ts - lateness, out)
-            e, top, due, count = s, self.max_ts, self.watermark + tick, 0
-            while e < n:
-                r = recs[e]
-                if type(r) is StepRows:
-                    k, top = _until_due(r.ts, 1 if e == s else 0, top, lateness, due)
-                    count += k
-                    if k < len(r):
-                        if k:
-                            recs[e:e + 1] = r.split(k)
-                            n, e = n + 1, e + 1
-                        break
-                elif e > s:
-                    if r.kind not in RUN_KINDS:
-                        break
-                    t = r.ts
-                    if t > top:
-                        if t - lateness >= due:
-                            break
-                        top = t
-                    count += 1
-                else:
-                    count += 1
-                e += 1
+            e, top, count = _run_end(recs, s, self.max_ts, lateness, self.watermark + tick)
+            n = len(recs)
             self.max_ts = top
             self.records += count
             self._observe_run(RecordRun(recs[s:e]), out)
@@ -267,9 +282,7 @@ class Core:
 
     def _job_of(self, rec: Record) -> str | None:
         """The job a record of `RUN_KINDS` goes to (None: none known)."""
-        if rec.kind in JOB_KEYED:
-            return rec.job if rec.job in self.jobs else None
-        job = self.node_job.get(rec.node)
+        job = rec.job if rec.kind in JOB_KEYED else self.node_job.get(rec.node)
         return job if job in self.jobs else None
 
     def process_many(self, recs: list[Record | StepRows], out: Outputs | None = None) -> Outputs:
@@ -298,34 +311,9 @@ class Core:
                 self.max_ts = ts
                 if silence and ts - lateness >= self.clock + tick:
                     self.advance(ts - lateness, out)
-            j, top, count = i, self.max_ts, 0
             due = self.clock + tick if silence else math.inf
-            while j < n:
-                r = recs[j]
-                if type(r) is StepRows:
-                    if r.job != job:
-                        break
-                    k, top = _until_due(r.ts, 1 if j == i else 0, top, lateness, due)
-                    count += k
-                    if k < len(r):
-                        if k:
-                            recs[j:j + 1] = r.split(k)
-                            n, j = n + 1, j + 1
-                        break
-                elif j > i:
-                    if r.kind not in RUN_KINDS:
-                        break
-                    t = r.ts
-                    if t > top and t - lateness >= due:
-                        break
-                    if (r.job if r.kind in JOB_KEYED else self.node_job.get(r.node)) != job:
-                        break
-                    if t > top:
-                        top = t
-                    count += 1
-                else:
-                    count += 1
-                j += 1
+            j, top, count = _run_end(recs, i, self.max_ts, lateness, due, job, self._job_of)
+            n = len(recs)
             self.max_ts = top
             self.records += count
             self.jobs[job].process_many(recs[i:j], out)
