@@ -245,9 +245,9 @@ class HardwareDetector:
             node = self.gpus[rec.node] = _NodeGpus(gpus)
         r = node.row(rec.gpu)
         conditions: dict[str, tuple[str, str]] = {}
-        throttle = sorted(set(rec.throttle or ()) & _THROTTLE_DEGRADED)
+        throttle = _THROTTLE_DEGRADED.intersection(rec.throttle) if rec.throttle else None
         if throttle:
-            conditions["throttle"] = ("degraded", "THROTTLE:" + ",".join(throttle))
+            conditions["throttle"] = ("degraded", "THROTTLE:" + ",".join(sorted(throttle)))
         if rec.remap_pending:
             conditions["remap"] = ("degraded", "ROW_REMAP_PENDING")
         if rec.temp_c is not None and rec.temp_c >= cfg.temp_precursor_c:
