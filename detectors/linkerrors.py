@@ -175,6 +175,10 @@ class LinkErrorDetector:
         bad = (value - last) / (rec.ts - ts) >= self.thresholds[c]
         # the window takes the new interval; its oldest leaves once it holds `window`
         intervals = min(intervals, cfg.window - 1) + 1
+        if not bad and i not in node.bad and not node.episode[i] and cfg.hits > 0:  # a healthy link: nearly all
+            node.value[i], node.ts[i], node.intervals[i] = value, rec.ts, intervals
+            node.clean[i] += 1
+            return []
         over = [(age + 1, t, v) for age, t, v in node.bad.get(i, ()) if age + 1 < cfg.window]
         if bad:
             over.append((0, ts, last))
