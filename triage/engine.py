@@ -19,7 +19,7 @@ only (with a version), so a redeploy with new thresholds reaches restored jobs.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,11 +60,12 @@ def _until_due(ts: list[float], start: int, top: float, lateness: float, due: fl
 
 
 def _run_end(recs: list[Record | StepRows], start: int, top: float, lateness: float, due: float,
-             job: str | None = None, job_of: Callable[[Record], str | None] | None = None) -> tuple[int, float, int]:
+             job: str | None = None, node_job: Mapping[str, str] | None = None) -> tuple[int, float, int]:
     """How far the run of records that begins at `recs[start]` (of `RUN_KINDS`) goes: up to the first record that
     is not of `RUN_KINDS`, moves event time to `due` or past it, or (with `job`: replay's many jobs) is not job
-    `job`'s, by `job_of`. Returns (its end, the largest time in it, at least `top`, its record count). A `StepRows`
-    the run ends inside is cut in two in place (`recs` grows by one; the end is where its rest begins)."""
+    `job`'s (a node event is the job's that `node_job` says runs on its node). Returns (its end, the largest time
+    in it, at least `top`, its record count). A `StepRows` the run ends inside is cut in two in place (`recs`
+    grows by one; the end is where its rest begins)."""
     n, e, count = len(recs), start, 0
     while e < n:
         r = recs[e]
@@ -84,7 +85,7 @@ def _run_end(recs: list[Record | StepRows], start: int, top: float, lateness: fl
             t = r.ts
             if t > top and t - lateness >= due:
                 break
-            if job_of is not None and job_of(r) != job:
+            if job is not None and (r.job if r.kind in JOB_KEYED else node_job.get(r.node)) != job:
                 break
             if t > top:
                 top = t
@@ -312,7 +313,7 @@ class Core:
                 if silence and ts - lateness >= self.clock + tick:
                     self.advance(ts - lateness, out)
             due = self.clock + tick if silence else math.inf
-            j, top, count = _run_end(recs, i, self.max_ts, lateness, due, job, self._job_of)
+            j, top, count = _run_end(recs, i, self.max_ts, lateness, due, job, self.node_job)
             n = len(recs)
             self.max_ts = top
             self.records += count
