@@ -176,7 +176,12 @@ class HardwareDetector:
         self.surges = (1, self.config.sbe_burst, self.config.pcie_replay_surge, self.config.nvlink_crc_surge)
 
     def set_topology(self, topo: Topology) -> None:
+        """A new job record: the GPUs and NIC states of nodes that left the job are forgotten (a node that comes
+        back starts from a baseline sample, as a new one does; its storms end on their own)."""
         self.topo = topo
+        nodes = set(topo.nodes)
+        self.gpus = {k: v for k, v in self.gpus.items() if k in nodes}
+        self.nic_down = {k: v for k, v in self.nic_down.items() if k.split("|", 1)[0] in nodes}
 
     # --- observe ----------------------------------------------------------------
 

@@ -217,6 +217,18 @@ def test_nic_down_for_good_is_fatal() -> None:
     assert det.observe(nic(T0 + 700, "mlx5_core 0000:17:00.0 ens1np0: Link up")) == []
 
 
+def test_nodes_that_leave_the_job_are_forgotten() -> None:
+    """A new job record without n000: its GPUs' counters and its NIC outage go; n001's stay and still count."""
+    det = HardwareDetector(topo())
+    drive(det, [gpu(T0, node=n, ecc_dbe=0) for n in ("n000", "n001")] +
+          [nic(T0 + 1, "mlx5_core 0000:17:00.0 ens1np0: Link down", node=n) for n in ("n000", "n001")], tail=0)
+    det.set_topology(Topology.from_job(Job(ts=T0 + 2, job="j", ranks=[RankInfo(rank=0, node="n001", gpu=3)])))
+    assert list(det.gpus) == ["n001"]
+    assert [(f.node, f.evidence["name"]) for f in det.advance(T0 + 40)] == [("n001", "NIC_DOWN")]
+    assert [(f.node, f.evidence["name"]) for f in det.observe(gpu(T0 + 41, node="n001", ecc_dbe=1))] == [
+        ("n001", "ECC_DBE")]
+
+
 def test_two_nics_of_one_node_are_told_apart() -> None:
     # ens1np0 goes down for good while ens2np0 flaps: the flap must not clear the other link
     recs = [nic(T0, "mlx5_core 0000:17:00.0 ens1np0: Link down"),
