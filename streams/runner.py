@@ -397,6 +397,10 @@ class JobRunner:
         if items:
             items.sort()
             fresh = self._fresh(st, items)  # offsets advance as read, held or not: what is unprocessed is owed
+            if len(fresh) < len(items):
+                # a copy skipped (the router's re-publish) still moved the offsets: a state taken now lets the
+                # commits pass it, where none would be taken until the job's next record came
+                res.dirty.add(job)
             res.duplicates += len(items) - len(fresh)
             items = fresh
         if st.pending:

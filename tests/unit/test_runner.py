@@ -364,6 +364,23 @@ def test_resume_points_follow_what_the_broker_has_saved():
     assert a.resume_points() == {(T.telemetry, 0): 3}  # read after the newest saved state
 
 
+def test_a_skipped_copy_of_a_node_event_is_saved_past_so_the_commits_reach_it():
+    """The router re-publishes a node event the job already processed (after a restart): the copy is skipped,
+    but it moved by-job's offset, so the job counts as changed; once that state is saved, nothing is held back
+    (else the commits stopped before the copy until the job's next record)."""
+    a = JobRunner(T)
+    a.on_batch(_out_of_offset_order())
+    a.saved("j1", a.state_of("j1"))
+    assert a.resume_points() == {}
+    hw = encode(xid("n000", T0 + 1.6))
+    assert a.on_batch([Msg(T.by_job, 0, 1, b"j1", hw)]).dirty == {"j1"}
+    a.saved("j1", a.state_of("j1"))
+    copy = a.on_batch([Msg(T.by_job, 0, 2, b"j1", hw)])
+    assert (a.duplicates, copy.dirty, a.resume_points()) == (1, {"j1"}, {(T.by_job, 0): 2})
+    a.saved("j1", a.state_of("j1"))
+    assert a.resume_points() == {}
+
+
 def test_records_waiting_for_their_job_record_are_owed_until_given_up():
     clock = Clock()
     a = JobRunner(T, hold_s=5.0, clock=clock)
