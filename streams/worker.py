@@ -57,7 +57,7 @@ import logging
 import math
 import tempfile
 import time
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -147,7 +147,6 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     sinks = [queued(sink, capacity=s.sink_queue, retry=retry) for sink in sinks or []]  # off the loop, a thread each
 
     _fetch_wait(s.fetch_wait_ms)
-    _seek_uncommitted()
     t = s.topics
     datadir = Path(s.datadir or Path(tempfile.gettempdir()) / "gangwatch-faust" / s.app_id)
     datadir.parent.mkdir(parents=True, exist_ok=True)  # Faust makes only the last level
@@ -295,42 +294,6 @@ def _fetch_wait(ms: int) -> None:
 
     cls._gangwatch_orig_create = orig
     cls._create_worker_consumer = create
-
-
-def _seek_uncommitted() -> None:
-    """Make Faust's seek back to the committed offsets reach every input partition (`_seek_to_committed`)."""
-    from faust.transport.drivers import aiokafka as driver
-
-    async def seek_to_committed(self: Any) -> Mapping[Any, int | None]:
-        app = self.consumer.app
-        return await self.call_thread(_seek_to_committed, self._ensure_consumer(),
-                                      app.conf.consumer_auto_offset_reset, app.tables.changelog_topics)
-
-    driver.AIOKafkaConsumerThread.seek_to_committed = seek_to_committed
-
-
-async def _seek_to_committed(consumer: Any, reset: str, skip: Container[str]) -> dict[Any, int | None]:
-    """aiokafka's `seek_to_committed`, also for the partitions committed at offset 0 or not at all.
-
-    aiokafka seeks only the partitions whose committed offset is above 0 and leaves the others where the fetcher
-    is. Faust drops what was fetched for a partition not yet active (while a new assignment is recovered) and
-    counts on this seek to read it again: a partition committed at 0 (commits capped at its first record) or
-    never (a new group) stayed past those records, which were never delivered; a restarted worker then held its
-    jobs forever, waiting for an input it could not read (the release point, `JobRunner`). Such a partition
-    goes back to 0, or where the reset policy starts (earliest: the first record; latest: left as it is).
-    `skip`: topics Faust positions itself (the tables' changelogs)."""
-    committed = await consumer.seek_to_committed()
-    start = []
-    for tp, offset in committed.items():
-        if tp.topic in skip or (offset is not None and offset > 0):
-            continue
-        if offset == 0:
-            consumer.seek(tp, 0)
-        elif reset == "earliest":
-            start.append(tp)
-    if start:
-        await consumer.seek_to_beginning(*start)
-    return committed
 
 
 class _Glue:
