@@ -57,7 +57,7 @@ import logging
 import math
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -147,6 +147,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     sinks = [queued(sink, capacity=s.sink_queue, retry=retry) for sink in sinks or []]  # off the loop, a thread each
 
     _fetch_wait(s.fetch_wait_ms)
+    _seek_uncommitted()
     t = s.topics
     datadir = Path(s.datadir or Path(tempfile.gettempdir()) / "gangwatch-faust" / s.app_id)
     datadir.parent.mkdir(parents=True, exist_ok=True)  # Faust makes only the last level
@@ -230,7 +231,6 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
             return
         await _producer_knows(app, (states, nodemap))
         async with busy:
-            runner.path(glue.answering(s.fresh_s))
             res = runner.on_tick(glue.caught_up, glue.lagging, glue.upstream)
             await glue.publish(res)
             glue.save(res, take=True)
@@ -239,6 +239,14 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         router.on_tick()
         glue.sample_metrics()
         glue.stats(router, s.stats_every_s)
+
+    @app.timer(s.tick_s)
+    async def watch_path() -> None:
+        # apart from `tick`, and awaiting nothing: a commit or a send to a broker that is gone blocks the tick
+        # until the broker is back (measured: 48 s of a 45 s outage), and an outage never seen would let the
+        # first producers to resend make the others look silent
+        if not (app.rebalancing or app.in_recovery):
+            glue.watch_path(s.fresh_s)
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
@@ -294,6 +302,39 @@ def _fetch_wait(ms: int) -> None:
 
     cls._gangwatch_orig_create = orig
     cls._create_worker_consumer = create
+
+
+def _seek_uncommitted() -> None:
+    """Make Faust's seek back to the committed offsets reach every input partition (`_seek_to_committed`)."""
+    from faust.transport.drivers import aiokafka as driver
+
+    async def seek_to_committed(self: Any) -> Mapping[Any, int | None]:
+        app = self.consumer.app
+        return await self.call_thread(_seek_to_committed, self._ensure_consumer(),
+                                      app.conf.consumer_auto_offset_reset, app.tables.changelog_topics)
+
+    driver.AIOKafkaConsumerThread.seek_to_committed = seek_to_committed
+
+
+async def _seek_to_committed(consumer: Any, reset: str, skip: Container[str]) -> dict[Any, int | None]:
+    """aiokafka's `seek_to_committed`, also for the partitions committed at offset 0 or not at all.
+
+    aiokafka seeks only the partitions whose committed offset is above 0 and leaves the others where the fetcher
+    is. Faust drops what it fetched for a partition not active yet, or still queued for an agent when a rebalance
+    starts, and counts on this seek to read it again: a partition committed at 0 (commits capped at its first
+    record) or never (a new group) stayed past those records, which were never delivered; a restarted worker then
+    held its jobs forever, waiting for an input it could not read (the release point, `JobRunner`). Such a
+    partition goes back to 0 (never committed: only under the earliest reset policy; latest leaves it be). The
+    seek is local, no request to the broker (which may be the one coming back from an outage); where 0 is no
+    longer in the log the fetcher falls back to the reset policy, i.e. the first record kept.
+    `skip`: topics Faust positions itself (the tables' changelogs)."""
+    committed = await consumer.seek_to_committed()
+    for tp, offset in committed.items():
+        if tp.topic in skip or (offset is not None and offset > 0):
+            continue
+        if offset == 0 or reset == "earliest":
+            consumer.seek(tp, 0)
+    return committed
 
 
 class _Glue:
@@ -518,6 +559,17 @@ class _Glue:
             if hw is not None and pos < hw:
                 return False
         return True
+
+    def watch_path(self, fresh_s: float) -> None:
+        """Tell the runner whether the input path answers (`JobRunner.path`); log when that changes."""
+        runner = self.runner
+        outages, no_grace = runner.outages, math.isinf(runner.trust_from)
+        runner.path(self.answering(fresh_s))
+        if runner.outages > outages:
+            log.warning("no fetch answered for %.1f s: the broker is unreachable; silence is not judged until it "
+                        "is back and every producer had %.0f s to resend its spool", fresh_s, runner.reconnect_s)
+        elif no_grace and runner.outage is not None and not math.isinf(runner.trust_from):
+            log.info("fetches answered again: waiting %.0f s for every producer's backlog", runner.reconnect_s)
 
     def answering(self, fresh_s: float) -> bool:
         """Whether the broker answers our fetches: some assigned partition had one answered within `fresh_s`.

@@ -8,8 +8,10 @@ is started again on the same data. Meanwhile the trainer clients and agents
 spool; afterwards they resend, each after its own back-off, and the worker waits
 its reconnect grace for all of them before it judges silence (streams/runner.py).
 
-Checked once the job has ended and the worker has read everything: every step of
-every rank is stored, every rank's heartbeats are stored without a gap longer
+Checked right after the restart: the worker logged the outage (it holds what
+producers resend for its grace only when it saw the broker go). Checked once
+the job has ended and the worker has read everything: every step of every rank
+is stored, every rank's heartbeats are stored without a gap longer
 than two periods (the heartbeat thread kept beating through the outage, into the
 spool), no producer reports a dropped record, and nothing above precursor
 severity was found: no finding, no action, no incident.
@@ -59,6 +61,11 @@ def test_a_broker_killed_for_30_s_during_a_healthy_run_loses_no_record_and_raise
         broker.start()
         print(f"\nbroker down {time.monotonic() - killed:.1f} s (killed at checkpoint {during}, "
               f"{OUTAGE_S:g} s down, then its restart)")
+        # the worker saw the outage (its grace holds the first producers to resend): before its own watch, the
+        # silence timer that also looked for it sat in a commit to the dead broker and never did
+        worker_log = tmp_path / "job" / "worker.log"
+        job.wait(lambda: "the broker is unreachable" in worker_log.read_text(errors="replace"), 30.0,
+                 "the worker to log the outage")
         job.run_to_end(400.0)
         job.wait(lambda: caught_up(broker.bootstrap, name, topics.job_inputs), 120.0, "the worker to read it all")
         want = RANKS * (STEPS + 1)  # steps 0..STEPS on every rank

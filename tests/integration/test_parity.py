@@ -333,12 +333,6 @@ def test_several_jobs_as_a_backlog_match_replay(kafka_bootstrap, topics, unique,
     assert_same_per_job(kafka_bootstrap, topics, expected)
 
 
-
-@pytest.mark.xfail(strict=False, reason=(
-    "quarantined, known bug (issue 11's note): a worker restarted after a kill sometimes never receives records "
-    "of a partition committed at offset 0 or never (Faust drops records fetched during recovery and aiokafka's "
-    "seek_to_committed skips such partitions), so it holds its jobs or its commits stop short; failed 3 of 5 "
-    "clean-clone CI trials. Remove this mark with the fix."))
 def test_several_jobs_match_replay_with_the_worker_killed_halfway(kafka_bootstrap, topics, unique, tmp_path,
                                                                     workers):
     """The same backlog, longer (one record per message), and the worker SIGKILLed as soon as the first finding

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections import namedtuple
 from types import SimpleNamespace
 
 import pytest
 from gangwatch.streams.runner import JobRunner
 from gangwatch.streams.topics import TopicSettings
-from gangwatch.streams.worker import _Glue
+from gangwatch.streams.worker import _Glue, _seek_to_committed
 
 pytestmark = pytest.mark.unit
 
@@ -105,3 +107,30 @@ def test_the_state_changelog_takes_a_100k_rank_jobs_state(tmp_path) -> None:
     changelog = app.tables["core-state"].changelog_topic
     assert int(changelog.config["max.message.bytes"]) == STATE_MAX_BYTES >= 8 << 20
     assert app.conf.producer_max_request_size == STATE_MAX_BYTES
+
+
+class Seeking:
+    """aiokafka's consumer as `_seek_to_committed` drives it: the committed offsets, and the seeks made."""
+
+    def __init__(self, committed: dict[tuple[str, int], int | None]) -> None:
+        self.committed = committed
+        self.seeks: dict[tuple[str, int], int | str] = {}
+
+    async def seek_to_committed(self) -> dict[tuple[str, int], int | None]:  # aiokafka: only offsets above 0
+        self.seeks.update({tp: off for tp, off in self.committed.items() if off and off > 0})
+        return dict(self.committed)
+
+    def seek(self, tp: tuple[str, int], offset: int) -> None:
+        self.seeks[tp] = offset
+
+
+@pytest.mark.parametrize("reset, fresh", [("earliest", 0), ("latest", None)])
+def test_the_seek_back_to_the_committed_offsets_reaches_partitions_committed_at_0_or_never(reset, fresh) -> None:
+    """Records Faust fetched for a partition not active yet are dropped and read again from the committed offset:
+    one committed at 0, or not at all, has to be sought too, or those records are never delivered."""
+    TP = namedtuple("TP", "topic partition")
+    at0, seven, never, log = TP("jobs", 0), TP("jobs", 1), TP("by-job", 3), TP("app-core-state-changelog", 0)
+    consumer = Seeking({at0: 0, seven: 7, never: None, log: None})
+    committed = asyncio.run(_seek_to_committed(consumer, reset, {log.topic}))
+    assert committed == consumer.committed  # what Faust reads back is aiokafka's answer
+    assert consumer.seeks == {at0: 0, seven: 7, **({never: fresh} if fresh is not None else {})}  # a changelog: Faust's
