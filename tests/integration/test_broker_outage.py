@@ -14,7 +14,8 @@ the job has ended and the worker has read everything: every step of every rank
 is stored, every rank's heartbeats are stored without a gap longer
 than two periods (the heartbeat thread kept beating through the outage, into the
 spool), no producer reports a dropped record, and nothing above precursor
-severity was found: no finding, no action, no incident.
+severity was found: no finding (but a job-wide slowdown, which blames nobody),
+no action, no incident.
 """
 
 from __future__ import annotations
@@ -75,7 +76,13 @@ def test_a_broker_killed_for_30_s_during_a_healthy_run_loses_no_record_and_raise
                               "AND kind = 'step'")
             return row["n"]
 
-        job.wait(lambda: stored_steps() == want, 120.0, f"all {want} steps stored")
+        try:
+            job.wait(lambda: stored_steps() == want, 120.0, f"all {want} steps stored")
+        except AssertionError as e:
+            rows = job.query(f"SELECT DISTINCT rank, step FROM gw_telemetry WHERE job = '{name}' AND kind = 'step'")
+            have = {(r["rank"], r["step"]) for r in rows}
+            missing = sorted({(r, s) for r in range(RANKS) for s in range(STEPS + 1)} - have)
+            raise AssertionError(f"{len(missing)} steps not stored, (rank, step): {missing[:40]}") from e
         [steps] = job.query(f"SELECT count() AS n FROM gw_telemetry WHERE job = '{name}' AND kind = 'step'")
         beats = job.query(f"SELECT rank, ts, payload FROM gw_telemetry WHERE job = '{name}' AND kind = 'heartbeat' "
                           "ORDER BY rank, ts")
@@ -88,7 +95,14 @@ def test_a_broker_killed_for_30_s_during_a_healthy_run_loses_no_record_and_raise
         assert sorted(by_rank) == list(range(RANKS))
         gaps = {r: max(b - a for a, b in zip(ts, ts[1:], strict=False)) for r, ts in by_rank.items()}
         assert max(gaps.values()) <= 2 * HEARTBEAT_S, gaps
-        findings = [f for f in job.findings() if json.loads(f["evidence"]).get("severity") != "precursor"]
+        # A job slowdown is the trainers' own step times (not delivery timing, which the outage disturbs): on this
+        # 2-core machine every client and the worker retrying a dead broker can slow a 0.1 s step for a few steps.
+        # It names nobody and opens nothing (as in the benign-noise scenario); any other finding is a false alarm.
+        for f in job.findings():
+            if f["type"] == "job_slowdown":
+                print(f"the job itself was slower for a while: {f['evidence']}")
+        findings = [f for f in job.findings() if f["type"] != "job_slowdown"
+                    and json.loads(f["evidence"]).get("severity") != "precursor"]
         assert findings + job.actions() + job.incidents() == []
     finally:
         job.stop()
