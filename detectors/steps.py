@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from gangwatch.schemas import Finding, Record
-from gangwatch.schemas.codec import StepRows
+from gangwatch.schemas.columns import StepRows
 
 _BATCH_MIN_RUN = 16  # shorter runs of one step go through the per-record path (cheaper, same result)
 

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import IO
 
 from gangwatch.schemas import DeadLetter, DecodeError, Outputs, Record, codec, decode
-from gangwatch.schemas.codec import StepRows, oversized
+from gangwatch.schemas.codec import oversized
+from gangwatch.schemas.columns import StepRows
 from gangwatch.sinks.base import Sink
 from gangwatch.sinks.files import JsonlSink
 from gangwatch.sinks.store import Store

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from gangwatch.detectors.monitor import JobMonitor, RecordRun
 from gangwatch.schemas import DecodeError, Job, Outputs, Record, encode
-from gangwatch.schemas.codec import StepRows
+from gangwatch.schemas.columns import StepRows
 from gangwatch.triage.config import TriageConfig
 from gangwatch.triage.job import Triage
 

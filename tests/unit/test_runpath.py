@@ -22,7 +22,7 @@ from gangwatch.schemas import (
     encode,
     to_dict,
 )
-from gangwatch.schemas.codec import StepRows
+from gangwatch.schemas.columns import StepRows
 from gangwatch.streams import replay
 from gangwatch.triage.engine import Core, JobCore
 
