@@ -16,7 +16,7 @@ before that state was taken:
 A state not yet written is no loss: the saved one is older, and a replacement worker
 restores it, reads the inputs after it again and delivers their outputs (with the
 same ids: sinks are idempotent, so what was delivered twice is not doubled). The
-input offsets live in the state (`streams.runner.JobState`), so reading again starts
+input offsets live in the state (`streams.jobstate.JobState`), so reading again starts
 exactly there.
 
 Per job at most two states wait: the oldest (whose outputs are on their way) and the

@@ -59,7 +59,8 @@ class Packing:
 
 
 def test_states_are_taken_on_the_tick_at_most_every_save_every_s_and_never_most_of_the_time() -> None:
-    from gangwatch.streams.runner import JobState, Result
+    from gangwatch.streams.jobstate import JobState
+    from gangwatch.streams.runner import Result
 
     g = glue(Consumer({}))
     g.save_every_s = 1.0
