@@ -2,7 +2,8 @@
 
 `make_app(settings)` builds the app (there is no module-level app); `run(settings)`
 creates the topics and runs a Faust worker until TERM/INT. The logic lives in
-`streams.runner`; this module only wires it to Faust:
+`streams.runner`; this module only wires it to Faust, with the I/O half in
+`streams.glue` (`Glue`) and the patches for Faust and aiokafka in `streams.faustfix`:
 
 - agent `gangwatch-jobs` reads every job-keyed input topic plus `by-job` (all
   with the same partition count, keyed by job: co-partitioned), in batches of
@@ -14,7 +15,7 @@ creates the topics and runs a Faust worker until TERM/INT. The logic lives in
   re-publishes node events keyed by their job onto `by-job` (`NodeRouter`).
 - State: each job's `Core.state()` (zlib'd JSON) is saved in table
   `core-state` (changelog topic `<app id>-core-state-changelog`) on the timer,
-  at most every `save_every_s` per job that batches touched (`_Glue.save`: packing
+  at most every `save_every_s` per job that batches touched (`Glue.save`: packing
   a big job's state is not paid per batch); the router's node -> job map is table
   `node-job`. Both use `use_partitioner=True`: a table key is a job (or node)
   id hashed by the same murmur2 partitioner as the producers' keys, so the
@@ -27,7 +28,7 @@ creates the topics and runs a Faust worker until TERM/INT. The logic lives in
 - Commits: no input offset is committed past a record that no written state has
   processed (`JobRunner.resume_points`: records a job holds for a slower input or
   for its job record, and records read since its newest written state) nor past a
-  node event the router still holds (`NodeRouter.resume_points`): `_Glue.cap_commits`
+  node event the router still holds (`NodeRouter.resume_points`): `Glue.cap_commits`
   lowers what Faust commits, and the timer commits what the cap held back once it
   is saved. A replacement worker (after a crash or a rebalance) starts there, and
   the restored states tell the records they processed (skipped) from those they
@@ -54,25 +55,23 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import math
 import tempfile
 import time
-from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gangwatch.sinks.base import Sink
-from gangwatch.streams.checkpoint import Checkpoints
+from gangwatch.streams.faustfix import cap_fetch_wait, seek_uncommitted
+from gangwatch.streams.glue import Glue
 from gangwatch.streams.router import NodeRouter
-from gangwatch.streams.runner import JobRunner, Msg, Result
+from gangwatch.streams.runner import JobRunner
 from gangwatch.streams.topics import TopicSettings, create_topics
 from gangwatch.triage.engine import CoreConfig
 
 if TYPE_CHECKING:  # Faust, aiokafka and prometheus-client are imported where a worker starts, so that
     import faust  # `WorkerSettings` (and `gangwatch config show`) loads without the worker extra
     from faust.types import TP
-    from gangwatch.streams.metrics import WorkerMetrics
 
 log = logging.getLogger("gangwatch.worker")
 
@@ -146,8 +145,8 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     retry = RetryPolicy(give_up_s=s.sink_give_up_s)
     sinks = [queued(sink, capacity=s.sink_queue, retry=retry) for sink in sinks or []]  # off the loop, a thread each
 
-    _fetch_wait(s.fetch_wait_ms)
-    _seek_uncommitted()
+    cap_fetch_wait(s.fetch_wait_ms)
+    seek_uncommitted()
     t = s.topics
     datadir = Path(s.datadir or Path(tempfile.gettempdir()) / "gangwatch-faust" / s.app_id)
     datadir.parent.mkdir(parents=True, exist_ok=True)  # Faust makes only the last level
@@ -194,8 +193,8 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     router = NodeRouter(t, nodemap, hold_s=s.hold_s)
     metrics = WorkerMetrics()
     instrument(app, metrics)  # Faust's own sensor, into the same registry
-    glue = _Glue(app, runner, router, states, job_topics, (t.node_events, t.node_jobs), sinks or [], s.telemetry,
-                 metrics, s.save_every_s)
+    glue = Glue(app, runner, router, states, job_topics, (t.node_events, t.node_jobs), sinks or [], s.telemetry,
+                metrics, s.save_every_s)
     app.gangwatch = glue  # type: ignore[attr-defined]  # for tests and introspection
     pause = glue.pause = SinkPause(glue.sinks, s.sink_pause_s)
 
@@ -280,377 +279,6 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
             glue.checkpoints.write_settled()
 
     return app
-
-
-def _fetch_wait(ms: int) -> None:
-    """Cap the consumer's fetch wait (Faust 0.15 passes fetch_max_wait_ms=1500 to aiokafka, fixed).
-
-    aiokafka does not re-fetch a partition whose records are still buffered, so the next
-    fetch of a busy partition can sit behind a fetch of idle ones that the broker holds
-    for the whole wait: a worker busy on one hot partition then idles ~1.5 s per cycle
-    (measured: 1k messages/s instead of 3k). Patched on the consumer Faust creates.
-    """
-    from faust.transport.drivers import aiokafka as driver
-
-    cls = driver.AIOKafkaConsumerThread
-    orig = getattr(cls, "_gangwatch_orig_create", None) or cls._create_worker_consumer
-
-    def create(self: Any, transport: Any) -> Any:
-        consumer = orig(self, transport)
-        consumer._fetch_max_wait_ms = ms  # read when the consumer starts its fetcher
-        return consumer
-
-    cls._gangwatch_orig_create = orig
-    cls._create_worker_consumer = create
-
-
-def _seek_uncommitted() -> None:
-    """Make Faust's seek back to the committed offsets reach every input partition (`_seek_to_committed`)."""
-    from faust.transport.drivers import aiokafka as driver
-
-    async def seek_to_committed(self: Any) -> Mapping[Any, int | None]:
-        app = self.consumer.app
-        return await self.call_thread(_seek_to_committed, self._ensure_consumer(),
-                                      app.conf.consumer_auto_offset_reset, app.tables.changelog_topics)
-
-    driver.AIOKafkaConsumerThread.seek_to_committed = seek_to_committed
-
-
-async def _seek_to_committed(consumer: Any, reset: str, skip: Container[str]) -> dict[Any, int | None]:
-    """aiokafka's `seek_to_committed`, also for the partitions committed at offset 0 or not at all.
-
-    aiokafka seeks only the partitions whose committed offset is above 0 and leaves the others where the fetcher
-    is. Faust drops what it fetched for a partition not active yet, or still queued for an agent when a rebalance
-    starts, and counts on this seek to read it again: a partition committed at 0 (commits capped at its first
-    record) or never (a new group) stayed past those records, which were never delivered; a restarted worker then
-    held its jobs forever, waiting for an input it could not read (the release point, `JobRunner`). Such a
-    partition goes back to 0 (never committed: only under the earliest reset policy; latest leaves it be). The
-    seek is local, no request to the broker (which may be the one coming back from an outage); where 0 is no
-    longer in the log the fetcher falls back to the reset policy, i.e. the first record kept.
-    `skip`: topics Faust positions itself (the tables' changelogs)."""
-    committed = await consumer.seek_to_committed()
-    for tp, offset in committed.items():
-        if tp.topic in skip or (offset is not None and offset > 0):
-            continue
-        if offset == 0 or reset == "earliest":
-            consumer.seek(tp, 0)
-    return committed
-
-
-class _Glue:
-    """The I/O half of the worker: Faust events -> `Msg`, `Result` -> sends, table writes, sinks."""
-
-    def __init__(self, app: faust.App, runner: JobRunner, router: NodeRouter, states: Any,
-                 job_topics: tuple[str, ...], node_topics: tuple[str, ...], sinks: list[Sink], telemetry: bool,
-                 metrics: WorkerMetrics, save_every_s: float = 1.0) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.runner = runner
-        self.router = router
-        self.states = states
-        self.job_topics = job_topics
-        self.node_topics = node_topics
-        self.sinks = sinks
-        self.telemetry = telemetry
-        self.pause: Any = None  # SinkPause: holds the input for a sink's backlog, collects sinks' dead letters
-        self.checkpoints = Checkpoints(sinks, self._write_state)  # states wait for their outputs' delivery
-        self.next_offset: dict[tuple[str, int], int] = {}
-        self.assigned: set[int] = set()
-        self.held_back: dict[TP, int] = {}  # offsets Faust asked to commit that `cap_commits` lowered
-        self.committed: dict[TP, int] = {}  # what this worker last committed, per input
-        self._commit: Callable[[dict[TP, int]], Any] | None = None  # Faust's own commit, under the cap
-        # states written to the table whose changelog message the broker has not confirmed yet (None: a plain
-        # mapping, which has no changelog to wait for)
-        self._unconfirmed: list[tuple[str, bytes, asyncio.Future | None]] = []
-        self._changelog_sent: Any = None
-        send = getattr(states, "send_changelog", None)
-        if send is not None:  # a Faust table: know when a state is on the broker, not just in the producer's buffer
-
-            def send_changelog(*args: Any, **kwargs: Any) -> Any:
-                self._changelog_sent = fut = send(*args, **kwargs)
-                return fut
-
-            states.send_changelog = send_changelog
-        self.save_every_s = save_every_s
-        self.clock = time.monotonic  # when states are due (wall time: saving is I/O, not event logic)
-        self.touched: set[str] = set()  # jobs batches changed since their state was last taken
-        self.next_take: dict[str, float] = {}  # job -> monotonic time its state may be taken again
-        self.saves = 0
-        self.sent = 0
-        self.batches = 0
-        self.lag_s = 0.0  # wall clock - newest event time, after the last batch (live data: the pipeline's lag)
-        self._started = time.monotonic()
-        self._last_stats = self._started
-
-    def msg(self, event: Any) -> Msg:
-        m = event.message
-        self.next_offset[(m.topic, m.partition)] = m.offset + 1
-        ts = (m.timestamp or 0.0)
-        return Msg(m.topic, m.partition, m.offset, m.key, m.value, ts / 1000.0 if ts > 1e11 else ts)
-
-    def save(self, res: Result, take: bool) -> None:
-        """Remember the jobs `res` touched; with `take` (the timer's tick), offer the states of those due; then
-        write every offered state whose outputs every sink has settled (`streams.checkpoint`: a saved state never
-        covers an output still waiting in a sink's queue).
-
-        A job's state is taken at most every `save_every_s`, and at least ten times as long apart as packing it
-        took (a 100k-rank job's state is megabytes), so saving costs the worker at most ~10 % of its time. What
-        is not saved yet is no loss: the commits stop at the oldest record no written state covers
-        (`cap_commits`), so a replacement reads it again. A job a revoke took meanwhile is skipped (its new owner
-        restores the saved state and reads on from there).
-        """
-        self.touched |= res.dirty
-        if take:
-            self.take_states(self.clock())
-        self.checkpoints.write_settled()
-
-    def take_states(self, now: float | None = None) -> None:
-        """Offer the states of the touched jobs due at monotonic time `now` (None: all of them, as at shutdown)."""
-        jobs, states = self.runner.jobs, {}
-        for job in sorted(self.touched):
-            if now is not None and self.next_take.get(job, -math.inf) > now:
-                continue
-            self.touched.discard(job)
-            if job in jobs:
-                start = self.clock()
-                states[job] = self.runner.state_of(job)
-                self.next_take[job] = start + max(self.save_every_s, 10 * (self.clock() - start))
-        self.checkpoints.offer(states)
-
-    def forget(self, jobs: list[str]) -> None:
-        """Jobs this worker no longer has: nothing of theirs is saved from here."""
-        self.checkpoints.drop(jobs)
-        self.touched.difference_update(jobs)
-        for job in jobs:
-            self.next_take.pop(job, None)
-
-    def _write_state(self, job: str, blob: bytes) -> None:
-        if self.runner.jobs.get(job) is not None:  # still ours
-            self._changelog_sent = None
-            self.states[job.encode()] = blob
-            self._unconfirmed.append((job, blob, self._changelog_sent))
-            self.saves += 1
-
-    def _confirm_writes(self) -> None:
-        """Tell the runner which written states the broker has (in the order they were written)."""
-        done = 0
-        for job, blob, fut in self._unconfirmed:
-            if fut is not None and not fut.done():
-                break
-            done += 1
-            if fut is None or not fut.cancelled() and fut.exception() is None:
-                self.runner.saved(job, blob)
-        del self._unconfirmed[:done]
-
-    def cap_commits(self) -> None:
-        """Commit no input offset past a record no written state has processed (`resume_points`).
-
-        Faust commits the offset after the messages its streams acknowledged, and `take_events`
-        acknowledges a whole batch, held records included. Its own view of what is committed is
-        left alone (its acknowledgement bookkeeping depends on it); only what reaches the broker
-        is lowered, and `commit_released` commits the rest once the records are saved.
-        """
-        consumer = self.app.consumer
-        if self._commit is None:
-            self._commit = consumer._commit  # ThreadDelegateConsumer._commit (faust-streaming 0.15)
-            consumer._commit = self._commit_capped
-
-    def resume_points(self) -> dict[tuple[str, int], int]:
-        self._confirm_writes()
-        return {**self.runner.resume_points(), **self.router.resume_points()}
-
-    async def _commit_capped(self, offsets: dict[TP, int]) -> bool:
-        points = self.resume_points()
-        capped = {}
-        for tp, offset in offsets.items():
-            capped[tp] = min(offset, points.get((tp.topic, tp.partition), offset))
-            if capped[tp] < offset:
-                self.held_back[tp] = offset
-            else:
-                self.held_back.pop(tp, None)
-        assert self._commit is not None
-        done = await self._commit(capped)
-        if done:
-            self.committed.update(capped)
-        return bool(done)
-
-    async def commit_released(self) -> None:
-        """Commit what the cap held back and is saved now (Faust commits again only when its acks move)."""
-        if not self.held_back:
-            return
-        points = self.resume_points()
-        due = {tp: offset for tp, offset in self.held_back.items()
-               if min(offset, points.get((tp.topic, tp.partition), offset)) > self.committed.get(tp, -1)}
-        if due:
-            await self._commit_capped(due)
-
-    async def publish(self, res: Result) -> None:
-        """Send the outputs and wait until the broker has them; then feed the sinks."""
-        send: Callable[..., Any] = self.app.producer.send
-        pending = [await send(m.topic, m.key, m.value, partition=None, timestamp=None, headers=None)
-                   for m in res.sends]
-        if pending:
-            await asyncio.gather(*pending)
-        self.sent += len(res.sends)
-        for sink in self.sinks:
-            try:
-                if self.telemetry:
-                    for rec in res.records:
-                        sink.observe(rec)
-                for dead in res.rejects:
-                    sink.reject(dead)
-                sink.write(res.outputs)
-                sink.flush()
-            except Exception:
-                self.metrics.sink_failed(sink)
-                raise
-        self.checkpoints.note_settled()  # before their dead letters are taken: a state waits for its dead letters
-        dead = self.pause.dead_letters() if self.pause is not None else []
-        pending = [await send(self.runner.topics.dlq, d.source.encode(), d.encode(), partition=None, timestamp=None,
-                              headers=None) for d in dead]  # what a sink can never deliver: on the DLQ topic
-        if pending:
-            await asyncio.gather(*pending)
-
-    def batch_done(self, res: Result, seconds: float) -> None:
-        """After a batch took `seconds`: count it, and the event-time lag if it processed records."""
-        self.batches += 1
-        cores = self.runner.cores
-        newest = max((cores[j].max_ts for j in res.dirty if j in cores), default=None)
-        if newest is not None:
-            self.lag_s = time.time() - newest
-        self.metrics.count(res)
-        self.metrics.batch_done(seconds, None if newest is None else self.lag_s)
-
-    def sample_metrics(self) -> None:
-        """The gauges of the tick: lag per input partition, jobs in memory, the router's totals, the sinks."""
-        self.metrics.sample(lag=self.lag_records(), jobs=len(self.runner.jobs), routed=self.router.routed,
-                            dropped=self.router.dropped, sinks=self.sinks)
-
-    def lag_records(self) -> dict[tuple[str, int], int]:
-        """Messages left to read on each input (topic, partition) this worker holds, where the end is known."""
-        mine = {*self.job_topics, *self.node_topics}
-        lag = {}
-        for tp in self.app.consumer.assignment():
-            if tp.topic not in mine:
-                continue
-            try:
-                hw = self.app.consumer.highwater(tp)
-            except Exception:  # revoked meanwhile
-                continue
-            pos = self._position(tp.topic, tp.partition)
-            if hw is not None and pos is not None:
-                lag[(tp.topic, tp.partition)] = max(0, hw - pos)
-        return lag
-
-    def caught_up(self, job: str) -> bool:
-        """Nothing of the job's partition is left to read on any of its topics (as far as we know)."""
-        st = self.runner.jobs.get(job)
-        if st is None or st.partition < 0:
-            return True
-        consumer = self.app.consumer
-        for topic in self.job_topics:
-            pos = self.next_offset.get((topic, st.partition))
-            if pos is None:
-                continue
-            try:
-                hw = consumer.highwater(_tp(topic, st.partition))
-            except Exception:  # not assigned / not known yet
-                continue
-            if hw is not None and pos < hw:
-                return False
-        return True
-
-    def watch_path(self, fresh_s: float) -> None:
-        """Tell the runner whether the input path answers (`JobRunner.path`); log when that changes."""
-        runner = self.runner
-        outages, no_grace = runner.outages, math.isinf(runner.trust_from)
-        runner.path(self.answering(fresh_s))
-        if runner.outages > outages:
-            log.warning("no fetch answered for %.1f s: the broker is unreachable; silence is not judged until it "
-                        "is back and every producer had %.0f s to resend its spool", fresh_s, runner.reconnect_s)
-        elif no_grace and runner.outage is not None and not math.isinf(runner.trust_from):
-            log.info("fetches answered again: waiting %.0f s for every producer's backlog", runner.reconnect_s)
-
-    def answering(self, fresh_s: float) -> bool:
-        """Whether the broker answers our fetches: some assigned partition had one answered within `fresh_s`.
-
-        An idle partition is fetched every `fetch_wait_ms`; a busy one whose records wait in the
-        consumer's buffer is not re-fetched meanwhile, so one fresh answer is enough. Records taken
-        from the consumer's buffer prove nothing: they were fetched before, maybe from a broker gone
-        since. True when it cannot tell (not started, nothing assigned, nothing fetched yet).
-        """
-        try:
-            consumer = self.app.consumer._thread._ensure_consumer()  # aiokafka's, under Faust 0.15's driver
-            stamps = [consumer.last_poll_timestamp(tp) for tp in consumer.assignment()]
-        except Exception:  # not started or mid-rebalance: no opinion
-            return True
-        stamps = [t for t in stamps if t is not None]
-        return not stamps or time.time() - max(stamps) / 1000.0 <= fresh_s
-
-    def lagging(self, topic: str, partition: int) -> bool:
-        """Data is left to read at (topic, partition), or we cannot tell yet (no fetch has reported its end)."""
-        try:
-            hw = self.app.consumer.highwater(_tp(topic, partition))
-        except Exception:  # not assigned to us: not ours to wait for
-            return False
-        if hw is None:
-            return True
-        pos = self._position(topic, partition)
-        if pos is None:  # a new group starts at the start (earliest) or at the end (latest)
-            return hw > 0 and self.app.conf.consumer_auto_offset_reset == "earliest"
-        return pos < hw
-
-    def _position(self, topic: str, partition: int) -> int | None:
-        """The next offset to read at (topic, partition): after what we read, else after what the group
-        committed; None for a partition neither has seen (a new group: where it starts is the reset policy's)."""
-        pos = self.next_offset.get((topic, partition))
-        if pos is None:  # nothing read since start: compare with where the group left off
-            committed = self.app.consumer._committed_offset.get(_tp(topic, partition))
-            if committed is None:
-                return 0 if self.app.conf.consumer_auto_offset_reset == "earliest" else None
-            pos = committed + 1
-        return pos
-
-    def upstream(self) -> float:
-        """Event time from which the router (ours) may still publish node events onto by-job."""
-        inputs = [(tp.topic, tp.partition) for tp in self.app.consumer.assignment() if tp.topic in self.node_topics]
-        runner = self.runner
-        return self.router.upstream(inputs, self.lagging, runner.by_job_read, runner.job_nodes, runner.jobs)
-
-    def restore_assigned(self) -> None:
-        """After a rebalance: bring every saved job of our partitions into memory (so silence is watched, and
-        what it owes caps the commits)."""
-        from aiokafka.partitioner import murmur2
-
-        n = self.app.conf.topic_partitions
-        restored = 0
-        for key in list(self.states.keys()):
-            job = key.decode()
-            p = (murmur2(key) & 0x7FFFFFFF) % n
-            if p in self.assigned and job not in self.runner.jobs:
-                saved = self.states.get(key)
-                if saved:
-                    self.runner.restore(job, saved, p)
-                    restored += 1
-        if restored:
-            log.info("restored %d jobs from table core-state", restored)
-
-    def stats(self, router: NodeRouter, every_s: float) -> None:
-        now = time.monotonic()
-        if every_s <= 0 or now - self._last_stats < every_s:
-            return
-        self._last_stats = now
-        r = self.runner
-        log.info("processed %d records (%.0f/s since start) in %d batches, %d jobs, %d state saves, %d messages "
-                 "sent, %d node events routed, %d dropped, %d replayed records skipped; event-time lag %.3f s",
-                 r.records, r.records / max(now - self._started, 1e-9), self.batches, len(r.cores), self.saves,
-                 self.sent, router.routed, router.dropped, r.duplicates, self.lag_s)
-
-
-def _tp(topic: str, partition: int) -> TP:
-    from faust.types import TP
-
-    return TP(topic, partition)
 
 
 def run(s: WorkerSettings, *, loglevel: str = "info", create: bool = True) -> None:

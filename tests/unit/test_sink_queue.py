@@ -167,14 +167,14 @@ def test_a_queue_holds_only_what_its_sink_takes(tmp_path: Path) -> None:
 
 
 def test_the_worker_only_enqueues_and_publishes_sinks_dead_letters_on_the_dlq_topic(tmp_path: Path) -> None:
-    """`_Glue.publish` as the jobs agent runs it: with the controller stuck it returns at once; a refused action
+    """`Glue.publish` as the jobs agent runs it: with the controller stuck it returns at once; a refused action
     comes back as a dead letter on the DLQ topic at a later publish (the next batch or tick)."""
     import asyncio
     from types import SimpleNamespace
 
+    from gangwatch.streams.glue import Glue
     from gangwatch.streams.runner import JobRunner, Result
     from gangwatch.streams.topics import TopicSettings
-    from gangwatch.streams.worker import _Glue
 
     sent: list[tuple[str, bytes, bytes]] = []
 
@@ -188,7 +188,7 @@ def test_the_worker_only_enqueues_and_publishes_sinks_dead_letters_on_the_dlq_to
     topics = TopicSettings()
     h = WebhookHarness(tmp_path)
     sink = h.make()
-    glue = _Glue(SimpleNamespace(producer=Producer()), JobRunner(topics), None, {}, (), (), [sink], False, None)
+    glue = Glue(SimpleNamespace(producer=Producer()), JobRunner(topics), None, {}, (), (), [sink], False, None)
     glue.pause = SinkPause(glue.sinks)
     h.gate.close()
 

@@ -1,4 +1,4 @@
-"""The worker's I/O half (`streams.worker._Glue`) on fakes of Faust's consumer: when it calls the input path down."""
+"""The worker's I/O half (`streams.glue.Glue`) on fakes of Faust's consumer: when it calls the input path down."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from collections import namedtuple
 from types import SimpleNamespace
 
 import pytest
+from gangwatch.streams.faustfix import seek_to_committed
+from gangwatch.streams.glue import Glue
 from gangwatch.streams.runner import JobRunner
 from gangwatch.streams.topics import TopicSettings
-from gangwatch.streams.worker import _Glue, _seek_to_committed
 
 pytestmark = pytest.mark.unit
 
@@ -28,10 +29,10 @@ class Consumer:
         return self.stamps_ms[tp]
 
 
-def glue(consumer: Consumer) -> _Glue:
+def glue(consumer: Consumer) -> Glue:
     thread = SimpleNamespace(_ensure_consumer=lambda: consumer)
     app = SimpleNamespace(consumer=SimpleNamespace(_thread=thread))
-    return _Glue(app, JobRunner(TopicSettings()), None, {}, (), (), [], False, None)
+    return Glue(app, JobRunner(TopicSettings()), None, {}, (), (), [], False, None)
 
 
 def test_a_fresh_fetch_answer_means_the_broker_answers() -> None:
@@ -111,7 +112,7 @@ def test_the_state_changelog_takes_a_100k_rank_jobs_state(tmp_path) -> None:
 
 
 class Seeking:
-    """aiokafka's consumer as `_seek_to_committed` drives it: the committed offsets, and the seeks made."""
+    """aiokafka's consumer as `seek_to_committed` drives it: the committed offsets, and the seeks made."""
 
     def __init__(self, committed: dict[tuple[str, int], int | None]) -> None:
         self.committed = committed
@@ -132,6 +133,6 @@ def test_the_seek_back_to_the_committed_offsets_reaches_partitions_committed_at_
     TP = namedtuple("TP", "topic partition")
     at0, seven, never, log = TP("jobs", 0), TP("jobs", 1), TP("by-job", 3), TP("app-core-state-changelog", 0)
     consumer = Seeking({at0: 0, seven: 7, never: None, log: None})
-    committed = asyncio.run(_seek_to_committed(consumer, reset, {log.topic}))
+    committed = asyncio.run(seek_to_committed(consumer, reset, {log.topic}))
     assert committed == consumer.committed  # what Faust reads back is aiokafka's answer
     assert consumer.seeks == {at0: 0, seven: 7, **({never: fresh} if fresh is not None else {})}  # a changelog: Faust's

@@ -1,0 +1,346 @@
+"""The I/O half of the Faust worker (`Glue`): Faust events in, the runner's results out to Kafka, the state
+table and the sinks.
+
+`make_app` (streams/worker.py) builds the app and its agents and timers; each of them hands its work to the one
+`Glue` of the app, which turns Faust events into `Msg`, publishes a `Result`'s sends, saves job states to the
+table once their outputs are delivered, caps the commits at what the saved states cover, and tells the runner
+where its inputs stand (caught up, lagging, the broker answering). Apart from the worker so that it can be
+tested on fakes of Faust's app and consumer, without building one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from gangwatch.sinks.base import Sink
+from gangwatch.streams.checkpoint import Checkpoints
+from gangwatch.streams.router import NodeRouter
+from gangwatch.streams.runner import JobRunner, Msg, Result
+
+if TYPE_CHECKING:  # as in streams/worker.py: Faust and prometheus-client load only where a worker starts
+    import faust
+    from faust.types import TP
+    from gangwatch.streams.metrics import WorkerMetrics
+
+log = logging.getLogger("gangwatch.worker")  # the worker's logger: its lines read as the worker's, as before
+
+
+class Glue:
+    """The I/O half of the worker: Faust events -> `Msg`, `Result` -> sends, table writes, sinks."""
+
+    def __init__(self, app: faust.App, runner: JobRunner, router: NodeRouter, states: Any,
+                 job_topics: tuple[str, ...], node_topics: tuple[str, ...], sinks: list[Sink], telemetry: bool,
+                 metrics: WorkerMetrics, save_every_s: float = 1.0) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.runner = runner
+        self.router = router
+        self.states = states
+        self.job_topics = job_topics
+        self.node_topics = node_topics
+        self.sinks = sinks
+        self.telemetry = telemetry
+        self.pause: Any = None  # SinkPause: holds the input for a sink's backlog, collects sinks' dead letters
+        self.checkpoints = Checkpoints(sinks, self._write_state)  # states wait for their outputs' delivery
+        self.next_offset: dict[tuple[str, int], int] = {}
+        self.assigned: set[int] = set()
+        self.held_back: dict[TP, int] = {}  # offsets Faust asked to commit that `cap_commits` lowered
+        self.committed: dict[TP, int] = {}  # what this worker last committed, per input
+        self._commit: Callable[[dict[TP, int]], Any] | None = None  # Faust's own commit, under the cap
+        # states written to the table whose changelog message the broker has not confirmed yet (None: a plain
+        # mapping, which has no changelog to wait for)
+        self._unconfirmed: list[tuple[str, bytes, asyncio.Future | None]] = []
+        self._changelog_sent: Any = None
+        send = getattr(states, "send_changelog", None)
+        if send is not None:  # a Faust table: know when a state is on the broker, not just in the producer's buffer
+
+            def send_changelog(*args: Any, **kwargs: Any) -> Any:
+                self._changelog_sent = fut = send(*args, **kwargs)
+                return fut
+
+            states.send_changelog = send_changelog
+        self.save_every_s = save_every_s
+        self.clock = time.monotonic  # when states are due (wall time: saving is I/O, not event logic)
+        self.touched: set[str] = set()  # jobs batches changed since their state was last taken
+        self.next_take: dict[str, float] = {}  # job -> monotonic time its state may be taken again
+        self.saves = 0
+        self.sent = 0
+        self.batches = 0
+        self.lag_s = 0.0  # wall clock - newest event time, after the last batch (live data: the pipeline's lag)
+        self._started = time.monotonic()
+        self._last_stats = self._started
+
+    def msg(self, event: Any) -> Msg:
+        m = event.message
+        self.next_offset[(m.topic, m.partition)] = m.offset + 1
+        ts = (m.timestamp or 0.0)
+        return Msg(m.topic, m.partition, m.offset, m.key, m.value, ts / 1000.0 if ts > 1e11 else ts)
+
+    def save(self, res: Result, take: bool) -> None:
+        """Remember the jobs `res` touched; with `take` (the timer's tick), offer the states of those due; then
+        write every offered state whose outputs every sink has settled (`streams.checkpoint`: a saved state never
+        covers an output still waiting in a sink's queue).
+
+        A job's state is taken at most every `save_every_s`, and at least ten times as long apart as packing it
+        took (a 100k-rank job's state is megabytes), so saving costs the worker at most ~10 % of its time. What
+        is not saved yet is no loss: the commits stop at the oldest record no written state covers
+        (`cap_commits`), so a replacement reads it again. A job a revoke took meanwhile is skipped (its new owner
+        restores the saved state and reads on from there).
+        """
+        self.touched |= res.dirty
+        if take:
+            self.take_states(self.clock())
+        self.checkpoints.write_settled()
+
+    def take_states(self, now: float | None = None) -> None:
+        """Offer the states of the touched jobs due at monotonic time `now` (None: all of them, as at shutdown)."""
+        jobs, states = self.runner.jobs, {}
+        for job in sorted(self.touched):
+            if now is not None and self.next_take.get(job, -math.inf) > now:
+                continue
+            self.touched.discard(job)
+            if job in jobs:
+                start = self.clock()
+                states[job] = self.runner.state_of(job)
+                self.next_take[job] = start + max(self.save_every_s, 10 * (self.clock() - start))
+        self.checkpoints.offer(states)
+
+    def forget(self, jobs: list[str]) -> None:
+        """Jobs this worker no longer has: nothing of theirs is saved from here."""
+        self.checkpoints.drop(jobs)
+        self.touched.difference_update(jobs)
+        for job in jobs:
+            self.next_take.pop(job, None)
+
+    def _write_state(self, job: str, blob: bytes) -> None:
+        if self.runner.jobs.get(job) is not None:  # still ours
+            self._changelog_sent = None
+            self.states[job.encode()] = blob
+            self._unconfirmed.append((job, blob, self._changelog_sent))
+            self.saves += 1
+
+    def _confirm_writes(self) -> None:
+        """Tell the runner which written states the broker has (in the order they were written)."""
+        done = 0
+        for job, blob, fut in self._unconfirmed:
+            if fut is not None and not fut.done():
+                break
+            done += 1
+            if fut is None or not fut.cancelled() and fut.exception() is None:
+                self.runner.saved(job, blob)
+        del self._unconfirmed[:done]
+
+    def cap_commits(self) -> None:
+        """Commit no input offset past a record no written state has processed (`resume_points`).
+
+        Faust commits the offset after the messages its streams acknowledged, and `take_events`
+        acknowledges a whole batch, held records included. Its own view of what is committed is
+        left alone (its acknowledgement bookkeeping depends on it); only what reaches the broker
+        is lowered, and `commit_released` commits the rest once the records are saved.
+        """
+        consumer = self.app.consumer
+        if self._commit is None:
+            self._commit = consumer._commit  # ThreadDelegateConsumer._commit (faust-streaming 0.15)
+            consumer._commit = self._commit_capped
+
+    def resume_points(self) -> dict[tuple[str, int], int]:
+        self._confirm_writes()
+        return {**self.runner.resume_points(), **self.router.resume_points()}
+
+    async def _commit_capped(self, offsets: dict[TP, int]) -> bool:
+        points = self.resume_points()
+        capped = {}
+        for tp, offset in offsets.items():
+            capped[tp] = min(offset, points.get((tp.topic, tp.partition), offset))
+            if capped[tp] < offset:
+                self.held_back[tp] = offset
+            else:
+                self.held_back.pop(tp, None)
+        assert self._commit is not None
+        done = await self._commit(capped)
+        if done:
+            self.committed.update(capped)
+        return bool(done)
+
+    async def commit_released(self) -> None:
+        """Commit what the cap held back and is saved now (Faust commits again only when its acks move)."""
+        if not self.held_back:
+            return
+        points = self.resume_points()
+        due = {tp: offset for tp, offset in self.held_back.items()
+               if min(offset, points.get((tp.topic, tp.partition), offset)) > self.committed.get(tp, -1)}
+        if due:
+            await self._commit_capped(due)
+
+    async def publish(self, res: Result) -> None:
+        """Send the outputs and wait until the broker has them; then feed the sinks."""
+        send: Callable[..., Any] = self.app.producer.send
+        pending = [await send(m.topic, m.key, m.value, partition=None, timestamp=None, headers=None)
+                   for m in res.sends]
+        if pending:
+            await asyncio.gather(*pending)
+        self.sent += len(res.sends)
+        for sink in self.sinks:
+            try:
+                if self.telemetry:
+                    for rec in res.records:
+                        sink.observe(rec)
+                for dead in res.rejects:
+                    sink.reject(dead)
+                sink.write(res.outputs)
+                sink.flush()
+            except Exception:
+                self.metrics.sink_failed(sink)
+                raise
+        self.checkpoints.note_settled()  # before their dead letters are taken: a state waits for its dead letters
+        dead = self.pause.dead_letters() if self.pause is not None else []
+        pending = [await send(self.runner.topics.dlq, d.source.encode(), d.encode(), partition=None, timestamp=None,
+                              headers=None) for d in dead]  # what a sink can never deliver: on the DLQ topic
+        if pending:
+            await asyncio.gather(*pending)
+
+    def batch_done(self, res: Result, seconds: float) -> None:
+        """After a batch took `seconds`: count it, and the event-time lag if it processed records."""
+        self.batches += 1
+        cores = self.runner.cores
+        newest = max((cores[j].max_ts for j in res.dirty if j in cores), default=None)
+        if newest is not None:
+            self.lag_s = time.time() - newest
+        self.metrics.count(res)
+        self.metrics.batch_done(seconds, None if newest is None else self.lag_s)
+
+    def sample_metrics(self) -> None:
+        """The gauges of the tick: lag per input partition, jobs in memory, the router's totals, the sinks."""
+        self.metrics.sample(lag=self.lag_records(), jobs=len(self.runner.jobs), routed=self.router.routed,
+                            dropped=self.router.dropped, sinks=self.sinks)
+
+    def lag_records(self) -> dict[tuple[str, int], int]:
+        """Messages left to read on each input (topic, partition) this worker holds, where the end is known."""
+        mine = {*self.job_topics, *self.node_topics}
+        lag = {}
+        for tp in self.app.consumer.assignment():
+            if tp.topic not in mine:
+                continue
+            try:
+                hw = self.app.consumer.highwater(tp)
+            except Exception:  # revoked meanwhile
+                continue
+            pos = self._position(tp.topic, tp.partition)
+            if hw is not None and pos is not None:
+                lag[(tp.topic, tp.partition)] = max(0, hw - pos)
+        return lag
+
+    def caught_up(self, job: str) -> bool:
+        """Nothing of the job's partition is left to read on any of its topics (as far as we know)."""
+        st = self.runner.jobs.get(job)
+        if st is None or st.partition < 0:
+            return True
+        consumer = self.app.consumer
+        for topic in self.job_topics:
+            pos = self.next_offset.get((topic, st.partition))
+            if pos is None:
+                continue
+            try:
+                hw = consumer.highwater(_tp(topic, st.partition))
+            except Exception:  # not assigned / not known yet
+                continue
+            if hw is not None and pos < hw:
+                return False
+        return True
+
+    def watch_path(self, fresh_s: float) -> None:
+        """Tell the runner whether the input path answers (`JobRunner.path`); log when that changes."""
+        runner = self.runner
+        outages, no_grace = runner.outages, math.isinf(runner.trust_from)
+        runner.path(self.answering(fresh_s))
+        if runner.outages > outages:
+            log.warning("no fetch answered for %.1f s: the broker is unreachable; silence is not judged until it "
+                        "is back and every producer had %.0f s to resend its spool", fresh_s, runner.reconnect_s)
+        elif no_grace and runner.outage is not None and not math.isinf(runner.trust_from):
+            log.info("fetches answered again: waiting %.0f s for every producer's backlog", runner.reconnect_s)
+
+    def answering(self, fresh_s: float) -> bool:
+        """Whether the broker answers our fetches: some assigned partition had one answered within `fresh_s`.
+
+        An idle partition is fetched every `fetch_wait_ms`; a busy one whose records wait in the
+        consumer's buffer is not re-fetched meanwhile, so one fresh answer is enough. Records taken
+        from the consumer's buffer prove nothing: they were fetched before, maybe from a broker gone
+        since. True when it cannot tell (not started, nothing assigned, nothing fetched yet).
+        """
+        try:
+            consumer = self.app.consumer._thread._ensure_consumer()  # aiokafka's, under Faust 0.15's driver
+            stamps = [consumer.last_poll_timestamp(tp) for tp in consumer.assignment()]
+        except Exception:  # not started or mid-rebalance: no opinion
+            return True
+        stamps = [t for t in stamps if t is not None]
+        return not stamps or time.time() - max(stamps) / 1000.0 <= fresh_s
+
+    def lagging(self, topic: str, partition: int) -> bool:
+        """Data is left to read at (topic, partition), or we cannot tell yet (no fetch has reported its end)."""
+        try:
+            hw = self.app.consumer.highwater(_tp(topic, partition))
+        except Exception:  # not assigned to us: not ours to wait for
+            return False
+        if hw is None:
+            return True
+        pos = self._position(topic, partition)
+        if pos is None:  # a new group starts at the start (earliest) or at the end (latest)
+            return hw > 0 and self.app.conf.consumer_auto_offset_reset == "earliest"
+        return pos < hw
+
+    def _position(self, topic: str, partition: int) -> int | None:
+        """The next offset to read at (topic, partition): after what we read, else after what the group
+        committed; None for a partition neither has seen (a new group: where it starts is the reset policy's)."""
+        pos = self.next_offset.get((topic, partition))
+        if pos is None:  # nothing read since start: compare with where the group left off
+            committed = self.app.consumer._committed_offset.get(_tp(topic, partition))
+            if committed is None:
+                return 0 if self.app.conf.consumer_auto_offset_reset == "earliest" else None
+            pos = committed + 1
+        return pos
+
+    def upstream(self) -> float:
+        """Event time from which the router (ours) may still publish node events onto by-job."""
+        inputs = [(tp.topic, tp.partition) for tp in self.app.consumer.assignment() if tp.topic in self.node_topics]
+        runner = self.runner
+        return self.router.upstream(inputs, self.lagging, runner.by_job_read, runner.job_nodes, runner.jobs)
+
+    def restore_assigned(self) -> None:
+        """After a rebalance: bring every saved job of our partitions into memory (so silence is watched, and
+        what it owes caps the commits)."""
+        from aiokafka.partitioner import murmur2
+
+        n = self.app.conf.topic_partitions
+        restored = 0
+        for key in list(self.states.keys()):
+            job = key.decode()
+            p = (murmur2(key) & 0x7FFFFFFF) % n
+            if p in self.assigned and job not in self.runner.jobs:
+                saved = self.states.get(key)
+                if saved:
+                    self.runner.restore(job, saved, p)
+                    restored += 1
+        if restored:
+            log.info("restored %d jobs from table core-state", restored)
+
+    def stats(self, router: NodeRouter, every_s: float) -> None:
+        now = time.monotonic()
+        if every_s <= 0 or now - self._last_stats < every_s:
+            return
+        self._last_stats = now
+        r = self.runner
+        log.info("processed %d records (%.0f/s since start) in %d batches, %d jobs, %d state saves, %d messages "
+                 "sent, %d node events routed, %d dropped, %d replayed records skipped; event-time lag %.3f s",
+                 r.records, r.records / max(now - self._started, 1e-9), self.batches, len(r.cores), self.saves,
+                 self.sent, router.routed, router.dropped, r.duplicates, self.lag_s)
+
+
+def _tp(topic: str, partition: int) -> TP:
+    from faust.types import TP
+
+    return TP(topic, partition)
