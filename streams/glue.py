@@ -301,7 +301,7 @@ class Glue:
             committed = self.app.consumer._committed_offset.get(_tp(topic, partition))
             if committed is None:
                 return 0 if self.app.conf.consumer_auto_offset_reset == "earliest" else None
-            pos = committed + 1
+            pos = committed  # Kafka's committed offset is the next one to read
         return pos
 
     def upstream(self) -> float:
@@ -338,6 +338,27 @@ class Glue:
                  "sent, %d node events routed, %d dropped, %d replayed records skipped; event-time lag %.3f s",
                  r.records, r.records / max(now - self._started, 1e-9), self.batches, len(r.cores), self.saves,
                  self.sent, router.routed, router.dropped, r.duplicates, self.lag_s)
+        for line in self.waiting():
+            log.info("%s", line)
+
+    def waiting(self) -> list[str]:
+        """One line per job holding records: which of its inputs it waits for (read up to where, of how much)."""
+        r, lines = self.runner, []
+        for job, st in sorted(r.jobs.items()):
+            if not st.held:
+                continue
+            behind = []
+            for topic in r.inputs:
+                if self.lagging(topic, st.partition):
+                    try:
+                        hw = self.app.consumer.highwater(_tp(topic, st.partition))
+                    except Exception:
+                        hw = None
+                    behind.append(f"{topic}:{st.partition} (next {self._position(topic, st.partition)}, end {hw}, "
+                                  f"read to event time {r.frontier.get((topic, st.partition), -math.inf):.3f})")
+            lines.append(f"job {job} holds {len(st.held)} records from event time {st.held[0].ts:.3f}: waiting for "
+                         f"{', '.join(behind) or 'no input'}; node events up to {self.upstream():.3f}")
+        return lines
 
 
 def _tp(topic: str, partition: int) -> TP:

@@ -252,8 +252,9 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         lost = {tp.partition for tp in revoked if tp.topic in job_topics}
         gone = runner.drop_partitions(lost)
         glue.forget(gone)
-        for tp in revoked:
+        for tp in revoked:  # read again from the committed offsets if assigned again
             glue.held_back.pop(tp, None)
+            glue.next_offset.pop((tp.topic, tp.partition), None)
         if gone:
             log.info("revoked partitions %s: dropped %d jobs from memory", sorted(lost), len(gone))
 

@@ -136,3 +136,45 @@ def test_the_seek_back_to_the_committed_offsets_reaches_partitions_committed_at_
     committed = asyncio.run(seek_to_committed(consumer, reset, {log.topic}))
     assert committed == consumer.committed  # what Faust reads back is aiokafka's answer
     assert consumer.seeks == {at0: 0, seven: 7, **({never: fresh} if fresh is not None else {})}  # a changelog: Faust's
+
+
+class Offsets:
+    """Faust's consumer as `lagging` reads it: each partition's high water and the group's committed offset."""
+
+    def __init__(self, highwater: dict[tuple[str, int], int | None], committed: dict[tuple[str, int], int]) -> None:
+        self.hw, self._committed_offset = highwater, committed
+
+    def highwater(self, tp: tuple[str, int]) -> int | None:
+        return self.hw[tp]
+
+
+def lagging_glue(hw: dict, committed: dict) -> Glue:
+    g = glue(Consumer({}))
+    g.app.consumer = Offsets(hw, committed)
+    g.app.conf = SimpleNamespace(consumer_auto_offset_reset="earliest")
+    return g
+
+
+def test_an_input_is_lagging_until_its_last_record_is_read(monkeypatch) -> None:
+    """Nothing read since start: the committed offset is where reading resumes (Kafka's next offset to read), so
+    one record at it is still to read; read past the end, or committed at the end, it is not."""
+    monkeypatch.setattr("gangwatch.streams.glue._tp", lambda topic, partition: (topic, partition))
+    g = lagging_glue({("t", 0): 8, ("t", 1): 7, ("t", 2): None, ("t", 3): 3}, {("t", 0): 7, ("t", 1): 7})
+    assert g.lagging("t", 0)  # committed 7, end 8: offset 7 is unread
+    assert not g.lagging("t", 1)  # committed at the end
+    assert g.lagging("t", 2)  # no fetch reported the end yet: cannot tell
+    assert g.lagging("t", 3)  # never committed, earliest: everything is to read
+    g.next_offset[("t", 0)] = 8
+    g.next_offset[("t", 3)] = 3
+    assert not g.lagging("t", 0) and not g.lagging("t", 3)
+
+
+def test_the_input_path_watch_marks_an_outage_and_its_grace() -> None:
+    now_ms = time.time() * 1000
+    consumer = Consumer({"a": now_ms - 10_000})
+    g = glue(consumer)
+    g.watch_path(1.5)
+    assert g.runner.outages == 1 and g.runner.outage is not None and g.runner.trust_from == float("inf")
+    consumer.stamps_ms["a"] = time.time() * 1000
+    g.watch_path(1.5)  # answering again: the grace starts
+    assert g.runner.outages == 1 and g.runner.trust_from < float("inf")
