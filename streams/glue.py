@@ -49,7 +49,7 @@ class Glue:
         self.checkpoints = Checkpoints(sinks, self._write_state)  # states wait for their outputs' delivery
         self.next_offset: dict[tuple[str, int], int] = {}
         self.assigned: set[int] = set()
-        self.held_back: dict[TP, int] = {}  # offsets Faust asked to commit that `cap_commits` lowered
+        self.held_back: dict[TP, int] = {}  # offsets Faust committed in its view: lowered by the cap, or refused
         self.committed: dict[TP, int] = {}  # what this worker last committed, per input
         self._commit: Callable[[dict[TP, int]], Any] | None = None  # Faust's own commit, under the cap
         # states written to the table whose changelog message the broker has not confirmed yet (None: a plain
@@ -165,10 +165,15 @@ class Glue:
         done = await self._commit(capped)
         if done:
             self.committed.update(capped)
+        else:  # refused (a rebalance under way): Faust counts it as done all the same, so `commit_released` retries
+            for tp, offset in offsets.items():
+                self.held_back[tp] = max(offset, self.held_back.get(tp, offset))
+            log.info("a commit of %d inputs was refused (a rebalance?); retried on the next tick", len(offsets))
         return bool(done)
 
     async def commit_released(self) -> None:
-        """Commit what the cap held back and is saved now (Faust commits again only when its acks move)."""
+        """Commit what the cap held back and is saved now, and what the broker refused (Faust commits again only
+        when its acks move, and takes a refused commit as done: at the end of the input nothing would move)."""
         if not self.held_back:
             return
         points = self.resume_points()
@@ -334,10 +339,12 @@ class Glue:
             return
         self._last_stats = now
         r = self.runner
-        log.info("processed %d records (%.0f/s since start) in %d batches, %d jobs, %d state saves, %d messages "
-                 "sent, %d node events routed, %d dropped, %d replayed records skipped; event-time lag %.3f s",
+        log.info("processed %d records (%.0f/s since start) in %d batches, %d jobs, %d state saves (%d not yet on "
+                 "the broker, %d waiting for sinks), %d messages sent, %d node events routed, %d dropped, %d replayed "
+                 "records skipped; event-time lag %.3f s; commits held back on %d inputs",
                  r.records, r.records / max(now - self._started, 1e-9), self.batches, len(r.cores), self.saves,
-                 self.sent, router.routed, router.dropped, r.duplicates, self.lag_s)
+                 len(self._unconfirmed), self.checkpoints.waiting(), self.sent, router.routed, router.dropped,
+                 r.duplicates, self.lag_s, len(self.held_back))
         for line in self.waiting():
             log.info("%s", line)
 
@@ -358,6 +365,12 @@ class Glue:
                                   f"read to event time {r.frontier.get((topic, st.partition), -math.inf):.3f})")
             lines.append(f"job {job} holds {len(st.held)} records from event time {st.held[0].ts:.3f}: waiting for "
                          f"{', '.join(behind) or 'no input'}; node events up to {self.upstream():.3f}")
+        for tp, offset in sorted(self.held_back.items()):
+            where = f"{tp.topic}:{tp.partition}"
+            why = [f"job {job} from {at} (owed {sorted(st.owed.get(where, ()))[:3]}, written "
+                   f"{st.written.next.get(where)}/{st.written.low.get(where)}, read to {st.offsets.get(where)})"
+                   for job, st in sorted(r.jobs.items()) if (at := st.uncovered().get(where)) is not None]
+            lines.append(f"commit of {where} held at {self.committed.get(tp)} (read to {offset}): {'; '.join(why)}")
         return lines
 
 

@@ -185,8 +185,10 @@ def read_all(bootstrap: str, topics: Iterable[str]) -> dict[str, list[tuple[byte
 
 def wait_for(cond: Callable[[], bool], timeout: float, what: str, every: float = 0.25,
              proc: WorkerProc | None = None) -> None:
-    """Poll `cond` until true; fail with `what` (and the worker's log tail) at the deadline."""
+    """Poll `cond` until true; fail with `what` (and the worker's log tail, and what `caught_up` last found
+    behind) at the deadline."""
     deadline = time.monotonic() + timeout
+    BEHIND.clear()
     while time.monotonic() < deadline:
         if cond():
             return
@@ -194,7 +196,11 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str, every: float =
             raise AssertionError(f"worker exited ({proc.proc.returncode}) while waiting for {what}:\n{proc.tail()}")
         time.sleep(every)
     tail = f"\n--- worker log ---\n{proc.tail()}" if proc is not None else ""
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{tail}")
+    behind = f"\nnot committed to the end (committed, end): {BEHIND}" if BEHIND else ""
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{behind}{tail}")
+
+
+BEHIND: dict[str, tuple[int | None, int]] = {}  # "topic:partition" -> (committed, end), as `caught_up` last saw
 
 
 def caught_up(bootstrap: str, group: str, topics: Iterable[str]) -> bool:
@@ -205,14 +211,15 @@ def caught_up(bootstrap: str, group: str, topics: Iterable[str]) -> bool:
         tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
         end = consumer.end_offsets(tps)
         committed = admin.list_group_offsets(group).get(group, {})
+        BEHIND.clear()
         for tp in tps:
             if end[tp] == 0:
                 continue
             off = committed.get(tp)
             pos = getattr(off, "offset", off)
             if pos is None or pos < end[tp]:
-                return False
-        return True
+                BEHIND[f"{tp.topic}:{tp.partition}"] = (pos, end[tp])
+        return not BEHIND
     finally:
         consumer.close()
         admin.close()

@@ -178,3 +178,26 @@ def test_the_input_path_watch_marks_an_outage_and_its_grace() -> None:
     consumer.stamps_ms["a"] = time.time() * 1000
     g.watch_path(1.5)  # answering again: the grace starts
     assert g.runner.outages == 1 and g.runner.trust_from < float("inf")
+
+
+def test_a_commit_the_broker_refused_is_retried_on_the_tick() -> None:
+    """Faust takes a refused commit (a rebalance under way) as done and commits again only when its acks move: at
+    the end of the input nothing moves, so the glue retries it."""
+    g = glue(Consumer({}))
+    g.router = SimpleNamespace(resume_points=lambda: {})
+    answers, calls = [False, True], []
+
+    async def commit(offsets: dict) -> bool:
+        calls.append(dict(offsets))
+        return answers.pop(0)
+
+    g._commit = commit
+    tp = namedtuple("TP", "topic partition")("t", 0)
+
+    async def run() -> None:
+        assert not await g._commit_capped({tp: 40})
+        await g.commit_released()  # the retry
+        await g.commit_released()  # committed: nothing left to retry
+
+    asyncio.run(run())
+    assert calls == [{tp: 40}, {tp: 40}] and g.committed == {tp: 40} and g.held_back == {}
