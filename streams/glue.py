@@ -47,7 +47,9 @@ class Glue:
         self.telemetry = telemetry
         self.pause: Any = None  # SinkPause: holds the input for a sink's backlog, collects sinks' dead letters
         self.checkpoints = Checkpoints(sinks, self._write_state)  # states wait for their outputs' delivery
-        self.next_offset: dict[tuple[str, int], int] = {}
+        self.next_offset: dict[tuple[str, int], int] = {}  # (topic, partition) -> after the last message handed on
+        self.holes: dict[tuple[str, int], int] = {}  # (topic, partition) -> first offset not handed over (in_order)
+        self._sought: dict[tuple[str, int], tuple[int, float]] = {}  # ... -> (offset, monotonic time) sought back to
         self.assigned: set[int] = set()
         self.held_back: dict[TP, int] = {}  # offsets Faust committed in its view: lowered by the cap, or refused
         self.committed: dict[TP, int] = {}  # what this worker last committed, per input
@@ -77,9 +79,51 @@ class Glue:
 
     def msg(self, event: Any) -> Msg:
         m = event.message
-        self.next_offset[(m.topic, m.partition)] = m.offset + 1
+        tp = (m.topic, m.partition)
+        if m.offset >= self.next_offset.get(tp, 0):  # a repeat leaves it where it is
+            self.next_offset[tp] = m.offset + 1
         ts = (m.timestamp or 0.0)
         return Msg(m.topic, m.partition, m.offset, m.key, m.value, ts / 1000.0 if ts > 1e11 else ts)
+
+    def in_order(self, events: list[Any]) -> list[Msg]:
+        """The batch's messages, each partition's read in offset order with none missing; what comes after a hole
+        is left out, and the partition is read again from the hole (`rewind`).
+
+        Faust can drop messages it fetched: those of a partition not active yet, those behind its read offset
+        when a fetch from before its seek back to the committed offsets is still being handed out. It then
+        counts the hole as read. Handed to the runner, the message after a hole would move a job's offsets
+        past records it never saw (its state would skip them as replayed, its commits pass them). So a message
+        past the next offset of its partition is not handed on; the partition is sought back, and the commit
+        cap stays at the hole until it is read (`resume_points`). Messages below the next offset are repeats:
+        handed on (the runner skips them), the next offset stays. The first message of a partition after an
+        assignment sets where it starts (the committed offset, or the first record kept).
+        """
+        out = []
+        for e in events:
+            m = e.message
+            tp = (m.topic, m.partition)
+            want = self.next_offset.get(tp)
+            if want is not None and m.offset > want or tp in self.holes:
+                hole = self.holes.setdefault(tp, want if want is not None else m.offset)
+                if m.offset != hole:  # still past the hole: read again once the seek lands
+                    continue
+                del self.holes[tp]  # the hole is read
+            out.append(self.msg(e))
+        return out
+
+    async def rewind(self, again_s: float = 5.0) -> None:
+        """Seek each partition with a hole back to it; again after `again_s` if the hole is still not read."""
+        now = time.monotonic()
+        for tp in [tp for tp in self._sought if tp not in self.holes]:
+            del self._sought[tp]
+        for tp, offset in list(self.holes.items()):
+            last = self._sought.get(tp)  # (offset, when) of the last seek
+            if last is not None and last[0] == offset and now - last[1] < again_s:
+                continue
+            self._sought[tp] = (offset, now)
+            log.warning("%s:%d: messages from offset %d were not handed over (Faust dropped them); reading them "
+                        "again", tp[0], tp[1], offset)
+            await self.app.consumer.seek(_tp(*tp), offset)
 
     def save(self, res: Result, take: bool) -> None:
         """Remember the jobs `res` touched; with `take` (the timer's tick), offer the states of those due; then
@@ -150,7 +194,10 @@ class Glue:
 
     def resume_points(self) -> dict[tuple[str, int], int]:
         self._confirm_writes()
-        return {**self.runner.resume_points(), **self.router.resume_points()}
+        points = {**self.runner.resume_points(), **self.router.resume_points()}
+        for tp, offset in self.holes.items():  # not read yet: Faust may count the hole as read
+            points[tp] = min(points.get(tp, offset), offset)
+        return points
 
     async def _commit_capped(self, offsets: dict[TP, int]) -> bool:
         points = self.resume_points()

@@ -208,7 +208,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         async for events in stream.take_events(s.batch_max, within=s.batch_within_s):
             while pause.hold():  # a sink's queue is over its high-water mark: wait (bounded), not in the lock
                 await asyncio.sleep(0.05)
-            msgs = [glue.msg(e) for e in events]
+            msgs = glue.in_order(events)
             async with busy:
                 start = time.monotonic()
                 res = runner.on_batch(msgs, glue.lagging, glue.upstream)
@@ -220,7 +220,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     async def route(stream: faust.StreamT) -> None:
         await _producer_knows(app, (states, nodemap))
         async for events in stream.take_events(s.batch_max, within=s.batch_within_s):
-            res = router.on_batch([glue.msg(e) for e in events])
+            res = router.on_batch(glue.in_order(events))
             await glue.publish(res)
             metrics.count(res)
 
@@ -234,6 +234,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
             await glue.publish(res)
             glue.save(res, take=True)
         await glue.commit_released()
+        await glue.rewind()
         metrics.count(res)
         router.on_tick()
         glue.sample_metrics()
@@ -255,6 +256,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         for tp in revoked:  # read again from the committed offsets if assigned again
             glue.held_back.pop(tp, None)
             glue.next_offset.pop((tp.topic, tp.partition), None)
+            glue.holes.pop((tp.topic, tp.partition), None)
         if gone:
             log.info("revoked partitions %s: dropped %d jobs from memory", sorted(lost), len(gone))
 
