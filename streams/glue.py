@@ -51,7 +51,6 @@ class Glue:
         self.holes: dict[tuple[str, int], int] = {}  # (topic, partition) -> first offset not handed over (in_order)
         self._sought: dict[tuple[str, int], tuple[int, float]] = {}  # ... -> (offset, monotonic time) sought back to
         self.assigned: set[int] = set()
-        self.held_back: dict[TP, int] = {}  # offsets Faust committed in its view: lowered by the cap, or refused
         self.committed: dict[TP, int] = {}  # what this worker last committed, per input
         self._commit: Callable[[dict[TP, int]], Any] | None = None  # Faust's own commit, under the cap
         # states written to the table whose changelog message the broker has not confirmed yet (None: a plain
@@ -111,6 +110,23 @@ class Glue:
             out.append(self.msg(e))
         return out
 
+    def find_skipped(self) -> None:
+        """Owed records (read by an earlier worker, not processed: `JobState`) behind what was read here were
+        never handed over: the partition is read again from the oldest of them (a hole, see `in_order`).
+
+        A restored job's owed records come before its partition's read position passes them: reading resumes at
+        the committed offset, which the cap keeps at or below them. Seen passed anyway (Faust dropped them, or
+        the group's offset had moved past them), they would be owed forever and hold the commits there.
+        """
+        for st in self.runner.jobs.values():
+            for where, pos in st.owed.items():
+                topic, _, partition = where.rpartition(":")
+                tp = (topic, int(partition))
+                read = self.next_offset.get(tp)
+                if pos and read is not None and tp not in self.holes and read > (low := min(pos)[0]):
+                    self.holes[tp] = low
+                    self.next_offset[tp] = low
+
     async def rewind(self, again_s: float = 5.0) -> None:
         """Seek each partition with a hole back to it; again after `again_s` if the hole is still not read."""
         now = time.monotonic()
@@ -121,8 +137,8 @@ class Glue:
             if last is not None and last[0] == offset and now - last[1] < again_s:
                 continue
             self._sought[tp] = (offset, now)
-            log.warning("%s:%d: messages from offset %d were not handed over (Faust dropped them); reading them "
-                        "again", tp[0], tp[1], offset)
+            log.warning("%s:%d: messages from offset %d were not handed over (dropped by Faust, or behind the "
+                        "group's offset); reading them again", tp[0], tp[1], offset)
             await self.app.consumer.seek(_tp(*tp), offset)
 
     def save(self, res: Result, take: bool) -> None:
@@ -185,7 +201,7 @@ class Glue:
         Faust commits the offset after the messages its streams acknowledged, and `take_events`
         acknowledges a whole batch, held records included. Its own view of what is committed is
         left alone (its acknowledgement bookkeeping depends on it); only what reaches the broker
-        is lowered, and `commit_released` commits the rest once the records are saved.
+        is lowered, and `commit_read` commits the rest once the records are saved.
         """
         consumer = self.app.consumer
         if self._commit is None:
@@ -201,33 +217,34 @@ class Glue:
 
     async def _commit_capped(self, offsets: dict[TP, int]) -> bool:
         points = self.resume_points()
-        capped = {}
-        for tp, offset in offsets.items():
-            capped[tp] = min(offset, points.get((tp.topic, tp.partition), offset))
-            if capped[tp] < offset:
-                self.held_back[tp] = offset
-            else:
-                self.held_back.pop(tp, None)
+        capped = {tp: min(offset, points.get((tp.topic, tp.partition), offset)) for tp, offset in offsets.items()}
         assert self._commit is not None
         done = await self._commit(capped)
         if done:
             self.committed.update(capped)
-        else:  # refused (a rebalance under way): Faust counts it as done all the same, so `commit_released` retries
-            for tp, offset in offsets.items():
-                self.held_back[tp] = max(offset, self.held_back.get(tp, offset))
-            log.info("a commit of %d inputs was refused (a rebalance?); retried on the next tick", len(offsets))
         return bool(done)
 
-    async def commit_released(self) -> None:
-        """Commit what the cap held back and is saved now, and what the broker refused (Faust commits again only
-        when its acks move, and takes a refused commit as done: at the end of the input nothing would move)."""
-        if not self.held_back:
-            return
-        points = self.resume_points()
-        due = {tp: offset for tp, offset in self.held_back.items()
-               if min(offset, points.get((tp.topic, tp.partition), offset)) > self.committed.get(tp, -1)}
-        if due:
-            await self._commit_capped(due)
+    def due_commits(self) -> dict[TP, int]:
+        """Per assigned input, what was handed to the runner, where this worker has not committed as far as the
+        cap allows: commits follow what was read, not Faust's acknowledgements (see `commit_read`)."""
+        points, assigned, due = self.resume_points(), self.app.consumer.assignment(), {}
+        for (topic, partition), read in self.next_offset.items():
+            tp = _tp(topic, partition)
+            if tp in assigned and min(read, points.get((topic, partition), read)) > self.committed.get(tp, -1):
+                due[tp] = read
+        return due
+
+    async def commit_read(self) -> None:
+        """Commit, under the cap, what was handed to the runner and is not committed yet.
+
+        Faust commits only when its acknowledgements move: what the cap lowered, or a commit the broker refused
+        during a rebalance (which Faust takes as done), would stay behind at the end of the input, and its
+        acknowledgement bookkeeping can stall after a seek. Committing what was read, on the tick, keeps the group's
+        offsets with the worker whatever Faust's view.
+        """
+        due = self.due_commits()
+        if due and not await self._commit_capped(due):
+            log.info("a commit of %d inputs was refused (a rebalance?); again on the next tick", len(due))
 
     async def publish(self, res: Result) -> None:
         """Send the outputs and wait until the broker has them; then feed the sinks."""
@@ -391,9 +408,14 @@ class Glue:
                  "records skipped; event-time lag %.3f s; commits held back on %d inputs",
                  r.records, r.records / max(now - self._started, 1e-9), self.batches, len(r.cores), self.saves,
                  len(self._unconfirmed), self.checkpoints.waiting(), self.sent, router.routed, router.dropped,
-                 r.duplicates, self.lag_s, len(self.held_back))
+                 r.duplicates, self.lag_s, len(self.capped()))
         for line in self.waiting():
             log.info("%s", line)
+
+    def capped(self) -> dict[tuple[str, int], int]:
+        """Inputs whose commit the cap holds below what was read: (topic, partition) -> read up to."""
+        points = self.resume_points()
+        return {tp: read for tp, read in self.next_offset.items() if points.get(tp, read) < read}
 
     def waiting(self) -> list[str]:
         """One line per job holding records: which of its inputs it waits for (read up to where, of how much)."""
@@ -412,8 +434,9 @@ class Glue:
                                   f"read to event time {r.frontier.get((topic, st.partition), -math.inf):.3f})")
             lines.append(f"job {job} holds {len(st.held)} records from event time {st.held[0].ts:.3f}: waiting for "
                          f"{', '.join(behind) or 'no input'}; node events up to {self.upstream():.3f}")
-        for tp, offset in sorted(self.held_back.items()):
-            where = f"{tp.topic}:{tp.partition}"
+        for (topic, partition), offset in sorted(self.capped().items()):
+            where = f"{topic}:{partition}"
+            tp = _tp(topic, partition)
             why = [f"job {job} from {at} (owed {sorted(st.owed.get(where, ()))[:3]}, written "
                    f"{st.written.next.get(where)}/{st.written.low.get(where)}, read to {st.offsets.get(where)})"
                    for job, st in sorted(r.jobs.items()) if (at := st.uncovered().get(where)) is not None]

@@ -233,7 +233,8 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
             res = runner.on_tick(glue.caught_up, glue.lagging, glue.upstream)
             await glue.publish(res)
             glue.save(res, take=True)
-        await glue.commit_released()
+        await glue.commit_read()
+        glue.find_skipped()
         await glue.rewind()
         metrics.count(res)
         router.on_tick()
@@ -254,8 +255,8 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         gone = runner.drop_partitions(lost)
         glue.forget(gone)
         for tp in revoked:  # read again from the committed offsets if assigned again
-            glue.held_back.pop(tp, None)
             glue.next_offset.pop((tp.topic, tp.partition), None)
+            glue.committed.pop(tp, None)
             glue.holes.pop((tp.topic, tp.partition), None)
         if gone:
             log.info("revoked partitions %s: dropped %d jobs from memory", sorted(lost), len(gone))

@@ -180,27 +180,35 @@ def test_the_input_path_watch_marks_an_outage_and_its_grace() -> None:
     assert g.runner.outages == 1 and g.runner.trust_from < float("inf")
 
 
-def test_a_commit_the_broker_refused_is_retried_on_the_tick() -> None:
+def test_commits_follow_what_was_read_under_the_cap_and_a_refused_one_is_retried(monkeypatch) -> None:
     """Faust takes a refused commit (a rebalance under way) as done and commits again only when its acks move: at
-    the end of the input nothing moves, so the glue retries it."""
+    the end of the input nothing moves. The glue commits what it handed to the runner, as far as the cap allows."""
+    TP = namedtuple("TP", "topic partition")
+    monkeypatch.setattr("gangwatch.streams.glue._tp", TP)
     g = glue(Consumer({}))
-    g.router = SimpleNamespace(resume_points=lambda: {})
-    answers, calls = [False, True], []
+    points = {("t", 0): 30}
+    g.router = SimpleNamespace(resume_points=lambda: dict(points))
+    g.app.consumer.assignment = lambda: {TP("t", 0)}
+    answers, calls = [True, False, True], []
 
     async def commit(offsets: dict) -> bool:
         calls.append(dict(offsets))
         return answers.pop(0)
 
     g._commit = commit
-    tp = namedtuple("TP", "topic partition")("t", 0)
+    g.next_offset[("t", 0)] = 40
+    g.next_offset[("t", 1)] = 9  # not ours (any more): never committed
 
     async def run() -> None:
-        assert not await g._commit_capped({tp: 40})
-        await g.commit_released()  # the retry
-        await g.commit_released()  # committed: nothing left to retry
+        await g.commit_read()  # capped at 30: a record at 30 is in no written state
+        await g.commit_read()  # nothing new
+        points.clear()  # saved: the cap lifts
+        await g.commit_read()  # refused
+        await g.commit_read()  # the retry
+        await g.commit_read()  # committed: nothing left
 
     asyncio.run(run())
-    assert calls == [{tp: 40}, {tp: 40}] and g.committed == {tp: 40} and g.held_back == {}
+    assert calls == [{TP("t", 0): 30}, {TP("t", 0): 40}, {TP("t", 0): 40}] and g.committed == {TP("t", 0): 40}
 
 
 def test_messages_after_a_hole_are_held_back_until_the_hole_is_read_again() -> None:
@@ -231,3 +239,18 @@ def test_messages_after_a_hole_are_held_back_until_the_hole_is_read_again() -> N
     assert offsets([ev(6), ev(3), ev(4), ev(5), ev(6)]) == [(0, 3), (0, 4), (0, 5), (0, 6)]
     assert g.holes == {} and g.resume_points() == {}
     assert offsets([ev(2), ev(7)]) == [(0, 2), (0, 7)]  # a repeat is handed on (the runner skips it)
+
+
+def test_owed_records_the_read_position_passed_are_read_again() -> None:
+    """A restored job owes records 5 and 6 of t:0 (an earlier worker read them, never processed them); reading here
+    got to 9 without them: t:0 is read again from 5, and nothing past 5 is handed on until 5 comes."""
+    from gangwatch.streams.jobstate import JobState
+
+    g = glue(Consumer({}))
+    g.runner.jobs["j"] = JobState(owed={"t:0": {(5, 0), (6, 0)}, "t:1": {(2, 0)}})
+    g.next_offset.update({("t", 0): 9, ("t", 1): 2})  # t:1 is not past its owed record yet
+    g.find_skipped()
+    assert g.holes == {("t", 0): 5}
+    ev = SimpleNamespace(message=SimpleNamespace(topic="t", partition=0, offset=9, key=b"j", value=b"{}",
+                                                 timestamp=1.0))
+    assert g.in_order([ev]) == []
