@@ -40,8 +40,12 @@ def seek_uncommitted() -> None:
 
     async def seek_back(self: Any) -> Mapping[Any, int | None]:
         app = self.consumer.app
-        return await self.call_thread(seek_to_committed, self._ensure_consumer(),
-                                      app.conf.consumer_auto_offset_reset, app.tables.changelog_topics)
+        committed = await self.call_thread(seek_to_committed, self._ensure_consumer(),
+                                           app.conf.consumer_auto_offset_reset, app.tables.changelog_topics)
+        glue = getattr(app, "gangwatch", None)  # the worker's I/O half: where each input's reading starts
+        if glue is not None:
+            glue.started(committed)
+        return committed
 
     driver.AIOKafkaConsumerThread.seek_to_committed = seek_back
 

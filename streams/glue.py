@@ -14,7 +14,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gangwatch.sinks.base import Sink
@@ -48,6 +48,7 @@ class Glue:
         self.pause: Any = None  # SinkPause: holds the input for a sink's backlog, collects sinks' dead letters
         self.checkpoints = Checkpoints(sinks, self._write_state)  # states wait for their outputs' delivery
         self.next_offset: dict[tuple[str, int], int] = {}  # (topic, partition) -> after the last message handed on
+        self.inputs = frozenset((*job_topics, *node_topics))
         self.holes: dict[tuple[str, int], int] = {}  # (topic, partition) -> first offset not handed over (in_order)
         self._sought: dict[tuple[str, int], tuple[int, float]] = {}  # ... -> (offset, monotonic time) sought back to
         self.assigned: set[int] = set()
@@ -83,6 +84,15 @@ class Glue:
             self.next_offset[tp] = m.offset + 1
         ts = (m.timestamp or 0.0)
         return Msg(m.topic, m.partition, m.offset, m.key, m.value, ts / 1000.0 if ts > 1e11 else ts)
+
+    def started(self, committed: Mapping[Any, int | None]) -> None:
+        """Faust sought the inputs back to these committed offsets: reading starts there (`in_order`), unless
+        something was read since the assignment. Offsets 0 or none are left to the first message (where the log
+        starts is the reset policy's)."""
+        for tp, offset in committed.items():
+            where = (tp.topic, tp.partition)
+            if offset and where not in self.next_offset and tp.topic in self.inputs:
+                self.next_offset[where] = offset
 
     def in_order(self, events: list[Any]) -> list[Msg]:
         """The batch's messages, each partition's read in offset order with none missing; what comes after a hole
@@ -216,8 +226,13 @@ class Glue:
         return points
 
     async def _commit_capped(self, offsets: dict[TP, int]) -> bool:
-        points = self.resume_points()
-        capped = {tp: min(offset, points.get((tp.topic, tp.partition), offset)) for tp, offset in offsets.items()}
+        """Faust's commit, never past what was handed to the runner (Faust counts offsets it dropped as read) nor
+        past a record no written state covers; inputs nothing was handed from since the assignment are left."""
+        points, read = self.resume_points(), self.next_offset
+        capped = {tp: min(offset, read[where], points.get(where, offset)) for tp, offset in offsets.items()
+                  if (where := (tp.topic, tp.partition)) in read}
+        if not capped:
+            return True
         assert self._commit is not None
         done = await self._commit(capped)
         if done:

@@ -208,10 +208,10 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         async for events in stream.take_events(s.batch_max, within=s.batch_within_s):
             while pause.hold():  # a sink's queue is over its high-water mark: wait (bounded), not in the lock
                 await asyncio.sleep(0.05)
-            msgs = glue.in_order(events)
             async with busy:
                 start = time.monotonic()
-                res = runner.on_batch(msgs, glue.lagging, glue.upstream)
+                # no await between: what `in_order` counts as read is what the runner has (the commits follow it)
+                res = runner.on_batch(glue.in_order(events), glue.lagging, glue.upstream)
                 await glue.publish(res)  # delivered before the state that says "done" is written
                 glue.save(res, take=False)  # the timer takes states
             glue.batch_done(res, time.monotonic() - start)

@@ -254,3 +254,26 @@ def test_owed_records_the_read_position_passed_are_read_again() -> None:
     ev = SimpleNamespace(message=SimpleNamespace(topic="t", partition=0, offset=9, key=b"j", value=b"{}",
                                                  timestamp=1.0))
     assert g.in_order([ev]) == []
+
+
+def test_reading_starts_at_the_committed_offset_and_commits_never_pass_what_was_handed_on(monkeypatch) -> None:
+    """The group committed 152; the first message handed over is 7000 (152-6999 dropped by Faust): it waits, and
+    a commit Faust asks for (it counts what it dropped as read) stays at 152."""
+    TP = namedtuple("TP", "topic partition")
+    monkeypatch.setattr("gangwatch.streams.glue._tp", TP)
+    g = Glue(SimpleNamespace(), JobRunner(TopicSettings()), SimpleNamespace(resume_points=lambda: {}), {},
+             ("t",), (), [], False, None)
+    g.started({TP("t", 0): 152, TP("t", 1): 0, TP("other", 0): 5})
+    assert g.next_offset == {("t", 0): 152}  # 0: where the log starts is the reset policy's; not an input: left
+    ev = SimpleNamespace(message=SimpleNamespace(topic="t", partition=0, offset=7000, key=b"j", value=b"{}",
+                                                 timestamp=1.0))
+    assert g.in_order([ev]) == [] and g.holes == {("t", 0): 152}
+    calls = []
+
+    async def commit(offsets: dict) -> bool:
+        calls.append(dict(offsets))
+        return True
+
+    g._commit = commit
+    asyncio.run(g._commit_capped({TP("t", 0): 7001, TP("t", 1): 3}))  # nothing handed on from t:1: left alone
+    assert calls == [{TP("t", 0): 152}]
