@@ -77,14 +77,6 @@ class Glue:
         self._started = time.monotonic()
         self._last_stats = self._started
 
-    def msg(self, event: Any) -> Msg:
-        m = event.message
-        tp = (m.topic, m.partition)
-        if m.offset >= self.next_offset.get(tp, 0):  # a repeat leaves it where it is
-            self.next_offset[tp] = m.offset + 1
-        ts = (m.timestamp or 0.0)
-        return Msg(m.topic, m.partition, m.offset, m.key, m.value, ts / 1000.0 if ts > 1e11 else ts)
-
     def started(self, committed: Mapping[Any, int | None]) -> None:
         """Faust sought the inputs back to these committed offsets: reading starts there (`in_order`), unless
         something was read since the assignment. Offsets 0 or none are left to the first message (where the log
@@ -107,18 +99,30 @@ class Glue:
         handed on (the runner skips them), the next offset stays. The first message of a partition after an
         assignment sets where it starts (the committed offset, or the first record kept).
         """
-        out = []
+        out, read, holes = [], self.next_offset, self.holes
         for e in events:
             m = e.message
             tp = (m.topic, m.partition)
-            want = self.next_offset.get(tp)
-            if want is not None and m.offset > want or tp in self.holes:
-                hole = self.holes.setdefault(tp, want if want is not None else m.offset)
-                if m.offset != hole:  # still past the hole: read again once the seek lands
+            want = read.get(tp)
+            if want is not None and m.offset > want or tp in holes:
+                if holes.setdefault(tp, want) != m.offset:  # still past the hole: read again once the seek lands
                     continue
-                del self.holes[tp]  # the hole is read
-            out.append(self.msg(e))
+                del holes[tp]  # the hole is read
+            if want is None or m.offset >= want:  # a repeat leaves the next offset where it is
+                read[tp] = m.offset + 1
+            ts = m.timestamp or 0.0
+            out.append(Msg(m.topic, m.partition, m.offset, m.key, m.value, ts / 1000.0 if ts > 1e11 else ts))
         return out
+
+    def revoked(self, tps: Any) -> None:
+        """Partitions taken from this worker: what it read and committed there is forgotten (read again from the
+        committed offsets if they come back)."""
+        for tp in tps:
+            where = (tp.topic, tp.partition)
+            self.next_offset.pop(where, None)
+            self.holes.pop(where, None)
+            self._sought.pop(where, None)
+            self.committed.pop(tp, None)
 
     def find_skipped(self) -> None:
         """Owed records (read by an earlier worker, not processed: `JobState`) behind what was read here were
@@ -305,10 +309,9 @@ class Glue:
 
     def lag_records(self) -> dict[tuple[str, int], int]:
         """Messages left to read on each input (topic, partition) this worker holds, where the end is known."""
-        mine = {*self.job_topics, *self.node_topics}
         lag = {}
         for tp in self.app.consumer.assignment():
-            if tp.topic not in mine:
+            if tp.topic not in self.inputs:
                 continue
             try:
                 hw = self.app.consumer.highwater(tp)

@@ -254,10 +254,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         lost = {tp.partition for tp in revoked if tp.topic in job_topics}
         gone = runner.drop_partitions(lost)
         glue.forget(gone)
-        for tp in revoked:  # read again from the committed offsets if assigned again
-            glue.next_offset.pop((tp.topic, tp.partition), None)
-            glue.committed.pop(tp, None)
-            glue.holes.pop((tp.topic, tp.partition), None)
+        glue.revoked(revoked)
         if gone:
             log.info("revoked partitions %s: dropped %d jobs from memory", sorted(lost), len(gone))
 
