@@ -334,9 +334,9 @@ def test_several_jobs_as_a_backlog_match_replay(kafka_bootstrap, topics, unique,
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "quarantined, known bug (issue 11's note): after the kill, the group's offset on a job's partition can stand "
-    "past records the job's saved state still owes, or records reach the runner out of offset order, so the new "
-    "worker's outputs differ or its commits stop short; fails about 1 run in 4. Remove this mark with the fix."))
+    "quarantined, known bug (issue 11's note): after the kill, records a restored job owes are read again but "
+    "stay owed, so the new worker reads them again later, after newer records of the job were released, and its "
+    "outputs differ; fails about 1 run in 5. Remove this mark with the fix."))
 def test_several_jobs_match_replay_with_the_worker_killed_halfway(kafka_bootstrap, topics, unique, tmp_path,
                                                                     workers):
     """The same backlog, longer (one record per message), and the worker SIGKILLed as soon as the first finding
