@@ -35,37 +35,41 @@ def cap_fetch_wait(ms: int) -> None:
 
 
 def seek_uncommitted() -> None:
-    """Make Faust's seek back to the committed offsets reach every input partition (`seek_to_committed`)."""
+    """Make Faust's seek back to the committed offsets reach every input partition (`seek_to_committed`), and tell
+    the worker's glue where each input's reading starts."""
     from faust.transport.drivers import aiokafka as driver
 
     async def seek_back(self: Any) -> Mapping[Any, int | None]:
         app = self.consumer.app
-        committed = await self.call_thread(seek_to_committed, self._ensure_consumer(),
-                                           app.conf.consumer_auto_offset_reset, app.tables.changelog_topics)
+        committed, starts = await self.call_thread(seek_to_committed, self._ensure_consumer(),
+                                                   app.conf.consumer_auto_offset_reset, app.tables.changelog_topics)
         glue = getattr(app, "gangwatch", None)  # the worker's I/O half: where each input's reading starts
         if glue is not None:
-            glue.started(committed)
+            glue.started(starts, committed)
         return committed
 
     driver.AIOKafkaConsumerThread.seek_to_committed = seek_back
 
 
-async def seek_to_committed(consumer: Any, reset: str, skip: Container[str]) -> dict[Any, int | None]:
-    """aiokafka's `seek_to_committed`, also for the partitions committed at offset 0 or not at all.
+async def seek_to_committed(consumer: Any, reset: str,
+                            skip: Container[str]) -> tuple[dict[Any, int | None], dict[Any, int]]:
+    """aiokafka's `seek_to_committed`, also for the partitions committed at offset 0 or not at all; returns the
+    committed offsets (what Faust reads back) and where reading starts on each partition, where that is known.
 
     aiokafka seeks only the partitions whose committed offset is above 0 and leaves the others where the fetcher
     is. Faust drops what it fetched for a partition not active yet, or still queued for an agent when a rebalance
     starts, and counts on this seek to read it again: a partition committed at 0 (commits capped at its first
     record) or never (a new group) stayed past those records, which were never delivered; a restarted worker then
     held its jobs forever, waiting for an input it could not read (the release point, `JobRunner`). Such a
-    partition goes back to 0 (never committed: only under the earliest reset policy; latest leaves it be). The
-    seek is local, no request to the broker (which may be the one coming back from an outage); where 0 is no
-    longer in the log the fetcher falls back to the reset policy, i.e. the first record kept.
-    `skip`: topics Faust positions itself (the tables' changelogs)."""
+    partition goes back to the first record the log keeps (never committed: only under the earliest reset
+    policy; latest leaves it be, and where it starts is not known). `skip`: topics Faust positions itself (the
+    tables' changelogs)."""
     committed = await consumer.seek_to_committed()
-    for tp, offset in committed.items():
-        if tp.topic in skip or (offset is not None and offset > 0):
-            continue
-        if offset == 0 or reset == "earliest":
-            consumer.seek(tp, 0)
-    return committed
+    starts = {tp: offset for tp, offset in committed.items() if tp.topic not in skip and offset and offset > 0}
+    first = [tp for tp, offset in committed.items()
+             if tp.topic not in skip and tp not in starts and (offset == 0 or reset == "earliest")]
+    if first:
+        for tp, offset in (await consumer.beginning_offsets(first)).items():
+            consumer.seek(tp, offset)
+            starts[tp] = offset
+    return committed, starts

@@ -114,8 +114,9 @@ def test_the_state_changelog_takes_a_100k_rank_jobs_state(tmp_path) -> None:
 class Seeking:
     """aiokafka's consumer as `seek_to_committed` drives it: the committed offsets, and the seeks made."""
 
-    def __init__(self, committed: dict[tuple[str, int], int | None]) -> None:
+    def __init__(self, committed: dict[tuple[str, int], int | None], kept_from: int = 0) -> None:
         self.committed = committed
+        self.kept_from = kept_from  # the first offset the log keeps (retention deleted those before it)
         self.seeks: dict[tuple[str, int], int | str] = {}
 
     async def seek_to_committed(self) -> dict[tuple[str, int], int | None]:  # aiokafka: only offsets above 0
@@ -125,17 +126,22 @@ class Seeking:
     def seek(self, tp: tuple[str, int], offset: int) -> None:
         self.seeks[tp] = offset
 
+    async def beginning_offsets(self, tps: list) -> dict:
+        return {tp: self.kept_from for tp in tps}
 
-@pytest.mark.parametrize("reset, fresh", [("earliest", 0), ("latest", None)])
-def test_the_seek_back_to_the_committed_offsets_reaches_partitions_committed_at_0_or_never(reset, fresh) -> None:
+
+@pytest.mark.parametrize("reset, kept_from", [("earliest", 0), ("latest", 0), ("earliest", 40)])
+def test_the_seek_back_to_the_committed_offsets_reaches_partitions_committed_at_0_or_never(reset, kept_from) -> None:
     """Records Faust fetched for a partition not active yet are dropped and read again from the committed offset:
-    one committed at 0, or not at all, has to be sought too, or those records are never delivered."""
+    one committed at 0, or not at all, has to be sought too (to the first record the log keeps), or those records
+    are never delivered; and the worker is told where each partition's reading starts."""
     TP = namedtuple("TP", "topic partition")
     at0, seven, never, log = TP("jobs", 0), TP("jobs", 1), TP("by-job", 3), TP("app-core-state-changelog", 0)
-    consumer = Seeking({at0: 0, seven: 7, never: None, log: None})
-    committed = asyncio.run(seek_to_committed(consumer, reset, {log.topic}))
+    consumer = Seeking({at0: 0, seven: 7, never: None, log: None}, kept_from)
+    committed, starts = asyncio.run(seek_to_committed(consumer, reset, {log.topic}))
     assert committed == consumer.committed  # what Faust reads back is aiokafka's answer
-    assert consumer.seeks == {at0: 0, seven: 7, **({never: fresh} if fresh is not None else {})}  # a changelog: Faust's
+    fresh = {never: kept_from} if reset == "earliest" else {}  # latest: where a new group starts is not known
+    assert consumer.seeks == starts == {at0: kept_from, seven: 7, **fresh}  # a changelog: Faust's
 
 
 class Offsets:
@@ -223,6 +229,11 @@ def test_messages_after_a_hole_are_held_back_until_the_hole_is_read_again() -> N
 
     g.app.consumer.seek = seek
 
+    async def earliest_offsets(*tps) -> dict:
+        return {tp: 0 for tp in tps}
+
+    g.app.consumer.earliest_offsets = earliest_offsets
+
     def ev(offset: int, partition: int = 0) -> SimpleNamespace:
         return SimpleNamespace(message=SimpleNamespace(topic="t", partition=partition, offset=offset, key=b"j",
                                                        value=b"{}", timestamp=1.0))
@@ -263,8 +274,8 @@ def test_reading_starts_at_the_committed_offset_and_commits_never_pass_what_was_
     monkeypatch.setattr("gangwatch.streams.glue._tp", TP)
     g = Glue(SimpleNamespace(), JobRunner(TopicSettings()), SimpleNamespace(resume_points=lambda: {}), {},
              ("t",), (), [], False, None)
-    g.started({TP("t", 0): 152, TP("t", 1): 0, TP("other", 0): 5})
-    assert g.next_offset == {("t", 0): 152}  # 0: where the log starts is the reset policy's; not an input: left
+    g.started({TP("t", 0): 152, TP("other", 0): 5}, [TP("t", 0), TP("t", 1), TP("other", 0)])
+    assert g.next_offset == {("t", 0): 152}  # t:1: start not known (policy latest, never committed); not an input
     ev = SimpleNamespace(message=SimpleNamespace(topic="t", partition=0, offset=7000, key=b"j", value=b"{}",
                                                  timestamp=1.0))
     assert g.in_order([ev]) == [] and g.holes == {("t", 0): 152}
@@ -277,3 +288,54 @@ def test_reading_starts_at_the_committed_offset_and_commits_never_pass_what_was_
     g._commit = commit
     asyncio.run(g._commit_capped({TP("t", 0): 7001, TP("t", 1): 3}))  # nothing handed on from t:1: left alone
     assert calls == [{TP("t", 0): 152}]
+
+
+def test_nothing_is_handed_on_before_the_seek_back_to_the_committed_offsets(monkeypatch) -> None:
+    """Faust resumes the inputs before its seek back to the committed offsets is done, and its fetcher reads on
+    meanwhile: a message of that window would set where reading starts (past records a restored job owes). It
+    is left for the seek to read again; after the seek, reading starts at the committed offset, and a partition
+    the group never committed starts at its first message."""
+    TP = namedtuple("TP", "topic partition")
+    monkeypatch.setattr("gangwatch.streams.glue._tp", TP)
+    g = Glue(SimpleNamespace(), JobRunner(TopicSettings()), SimpleNamespace(resume_points=lambda: {}), {},
+             ("t",), (), [], False, None)
+
+    def ev(offset: int, partition: int = 0, topic: str = "t") -> SimpleNamespace:
+        return SimpleNamespace(message=SimpleNamespace(topic=topic, partition=partition, offset=offset, key=b"j",
+                                                       value=b"{}", timestamp=1.0))
+
+    def offsets(events: list) -> list[tuple[int, int]]:
+        return [(m.partition, m.offset) for m in g.in_order(events)]
+
+    assert offsets([ev(5000), ev(5001), ev(3, 1)]) == [] and g.next_offset == {}  # before the seek
+    g.started({TP("t", 0): 312}, [TP("t", 0), TP("t", 1)])  # t:1: never committed, policy latest
+    assert offsets([ev(5002), ev(312), ev(313), ev(3, 1), ev(4, 1)]) == [(0, 312), (0, 313), (1, 3), (1, 4)]
+    assert g.holes == {} and g.next_offset == {("t", 0): 314, ("t", 1): 5}
+    g.revoked([TP("t", 0)])
+    assert offsets([ev(314), ev(5, 1)]) == [(1, 5)]  # t:0 waits for the next assignment's seek
+
+
+def test_a_hole_retention_deleted_moves_to_the_first_record_kept_and_is_owed_no_more() -> None:
+    """A restored job owes records 5 and 12 of t:0; the log keeps t:0 from 10 on (retention deleted the rest
+    while no worker ran): seeking back to 5 would land past it again forever. Reading goes on from 10, record 5
+    is given up (said in the log), 12 is still owed."""
+    from gangwatch.streams.jobstate import JobState
+
+    g = glue(Consumer({}))
+    sought = []
+
+    async def seek(tp, offset: int) -> None:
+        sought.append((tp.topic, tp.partition, offset))
+
+    async def earliest_offsets(*tps) -> dict:
+        return {tp: 10 for tp in tps}
+
+    g.app.consumer.seek, g.app.consumer.earliest_offsets = seek, earliest_offsets
+    g.runner.jobs["j"] = st = JobState(owed={"t:0": {(5, 0), (12, 0)}})
+    g.next_offset[("t", 0)] = 20
+    g.find_skipped()
+    assert g.holes == {("t", 0): 5}
+    asyncio.run(g.rewind())
+    assert sought == [("t", 0, 10)] and g.holes == {("t", 0): 10} and st.owed == {"t:0": {(12, 0)}}
+    g.find_skipped()  # 12 is behind the read position too, but the hole at 10 comes first
+    assert g.holes == {("t", 0): 10}
