@@ -165,7 +165,11 @@ class Glue:
                if (last := self._sought.get(tp)) is None or last[0] != offset or now - last[1] >= again_s]
         if not due:
             return
-        kept = await self.app.consumer.earliest_offsets(*(_tp(*tp) for tp in due))
+        try:
+            kept = await self.app.consumer.earliest_offsets(*(_tp(*tp) for tp in due))
+        except Exception as e:  # the broker away or a rebalance: seek anyway, look again on the next seek
+            log.info("could not ask where %d partitions' logs start (%s); seeking back anyway", len(due), e)
+            kept = {}
         for tp in due:
             offset = self.holes[tp]
             first = kept.get(_tp(*tp))

@@ -339,3 +339,20 @@ def test_a_hole_retention_deleted_moves_to_the_first_record_kept_and_is_owed_no_
     assert sought == [("t", 0, 10)] and g.holes == {("t", 0): 10} and st.owed == {"t:0": {(12, 0)}}
     g.find_skipped()  # 12 is behind the read position too, but the hole at 10 comes first
     assert g.holes == {("t", 0): 10}
+
+
+def test_a_hole_is_sought_back_even_when_the_logs_start_cannot_be_asked() -> None:
+    """Asking where the log starts fails (the broker away, a rebalance): the partition is sought back anyway."""
+    g = glue(Consumer({}))
+    sought = []
+
+    async def seek(tp, offset: int) -> None:
+        sought.append((tp.topic, tp.partition, offset))
+
+    async def earliest_offsets(*tps) -> dict:
+        raise ConnectionError("broker gone")
+
+    g.app.consumer.seek, g.app.consumer.earliest_offsets = seek, earliest_offsets
+    g.holes[("t", 0)] = g.next_offset[("t", 0)] = 5
+    asyncio.run(g.rewind())
+    assert sought == [("t", 0, 5)] and g.holes == {("t", 0): 5}
