@@ -51,6 +51,7 @@ class Glue:
         self.inputs = frozenset((*job_topics, *node_topics))
         self.holes: dict[tuple[str, int], int] = {}  # (topic, partition) -> first offset not handed over (in_order)
         self.positioned: set[tuple[str, int]] = set()  # inputs sought back to their committed offsets (`started`)
+        self.gated: set[tuple[str, int]] = set()  # inputs with messages left out before that seek
         self._sought: dict[tuple[str, int], tuple[int, float]] = {}  # ... -> (offset, monotonic time) sought back to
         self.assigned: set[int] = set()
         self.committed: dict[TP, int] = {}  # what this worker last committed, per input
@@ -88,6 +89,9 @@ class Glue:
                 self.positioned.add(where)
                 if tp in starts and where not in self.next_offset:
                     self.next_offset[where] = starts[tp]
+                if where in self.gated and where in self.next_offset:  # see `in_order`: maybe never delivered again
+                    self.holes.setdefault(where, self.next_offset[where])
+        self.gated.clear()
 
     def in_order(self, events: list[Any]) -> list[Msg]:
         """The batch's messages, each partition's read in offset order with none missing; what comes after a hole
@@ -108,12 +112,17 @@ class Glue:
         owing offset 312 handed records up to 10481 but never 312, about one restart in five; on a new group, a
         job's first records skipped). The seek reads them again, from where `started` says; a partition it
         does not know the start of (never committed, policy `latest`) starts at its first message from there.
+        Faust counts a message as read only once the agent took it, which can be after the seek: then it drops
+        the seek's copies up to that offset, and with nothing after them the partition would never be read
+        again (seen: a restarted worker idle for good). So a partition with messages left out starts as a hole
+        at its start, sought back to on the next tick unless the seek's copy arrives first.
         """
         out, read, holes, inputs, positioned = [], self.next_offset, self.holes, self.inputs, self.positioned
         for e in events:
             m = e.message
             tp = (m.topic, m.partition)
             if tp not in positioned and m.topic in inputs:  # fetched before the seek: read again after it
+                self.gated.add(tp)
                 continue
             want = read.get(tp)
             if want is not None and m.offset > want or tp in holes:
@@ -133,6 +142,7 @@ class Glue:
             where = (tp.topic, tp.partition)
             self.next_offset.pop(where, None)
             self.positioned.discard(where)
+            self.gated.discard(where)
             self.holes.pop(where, None)
             self._sought.pop(where, None)
             self.committed.pop(tp, None)

@@ -11,9 +11,10 @@ its reconnect grace for all of them before it judges silence (streams/runner.py)
 Checked right after the restart: the worker logged the outage (it holds what
 producers resend for its grace only when it saw the broker go). Checked once
 the job has ended and the worker has read everything: every step of every rank
-is stored, every rank's heartbeats are stored without a gap longer
-than two periods (the heartbeat thread kept beating through the outage, into the
-spool), no producer reports a dropped record, and nothing above precursor
+is stored, every rank's heartbeats are stored, with at least half the beats
+the outage's length holds stamped while the broker was down (the heartbeat
+thread kept beating through the outage, into the spool) and no gap a third of
+the outage long, no producer reports a dropped record, and nothing above precursor
 severity was found: no finding (but a job-wide slowdown, which blames nobody),
 no action, no incident.
 """
@@ -55,11 +56,12 @@ def test_a_broker_killed_for_30_s_during_a_healthy_run_loses_no_record_and_raise
         job.start(STEPS)
         job.wait(lambda: job.newest_checkpoint() >= KILL_AT_STEP, 240.0, f"the job to reach step {KILL_AT_STEP}")
         broker.kill()
-        killed = time.monotonic()
+        killed, down_from = time.monotonic(), time.time()
         during = job.newest_checkpoint()
         time.sleep(OUTAGE_S)  # the fault itself: the broker stays down this long
         assert job.newest_checkpoint() > during, "training waited for the broker"
         broker.start()
+        down_to = time.time()
         print(f"\nbroker down {time.monotonic() - killed:.1f} s (killed at checkpoint {during}, "
               f"{OUTAGE_S:g} s down, then its restart)")
         # the worker saw the outage (its grace holds the first producers to resend): before its own watch, the
@@ -93,8 +95,15 @@ def test_a_broker_killed_for_30_s_during_a_healthy_run_loses_no_record_and_raise
             by_rank.setdefault(b["rank"], []).append(b["ts"])
             assert "dropped" not in json.loads(b["payload"]), b  # a producer that lost records says so
         assert sorted(by_rank) == list(range(RANKS))
-        gaps = {r: max(b - a for a, b in zip(ts, ts[1:], strict=False)) for r, ts in by_rank.items()}
-        assert max(gaps.values()) <= 2 * HEARTBEAT_S, gaps
+        gaps = {r: round(max(b - a for a, b in zip(ts, ts[1:], strict=False)), 2) for r, ts in by_rank.items()}
+        inside = {r: sum(down_from <= t <= down_to for t in ts) for r, ts in by_rank.items()}
+        print(f"longest gap between a rank's heartbeats {gaps} s (period {HEARTBEAT_S:g} s); heartbeats stamped while "
+              f"the broker was down {inside}")
+        # Heartbeats lost to the outage leave a gap as long as the outage, and none stamped while it lasted. A gap
+        # of a few periods is the trainer's heartbeat thread not getting the CPU (seen in CI on 2 cores: 5.5 s on
+        # every rank at once, the stamps taken late, nothing lost): not what this test is about.
+        assert max(gaps.values()) < OUTAGE_S / 3, gaps
+        assert min(inside.values()) >= OUTAGE_S / HEARTBEAT_S / 2, inside  # beaten into the spool meanwhile
         # A job slowdown is the trainers' own step times (not delivery timing, which the outage disturbs): on this
         # 2-core machine every client and the worker retrying a dead broker can slow a 0.1 s step for a few steps.
         # It names nobody and opens nothing (as in the benign-noise scenario); any other finding is a false alarm.
