@@ -65,7 +65,8 @@ async def seek_to_committed(consumer: Any, reset: str,
     policy; latest leaves it be, and where it starts is not known). `skip`: topics Faust positions itself (the
     tables' changelogs)."""
     committed = await consumer.seek_to_committed()
-    starts = {tp: offset for tp, offset in committed.items() if tp.topic not in skip and offset and offset > 0}
+    starts = {tp: offset for tp, offset in committed.items()
+              if tp.topic not in skip and offset is not None and offset > 0}
     first = [tp for tp, offset in committed.items()
              if tp.topic not in skip and tp not in starts and (offset == 0 or reset == "earliest")]
     if first:

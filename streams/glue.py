@@ -187,12 +187,7 @@ class Glue:
                 log.warning("%s:%d: messages %d-%d were deleted by the topic's retention before this worker read "
                             "them; reading on from %d", tp[0], tp[1], offset, first - 1, first)
                 self.holes[tp] = self.next_offset[tp] = offset = first
-                where = f"{tp[0]}:{tp[1]}"
-                for st in self.runner.jobs.values():  # owed records deleted: no longer owed (nor readable)
-                    if pos := st.owed.get(where):
-                        pos.difference_update([p for p in pos if p[0] < first])
-                        if not pos:
-                            del st.owed[where]
+                self.touched.update(self.runner.deleted(*tp, first))  # their saved states still list them owed
             self._sought[tp] = (offset, now)
             log.warning("%s:%d: messages from offset %d were not handed over (dropped by Faust, or behind the "
                         "group's offset); reading them again", tp[0], tp[1], offset)

@@ -480,6 +480,18 @@ class JobRunner:
                 out[key] = min(out.get(key, offset), offset)
         return out
 
+    def deleted(self, topic: str, partition: int, before: int) -> list[str]:
+        """The log of (topic, partition) no longer keeps the records before offset `before` (retention): what jobs
+        owe there is given up. Returns the jobs that owed some (their states are to be saved again)."""
+        where, jobs = f"{topic}:{partition}", []
+        for job, st in self.jobs.items():
+            if pos := st.owed.get(where):
+                pos.difference_update([p for p in pos if p[0] < before])
+                if not pos:
+                    del st.owed[where]
+                jobs.append(job)
+        return jobs
+
     def restore(self, job: str, saved: bytes, partition: int) -> None:
         """Take over a job from its saved state (after a rebalance); silence counts from now."""
         st = self.jobs[job] = unpack_state(saved, self.config)

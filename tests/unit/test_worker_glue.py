@@ -339,6 +339,7 @@ def test_a_hole_retention_deleted_moves_to_the_first_record_kept_and_is_owed_no_
     assert g.holes == {("t", 0): 5}
     asyncio.run(g.rewind())
     assert sought == [("t", 0, 10)] and g.holes == {("t", 0): 10} and st.owed == {"t:0": {(12, 0)}}
+    assert g.touched == {"j"}  # its state is saved again without record 5
     g.find_skipped()  # 12 is behind the read position too, but the hole at 10 comes first
     assert g.holes == {("t", 0): 10}
 
