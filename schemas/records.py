@@ -39,6 +39,7 @@ HW_SOURCES = ("xid", "ecc", "nic", "kernel", "bmc", "pcie", "nvlink", "thermal")
 FRAMEWORK_TYPES = ("nccl_timeout", "nccl_error", "barrier_timeout", "exception", "oom", "exit")
 STACK_FORMATS = ("py-spy", "frames")
 FLIGHT_STATES = ("scheduled", "started", "completed")
+LIFECYCLE_EVENTS = ("start", "pause", "resume", "stop", "end", "restart")
 RECOVERY_PHASES = ("accepted", "replaced", "ckpt_loaded", "comm_ready", "resumed", "failed")
 ACTION_TYPES = (
     "replace", "evict_group", "rollback", "isolate", "dual_run", "degrade",
@@ -48,7 +49,7 @@ ACTION_TYPES = (
 EVICTING_ACTIONS = frozenset({"replace", "evict_group", "isolate", "requeue"})
 # actions a controller carries out by stopping the job and starting it again (on other nodes, or from a checkpoint)
 RESTARTING_ACTIONS = EVICTING_ACTIONS | {"rollback", "restart_in_process"}
-INCIDENT_CLASSES = ("fail_stop", "fail_slow", "hang", "sdc", "planned", "unknown")
+INCIDENT_CLASSES = ("fail_stop", "fail_slow", "hang", "sdc", "planned", "unknown", "stall")
 RECOVERY_PATHS = ("hot", "cold", "in_process", "non_stop", "manual")
 
 
@@ -203,6 +204,27 @@ class Framework:
 
 
 @dataclass(frozen=True, slots=True)
+class Lifecycle:
+    """A moment of a job's ordinary life, said by whoever knows it: one rank (`rank` set) or the launcher or
+    controller for the whole job (`rank` None).
+
+    `event`: `pause` / `resume` bracket known pauses (a synchronous checkpoint save, an evaluation pass;
+    `reason` says which); `stop` is a rank (or the job) stopped on purpose (`reason`: the signal, or who
+    stopped it); `end` the job finished; `start` the launcher started it; `restart` the controller is stopping
+    it to start it again. None of these is a fault.
+    """
+
+    ts: float
+    job: ID
+    event: Annotated[str, Meta(enum=LIFECYCLE_EVENTS)]
+    rank: RANK | None = None
+    reason: ID | None = None
+    source: ID | None = None  # who said it: trainer, launcher, controller, ...
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    kind: str = field(default="lifecycle", init=False)
+
+
+@dataclass(frozen=True, slots=True)
 class Stack:
     """One rank's stack dump; a sweep of a job shares one `snapshot` id."""
 
@@ -326,11 +348,12 @@ class Incident:
 
 INPUT_KINDS: dict[str, type] = {
     "job": Job, "step": Step, "heartbeat": Heartbeat, "hw": Hw, "gpu": Gpu, "framework": Framework,
-    "stack": Stack, "flight": Flight, "ops": Ops, "recovery": Recovery,
+    "stack": Stack, "flight": Flight, "ops": Ops, "recovery": Recovery, "lifecycle": Lifecycle,
 }
 OUTPUT_KINDS: dict[str, type] = {"finding": Finding, "action": Action, "incident": Incident}
 KINDS: dict[str, type] = {**INPUT_KINDS, **OUTPUT_KINDS}
 # Python attribute name -> wire name, where they differ.
 WIRE_NAMES = {"cls": "class"}
 
-Record = Job | Step | Heartbeat | Hw | Gpu | Framework | Stack | Flight | Ops | Recovery | Finding | Action | Incident
+Record = (Job | Step | Heartbeat | Hw | Gpu | Framework | Lifecycle | Stack | Flight | Ops | Recovery | Finding | Action
+          | Incident)

@@ -85,8 +85,9 @@ REPORT_URL_ENV = "GANGWATCH_ALERTMANAGER_REPORT_URL"
 # Severity by incident class. Critical: the job stopped, hangs, or computes wrong numbers (or nobody can tell
 # what happened: `unknown` goes to a human). Warning: a straggler slows the job but it keeps running.
 # Info: a planned stop, recorded for completeness and kept out of failure counts.
+# A job-wide stall with no culprit pages (critical) only once it outlasts its budget; until then it is a warning.
 SEVERITY = {"fail_stop": "critical", "hang": "critical", "sdc": "critical", "unknown": "critical",
-            "fail_slow": "warning", "planned": "info"}
+            "fail_slow": "warning", "stall": "warning", "planned": "info"}
 
 _KEEP_FINDINGS = 20_000  # recent findings remembered to describe incidents (GPU labels, evidence annotation)
 _TEXT_MAX = 1_000  # characters per annotation

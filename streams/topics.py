@@ -147,7 +147,7 @@ class TopicSettings:
 
 
 _BY_KIND = {
-    "step": "telemetry", "heartbeat": "telemetry", "framework": "telemetry",
+    "step": "telemetry", "heartbeat": "telemetry", "framework": "telemetry", "lifecycle": "telemetry",
     "job": "jobs", "hw": "node_events", "gpu": "node_events",
     "stack": "traces", "flight": "traces", "recovery": "ops",
     "finding": "findings", "action": "actions", "incident": "incidents",

@@ -30,7 +30,7 @@ from gangwatch.schemas.columns import StepRows
 from gangwatch.triage.config import TriageConfig
 from gangwatch.triage.job import Triage
 
-JOB_KEYED = frozenset({"step", "heartbeat", "framework", "stack", "flight", "recovery"})
+JOB_KEYED = frozenset({"step", "heartbeat", "framework", "lifecycle", "stack", "flight", "recovery"})
 NODE_KEYED = frozenset({"hw", "gpu"})
 RUN_KINDS = JOB_KEYED | NODE_KEYED  # what `process_many` takes together (job and ops records go one by one)
 _TRIAGE_SKIPS = frozenset({"step", "heartbeat", "hw", "gpu"})  # kinds whose record triage ignores (a step: but
