@@ -57,7 +57,8 @@ class DecodeError:
     """Why one message (or one item of a batch) was rejected.
 
     `field` is a dotted path into the message (e.g. ``items[3].rank``), empty when the
-    whole message is at fault; `raw` is the offending text, cut to a few KiB.
+    whole message is at fault; `raw` is the offending text as it came (an item of a batch:
+    re-encoded from what was parsed), cut to a few KiB.
     """
 
     reason: str
@@ -367,10 +368,16 @@ def _loads(data: bytes | str) -> Any:
 
 
 def _int64(text: str) -> int | float:
-    """An integer beyond 64 bits becomes a float, as JavaScript reads it: orjson cannot write it back, and in a
-    field that must be an integer it fails that field's check, for its own record only (not a whole batch)."""
+    """An integer beyond 64 bits becomes a float, as JavaScript reads it (an infinity when too long even for a
+    float): orjson cannot write it back, and in a field that must be an integer it fails that field's check,
+    for its own record only (not a whole batch)."""
     value = int(text)
-    return value if -(1 << 63) <= value < (1 << 64) else float(value)
+    if -(1 << 63) <= value < (1 << 64):
+        return value
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def decode(data: bytes | str, max_bytes: int | None = None, *,
@@ -398,7 +405,7 @@ def decode(data: bytes | str, max_bytes: int | None = None, *,
                 return [_BUILDERS[kind](obj, "")]
             except (_Invalid, RecursionError):
                 pass
-        return [decode_obj(obj)]
+        return [decode_obj(obj, raw=_raw_text(data))]
     head = _check_envelope(obj, "", batch=True)
     if head is not None:
         return [dataclasses.replace(head, raw=_raw_text(data))]
@@ -450,27 +457,31 @@ def _check_envelope(obj: dict, path: str, batch: bool = False) -> DecodeError | 
     return None
 
 
-def decode_obj(obj: dict, index: int | None = None) -> Record | DecodeError:
-    """Validate one already-parsed JSON object (one record, not a batch)."""
+def decode_obj(obj: dict, index: int | None = None, raw: str | None = None) -> Record | DecodeError:
+    """Validate one already-parsed JSON object (one record, not a batch); an error keeps `raw` (the text it
+    came as), else the object encoded again."""
     kind, v = obj.get("kind"), obj.get("v")
     if type(kind) is not str or type(v) is not int or v != VERSION or kind not in KINDS:  # else: no error
         head = _check_envelope(obj, "")
         if head is not None:
-            return dataclasses.replace(head, index=index, raw=_raw_obj(obj))
+            return dataclasses.replace(head, index=index, raw=_raw_obj(obj) if raw is None else raw)
     try:
         return _BUILDERS[kind](obj, "")
     except _Invalid as e:
         path = f"items[{index}].{e.path}" if index is not None else e.path
-        return DecodeError(e.reason, path, kind, index, _raw_obj(obj))
+        return DecodeError(e.reason, path, kind, index, _raw_obj(obj) if raw is None else raw)
     except RecursionError:
-        return DecodeError("nested too deeply", "", kind, index, "")
+        return DecodeError("nested too deeply", "", kind, index, raw or "")
 
 
 def _raw_obj(obj: dict) -> str:
     try:
         return orjson.dumps(obj).decode()[:_RAW_KEEP]
-    except (TypeError, orjson.JSONEncodeError):
-        return repr(obj)[:_RAW_KEEP]
+    except (TypeError, orjson.JSONEncodeError):  # a value orjson cannot write, or nested deeper than it goes
+        try:
+            return repr(obj)[:_RAW_KEEP]
+        except RecursionError:
+            return ""
 
 
 # --- encode ------------------------------------------------------------------------

@@ -88,17 +88,35 @@ def upgrades(existing: dict[str, set[str]]) -> list[str]:
             if table in existing for name, type_ in cols if name not in existing[table]]
 
 
+# What the typed columns hold. The contract lets an event time be any finite number and a GPU index any 64-bit
+# integer; a row keeps such a value exactly where a column can (`ts`, the JSON of the record), and pins or
+# drops it where one cannot, so that no one record's value makes a whole insert fail.
+DATETIME_MAX = 2**32 - 1  # DateTime: seconds from 1970 to 2106-02-07
+UINT64_MAX = 2**64 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
 def _num(x: float | None) -> float | None:
     return x if x is None or math.isfinite(x) else None
 
 
 def _dt(ts: float) -> int:
-    return int(ts)
+    """An event time as a DateTime value: pinned to the range of the type."""
+    return min(max(int(ts), 0), DATETIME_MAX)
+
+
+def _version(ts: float) -> int:
+    """The version of a ReplacingMergeTree row (UInt64): the event time in microseconds, pinned to the type."""
+    return min(max(int(round(ts * 1e6)), 0), UINT64_MAX)
+
+
+def _int32(x: int | None) -> int | None:
+    return x if x is None or INT32_MIN <= x <= INT32_MAX else None
 
 
 def finding_row(f: Finding) -> dict[str, Any]:
     return {"id": f.id, "ts": f.ts, "event_time": _dt(f.ts), "job": f.job, "type": f.type, "detector": f.detector,
-            "rank": f.rank, "node": f.node or "", "gpu": f.gpu, "score": _num(f.score),
+            "rank": f.rank, "node": f.node or "", "gpu": _int32(f.gpu), "score": _num(f.score),
             "evidence": orjson.dumps(f.evidence, option=orjson.OPT_SORT_KEYS).decode()}
 
 
@@ -108,8 +126,8 @@ def action_row(a: Action) -> dict[str, Any]:
 
 
 def incident_row(i: Incident) -> dict[str, Any]:
-    stages = sorted(i.stage_s.items())
-    return {"id": i.id, "ts": i.ts, "event_time": _dt(i.ts), "version": int(round(i.ts * 1e6)), "job": i.job,
+    stages = list(i.stage_s.items())  # in the order of the stages (detect, localize, decide, ..., total)
+    return {"id": i.id, "ts": i.ts, "event_time": _dt(i.ts), "version": _version(i.ts), "job": i.job,
             "class": i.cls, "planned": int(i.planned), "onset_ts": i.onset_ts, "detected_ts": i.detected_ts,
             "localized_ts": i.localized_ts, "decided_ts": i.decided_ts, "recovered_ts": i.recovered_ts,
             "culprit_nodes": list(i.culprit_nodes), "evicted_nodes": list(i.evicted_nodes), "path": i.path or "",
@@ -130,7 +148,7 @@ def telemetry_row(r: Record) -> dict[str, Any]:
 
 def profile_row(p: ProfileSnapshot) -> dict[str, Any]:
     """A node-profile snapshot; the latest per node wins."""
-    return {**p.to_dict(), "event_time": _dt(p.ts), "version": int(round(p.ts * 1e6)),
+    return {**p.to_dict(), "event_time": _dt(p.ts), "version": _version(p.ts),
             "repeat_offender": int(p.repeat_offender)}
 
 

@@ -248,4 +248,7 @@ def iso(ts: float | None) -> str:
     """Event time for a person: ISO 8601 UTC to the second (files keep epoch seconds)."""
     if ts is None:
         return "-"
-    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    try:
+        return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    except (OverflowError, OSError, ValueError):  # beyond the years a datetime holds: the number itself
+        return repr(ts)
