@@ -18,13 +18,27 @@ step is dropped and counted. The control queue (heartbeats, framework events,
 the job record) is never dropped; it grows by one record per heartbeat period
 at most, and the sending thread empties it every flush.
 
-Exit: `close()` (also registered with `atexit`) queues a `framework` record of
-type `exit` with `code` 0 (the rank finished: when every rank of a job sends
+Exit: `close()` (also registered with `atexit`) queues, unless a signal
+stopped the rank (below), a `framework` record of type `exit` with `code` 0 (the rank finished: when every rank of a job sends
 one, the job ended and its silence is no fault), stops the heartbeats and sends
 what is left, waiting at most `timeout_s`; whatever cannot be sent by then
 stays in the spool for the next process of this job and rank. An uncaught
 exception instead queues a `framework` record of type `exception` with its
 message (a `sys.excepthook` that then calls the previous hook), and no clean exit.
+
+Signals: SIGTERM and SIGINT (a scheduler's preemption, a user's kill or Ctrl-C)
+are a stop on purpose, not a crash. With `signal_hooks` (on with `exit_hooks`,
+and only when the client is made on the main thread) each queues a `lifecycle`
+record `stop` naming the signal, sends it waiting at most `signal_flush_s`
+(2 s), then hands the signal on: to the previous handler when it was a Python
+one (SIGINT's default raises KeyboardInterrupt, as before), else the default
+action is restored and the signal raised again, so the process still dies by
+it. A handler the process had ignored (SIG_IGN) stays ignored.
+
+Known pauses: `with client.pause("checkpoint"):` around a synchronous save (or
+an evaluation pass) sends `lifecycle` `pause` before and `resume` after, so a
+rank that stops stepping for a while on purpose is not taken for hung; the
+heartbeats go on meanwhile.
 
 Metrics: with `GANGWATCH_METRICS_PORT` set (or `metrics_port=`), the process serves
 Prometheus metrics on that port plus `LOCAL_RANK` (so the ranks of one node do not
@@ -41,7 +55,9 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import re
+import signal
 import sys
 import tempfile
 import threading
@@ -59,10 +75,11 @@ from gangwatch.producers.trainer.optimizer import watch_optimizer
 from gangwatch.producers.trainer.sections import CpuSection, CudaPair, CudaSection, EventPool, resolve
 from gangwatch.producers.trainer.spool import Spool
 from gangwatch.producers.trainer.topology import job_record
-from gangwatch.schemas import Framework, Heartbeat, Record, Step
+from gangwatch.schemas import Framework, Heartbeat, Lifecycle, Record, Step
 
 log = logging.getLogger("gangwatch.trainer")
 STEP_SECTIONS = ("compute", "comm_wait", "data_wait")  # sections with a field of their own in `step` records
+STOP_SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT"}  # what a stop on purpose arrives as
 
 
 class TrainerClient:
@@ -77,6 +94,8 @@ class TrainerClient:
     `spool_dir` (default `<tmp>/gangwatch-spool/<job>/rank<rank>`) and its bound
     `spool_bytes`. `cuda=True` times sections with CUDA events. `metrics_port` (default
     `GANGWATCH_METRICS_PORT`, 0 = off) serves Prometheus metrics on that port + local rank.
+    Hooks: `exit_hooks` (atexit, sys.excepthook) and `signal_hooks` (SIGTERM, SIGINT; default: as
+    `exit_hooks`), which send a `stop` within `signal_flush_s` and then pass the signal on.
     """
 
     def __init__(self, *, tp: int = 1, pp: int = 1, order: str = "tp-dp-pp", nodes: Sequence[str] | None = None,
@@ -86,6 +105,7 @@ class TrainerClient:
                  heartbeat_s: float = 5.0, flush_s: float = 1.0, queue_max: int = 10_000, batch_max: int = 1000,
                  spool_dir: str | Path | None = None, spool_bytes: int = 64 << 20, cuda: bool = False,
                  announce: bool = True, background: bool = True, exit_hooks: bool = True,
+                 signal_hooks: bool | None = None, signal_flush_s: float = 2.0,
                  metrics_port: int | None = None, clock: Callable[[], float] = time.time,
                  timer: Callable[[], float] = time.perf_counter) -> None:
         self.launch = Launch.from_env(job=job, rank=rank, world_size=world_size, local_rank=local_rank,
@@ -142,6 +162,11 @@ class TrainerClient:
         self._crashed = False  # an uncaught exception was reported: no clean `exit` at close
         if exit_hooks:
             self._install_exit_hooks()
+        self._signal_flush_s = signal_flush_s
+        self._previous_signals: dict[int, Any] = {}  # signal -> the handler ours replaced
+        self.stopped_by: str | None = None  # the signal that stopped this rank, once one did
+        if exit_hooks if signal_hooks is None else signal_hooks:
+            self._install_signal_hooks()
         port = metrics.port_from_env() if metrics_port is None else metrics_port
         if port:
             metrics.COLLECTOR.watch(self, metrics.trainer_samples)
@@ -211,6 +236,18 @@ class TrainerClient:
                                        message=message, extra=extra, **fields))
         self._wake.set()
 
+    def pause(self, reason: str = "checkpoint") -> Pause:
+        """`with client.pause("checkpoint"): save(...)`: a known pause of this rank (a synchronous checkpoint
+        save, an evaluation pass), sent as `lifecycle` `pause` on entering and `resume` on leaving (also when
+        the body raises). Only as a context manager: calling it alone sends nothing. Heartbeats go on."""
+        return Pause(self, reason)
+
+    def lifecycle(self, event: str, reason: str | None = None) -> None:
+        """A `lifecycle` record of this rank (`pause`, `resume`, `stop`, ...; source `trainer`), sent at once."""
+        self._control.append(Lifecycle(ts=self._clock(), job=self.launch.job, event=event, rank=self.launch.rank,
+                                       reason=reason, source="trainer"))
+        self._wake.set()
+
     def heartbeat(self) -> None:
         """Queue a heartbeat now (the heartbeat thread calls this every `heartbeat_s`)."""
         dropped = self.dropped
@@ -250,7 +287,7 @@ class TrainerClient:
         """Stop the heartbeats and send what is left (waiting at most `timeout_s`); safe to call twice."""
         if self._closed:
             return
-        if not self._crashed:
+        if not self._crashed and self.stopped_by is None:  # a rank stopped by a signal said `stop` instead
             self.event("exit", "closed", extra={"code": 0})
         self._closed = True
         self._remove_exit_hooks()
@@ -353,8 +390,9 @@ class TrainerClient:
         previous = sys.excepthook
 
         def hook(etype: type[BaseException], value: BaseException, tb: Any) -> None:
-            self._crashed = True
-            self.event("exception", f"{etype.__name__}: {value}"[:65_536])
+            if not (self.stopped_by and issubclass(etype, KeyboardInterrupt)):  # Ctrl-C's own exception: no crash
+                self._crashed = True
+                self.event("exception", f"{etype.__name__}: {value}"[:65_536])
             previous(etype, value, tb)
 
         self._hook, self._previous_hook = hook, previous
@@ -362,12 +400,73 @@ class TrainerClient:
         atexit.register(self.close)
 
     def _remove_exit_hooks(self) -> None:
+        self._remove_signal_hooks()
         if self._hook is None:
             return
         if sys.excepthook is self._hook:
             sys.excepthook = self._previous_hook
         atexit.unregister(self.close)
         self._hook = None
+
+    def _install_signal_hooks(self) -> None:
+        """SIGTERM and SIGINT: say `stop`, then pass the signal on (signal handlers can only be set from the
+        main thread: a client made elsewhere installs none)."""
+        if threading.current_thread() is not threading.main_thread():
+            log.info("gangwatch: client made off the main thread: no SIGTERM/SIGINT hooks")
+            return
+        for sig in STOP_SIGNALS:
+            try:
+                previous = signal.getsignal(sig)
+                signal.signal(sig, self._on_signal)
+            except (ValueError, OSError, RuntimeError) as e:  # not the main interpreter, an embedded Python, ...
+                log.info("gangwatch: no hook for %s: %s", STOP_SIGNALS[sig], e)
+                continue
+            self._previous_signals[sig] = previous
+
+    def _remove_signal_hooks(self) -> None:
+        for sig, previous in list(self._previous_signals.items()):
+            try:
+                if signal.getsignal(sig) == self._on_signal:
+                    signal.signal(sig, previous)
+                    del self._previous_signals[sig]
+            except (ValueError, OSError, RuntimeError):
+                pass  # not on the main thread: ours stays, and only passes signals on from now
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        """A stop on purpose: the `stop` record goes out (waiting at most `signal_flush_s`), then the signal is
+        handed on as if this hook were not there; it is never swallowed."""
+        previous = self._previous_signals.get(signum, signal.SIG_DFL)
+        if not self._closed and self.stopped_by is None:
+            self.stopped_by = STOP_SIGNALS.get(signum, f"signal {signum}")
+            try:
+                self.lifecycle("stop", self.stopped_by)
+                self.flush(self._signal_flush_s)
+            except Exception:
+                log.exception("gangwatch: the stop record could not be sent")
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_IGN:
+            return
+        else:  # SIG_DFL (or a handler Python did not install: None): the default action, e.g. die by SIGTERM
+            try:
+                signal.signal(signum, signal.SIG_DFL)
+            except (ValueError, OSError, RuntimeError):
+                pass
+            os.kill(os.getpid(), signum)
+
+
+class Pause:
+    """`with client.pause(reason):`: `pause` on entering, `resume` on leaving (see TrainerClient.pause)."""
+
+    def __init__(self, client: TrainerClient, reason: str) -> None:
+        self.client, self.reason = client, reason
+
+    def __enter__(self) -> Pause:
+        self.client.lifecycle("pause", self.reason)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.lifecycle("resume", self.reason)
 
 
 _FRAMEWORK_FIELDS = frozenset({"op", "seq", "pg", "peer"})  # what `event` passes as Framework's own fields
