@@ -12,10 +12,18 @@ all-reduce that overlaps the backward), `loss` what `training_step` returned
 (the last micro-batch's with gradient accumulation), `grad_norm` the norm
 before clipping (`on_before_optimizer_step`), and every `digest_every` steps
 the `replica_digest` of the module's parameters.
+
+Checkpoints: every save through `trainer.save_checkpoint` (what ModelCheckpoint
+and a user's own call do; on every rank, since the save is a collective) runs
+inside `client.pause("checkpoint")`, so the ranks' silence while a synchronous
+save writes is a known pause, not a hang. Lightning's `on_save_checkpoint` hook
+only sees the checkpoint dict being built, not the write, so the callback wraps
+the trainer's `save_checkpoint` from `setup` to `teardown` instead.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,12 +44,29 @@ class GangwatchCallback(Callback):
         self._owns_client = client is None
         self._steps_before: int | None = None  # trainer.global_step when the open step began
         self._grad_norm = None
+        self._wrapped: Any = None  # the trainer whose save_checkpoint is bracketed
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self.client is None and stage == "fit":
             where = {"rank": trainer.global_rank, "world_size": trainer.world_size, "local_rank": trainer.local_rank,
                      "local_world_size": trainer.num_devices}
             self.client = TrainerClient(**{**where, **self.client_options})
+        if self.client is not None and "save_checkpoint" not in vars(trainer):
+            self._bracket_saves(trainer)
+
+    def _bracket_saves(self, trainer: Any) -> None:
+        """`trainer.save_checkpoint` inside `client.pause("checkpoint")` (an instance attribute over the method)."""
+        save = trainer.save_checkpoint
+
+        @functools.wraps(save)
+        def paused_save(*args: Any, **kwargs: Any) -> Any:
+            if self.client is None:
+                return save(*args, **kwargs)
+            with self.client.pause("checkpoint"):
+                return save(*args, **kwargs)
+
+        trainer.save_checkpoint = paused_save
+        self._wrapped = trainer
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self._steps_before is None:  # the first micro-batch of an optimizer step
@@ -67,6 +92,9 @@ class GangwatchCallback(Callback):
         self._steps_before, self._grad_norm = None, None
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if self._wrapped is not None:
+            vars(self._wrapped).pop("save_checkpoint", None)  # the method shows again
+            self._wrapped = None
         if self._owns_client and self.client is not None:
             self.client.close()
             self.client = None

@@ -191,3 +191,80 @@ def test_rank0_learns_every_ranks_node_through_torch_distributed(tmp_path):
             for r in decode(line)]
     [job] = [r for r in recs if r.kind == "job"]  # from rank 0 only
     assert [(r.rank, r.node, r.gpu, r.dp) for r in job.ranks] == [(0, "n7", 0, 0), (1, "n3", 0, 1)]
+
+
+def _watch_pauses(client: TrainerClient, saved) -> list[tuple[str, str, bool]]:
+    """(event, reason, whether `saved()` was already true) for every pause and resume the client says."""
+    seen: list[tuple[str, str, bool]] = []
+    say = client.lifecycle
+
+    def lifecycle(event, reason=None):
+        seen.append((event, reason, saved()))
+        say(event, reason)
+
+    client.lifecycle = lifecycle
+    return seen
+
+
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*")
+def test_a_lightning_checkpoint_save_is_a_known_pause(tmp_path):
+    pl = pytest.importorskip("lightning.pytorch")
+    from gangwatch.producers.trainer.lightning import GangwatchCallback
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = tiny_model()
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    sent = Sent()
+    client = TrainerClient(**client_options(tmp_path, sent))
+    ckpts = tmp_path / "ckpt"
+    seen = _watch_pauses(client, lambda: len(list(ckpts.glob("*.ckpt"))))
+    saver = pl.callbacks.ModelCheckpoint(dirpath=ckpts, every_n_train_steps=2, save_top_k=-1)
+    trainer = pl.Trainer(max_steps=4, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=tmp_path,
+                         callbacks=[GangwatchCallback(client), saver])
+    trainer.fit(Module(), torch.utils.data.DataLoader(batches(4), batch_size=None))
+    assert seen == [("pause", "checkpoint", 0), ("resume", "checkpoint", 1),  # each save inside its pause
+                    ("pause", "checkpoint", 1), ("resume", "checkpoint", 2)]
+    assert "save_checkpoint" not in vars(trainer)  # the trainer's own method again after the fit
+    client.flush()
+    assert [(r.event, r.rank, r.source) for r in sent.records() if r.kind == "lifecycle"] == \
+        [("pause", 0, "trainer"), ("resume", 0, "trainer")] * 2
+    client.close()
+
+
+def test_a_hugging_face_checkpoint_save_is_a_known_pause(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from gangwatch.producers.trainer.huggingface import GangwatchCallback
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = tiny_model()
+
+        def forward(self, x, labels=None):
+            out = self.net(x)
+            return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
+
+    data = [{"x": x[i], "labels": y[i]} for x, y in batches(2, size=16) for i in range(16)]
+    sent = Sent()
+    client = TrainerClient(**client_options(tmp_path, sent))
+    out = tmp_path / "out"
+    seen = _watch_pauses(client, lambda: len(list(out.glob("checkpoint-*"))))
+    args = transformers.TrainingArguments(output_dir=str(out), max_steps=4, per_device_train_batch_size=8,
+                                          logging_steps=1, save_strategy="steps", save_steps=2, report_to=[],
+                                          use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
+                                          save_safetensors=False)
+    transformers.Trainer(model=Model(), args=args, train_dataset=data, callbacks=[GangwatchCallback(client)]).train()
+    assert seen == [("pause", "checkpoint", 0), ("resume", "checkpoint", 1),
+                    ("pause", "checkpoint", 1), ("resume", "checkpoint", 2)]
+    client.close()
