@@ -6,17 +6,22 @@
   (clickhouse-driver), as used in production and integration tests.
 
 Both run the DDL of `sinks.tables` (adding the columns a store of an older
-release lacks) and take rows as dicts.
+release lacks) and take rows as dicts. `open_store(url)` picks one by the URL
+(`check_url` says what it takes); `create=False` opens only a store that exists
+(`NoSuchStore` otherwise), creating nothing.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import os
 import re
+import socket
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import orjson
 from gangwatch.schemas.security import MASK
@@ -39,6 +44,44 @@ TRANSIENT_CODES = frozenset({
     # SYSTEM_ERROR, KEEPER_EXCEPTION
 })
 _CODE_IN_TEXT = re.compile(r"\bCode: (\d+)\b")
+# A database name as ClickHouse takes it unquoted (the DDL names the database unquoted).
+DATABASE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+FORMS = "chdb:PATH (embedded; a plain PATH too) or clickhouse[s]://[USER[:PASSWORD]@]HOST[:PORT][/DB] (a server)"
+HELLO_TIMEOUT_S = 5.0  # a native-protocol server answers the first query at once; an HTTP port never does
+
+
+class NoSuchStore(LookupError):
+    """`open_store(..., create=False)` of a store that does not exist (a chDB folder, a server's database)."""
+
+
+def check_url(url: str) -> None:
+    """Raise ValueError, one line naming the accepted forms, for a store URL `open_store` cannot take."""
+    scheme, colon, rest = url.partition(":")
+    if scheme in ("clickhouse", "clickhouses"):
+        if not rest.startswith("//"):
+            raise ValueError(f"malformed store URL: {scheme}: must be followed by //HOST; want {FORMS}")
+        parts = urlsplit(url)
+        try:
+            port = parts.port
+        except ValueError:  # not a number up to 65535
+            port = 0
+        if port == 0:
+            raise ValueError(f"bad port in the store URL (1-65535): want {FORMS}")
+        db = parts.path.strip("/")
+        if db and not DATABASE_NAME.fullmatch(db):
+            raise ValueError(f"bad database name {db!r} in the store URL: use letters, digits and underscores, not "
+                             "starting with a digit (e.g. clickhouse://HOST:9000/gangwatch)")
+    elif scheme == "chdb":
+        if not rest:
+            raise ValueError(f"no path in store URL 'chdb:': want {FORMS}")
+    elif colon and re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]+", scheme):
+        raise ValueError(f"unknown store URL scheme {scheme + ':'!r}: want {FORMS}")
+
+
+def error_line(exc: BaseException) -> str:
+    """A store's error as one line: the server's message without its stack trace."""
+    text = str(exc).split("Stack trace:")[0]
+    return " ".join(text.split()) or type(exc).__name__
 
 
 class Store(Protocol):
@@ -54,10 +97,12 @@ class Store(Protocol):
 class ChdbStore:
     """Embedded ClickHouse via chDB; one store directory per process."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, create: bool = True) -> None:
         from chdb import session  # imported here: chDB loads a large library
 
         self.path = Path(path)
+        if not create and not self.path.is_dir():
+            raise NoSuchStore(f"no store at {self.path} (a replay writes one to OUT/store); nothing was created")
         self.path.mkdir(parents=True, exist_ok=True)
         self._session = session.Session(str(self.path))
 
@@ -90,43 +135,58 @@ class ClickHouseStore:
     then to ClickHouse's `default` user with no password; `secure=True` speaks TLS
     (other clickhouse-driver options, `ca_certs`, `verify`, ..., pass through).
     `from_url` takes ``clickhouse[s]://[user[:password]@]host[:port][/db][?secure=1&ca_certs=...]``.
-    The password is never part of a repr or a log line.
+    The database is created when missing, unless `create=False` (then `NoSuchStore`). The first round trip
+    waits `HELLO_TIMEOUT_S` at most: a port that does not speak the native protocol (the HTTP port, 8123)
+    is a ConnectionError saying so, as is a refused login. The password is never part of a repr or a log line.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 9000, database: str = "default", *,
                  user: str | None = None, password: str | None = None, env: Mapping[str, str] | None = None,
-                 **client_kwargs: Any) -> None:
+                 create: bool = True, **client_kwargs: Any) -> None:
         from clickhouse_driver import Client
 
+        if not DATABASE_NAME.fullmatch(database):
+            raise ValueError(f"bad database name {database!r}: use letters, digits and underscores, not starting "
+                             "with a digit")
         env = os.environ if env is None else env
         auth = {"user": user if user is not None else env.get(USER_ENV) or "default",
                 "password": password if password is not None else env.get(PASSWORD_ENV, "")}
         self.host, self.port, self.database, self.user = host, port, database, auth["user"]
         self.secure = bool(client_kwargs.get("secure"))
         self._client = Client(host=host, port=port, database=database, **auth, **client_kwargs)
-        try:  # the first round trip: a refused login is said in one line (ConnectionError), without the password
-            if database != "default":
-                Client(host=host, port=port, **auth, **client_kwargs).execute(
-                    f"CREATE DATABASE IF NOT EXISTS {database}")
-            else:
-                self._client.execute("SELECT 1")
+        first = Client(host=host, port=port, **auth, **{**client_kwargs, "send_receive_timeout": HELLO_TIMEOUT_S})
+        driver_log = logging.getLogger("clickhouse_driver.connection")  # logs each failed connect's traceback
+        quiet, driver_log.disabled = driver_log.disabled, True
+        try:  # the first round trip: a refused login or a port of another protocol is one line, said here
+            if not first.execute(f"SELECT 1 FROM system.databases WHERE name = '{database}'"):
+                if not create:
+                    raise NoSuchStore(f"database {database!r} does not exist on ClickHouse at {host}:{port} (a "
+                                      "replay or worker with this --store creates it); nothing was created")
+                first.execute(f"CREATE DATABASE IF NOT EXISTS {database}")
+        except NoSuchStore:
+            raise
         except Exception as e:
             if getattr(e, "code", None) in _AUTH_CODES:
                 raise ConnectionError(f"ClickHouse at {host}:{port} refused user {self.user!r}: wrong password or "
                                       f"unknown user (code {e.code}); set the user and password in the store "
                                       f"URL or {USER_ENV}/{PASSWORD_ENV}") from None
+            if isinstance(e, EOFError) or type(e).__name__ in _NOT_NATIVE:
+                raise ConnectionError(_not_native(host, port, e)) from None
             raise
+        finally:
+            driver_log.disabled = quiet
+            first.disconnect()
 
     @classmethod
-    def from_url(cls, url: str, env: Mapping[str, str] | None = None) -> ClickHouseStore:
+    def from_url(cls, url: str, env: Mapping[str, str] | None = None, *, create: bool = True) -> ClickHouseStore:
         """A store from a `clickhouse://` or `clickhouses://` URL (clickhouse-driver's URL syntax)."""
         from clickhouse_driver.util.helpers import parse_url
 
         host, kw = parse_url(url)
         secure = bool(kw.get("secure"))
         port = kw.pop("port", 9440 if secure else 9000)
-        database = kw.pop("database", "default")
-        return cls(host or "127.0.0.1", port, database, env=env, **kw)
+        database = kw.pop("database", "") or "default"
+        return cls(host or "127.0.0.1", port, database, env=env, create=create, **kw)
 
     def __repr__(self) -> str:
         scheme = "clickhouses" if self.secure else "clickhouse"
@@ -209,8 +269,34 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def open_store(url: str) -> Store:
-    """`chdb:PATH` (embedded) or `clickhouse[s]://[user[:password]@]HOST:PORT[/DB][?secure=1...]` (server)."""
+# clickhouse-driver's errors when what answers is not a native-protocol server (or nothing answers in time)
+_NOT_NATIVE = frozenset({"SocketTimeoutError", "UnexpectedPacketFromServerError", "UnknownPacketFromServerError",
+                         "NetworkError"})
+
+
+def _not_native(host: str, port: int, exc: BaseException) -> str:
+    if _speaks_http(host, port):
+        return (f"{host}:{port} answers HTTP, not ClickHouse's native protocol: it looks like the HTTP port (8123 "
+                "by default); give the native TCP port (9000 by default, 9440 with TLS): clickhouse://HOST:9000/DB")
+    return (f"{host}:{port} does not answer as a native-protocol ClickHouse server ({error_line(exc)}; waited "
+            f"{HELLO_TIMEOUT_S:.0f} s at most): give its native TCP port (9000 by default, 9440 with TLS)")
+
+
+def _speaks_http(host: str, port: int) -> bool:
+    """Whether an HTTP server answers at host:port (asked only once the native handshake failed)."""
+    try:
+        with socket.create_connection((host, port), timeout=2.0) as sock:
+            sock.settimeout(2.0)
+            sock.sendall(b"GET /ping HTTP/1.0\r\n\r\n")
+            return sock.recv(5) == b"HTTP/"
+    except OSError:
+        return False
+
+
+def open_store(url: str, *, create: bool = True) -> Store:
+    """`chdb:PATH` (embedded) or `clickhouse[s]://[user[:password]@]HOST:PORT[/DB][?secure=1...]` (server);
+    ValueError for a URL `check_url` refuses; with `create=False`, `NoSuchStore` for a store not there."""
+    check_url(url)
     if url.startswith(("clickhouse://", "clickhouses://")):
-        return ClickHouseStore.from_url(url)
-    return ChdbStore(url[len("chdb:"):] if url.startswith("chdb:") else url)
+        return ClickHouseStore.from_url(url, create=create)
+    return ChdbStore(url[len("chdb:"):] if url.startswith("chdb:") else url, create=create)

@@ -103,6 +103,8 @@ class InputFile:
         self.size = path.stat().st_size
         self._raw: IO[bytes] | None = None
         self.stopped: str | None = None  # "FILE line N: why", when the file ended before its end
+        self.decoded = 0  # items that decoded (records, or `StepRows` of several)
+        self.refused = 0  # items that did not
 
     @property
     def read_bytes(self) -> int:
@@ -128,14 +130,17 @@ class InputFile:
                     if size > limit:
                         err = dataclasses.replace(oversized(size, limit, "line"), raw=line[:4096].decode(
                             "utf-8", "replace"))
+                        self.refused += 1
                         yield Item(last_ts, source, n, err)
                         continue
                     if not line.strip():
                         continue
                     for v in decode(line, max_bytes=limit, columns=columns):
                         if type(v) is DecodeError:
+                            self.refused += 1
                             yield Item(last_ts, source, n, v)  # keep errors in place, by the previous record's time
                         else:
+                            self.decoded += 1
                             last_ts = v.ts[-1] if type(v) is StepRows else v.ts
                             yield Item(last_ts, source, n, v)
             except (EOFError, OSError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
@@ -181,6 +186,7 @@ class Summary:
     by_type: dict[str, int] = field(default_factory=dict)
     by_kind: dict[str, int] = field(default_factory=dict)  # input records by kind
     stopped: list[str] = field(default_factory=list)  # inputs that ended early, and where
+    invalid: list[str] = field(default_factory=list)  # inputs with lines but not one valid record
     out_dir: str = ""
 
     def why_nothing(self) -> str | None:
@@ -342,4 +348,5 @@ def run(paths: list[Path], out_dir: Path, store: Store | None, *, telemetry: boo
     summary = rep.close()
     summary.wall_s = time.monotonic() - started
     summary.stopped = [i.stopped for i in inputs if i.stopped]
+    summary.invalid = [str(i.path) for i in inputs if i.refused and not i.decoded]
     return summary

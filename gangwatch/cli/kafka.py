@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -71,6 +72,12 @@ def cmd_topics_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def consumer_timeout_ms(timeout_s: float) -> float:
+    """kafka-python's `consumer_timeout_ms` for `--timeout`: milliseconds, or infinity (its own default) for
+    never (an int of an infinity cannot be made)."""
+    return timeout_s * 1000 if math.isinf(timeout_s) else int(timeout_s * 1000)
+
+
 def cmd_topics_tail(args: argparse.Namespace) -> int:
     """Print what arrives on a topic, one line per record, times in ISO 8601."""
     import orjson
@@ -82,7 +89,7 @@ def cmd_topics_tail(args: argparse.Namespace) -> int:
     topic = args.topic if "." in args.topic else _topic_settings(args).name(args.topic)
     consumer = KafkaConsumer(topic, bootstrap_servers=args.bootstrap, client_id="gangwatch-tail",
                              auto_offset_reset="earliest" if args.from_beginning else "latest",
-                             enable_auto_commit=False, consumer_timeout_ms=int(args.timeout * 1000),
+                             enable_auto_commit=False, consumer_timeout_ms=consumer_timeout_ms(args.timeout),
                              **kafka_python_security())  # GANGWATCH_KAFKA_* SASL/SSL
     shown = 0
     try:
@@ -210,7 +217,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="log level")
     w.set_defaults(func=cmd_worker)
 
-    t = sub.add_parser("topics", help="create or list the Kafka topics gangwatch uses")
+    t = sub.add_parser("topics", help="create or list the Kafka topics gangwatch uses, or tail one")
     tsub = t.add_subparsers(dest="topics_command", metavar="ACTION", required=True)
     tc = tsub.add_parser("create", help="create every missing gangwatch topic (existing topics are left alone)")
     kafka_opts(tc)

@@ -103,6 +103,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if summary.stopped:
         raise UserError("; ".join(summary.stopped) + " (everything before it was replayed and stored)",
                         EXIT_CORRUPT)
+    if summary.invalid:
+        raise UserError(f"no line of {', '.join(summary.invalid)} is a contract-v1 record (JSONL or JSONL.gz); "
+                        f"the reasons are in {out / 'rejected.jsonl'}", EXIT_INPUT)
     return 0
 
 
@@ -114,14 +117,17 @@ def cmd_store_query(args: argparse.Namespace) -> int:
         if not path.is_dir():
             raise UserError(f"no store at {path}: replay something first, or pass --store", EXIT_INPUT)
         args.store = f"chdb:{path}"
-    from gangwatch.sinks.store import open_store
+    from gangwatch.sinks.store import NoSuchStore, error_line, open_store
 
     wait_for_store(args.store, args.connect_timeout)
-    store = open_store(args.store)
+    try:
+        store = open_store(args.store, create=False)  # a query creates nothing
+    except NoSuchStore as e:
+        raise UserError(str(e), EXIT_INPUT) from None
     try:
         rows = store.query(args.sql)
-    except Exception as e:  # the store's own SQL error: its first line says what is wrong
-        raise UserError(f"the query failed: {str(e).strip().splitlines()[0] if str(e).strip() else e}") from None
+    except Exception as e:  # the store's own SQL error: its message says what is wrong
+        raise UserError(f"the query failed: {error_line(e)}") from None
     finally:
         store.close()
     if args.format == "jsonl":
@@ -142,9 +148,7 @@ def cmd_store_query(args: argparse.Namespace) -> int:
 
 
 def _cell(v: object) -> str:
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return "" if v is None else str(v)
+    return "" if v is None else str(v)  # a float in full (repr's shortest exact form): 1767225600.225973
 
 
 def connect_timeout_opt(p: argparse.ArgumentParser) -> None:

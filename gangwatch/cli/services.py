@@ -68,14 +68,21 @@ def wait_for(what: str, addresses: list[tuple[str, int]], timeout_s: float, *, h
 
 def wait_for_kafka(bootstrap: str, timeout_s: float) -> None:
     wait_for("Kafka", hostports(bootstrap, 9092), timeout_s,
-             hint="start it (deploy/dev.sh up) or pass --bootstrap HOST:PORT")
+             hint="start it (./gw up) or pass --bootstrap HOST:PORT")
 
 
 def wait_for_store(url: str, timeout_s: float) -> None:
-    """For `clickhouse://HOST:PORT/DB` stores; the embedded chDB store needs no wait."""
+    """A store URL that `open_store` takes (else a one-line UserError), and for `clickhouse://HOST:PORT/DB` the
+    wait; the embedded chDB store needs none."""
+    from gangwatch.sinks.store import check_url
+
+    try:
+        check_url(url)
+    except ValueError as e:
+        raise UserError(f"--store: {e}", EXIT_USAGE) from None
     if not url.startswith("clickhouse://"):
         return
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 9000
     wait_for("ClickHouse", [(host, port)], timeout_s,
-             hint="start it (deploy/dev.sh up) or pass --store clickhouse://HOST:PORT/DB")
+             hint="start it (./gw up) or pass --store clickhouse://HOST:PORT/DB")

@@ -192,10 +192,11 @@ def test_the_clickhouse_store_takes_credentials_from_the_url_and_masks_them(monk
 
     monkeypatch.setattr(clickhouse_driver, "Client", FakeClient)
     s = store.open_store(f"clickhouses://gw:{CH_PW.replace('-', '%2D')}@ch1/gwdb?verify=0&ca_certs=/ca.pem")
-    main, admin = made  # the store's client, and the one that creates its database
+    main, admin = made  # the store's client, and the one that creates its database (answering at once)
     assert main == {"host": "ch1", "port": 9440, "database": "gwdb", "user": "gw", "password": CH_PW,
                     "secure": True, "verify": False, "ca_certs": "/ca.pem"}
-    assert admin == {k: v for k, v in main.items() if k != "database"}
+    assert admin == {**{k: v for k, v in main.items() if k != "database"},
+                     "send_receive_timeout": store.HELLO_TIMEOUT_S}
     assert CH_PW not in repr(s) and repr(s) == "ClickHouseStore(clickhouses://gw:***@ch1:9440/gwdb)"
     store.ClickHouseStore("ch2", 9000, env={store.USER_ENV: "env-user", store.PASSWORD_ENV: CH_PW})
     assert (made[-1]["user"], made[-1]["password"]) == ("env-user", CH_PW)
