@@ -24,6 +24,15 @@ What each action does:
 | `escalate`, `dual_run`               | logged for a human (this controller cannot run work twice)      |
 | `collect_stacks`                     | nothing: the node agents answer it                              |
 
+The job's ordinary life goes out too, as job-level `lifecycle` records (source
+`controller`, on `gw.telemetry` keyed by job), each stamped with when it
+happened, before what it announces: `start` when the controller launches the
+job, `restart` (reason: the action's type and id) right before it stops the
+job to carry out an action that restarts it, `stop` (reason `user`) when the
+controller itself is stopped (TERM, INT, `close()`) while the job still runs,
+and `end` once every torchrun exited 0. So gangwatch knows the silence that
+follows each is no fault.
+
 Phases reported for an action that restarts the job: `accepted` when the
 controller takes it, `replaced` when the new gang with the spares is started
 (only when nodes were swapped), then from the job's own progress file
@@ -68,7 +77,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from gangwatch.schemas import Action, DecodeError, Finding, Recovery, decode, encode
+from gangwatch.schemas import Action, DecodeError, Finding, Lifecycle, Record, Recovery, decode, encode
 from gangwatch.schemas.security import kafka_python_security
 from gangwatch.sinks.controller import (
     DEFAULT_TOLERANCE_S,
@@ -88,7 +97,7 @@ FOR_A_HUMAN = frozenset({"escalate", "dual_run"})
 MILESTONE_PHASE = {"ckpt_loaded": "ckpt_loaded", "comm_ready": "comm_ready", "step": "resumed"}
 _FINDINGS_KEPT = 10_000
 
-Publish = Callable[[Recovery], None]
+Publish = Callable[[Record], None]  # sends one input record (recovery, lifecycle) to its topic
 
 
 class AppliedIds:
@@ -149,7 +158,7 @@ class Nodes:
 class Controller:
     """Carries out one job's actions on its gang of torchrun processes and reports the recovery stages.
 
-    `publish` sends a `recovery` record (`RecoveryPublisher` on Kafka); `clock` is
+    `publish` sends a `recovery` or `lifecycle` record (`Publisher` on Kafka); `clock` is
     wall-clock time, the event time of the records it reports; `gang` makes a
     launch, `Gang(spec, nodes, resume_from, attempt)` (tests pass a stand-in).
     """
@@ -172,6 +181,7 @@ class Controller:
         self._pending: list[Action] = []  # actions whose restart has not resumed yet
         self._phases: dict[str, set[str]] = {}  # action id -> phases reported
         self._resume_by = 0.0
+        self._ended = False  # `end` was said
 
     # --- the job --------------------------------------------------------------------------------
 
@@ -180,6 +190,7 @@ class Controller:
         if self.dry_run:
             log.info("dry run: not launching %s", self.spec.job)
             return
+        self._say("start")
         self._launch(latest(self.spec.ckpt_dir))
 
     def finished(self) -> bool:
@@ -190,9 +201,16 @@ class Controller:
         return all(code == 0 for code in codes)
 
     def close(self) -> None:
-        """Stop the job (the controller owns it: nothing it launched outlives it)."""
-        if self.gang is not None:
-            self.gang.stop(self.stop_grace_s)
+        """Stop the job (the controller owns it: nothing it launched outlives it): a job still running is
+        stopped on purpose (`stop`, reason `user`); a job that finished has its `end` said."""
+        if self.gang is None:
+            return
+        if self.gang.running():
+            self._say("stop", "user")
+        elif self.finished() and not self._ended:
+            self._ended = True
+            self._say("end")
+        self.gang.stop(self.stop_grace_s)
 
     def _launch(self, resume_from: Path | None) -> None:
         attempt = len(list(self.spec.run_dir.glob("attempt-*")))
@@ -295,13 +313,14 @@ class Controller:
                      ", ".join(nodes.active) if nodes else "(no spare left)", resume_from or "scratch")
             return
         if nodes is None:
-            if self.gang is not None:
+            if self.gang is not None:  # stopped, not restarted: the failed recovery is what says so
                 self.gang.stop(self.stop_grace_s)
             self._report(a, "failed", self.clock())
             log.error("no spare left to replace %s (spares: %s): the job is stopped; add nodes and restart it",
                       ", ".join(take_out), self.nodes.spares)
             return
         if self.gang is not None:
+            self._say("restart", f"{a.type} {a.id}")  # before the stop: the old run's silence is this restart's
             self.gang.stop(self.stop_grace_s)
         swapped = nodes.active != self.nodes.active
         self.nodes = nodes
@@ -318,6 +337,20 @@ class Controller:
             self._report(a, "failed", self.clock())
         self._pending = []
 
+    def _say(self, event: str, reason: str | None = None) -> None:
+        """A job-level `lifecycle` record, stamped now (before what it announces happens). A broker that fails
+        it is logged: the controller carries the action out all the same."""
+        if self.dry_run:
+            return
+        rec = Lifecycle(ts=round(self.clock(), 6), job=self.spec.job, event=event,
+                        reason=reason[:256] if reason else None, source="controller")
+        log.info("job %s: %s%s", self.spec.job, event, f" ({reason})" if reason else "")
+        try:
+            self.publish(rec)
+        except Exception as e:
+            log.error("the %s record of job %s could not be published: %s: %s", event, self.spec.job,
+                      type(e).__name__, e)
+
     def _report(self, a: Action, phase: str, ts: float) -> None:
         seen = self._phases.setdefault(a.id, set())
         if phase in seen:
@@ -331,8 +364,9 @@ class Controller:
 # --- where actions come from, where recovery records go ------------------------------------------
 
 
-class RecoveryPublisher:
-    """Sends `recovery` records to their topic (`topic_for`), keyed by job, waiting for each acknowledgement."""
+class Publisher:
+    """Sends input records (`recovery`, `lifecycle`) to their topic, keyed as `topic_for` says (by job), waiting
+    for each acknowledgement."""
 
     def __init__(self, bootstrap: str, topics: TopicSettings) -> None:
         from kafka import KafkaProducer
@@ -341,12 +375,15 @@ class RecoveryPublisher:
         self._producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", client_id="gangwatch-controller",
                                        **kafka_python_security())
 
-    def __call__(self, rec: Recovery) -> None:
+    def __call__(self, rec: Record) -> None:
         topic, key = topic_for(rec, self.topics)
         self._producer.send(topic, key=key.encode(), value=encode(rec)).get(timeout=30)
 
     def close(self) -> None:
         self._producer.close(timeout=10)
+
+
+RecoveryPublisher = Publisher  # its earlier name, when it sent recovery records only
 
 
 class TopicSource(TopicReader):

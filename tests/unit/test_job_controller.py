@@ -7,12 +7,13 @@ process handling is tested on real processes (a fake torchrun) in test_launcher.
 from __future__ import annotations
 
 import random
+import threading
 import time
 
 import pytest
-from gangwatch.schemas import Action, Finding, encode
+from gangwatch.schemas import Action, Finding, Lifecycle, Recovery, decode, encode
 from gangwatch.sinks.controller import WebhookSink, sign
-from gangwatch.streams.controller import AppliedIds, Controller, Nodes, WebhookSource
+from gangwatch.streams.controller import AppliedIds, Controller, Nodes, Publisher, WebhookSource, run
 from gangwatch.streams.launcher import JobSpec
 
 from gangwatch.cli import main
@@ -72,7 +73,17 @@ def action(type_: str, nodes=(), evidence=(), id_: str | None = None) -> Action:
 
 
 def phases(sent) -> list[tuple[str, str]]:
-    return [(r.action, r.phase) for r in sent]
+    return [(r.action, r.phase) for r in sent if isinstance(r, Recovery)]
+
+
+def recoveries(sent) -> list[Recovery]:
+    return [r for r in sent if isinstance(r, Recovery)]
+
+
+def said(sent) -> list[tuple[str, str | None]]:
+    """The job-level lifecycle records the controller published: (event, reason)."""
+    assert all(r.rank is None and r.source == "controller" and r.job == JOB for r in sent if isinstance(r, Lifecycle))
+    return [(r.event, r.reason) for r in sent if isinstance(r, Lifecycle)]
 
 
 def checkpoint(spec, step: int) -> None:
@@ -116,7 +127,7 @@ def test_replace_restarts_from_the_latest_checkpoint_with_a_spare_and_reports_th
     c.tick()
     c.tick()
     assert phases(sent)[2:] == [(a.id, "ckpt_loaded"), (a.id, "comm_ready"), (a.id, "resumed")]
-    assert [r.ts for r in sent[2:]] == [500.0, 501.5, 502.25]  # when it happened, not when it was noticed
+    assert [r.ts for r in recoveries(sent)[2:]] == [500.0, 501.5, 502.25]  # when it happened, not when noticed
 
 
 def test_an_action_is_applied_once_even_by_a_restarted_controller(setup):
@@ -132,7 +143,7 @@ def test_an_action_is_applied_once_even_by_a_restarted_controller(setup):
     again.start()
     again.handle(a)
     assert FakeGang.made[-1].nodes == ["n1", "n3"] and len(FakeGang.made) == 3
-    assert len(sent) == 2
+    assert len(recoveries(sent)) == 2
 
 
 def test_rollback_goes_back_before_the_first_corrupt_step_and_isolate_then_changes_nothing(setup):
@@ -248,3 +259,123 @@ def test_the_command_line_names_itself_in_its_errors_and_refuses_a_node_named_tw
     with pytest.raises(SystemExit) as e:
         main(["controller", "--job", "j1", "--nodes", "n1,n1", "--", "train.py"])
     assert e.value.code == 2 and "a node is named twice" in capsys.readouterr().err
+
+
+# --- the job's ordinary life, said as job-level lifecycle records -------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        self.t += 1.0
+        return self.t
+
+
+def test_start_is_said_before_the_launch_and_restart_before_the_old_gang_is_stopped(setup):
+    spec, sent, make = setup
+    seen: list[tuple] = []  # (record, how many gangs were made, whether the newest was stopped) at each publish
+    clock = Clock()
+
+    def publish(rec) -> None:
+        sent.append(rec)
+        seen.append((rec, len(FakeGang.made), FakeGang.made[-1].stopped if FakeGang.made else None))
+
+    c = Controller(spec, ["n1", "n2"], ["n3"], publish, gang=FakeGang, state_dir=spec.run_dir.parent / "st",
+                   clock=clock)
+    c.start()
+    a = action("replace", ["n2"])
+    c.handle(a)
+    c.handle(action("restart_in_process"))
+    assert said(sent) == [("start", None), ("restart", f"replace {a.id}"),
+                          ("restart", "restart_in_process a-restart_in_process-")]
+    life = [(r.event, made, stopped) for r, made, stopped in seen if isinstance(r, Lifecycle)]
+    assert life == [("start", 0, None), ("restart", 1, False), ("restart", 2, False)]  # each before what it says
+    stamps = [r.ts for r in sent]
+    assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)  # stamped when each happened, in order
+    assert all(isinstance(r, Lifecycle) for r in decode(encode(sent[0])))  # a contract record
+
+
+def test_a_controller_stopped_while_the_job_runs_says_stop_and_a_finished_job_says_end_once(setup):
+    spec, sent, make = setup
+    c = make()
+    c.start()
+    c.close()
+    assert said(sent) == [("start", None), ("stop", "user")]
+    assert FakeGang.made[-1].stopped
+
+    sent.clear()
+    c = make()
+    c.start()
+    FakeGang.made[-1].codes = {"n1": 0, "n2": 0}  # every torchrun exited 0
+    assert c.finished()
+    c.close()
+    c.close()
+    assert said(sent) == [("start", None), ("end", None)]
+
+
+def test_run_says_end_when_the_job_finishes_and_stop_when_it_is_stopped(setup):
+    spec, sent, make = setup
+
+    class Quiet:
+        def poll(self, timeout_s: float) -> list:
+            gang = FakeGang.made[-1]
+            if len(FakeGang.made) == 1:
+                gang.codes = {n: 0 for n in gang.nodes}  # the first job runs to its end
+            return []
+
+        def commit(self) -> None:
+            pass
+
+    run(make(), [Quiet()], threading.Event(), poll_s=0.0)
+    assert said(sent) == [("start", None), ("end", None)]
+    sent.clear()
+    stop = threading.Event()
+    stop.set()  # the controller was told to stop (TERM, INT) while its job runs
+    run(make(), [Quiet()], stop, poll_s=0.0)
+    assert said(sent) == [("start", None), ("stop", "user")]
+
+
+def test_a_job_stopped_for_want_of_a_spare_is_not_said_restarted(setup):
+    spec, sent, make = setup
+    c = make()
+    c.start()
+    c.handle(action("evict_group", ["n1", "n2"]))
+    assert said(sent) == [("start", None)] and phases(sent)[-1][1] == "failed"
+
+
+def test_lifecycle_the_broker_refuses_never_stops_the_action(setup):
+    spec, sent, make = setup
+
+    def publish(rec) -> None:
+        if isinstance(rec, Lifecycle):
+            raise ConnectionError("broker away")
+        sent.append(rec)
+
+    c = Controller(spec, ["n1", "n2"], ["n3"], publish, gang=FakeGang)
+    c.start()
+    c.handle(action("replace", ["n2"]))
+    assert FakeGang.made[-1].nodes == ["n1", "n3"] and FakeGang.made[0].stopped
+
+
+def test_the_publisher_sends_each_record_to_its_topic_keyed_by_job(monkeypatch):
+    import kafka
+    from gangwatch.streams.topics import TopicSettings
+
+    got: list[tuple[str, bytes, bytes]] = []
+
+    class Producer:
+        def __init__(self, **kw) -> None:
+            pass
+
+        def send(self, topic, key, value):
+            got.append((topic, key, value))
+            return type("Ack", (), {"get": lambda self, timeout: None})()
+
+    monkeypatch.setattr(kafka, "KafkaProducer", Producer)
+    pub = Publisher("127.0.0.1:1", TopicSettings(prefix="x."))
+    pub(Lifecycle(ts=1.0, job=JOB, event="restart", reason="replace a-1", source="controller"))
+    pub(Recovery(ts=2.0, job=JOB, action="a-1", phase="accepted"))
+    assert [(t, k) for t, k, _ in got] == [("x.telemetry", b"j1"), ("x.ops", b"j1")]
+    assert decode(got[0][2])[0].event == "restart"
