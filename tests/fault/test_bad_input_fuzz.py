@@ -67,7 +67,7 @@ def mutate(rng: random.Random, rec: dict) -> bytes:
         depth = rng.randrange(1000, 5000)
         return _with(rec, "rank", "[" * depth + "]" * depth)
     if how == 8:  # a kind nobody speaks
-        return _with(rec, "kind", '"telemetry%d"' % rng.randrange(100))
+        return _with(rec, "kind", f'"telemetry{rng.randrange(100)}"')
     if how == 9:  # a job nobody started, at an event time beyond 64 bits (the core rejects it, by its own time)
         return _with({**rec, "job": "gone"}, "ts", str(rng.choice(BIG[:3])))
     return b'{"kind":"batch","v":1,"ts":%d,"items":%s}' % (rng.randrange(10**9), rng.choice([b'"x"', b"7", b"{}"]))
