@@ -19,7 +19,8 @@ steps, a `replica_digest` of the parameters for the silent-data-corruption vote.
 Checkpoints and restarts follow the launcher's protocol (streams/launcher.py):
 rank 0 writes `step-NNNNNNNN.pt` to `GANGWATCH_CKPT_DIR` every `--ckpt-every`
 steps (written to a temporary name, then renamed: a crash never leaves half a
-checkpoint); every rank resumes from `GANGWATCH_RESUME_FROM` when it is set;
+checkpoint), inside `client.pause("checkpoint")`: a synchronous save is a known
+pause, not a hang (`# gangwatch`); every rank resumes from `GANGWATCH_RESUME_FROM` when it is set;
 rank 0 appends one JSON line per milestone (`ckpt_loaded`, `comm_ready`, then
 `step` for the first step done) to `GANGWATCH_PROGRESS`, which is how the
 controller learns, with real timestamps, how far a restart has come.
@@ -27,14 +28,21 @@ controller learns, with real timestamps, how far a restart has come.
 Faults, injected for tests through the environment on the process whose node
 (`GANGWATCH_NODE`) and local rank match `FAULT_NODE` / `FAULT_LOCAL_RANK` (0),
 from step `FAULT_STEP` on. A fault belongs to the node: once the controller has
-replaced the node, the job runs clean.
+replaced the node, the job runs clean. Two kinds are not the node's: a code bug
+(`raise`) follows the rank, whatever node it runs on (the process whose global
+`RANK` is `FAULT_RANK`), in every attempt; a pause (`pause`, `pause_announced`)
+is the whole job's: every rank takes it.
 
-| `FAULT`  | what happens                                                                          |
-|----------|---------------------------------------------------------------------------------------|
-| `hang`   | the rank's DataLoader worker blocks forever producing that step's batch               |
-| `slow`   | the rank's compute takes `FAULT_SLOW` (1.3) times as long: it sleeps the difference   |
-| `kill`   | the rank sends itself SIGKILL at the start of that step                               |
-| `sdc`    | one weight of the rank's replica is changed after that step's update (silently)       |
+| `FAULT`           | what happens                                                                 |
+|-------------------|------------------------------------------------------------------------------|
+| `hang`            | the rank's DataLoader worker blocks forever producing that step's batch      |
+| `slow`            | the rank's compute takes `FAULT_SLOW` (1.3) times as long: it sleeps the difference |
+| `kill`            | the rank sends itself SIGKILL at the start of that step                      |
+| `sdc`             | one weight of the rank's replica is changed after that step's update (silently) |
+| `exit0`           | the rank calls `sys.exit(0)` at the start of that step: a clean exit, alone  |
+| `raise`           | rank `FAULT_RANK` raises the same RuntimeError at that step, in every attempt |
+| `pause`           | every rank sleeps `FAULT_PAUSE_S` (45) s before step `FAULT_STEP`, unannounced |
+| `pause_announced` | the same inside `client.pause("checkpoint")`: a loop that says its pauses    |
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ import argparse
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -70,15 +79,27 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-class Fault:
-    """The fault this process injects, read from the environment (none unless its node and local rank match)."""
+JOB_FAULTS = frozenset({"pause", "pause_announced"})  # every rank takes them
+RANK_FAULTS = frozenset({"raise"})  # a code bug: the rank's, on whatever node it runs
 
-    def __init__(self, node: str, local_rank: int) -> None:
+
+class Fault:
+    """The fault this process injects, read from the environment (none unless its node and local rank match, or
+    its rank for a code bug; every process for a pause)."""
+
+    def __init__(self, node: str, local_rank: int, rank: int) -> None:
         env = os.environ
-        mine = env.get("FAULT_NODE") == node and int(env.get("FAULT_LOCAL_RANK", "0")) == local_rank
-        self.kind = env.get("FAULT", "") if mine else ""
+        kind = env.get("FAULT", "")
+        if kind in JOB_FAULTS:
+            mine = True
+        elif kind in RANK_FAULTS:
+            mine = int(env.get("FAULT_RANK", "-1")) == rank
+        else:
+            mine = env.get("FAULT_NODE") == node and int(env.get("FAULT_LOCAL_RANK", "0")) == local_rank
+        self.kind = kind if mine else ""
         self.step = int(env.get("FAULT_STEP", "0"))
         self.slow = float(env.get("FAULT_SLOW", "1.3"))
+        self.pause_s = float(env.get("FAULT_PAUSE_S", "45"))
 
     def at(self, kind: str, step: int) -> bool:
         """Whether fault `kind` is active at `step` (from FAULT_STEP on)."""
@@ -168,7 +189,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     node, local_rank = os.environ.get("GANGWATCH_NODE", ""), int(os.environ.get("LOCAL_RANK", "0"))
-    fault = Fault(node, local_rank)
+    fault = Fault(node, local_rank, rank)
     progress = Progress(rank)
     client = TrainerClient(gpus=False, heartbeat_s=args.heartbeat)  # gangwatch: rank 0 announces the topology
 
@@ -193,6 +214,15 @@ def main() -> None:
             break
         if fault.at("kill", step):
             os.kill(os.getpid(), signal.SIGKILL)
+        if fault.at("exit0", step):
+            sys.exit(0)  # a clean exit while the others train on
+        if fault.at("raise", step):
+            raise RuntimeError(f"shape mismatch in the loss at step {fault.step}: a bug in the training code")
+        if fault.kind == "pause" and step == fault.step:
+            time.sleep(fault.pause_s)  # the whole job stops stepping for a while and says nothing
+        if fault.kind == "pause_announced" and step == fault.step:
+            with client.pause("checkpoint"):  # gangwatch: a known pause (a long synchronous save)
+                time.sleep(fault.pause_s)
         with client.step_context(step) as s:  # gangwatch: one step; the loader's wait counts as data_wait
             with client.section("compute"):  # gangwatch
                 t0 = time.perf_counter()
@@ -216,7 +246,8 @@ def main() -> None:
             progress.mark("step", step=step)
             first = False
         if rank == 0 and step % args.ckpt_every == 0:
-            ckpts.save(step, model, opt)
+            with client.pause("checkpoint"):  # gangwatch: a synchronous save is a known pause, not a hang
+                ckpts.save(step, model, opt)
     client.close()
     dist.destroy_process_group()
 
