@@ -17,6 +17,7 @@ from gangwatch.cli.options import (
     EXIT_INTERNAL,
     EXIT_SERVICE,
     EXIT_USAGE,
+    UserError,
     resolve,
 )
 
@@ -248,3 +249,128 @@ def test_gzip_member_garbage_is_reported_not_raised(capsys, tmp_path):
     bad.write_bytes(gzip.compress(b'{"kind":"heartbeat"}\n')[:10] + b"garbage" * 10)
     code, _, err = run(capsys, "replay", str(bad), "--out", str(tmp_path / "o"), "--no-store")
     assert code == EXIT_CORRUPT and "stopped after line" in one_error(err)
+
+
+# --- issue 24: second contact -------------------------------------------------------------------
+
+
+def test_topics_tail_from_the_beginning_without_a_timeout(capsys, monkeypatch):
+    import kafka
+
+    from gangwatch.cli import kafka as kafka_cli
+
+    made: list[dict] = []
+
+    class FakeConsumer:
+        def __init__(self, *topics: str, **kw: object) -> None:
+            made.append({"topics": topics, **kw})
+
+        def __iter__(self):
+            action = {"kind": "action", "ts": 1767225666.0, "job": "sim", "type": "replace", "nodes": ["n003"],
+                      "reason": "Xid 79"}
+            return iter([type("Msg", (), {"value": orjson.dumps(action)})()])
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(kafka, "KafkaConsumer", FakeConsumer)
+    monkeypatch.setattr(kafka_cli, "wait_for_kafka", lambda *a: None)
+    code, out, _ = run(capsys, "topics", "tail", "actions", "--from-beginning")
+    assert code == 0 and out == "2026-01-01T00:01:06Z  action    sim  replace n003: Xid 79\n"
+    [kw] = made
+    assert kw["topics"] == ("gw.actions",) and kw["auto_offset_reset"] == "earliest"
+    assert kw["consumer_timeout_ms"] == float("inf")  # kafka-python's own "never"
+    assert kafka_cli.consumer_timeout_ms(2.5) == 2500
+
+
+@pytest.mark.parametrize(("store", "says"), [
+    ("mysql://gw@db1/gangwatch", "unknown store URL scheme 'mysql:'"),
+    ("clickhouse:/127.0.0.1:9000/gangwatch", "malformed store URL"),
+    ("clickhouse://127.0.0.1:99999/gangwatch", "bad port"),
+    ("clickhouse://127.0.0.1:9000/gang-watch", "bad database name 'gang-watch'"),
+])
+@pytest.mark.parametrize("command", ["replay", "query"])
+def test_a_bad_store_url_is_one_line_and_creates_nothing(capsys, monkeypatch, tmp_path, stream, store, says,
+                                                         command):
+    monkeypatch.chdir(tmp_path)
+    argv = ["replay", str(stream), "--out", "o"] if command == "replay" else ["store", "query", "SELECT 1"]
+    code, _, err = run(capsys, *argv, "--store", store, "--connect-timeout", "1")
+    line = one_error(err)
+    assert code == EXIT_USAGE and says in line
+    assert "clickhouse[s]://" in line or "letters, digits and underscores" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["o"] if command == "replay" else [])
+
+
+def test_a_store_that_answers_http_is_named_within_seconds(capsys, monkeypatch):
+    """What ClickHouse's HTTP port does with the native hello: waits for the end of a request that never comes."""
+    import threading
+    import time
+
+    from gangwatch.sinks import store
+
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            held.append(conn)
+            if conn.recv(64).startswith(b"GET "):
+                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 4\r\n\r\nOk.\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    monkeypatch.setattr(store, "HELLO_TIMEOUT_S", 1.0)
+    started = time.monotonic()
+    try:
+        code, _, err = run(capsys, "store", "query", "SELECT 1", "--store",
+                           f"clickhouse://127.0.0.1:{server.getsockname()[1]}/gw")
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+    assert code == EXIT_SERVICE and "looks like the HTTP port" in one_error(err) and "9000" in one_error(err)
+    assert time.monotonic() - started < 10 and len(err.splitlines()) == 1
+
+
+def test_a_query_of_a_store_that_is_not_there_creates_nothing(capsys, tmp_path):
+    code, _, err = run(capsys, "store", "query", "SELECT 1", "--store", f"chdb:{tmp_path / 'none'}")
+    assert code == EXIT_INPUT and "no store at" in one_error(err) and not (tmp_path / "none").exists()
+
+
+def test_a_query_error_shows_the_stores_message_and_floats_come_in_full(capsys, tmp_path):
+    from gangwatch.sinks.store import ChdbStore
+
+    ChdbStore(tmp_path / "store").close()
+    code, _, err = run(capsys, "store", "query", "SELEC 1", "--out", str(tmp_path))
+    assert code == EXIT_USAGE and "Code: 62. DB::Exception: Syntax error" in one_error(err)
+    code, out, _ = run(capsys, "store", "query", "SELECT 1767225600.225973 AS ts, [0.1, 2.5] AS s", "--out",
+                       str(tmp_path))
+    assert code == 0 and out.splitlines()[1].split() == ["1767225600.225973", "[0.1,", "2.5]"]
+
+
+def test_replay_of_a_file_with_no_valid_record_is_an_input_error(capsys, tmp_path):
+    import random
+
+    noise = tmp_path / "noise.bin"
+    noise.write_bytes(random.Random(5).randbytes(50_000).replace(b"\x1f\x8b", b"xx"))
+    code, _, err = run(capsys, "replay", str(noise), "--out", str(tmp_path / "o"))
+    line = one_error(err)
+    assert code == EXIT_INPUT and str(noise) in line and str(tmp_path / "o" / "rejected.jsonl") in line
+    assert (tmp_path / "o" / "rejected.jsonl").read_bytes().count(b"\n") > 100
+
+
+def test_help_names_every_topics_action_and_hints_say_gw_up(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    [topics] = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("topics")]
+    assert all(word in topics for word in ("create", "list", "tail"))
+    from gangwatch.cli import services
+
+    for wait in (lambda: services.wait_for_kafka(f"127.0.0.1:{closed_port()}", 0.1),
+                 lambda: services.wait_for_store(f"clickhouse://127.0.0.1:{closed_port()}/db", 0.1)):
+        with pytest.raises(UserError) as e:
+            wait()
+        assert "(./gw up)" in str(e.value)
