@@ -11,22 +11,33 @@ For each process group of one snapshot, across the ranks that reported:
   completed it;
 - members whose `last_enqueued` is below W never enqueued it (``never_enqueued``);
   failing that, members that enqueued W but whose known `last_started` is below
-  it while others started it never started it (``never_started``); suspects are
-  at most `max_suspect_fraction` of the group;
+  it while others started it never started it (``never_started``); members that
+  enqueued a collective another member completed, but never completed it
+  themselves, stopped there on their own GPU (``never_completed``: the others
+  could not have finished it without them); suspects are at most
+  `max_suspect_fraction` of the group;
+- a group a rank ran point-to-point ops on (``p2p`` entries) has counters that
+  count those ops too (PyTorch's), so they differ from stage to stage of a
+  pipeline without anyone being late: there only the ids of its collective
+  entries are compared;
 - the op / size / dtype recorded at each sequence id must agree; a minority that
   differs from a strict majority is reported (``op_mismatch``, ``size_mismatch``,
   ``dtype_mismatch``);
 - every process group is followed, not only the first that shows a stall, and
-  the suspects are sorted out on a wait-for graph: a waiting member of a stalled
-  group waits for its late members, a rank blocked in a point-to-point op (a
-  pipeline send or receive, ``p2p`` entries with their ``peer``) waits for its
-  peer. A suspect that waits, directly or through others, for another suspect is
-  a victim, not a root cause, and is not reported (a TP-group hang leaves its
-  ranks behind in their DP groups; a pipeline neighbour waiting to receive from a
-  rank stuck in a stray collective is behind in its DP group too). What is left
-  are root causes, as many as there are: two ranks each holding up a different
-  group are both named; suspects that all wait on each other (a cycle) are all
-  kept, with less confidence.
+  the suspects are sorted out on one wait-for graph over all of them (see
+  `_WaitFor`): a rank waits at its oldest collective not completed in a group
+  for the members that never enqueued it (or never started it), or, when all
+  enqueued it and nobody finished it, for every member that did not finish it;
+  a rank blocked in a point-to-point op (a pipeline send or receive, with its
+  ``peer``) waits for its peer; a ``never_completed`` rank waits on nobody. A
+  suspect that waits, directly or through others, for a suspect that does not
+  wait back on it is a consequence, not a root cause, and is not reported (a
+  TP-group hang leaves its ranks behind in their DP groups; a pipeline
+  neighbour waiting to receive from a stuck rank is behind in its own groups; a
+  rank whose group's others all wait on a culprit elsewhere is behind there).
+  What is left are root causes, as many as there are: two ranks each holding up
+  a different group are both named; suspects that wait on each other (a cycle)
+  are all kept, with less confidence.
 
 `FlightDetector` collects `flight` records per snapshot and analyses a snapshot
 once every rank of the topology reported, or `window_s` after its first record.
@@ -46,7 +57,8 @@ from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Flight, Record
 from gangwatch.schemas.evidence import absent
 
-_REASON_ORDER = {"never_enqueued": 0, "never_started": 1, "op_mismatch": 2, "size_mismatch": 3, "dtype_mismatch": 4}
+_REASON_ORDER = {"never_enqueued": 0, "never_started": 1, "never_completed": 2, "op_mismatch": 3, "size_mismatch": 4,
+                 "dtype_mismatch": 5}
 _EVIDENCE_REASONS = 16
 
 
@@ -69,18 +81,23 @@ class RankView:
     groups: dict[str, GroupView]
     entries: dict[str, dict[int, tuple[str, int | None, str | None]]]  # pg -> seq -> (op, size, dtype)
     waits_on: tuple[tuple[str, str, int], ...] = ()  # point-to-point ops not completed: (pg, op, peer's rank)
+    p2p: frozenset[str] = frozenset()  # groups it ran point-to-point ops on: their counters count those too
+    collectives: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # pg -> counters from its entries
 
 
 def rank_view(rec: Flight, entries_per_pg: int = 64) -> RankView:
     """Reduce a `flight` record: per group the last enqueued / started / completed ids (the
     larger of the group's counters and what its entries show) and its last `entries_per_pg`
-    collectives. Point-to-point entries (``"p2p": true``) do not count there (their ids are per
-    pair); those not completed whose `peer` is known are what the rank waits on."""
+    collectives. Point-to-point entries (``"p2p": true``) do not count there (their ids are their
+    own); those not completed whose `peer` is known are what the rank waits on, and the group they
+    ran on is marked (PyTorch's group counters count its point-to-point ops too)."""
     ents: dict[str, dict[int, tuple[str, int | None, str | None]]] = {}
     derived: dict[str, list[int]] = {}  # pg -> [enqueued, started, completed]
     pending: list[tuple[str, str, int]] = []  # (pg, op, peer's index in the group)
+    p2p: set[str] = set()
     for e in rec.entries:
         if e.extra.get("p2p"):
+            p2p.add(e.pg)
             peer = e.extra.get("peer")
             if e.state != "completed" and type(peer) is int and peer >= 0:
                 pending.append((e.pg, e.op, peer))
@@ -108,7 +125,8 @@ def rank_view(rec: Flight, entries_per_pg: int = 64) -> RankView:
         members = sorted(groups[pg].ranks) if pg in groups else []
         if peer < len(members) and members[peer] != rec.rank:
             waits.append((pg, op, members[peer]))
-    return RankView(rec.groups is not None, groups, ents, tuple(dict.fromkeys(waits)))
+    return RankView(rec.groups is not None, groups, ents, tuple(dict.fromkeys(waits)), frozenset(p2p),
+                    {pg: (d[0], d[1], d[2]) for pg, d in derived.items()})
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,59 +158,155 @@ def localize(views: Mapping[int, RankView], *, max_suspect_fraction: float = 0.5
     """Root-cause suspects of one snapshot (rank -> its view), sorted by rank, reason, pg."""
     behind: list[Suspect] = []
     mismatched: list[Suspect] = []
-    stalled: dict[str, set[int]] = {}  # pg -> ranks waiting in its frontier collective
+    graph = _WaitFor()
     pgs = sorted({pg for v in views.values() for pg in v.groups})
     for pg in pgs:
         declared = sorted({r for v in views.values() if pg in v.groups for r in v.groups[pg].ranks})
         members = declared or sorted(r for r, v in views.items() if pg in v.groups)
+        p2p = any(pg in v.p2p for v in views.values())
         rows: list[tuple[int, GroupView]] = []
         for r in members:
             v = views.get(r)
-            if v is not None and pg in v.groups:
-                rows.append((r, v.groups[pg]))
-            elif v is not None and v.has_groups:
+            if v is None:
+                continue
+            g = v.groups.get(pg)
+            if p2p:  # its counters count point-to-point ops too: only what collective entries show compares
+                if pg in v.collectives:
+                    rows.append((r, GroupView(g.desc if g else None, (), *v.collectives[pg])))
+            elif g is not None:
+                rows.append((r, g))
+            elif v.has_groups:
                 rows.append((r, GroupView(None, (), -1, -1, -1)))  # a member that never used the group
         desc = next((g.desc for _, g in rows if g.desc), None)
-        found, waiting = _behind(pg, desc, rows, views, max_suspect_fraction)
-        if waiting:
-            stalled[pg] = waiting
-        behind += found
+        behind += _behind(pg, desc, rows, views, max_suspect_fraction)[0]
+        behind += _unfinished(pg, desc, rows, views, max_suspect_fraction)
+        graph.add_group(pg, rows)
         mismatched += _mismatches(pg, desc, [r for r, _ in rows], views)
-    roots = [s for s in behind if not _waits_for_a_suspect(s.rank, behind, stalled, views)]
-    if behind and not roots:  # everyone waits on everyone: keep them all, with less confidence
-        roots = [replace(s, score=round(s.score / 2, 4), detail={**s.detail, "cycle": True}) for s in behind]
-    out = roots + mismatched
+    for r, v in views.items():
+        for _, _, peer in v.waits_on:
+            graph.edge(r, peer)
+    suspects = {s.rank for s in behind}
+    # a rank its group's peers finished a collective without has a fault of its own: it waits on nobody
+    graph.sinks = {s.rank for s in behind if s.reason == "never_completed"}
+    victims, cycles = graph.victims(suspects)
+    out = [s if s.rank not in cycles else replace(s, score=round(s.score / 2, 4), detail={**s.detail, "cycle": True})
+           for s in behind if s.rank not in victims]
+    out += mismatched
     return sorted(out, key=lambda s: (s.rank, _REASON_ORDER.get(s.reason, 9), s.pg, s.seq))
 
 
-def _waits_for_a_suspect(rank: int, behind: list[Suspect], stalled: Mapping[str, set[int]],
-                         views: Mapping[int, RankView]) -> bool:
-    """Whether `rank` waits, directly or through other waiting ranks, for another suspect (then it is a victim).
+class _WaitFor:
+    """The wait-for graph of one snapshot, over every process group.
 
-    Edges of the wait-for graph: a waiting member of a stalled group waits for
-    the group's late members; a rank with a point-to-point op not completed
-    waits for its peer.
+    A rank waits at its oldest collective not completed in a group, k: for the
+    members that never enqueued k; failing that, for the members that never
+    started it while it did (when started ids are known); failing that (everyone
+    enqueued k and nobody finished it: some GPU is held up, its own or another
+    group's op before k in its stream), for every member that did not complete k.
+    A rank that did not finish k while a member did waits on nobody in that group
+    (the fault is its own). A rank with a point-to-point op not completed waits
+    for its peer. Edges to the members of one (group, k) go through one hub node,
+    so a stalled group of n ranks costs n edges, not n².
     """
-    late: dict[str, set[int]] = {}
-    for s in behind:
-        late.setdefault(s.pg, set()).add(s.rank)
-    suspects = {s.rank for s in behind}
-    seen, todo = {rank}, [rank]
-    while todo:
-        r = todo.pop()
-        nxt: set[int] = set()
-        for pg, waiting in stalled.items():
-            if r in waiting:
-                nxt |= late.get(pg, set())
-        v = views.get(r)
-        if v is not None:
-            nxt |= {peer for _, _, peer in v.waits_on}
-        for q in sorted(nxt - seen):
-            if q in suspects:
-                return True
-            seen.add(q)
-            todo.append(q)
-    return False
+
+    def __init__(self) -> None:
+        self.out: dict[object, set[object]] = {}
+        self.sinks: set[int] = set()
+
+    def edge(self, a: object, b: object) -> None:
+        if a != b:
+            self.out.setdefault(a, set()).add(b)
+
+    def add_group(self, pg: str, rows: list[tuple[int, GroupView]]) -> None:
+        for r, g in rows:
+            if g.enqueued < 0 or g.completed >= g.enqueued:
+                continue
+            k = g.completed + 1 if g.completed >= 0 else g.enqueued  # completion unknown: its last one
+            if any(q.completed >= k for _, q in rows):
+                continue  # a member finished k: nobody holds it up but this rank
+            on = [q for q, h in rows if h.enqueued < k]
+            kind = "enqueue"
+            if not on and g.started >= k:
+                on = [q for q, h in rows if 0 <= h.started < k]
+                kind = "start"
+            if not on and g.completed >= 0:
+                on = [q for q, h in rows if q != r and h.completed < k]
+                kind = "finish"
+            if not on:
+                continue
+            hub = (pg, k, kind)
+            self.edge(r, hub)
+            for q in on:
+                self.edge(hub, q)
+
+    def victims(self, suspects: set[int]) -> tuple[set[int], set[int]]:
+        """(victims, cycle members) among `suspects`: a suspect that waits, directly or through others, for a
+        suspect that does not wait back on it is a victim; suspects left that wait on each other are a cycle."""
+        comp = _components({a: (() if a in self.sinks else bs) for a, bs in self.out.items()} |
+                           {s: () for s in self.sinks})
+        members: dict[int, list[int]] = {}
+        for s in suspects:
+            members.setdefault(comp.get(s, -1 - s), []).append(s)
+        # components come out of _components numbered sinks first: a successor's number is lower than its own
+        order = sorted(set(comp.values()))
+        succ: dict[int, set[int]] = {}
+        for a, bs in self.out.items():
+            if a in self.sinks:
+                continue
+            for b in bs:
+                if comp[a] != comp[b]:
+                    succ.setdefault(comp[a], set()).add(comp[b])
+        holds: dict[int, bool] = {}  # component -> it reaches a component with a suspect in it (not itself)
+        for c in order:
+            holds[c] = any(holds[d] or d in members for d in succ.get(c, ()))
+        victims = {s for s in suspects if holds.get(comp.get(s, -1 - s), False)}
+        cycles = {s for c, ss in members.items() if len(ss) > 1 for s in ss if s not in victims}
+        return victims, cycles
+
+
+def _components(out: Mapping[object, Any]) -> dict[object, int]:
+    """Strongly connected components (Tarjan, iterative): node -> component number, numbered in the order they
+    are completed, so every edge between two components points to a lower number."""
+    index: dict[object, int] = {}
+    low: dict[object, int] = {}
+    comp: dict[object, int] = {}
+    stack: list[object] = []
+    on_stack: set[object] = set()
+    nodes = list(out) + [b for bs in out.values() for b in bs]
+    n = done = 0
+    for root in nodes:
+        if root in index:
+            continue
+        work = [(root, iter(out.get(root, ())))]
+        index[root] = low[root] = n
+        n += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, it = work[-1]
+            nxt = next(it, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = n
+                    n += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(out.get(nxt, ()))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                while True:
+                    x = stack.pop()
+                    on_stack.discard(x)
+                    comp[x] = done
+                    if x == node:
+                        break
+                done += 1
+    return comp
 
 
 def _behind(pg: str, desc: str | None, rows: list[tuple[int, GroupView]], views: Mapping[int, RankView],
@@ -229,6 +343,31 @@ def _behind(pg: str, desc: str | None, rows: list[tuple[int, GroupView]], views:
     return out, waiting - {r for r, _ in late}
 
 
+def _unfinished(pg: str, desc: str | None, rows: list[tuple[int, GroupView]], views: Mapping[int, RankView],
+                max_fraction: float) -> list[Suspect]:
+    """Members that enqueued a collective another member completed, and never completed it themselves
+    (``never_completed``): their GPU, or their watchdog, stopped there; the others could not have finished it
+    without them running it. At most `max_fraction` of the group."""
+    n = len(rows)
+    done = max((g.completed for _, g in rows), default=-1)
+    late = [(r, g) for r, g in rows if 0 <= g.completed < min(g.enqueued, done)]
+    if n < 2 or not late or len(late) > max_fraction * n:
+        return []
+    out = []
+    for r, g in late:
+        k = g.completed + 1
+        finished = sum(1 for _, h in rows if h.completed >= k)
+        seen = [views[q].entries.get(pg, {}).get(k) for q, _ in rows if q in views]
+        op = _majority([x[0] for x in seen if x])
+        size = _majority([x[1] for x in seen if x])
+        dtype = _majority([x[2] for x in seen if x])
+        out.append(Suspect(r, pg, desc, k, "never_completed", round(finished / n, 4), op and op[0], size and size[0],
+                           dtype and dtype[0], {"last_enqueued": g.enqueued, "last_started": g.started,
+                                                "last_completed": g.completed, "group_size": n,
+                                                "ranks_waiting": n - finished}))
+    return out
+
+
 def _mismatches(pg: str, desc: str | None, ranks: list[int], views: Mapping[int, RankView]) -> list[Suspect]:
     by_seq: dict[int, dict[int, tuple[str, int | None, str | None]]] = {}
     for r in ranks:
@@ -260,13 +399,14 @@ def _mismatches(pg: str, desc: str | None, ranks: list[int], views: Mapping[int,
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FlightBehind(SweepEvidence):
-    """A rank that never enqueued (or never started) the collective the rest of its group waits in."""
+    """A rank that never enqueued (or never started, or never completed) a collective the rest of its group
+    waits in, or finished."""
 
     pg: str
     desc: str | None  # the group's description
     seq: int  # the frontier collective's sequence id in the group
     op: str | None
-    reason: str  # never_enqueued | never_started
+    reason: str  # never_enqueued | never_started | never_completed
     size: int | None
     dtype: str | None
     last_enqueued: int
@@ -385,10 +525,13 @@ def _view_state(v: RankView) -> dict[str, Any]:
     return {"has_groups": v.has_groups,
             "groups": {pg: [g.desc, list(g.ranks), g.enqueued, g.started, g.completed] for pg, g in v.groups.items()},
             "entries": {pg: [[seq, *ent] for seq, ent in ents.items()] for pg, ents in v.entries.items()},
-            "waits_on": [list(w) for w in v.waits_on]}
+            "waits_on": [list(w) for w in v.waits_on], "p2p": sorted(v.p2p),
+            "collectives": {pg: list(c) for pg, c in v.collectives.items()}}
 
 
 def _view_from_state(s: dict[str, Any]) -> RankView:
     groups = {pg: GroupView(d, tuple(ranks), e, st, c) for pg, (d, ranks, e, st, c) in s["groups"].items()}
     entries = {pg: {seq: (op, size, dtype) for seq, op, size, dtype in ents} for pg, ents in s["entries"].items()}
-    return RankView(bool(s["has_groups"]), groups, entries, tuple(tuple(w) for w in s.get("waits_on", ())))
+    collectives = {pg: (e, st, c) for pg, (e, st, c) in s.get("collectives", {}).items()}
+    return RankView(bool(s["has_groups"]), groups, entries, tuple(tuple(w) for w in s.get("waits_on", ())),
+                    frozenset(s.get("p2p", ())), collectives)

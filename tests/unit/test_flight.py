@@ -399,3 +399,194 @@ def test_p2p_peers_from_pytorch_profiling_names():
     assert p2p_peer("nccl:send 1->2") == 2 and p2p_peer("nccl:recv 3<-0") == 0
     assert p2p_peer("gloo:recv 3<-?") is None and p2p_peer("nccl:all_reduce") is None
     assert p2p_peer("nccl:send 12 -> 3") == 3 and p2p_peer("weird") is None
+
+
+# --- consequences across process groups: models of NVIDIA's public flight-recorder scenarios ---------------------
+#
+# nvidia-resiliency-ext ships four 16-rank flight-recorder sweeps of a Megatron MoE job with faults injected on two
+# ranks each (gpu_error_1st, gpu_error_2nd, lock_gil_1st, lock_gil_2nd). The builders below write, in gangwatch's
+# own `flight` records, jobs with the same structure: tensor-, pipeline- and expert-parallel groups, timing off
+# (no started ids), every rank stuck somewhere, and PyTorch's group counters of a pipeline group counting its
+# point-to-point ops (so they differ from stage to stage without anyone being behind).
+
+
+def moe_job(tp: int, pp: int, counters, pending=None, *, p2p_on_default: bool = False,
+            silent: frozenset[int] = frozenset()) -> list[Flight]:
+    """16 ranks: tensor-parallel groups of `tp` consecutive ranks, `pp` pipeline stages of 16 // pp consecutive
+    ranks (pipeline groups stride 16 // pp), one expert group per stage, the default group of all 16.
+    `counters(rank, kind, stage)` -> (last_enqueued, last_completed) for kind tp / pp / ep / world (started is
+    unknown, -1). `pending(rank, stage)` -> point-to-point ops not completed: (op, peer index, kind). Each rank
+    lists its last enqueued collective per collective group; `silent` ranks dump no entries at all."""
+    per = 16 // pp
+    recs = []
+    for r in range(16):
+        stage = r // per
+        members = {"tp": [r - r % tp + i for i in range(tp)], "pp": [r % per + per * i for i in range(pp)],
+                   "ep": [stage * per + i for i in range(per)], "world": list(range(16))}
+        names = {"tp": f"tp{r // tp}", "pp": f"pp{r % per}", "ep": f"ep{stage}", "world": "0"}
+        groups, entries = [], []
+        for kind in ("world", "tp", "pp", "ep"):
+            e, c = counters(r, kind, stage)
+            groups.append({"pg": names[kind], "ranks": members[kind], "last_enqueued": e, "last_started": -1,
+                           "last_completed": c})
+            if kind in ("tp", "ep") and e > c:
+                entries.append({"seq": e, "op": "alltoall" if kind == "ep" else "allgather", "pg": names[kind],
+                                "state": "scheduled", "size": 4096, "dtype": "BFloat16"})
+        for i, (op, peer, kind) in enumerate((pending or (lambda r, s: []))(r, stage)):
+            entries.append({"seq": 100 + i, "op": op, "pg": names[kind], "state": "scheduled", "p2p": True,
+                            "peer": peer, "profiling_name": f"nccl:{op}"})
+        recs.append(p2p_fr(r, [(g["pg"], g["ranks"], g["last_enqueued"], -1, g["last_completed"]) for g in groups],
+                           [] if r in silent else entries, snapshot="moe"))
+    return recs
+
+
+def named(recs: list[Flight]) -> dict[int, tuple[str, bool]]:
+    """rank -> (its first reason, whether it is in a cycle), for the findings of one sweep."""
+    det = FlightDetector(topology(16, per_node=1))
+    out = [f for rec in recs for f in det.observe(rec)]
+    return {f.rank: (f.evidence["reason"], bool(f.evidence.get("cycle"))) for f in out}
+
+
+def _pp4_pending(r: int, stage: int) -> list[tuple[str, int, str]]:
+    """A 4-stage interleaved pipeline, everyone stuck mid-schedule: the first stage waits to receive from the
+    second, the middle stages have sends and receives posted both ways, the last stage sends back."""
+    return {0: [("recv", 1, "pp")], 1: [("send", 2, "pp"), ("recv", 2, "pp"), ("send", 0, "pp")],
+            2: [("send", 1, "pp"), ("recv", 3, "pp")], 3: [("send", 2, "pp")]}[stage]
+
+
+def test_gpu_error_1st_two_gpu_faults_of_one_stage_and_no_pipeline_peer():
+    """Models NVIDIA's public scenario gpu_error_1st: TP 2, PP 4, expert groups of 4; GPU errors on ranks 12 and
+    14 (last stage, different TP pairs). Rank 12 stopped completing and then enqueuing (two expert all_to_alls
+    and its TP collectives never enqueued); rank 14 enqueued as far as its peers but completed nothing after the
+    fault, while ranks 13 and 15 completed further. The pipeline groups' counters count point-to-point ops: the
+    first and last stages are ~1700 behind the middle ones without anyone being late. Named: 12 and 14, no
+    pipeline peer, no cycle (both GPUs failed on their own)."""
+    def counters(r, kind, stage):
+        if kind == "pp":  # p2p counts: the end stages do fewer sends and receives than the middle ones
+            return {0: (11986, 11983), 1: (13698, 13695), 2: (13698, 13693), 3: (11982, 11978)}[stage]
+        if kind == "world":
+            return 163, 163
+        if stage < 3:
+            return {"tp": (39416, 39406), "ep": (20544, 20541)}[kind]
+        if kind == "ep":
+            return {12: (20536, 20529), 14: (20538, 20529)}.get(r, (20538, 20536))
+        return {12: (42817, 42805), 13: (42826, 42817), 14: (42826, 42805), 15: (42826, 42818)}[r]
+
+    def pending(r, stage):
+        if r == 12:  # still waiting to receive from stage 2, and to send to stage 0 (interleaved schedule)
+            return [("recv", 2, "pp"), ("send", 0, "pp")]
+        return _pp4_pending(r, stage)
+
+    recs = moe_job(2, 4, counters, pending)
+    assert named(recs) == {12: ("never_enqueued", False), 14: ("never_completed", False)}
+    views = {rec.rank: rank_view(rec) for rec in recs}
+    assert views[0].p2p == {"pp0"} and views[0].waits_on == (("pp0", "recv", 4),)
+    reasons = {(s.rank, s.pg, s.reason) for s in localize(views)}
+    assert (14, "tp7", "never_completed") in reasons and (14, "ep3", "never_completed") in reasons
+    assert (12, "ep3", "never_enqueued") in reasons and (12, "tp6", "never_completed") in reasons
+
+
+def test_gpu_error_2nd_two_gpu_faults_are_two_roots_not_a_cycle():
+    """Models NVIDIA's public scenario gpu_error_2nd: TP 4, PP 2 (pipeline pairs {r, r + 8}), expert groups of 8;
+    GPU errors on ranks 9 and 14 (second stage, different TP groups): each is a few collectives behind its TP and
+    expert groups in both enqueued and completed ids. The stages exchange activations on the default group too,
+    so its counters count point-to-point ops: the first stage waits to receive from the second, whose sends are
+    posted (9 and 14 as well). Rank 9's posted send leads to rank 1, which waits in the default group where 14 is
+    'behind' only by point-to-point counts: that is no wait on 14. Named: 9 and 14, each a root cause."""
+    def counters(r, kind, stage):
+        bad = r in (9, 14)
+        if kind == "world":  # point-to-point counts
+            return (13996, 13995) if bad else (13998, 13996)
+        if kind == "pp":
+            return (13998, 13997) if bad else (14000, 13998)
+        if stage == 0:
+            return {"tp": (84036, 84031), "ep": (44796, 44796)}[kind]
+        if kind == "tp":
+            return (87760, 87748) if bad else (87771, 87760)
+        return (44790, 44787) if bad else (44796, 44790)
+
+    def pending(r, stage):
+        if stage == 0:
+            return [("send", 1, "pp"), ("recv", r + 8, "world")]
+        return [("send", r - 8, "world")]
+
+    recs = moe_job(4, 2, counters, pending)
+    assert named(recs) == {9: ("never_enqueued", False), 14: ("never_enqueued", False)}
+
+
+def test_lock_gil_1st_hung_host_threads_with_nothing_in_flight():
+    """Models NVIDIA's public scenario lock_gil_1st: TP 4, PP 2, expert groups of 8; ranks 9 and 14 hold the GIL
+    forever: their dumps have no entries, their GPUs drained (everything they enqueued completed) and they are
+    behind in every group they share with the others, who wait in their next collectives; the first stage's
+    pipeline counters (point-to-point) run two ahead of the second stage's. Named: 9 and 14."""
+    def counters(r, kind, stage):
+        bad = r in (9, 14)
+        if kind == "world":
+            return (14145, 14145) if stage else (14146, 14145)
+        if kind == "pp":
+            return (14146, 14146) if stage else (14148, 14146)
+        if stage == 0:
+            return {"tp": (84925, 84919), "ep": (7554, 7553)}[kind]
+        if kind == "tp":
+            return (88683, 88683) if bad else (88688, 88683)
+        return (45264, 45264) if bad else (45267, 45264)
+
+    def pending(r, stage):
+        return [("send", 1, "pp")] if stage == 0 else []
+
+    recs = moe_job(4, 2, counters, pending, silent=frozenset({9, 14}))
+    assert named(recs) == {9: ("never_enqueued", False), 14: ("never_enqueued", False)}
+
+
+def test_lock_gil_2nd_hung_host_threads_and_their_pipeline_peers_are_consequences():
+    """Models NVIDIA's public scenario lock_gil_2nd: TP 2, PP 4, expert groups of 4; ranks 10 (stage 2) and 15
+    (stage 3) hold the GIL: no entries, GPUs drained, behind in their TP, expert and pipeline groups. Their
+    pipeline peers wait on them (a receive or a send never matched), and the end stages' pipeline counters
+    (point-to-point) trail the middle ones by ~1700 as in every step. The pipeline peers are consequences:
+    named are 10 and 15 only."""
+    def counters(r, kind, stage):
+        if kind == "world":
+            return 168, 168
+        if kind == "pp":
+            if r in (10, 15):
+                return (13966, 13966) if r == 10 else (12222, 12222)
+            return {0: (12226, 12223), 1: (13970, 13967), 2: (13970, 13966), 3: (12226, 12222)}[stage]
+        if stage < 2:
+            return {"tp": (40197, 40192), "ep": (20952, 20952)}[kind]
+        if kind == "tp":
+            return (31442, 31442) if r == 10 else (43671, 43671) if r == 15 else (31451, 31442) if stage == 2 \
+                else (43682, 43671)
+        return (20946, 20946) if r in (10, 15) else (20952, 20946)
+
+    recs = moe_job(2, 4, counters, _pp4_pending, silent=frozenset({10, 15}))
+    assert named(recs) == {10: ("never_enqueued", False), 15: ("never_enqueued", False)}
+
+
+def test_a_rank_behind_only_because_it_waits_on_a_stuck_rank_elsewhere_is_a_consequence():
+    """8 ranks: TP pairs {0,1} {2,3} {4,5} {6,7}, pipeline pairs {i, i+4}, expert groups {0-3} {4-7}. Rank 3's
+    host thread is stuck before expert collective 50. Rank 2 waits in it (behind in nothing); rank 6 waits to
+    receive from rank 2, its pipeline peer, and so never enqueued TP collective 31, which rank 7 waits in.
+    6 -> 2 -> 3: rank 6 is a consequence; rank 3 alone is named."""
+    recs = []
+    for r in range(8):
+        tp, pp, ep = f"tp{r // 2}", f"pp{r % 4}", f"ep{r // 4}"
+        t = {6: (30, -1, 30), 7: (31, -1, 30)}.get(r, (31, -1, 31))
+        e = (49, -1, 49) if r == 3 else (50, -1, 49) if r < 4 else (50, -1, 50)
+        entries = [{"seq": 7, "op": "recv", "pg": pp, "state": "scheduled", "p2p": True, "peer": 0}] if r == 6 else []
+        recs.append(p2p_fr(r, [(tp, [r - r % 2, r - r % 2 + 1], *t), (pp, [r % 4, r % 4 + 4], -1, -1, -1),
+                               (ep, [4 * (r // 4) + i for i in range(4)], *e)], entries))
+    views = {rec.rank: rank_view(rec) for rec in recs}
+    assert views[6].waits_on == (("pp2", "recv", 2),)
+    assert [(s.rank, s.pg, s.reason) for s in localize(views)] == [(3, "ep0", "never_enqueued")]
+
+
+def test_a_gpu_fault_is_named_when_every_member_enqueued():
+    """Nobody is behind in what they enqueued, but rank 1 never completed collective 6 that ranks 0, 2 and 3
+    completed: its GPU stopped there (``never_completed``); the others wait in 7 and 8 for it."""
+    recs = [fr(r, [("0", [0, 1, 2, 3], 8, -1, 5 if r == 1 else 6)], [(8, "allreduce", "0", "scheduled", 8, "Float")])
+            for r in range(4)]
+    views = {rec.rank: rank_view(rec) for rec in recs}
+    assert [(s.rank, s.reason, s.seq, s.detail["ranks_waiting"]) for s in localize(views)] == [
+        (1, "never_completed", 6, 1)]
+    healthy = [fr(r, [("0", [0, 1, 2, 3], 8, -1, 6)]) for r in range(4)]
+    assert localize({rec.rank: rank_view(rec) for rec in healthy}) == []
