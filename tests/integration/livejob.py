@@ -21,6 +21,14 @@ What runs, each a subprocess of its own (logs in `workdir`):
 Everything is stopped at exit, the job's processes included: the controller
 stops its job; whatever it left (a controller that died cannot) is killed from
 the process tree recorded while waiting.
+
+The same run, replayed: `replayed()` reads every input topic from the start
+(what the trainers, the agents and the controller sent), in event time, plus
+one record of another job stamped now (replay has no wall clock: it moves
+every job's time to where the worker's silence timer had it), through
+`gangwatch replay`'s code, and `outcome()` puts live and replayed outputs in
+the same terms (action types and nodes, incident classes and culprits) to be
+compared.
 """
 
 from __future__ import annotations
@@ -34,12 +42,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gangwatch.schemas import DecodeError, Job, RankInfo, decode, encode
 from gangwatch.sinks.controller import SECRET_ENV
 from gangwatch.sinks.store import ClickHouseStore
 from gangwatch.streams.launcher import checkpoints, descendants, free_port, process_start
 from gangwatch.streams.topics import TopicSettings
 
-from tests.integration.kafkakit import REPO, WorkerProc, worker_args
+from tests.integration.kafkakit import REPO, WorkerProc, caught_up, read_all, worker_args
 
 TRAIN = REPO / "examples" / "tiny_job" / "train.py"
 NODES, SPARES = ("n1", "n2"), ("n3",)
@@ -50,16 +59,56 @@ FIVE = ("detect", "localize", "decide", "recover", "first_step")
 RECOVER_STAGES = ("replace", "rollback", "comm_rebuild")
 
 
+EVICTING = frozenset({"replace", "evict_group", "isolate", "requeue"})  # with nodes: they take nodes out
+RESTARTING = frozenset({"restart_in_process", "requeue"})  # without nodes: the job restarts where it is
+
+
 @dataclass(frozen=True)
 class Fault:
-    """A fault of examples/tiny_job/train.py: `kind` on `node`'s local rank 0 from `step` on."""
+    """A fault of examples/tiny_job/train.py: `kind` on `node`'s local rank 0 from `step` on (`rank`: on that
+    global rank instead, wherever it runs: a code bug; a pause is every rank's)."""
 
     kind: str
     step: int
     node: str = "n2"
+    rank: int | None = None
 
     def env(self) -> dict[str, str]:
-        return {"FAULT": self.kind, "FAULT_NODE": self.node, "FAULT_STEP": str(self.step), "FAULT_LOCAL_RANK": "0"}
+        env = {"FAULT": self.kind, "FAULT_NODE": self.node, "FAULT_STEP": str(self.step), "FAULT_LOCAL_RANK": "0"}
+        if self.rank is not None:
+            env["FAULT_RANK"] = str(self.rank)
+        return env
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What gangwatch did about a run, ids and times aside: pages (escalate: nodes), evictions (type: nodes),
+    restarts (type), incidents (class: culprit nodes), each sorted."""
+
+    pages: tuple[tuple[str, ...], ...]
+    evictions: tuple[tuple[str, tuple[str, ...]], ...]
+    restarts: tuple[str, ...]
+    incidents: tuple[tuple[str, tuple[str, ...]], ...]
+    others: tuple[str, ...]  # every other action type (collect_stacks, degrade, ...)
+
+
+def outcome(actions: list[dict], incidents: list[dict]) -> Outcome:
+    """`actions` (one per id) and `incidents` (the latest of each id) as live (ClickHouse) or replay (JSONL) give
+    them."""
+    pages, evictions, restarts, others = [], [], [], []
+    for a in actions:
+        nodes = tuple(a.get("nodes") or ())
+        if a["type"] == "escalate":
+            pages.append(nodes)
+        elif a["type"] in EVICTING and nodes:
+            evictions.append((a["type"], nodes))
+        elif a["type"] in RESTARTING:
+            restarts.append(a["type"])
+        else:
+            others.append(a["type"])
+    incs = [(i["class"], tuple(i.get("culprit_nodes") or ())) for i in incidents]
+    return Outcome(tuple(sorted(pages)), tuple(sorted(evictions)), tuple(sorted(restarts)), tuple(sorted(incs)),
+                   tuple(sorted(others)))
 
 
 class LiveJob:
@@ -76,26 +125,69 @@ class LiveJob:
         self.family: set[tuple[int, int]] = set()  # (pid, start) of every process the controller started
         self.state = workdir / "controller"
         self.ckpt = workdir / "ckpt"
+        self._listen, self._secret = "", {}  # the controller's webhook address and secret (with `webhook`)
 
     # --- running --------------------------------------------------------------------------------
 
     def start(self, steps: int, *train_args: str) -> None:
         """The worker, the agents, then the controller with the job (`steps` steps, then it ends)."""
+        self.start_watching()
+        self.start_controller(steps, *train_args)
+
+    def start_watching(self) -> None:
+        """The worker and the agents: what watches the job, with or without the controller."""
         url = f"clickhouse://{self.host}:{self.port}/{self.job}"
         # actions reach the controller on the alert topic, or POSTed by the worker to the controller's webhook
-        listen = f"127.0.0.1:{free_port('127.0.0.1')}" if self.webhook else ""
-        webhook = ("--webhook", f"http://{listen}/actions") if listen else ()
-        secret = {SECRET_ENV: f"secret-of-{self.job}"} if listen else {}
+        self._listen = f"127.0.0.1:{free_port('127.0.0.1')}" if self.webhook else ""
+        webhook = ("--webhook", f"http://{self._listen}/actions") if self._listen else ()
+        self._secret = {SECRET_ENV: f"secret-of-{self.job}"} if self._listen else {}
         self._spawn("worker", worker_args(self.bootstrap, self.job, self.topics, "--store", url, *webhook,
-                                              *self.worker_extra), env=secret)
+                                              *self.worker_extra), env=self._secret)
         for node in (*NODES, *SPARES):
             self._spawn(f"agent-{node}", self._gangwatch("agent", "--node", node, "--kmsg", "off", "--gpu-every", "0",
                                                          "--spool-dir", str(self.workdir / f"spool-{node}")))
+
+    def start_controller(self, steps: int, *train_args: str) -> None:
+        """The controller with the job (again, after `stop_controller`: the same job id, state and checkpoints)."""
+        listen = self._listen
+        self.ended.discard("controller")
         self._spawn("controller", self._gangwatch(
             "controller", "--job", self.job, "--nodes", ",".join(NODES), "--spares", ",".join(SPARES),
             "--ckpt-dir", str(self.ckpt), "--state-dir", str(self.state), *(("--listen", listen) if listen else ()),
             "--", str(TRAIN), "--steps", str(steps), "--ckpt-every", str(CKPT_EVERY), *train_args),
-            env={**(self.fault.env() if self.fault else {}), **secret})
+            env={**(self.fault.env() if self.fault else {}), **self._secret})
+
+    def stop_controller(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> float:
+        """A user stops the controller (and with it the job) with `sig`; returns when it had exited (epoch s)."""
+        controller = self.procs["controller"]
+        self._record_family()
+        controller.proc.send_signal(sig)
+        self.wait(lambda: not controller.alive(), timeout, "the stopped controller to exit", until_exit="controller")
+        if controller.proc.returncode != 0:
+            raise AssertionError(f"the stopped controller failed ({controller.proc.returncode})\n{self.logs()}")
+        controller.stop()  # (closes its log)
+        self.ended.add("controller")
+        return time.time()
+
+    def torchrun(self, steps: int, *train_args: str, timeout: float = 400.0) -> float:
+        """The job without the controller: one torchrun per node, started as a user would, run to its end (each
+        exits 0); returns when it ended (epoch s)."""
+        from gangwatch.streams.launcher import Gang, JobSpec
+
+        spec = JobSpec(job=self.job, command=[str(TRAIN), "--steps", str(steps), "--ckpt-every", str(CKPT_EVERY),
+                                              *train_args],
+                       ckpt_dir=self.ckpt, run_dir=self.state / "runs",
+                       env={"GANGWATCH_BOOTSTRAP": self.bootstrap, "GANGWATCH_TOPIC_PREFIX": self.topics.prefix,
+                            "PYTHONPATH": str(REPO), **(self.fault.env() if self.fault else {})})
+        gang = Gang(spec, NODES, None, 0)
+        gang.start()
+        try:
+            self.wait(lambda: not gang.running(), timeout, "the torchrun job to end")
+        finally:
+            gang.stop(10.0)
+        codes = gang.returncodes()
+        assert set(codes.values()) == {0}, f"torchrun exited {codes}\n{self.logs()}"
+        return time.time()
 
     def _gangwatch(self, command: str, *args: str) -> list[str]:
         return [sys.executable, "-m", "gangwatch", command, "--bootstrap", self.bootstrap, "--prefix",
@@ -183,6 +275,46 @@ class LiveJob:
 
         self.wait(lambda: bool(closed()), timeout, f"a recovered {cls} incident in gw_incidents")
         return closed()[0]
+
+    def attempts(self) -> int:
+        """Launches of the job so far (the controller's and `torchrun`'s)."""
+        return len(list((self.state / "runs").glob("attempt-*")))
+
+    def outcome(self) -> Outcome:
+        """What the worker did about the run, from ClickHouse."""
+        return outcome(self.query("SELECT type, nodes FROM gw_actions FINAL"),
+                       self.query("SELECT class, culprit_nodes FROM gw_incidents FINAL"))
+
+    def caught_up(self, timeout: float = 90.0) -> None:
+        """Wait for the worker to have read (and committed) every input now on the topics."""
+        self.wait(lambda: caught_up(self.bootstrap, self.job, self.topics.job_inputs), timeout,
+                  "the worker to read every input")
+
+    def inputs(self) -> list:
+        """Every input record on the topics so far (batches unpacked), in event time."""
+        recs = []
+        for msgs in read_all(self.bootstrap, self.topics.inputs).values():
+            for _, value in msgs:
+                recs += [r for r in decode(value) if not isinstance(r, DecodeError)]
+        recs.sort(key=lambda r: r.ts)
+        return recs
+
+    def replayed(self) -> Outcome:
+        """The run's inputs replayed (see the module's docstring), up to now."""
+        from gangwatch.streams import replay
+
+        src = self.workdir / "replay-input.jsonl"
+        now = Job(ts=time.time(), job=f"{self.job}-clock", ranks=[RankInfo(rank=0, node="clock")])
+        src.write_bytes(b"".join(encode(r) + b"\n" for r in [*self.inputs(), now]))
+        out = self.workdir / "replay"
+        replay.run([src], out, None, progress=None)
+
+        def read(name: str) -> list[dict]:
+            path = out / f"{name}.jsonl"
+            rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+            return list({r["id"]: r for r in rows if r["job"] == self.job}.values())  # the latest of each id
+
+        return outcome(read("actions"), read("incidents"))
 
     def nodes(self) -> dict:
         """The controller's node set: active, spares left, taken out."""

@@ -14,6 +14,16 @@ A decision is checked as soon as it is made, so a wrong one fails in about a
 minute instead of at the recovery deadline. The healthy run lasts about 75 s
 of training here (bench/bench_real_job.py runs it for 5 minutes) and is watched
 for another 30 s after its clean end.
+
+The ordinary life of a real job (issue 23) must cost nobody a page, a node or a
+restart: a job-wide pause of 45 s (announced or not), a user's stop and start
+again under the same job id, a clean end with or without the controller. And
+what is broken must be told apart from it: a code bug that crashes every
+attempt is restarted at most twice and then paged naming its node, evicting
+nothing; a rank that exits 0 alone while its peers train is its node's
+failure. Each asserts the exact pages (escalate), evictions and restarts,
+then replays the telemetry the live run recorded (every input topic, through
+replay's code) and asserts the same outcome. The slowest are marked `slow`.
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from kafka.admin import KafkaAdminClient
 
 from tests.integration.conftest import PARTITIONS
 from tests.integration.kafkakit import caught_up
-from tests.integration.livejob import CKPT_EVERY, Fault, LiveJob
+from tests.integration.livejob import CKPT_EVERY, Fault, LiveJob, Outcome
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.integration
@@ -46,10 +56,13 @@ RECOVERED_WITHIN_S = 300.0  # from the decision to the first step of the restart
 def live(kafka_bootstrap, topics, clickhouse_addr, unique, tmp_path):
     made: list[LiveJob] = []
 
-    def start(fault: Fault | None, steps: int = STEPS, webhook: bool = False) -> LiveJob:
+    def start(fault: Fault | None, steps: int = STEPS, webhook: bool = False, controller: bool = True) -> LiveJob:
         job = LiveJob(kafka_bootstrap, topics, clickhouse_addr, tmp_path, job=unique, fault=fault, webhook=webhook)
         made.append(job)
-        job.start(steps)
+        if controller:
+            job.start(steps)
+        else:
+            job.start_watching()  # the test runs the job itself
         return job
 
     yield start
@@ -184,3 +197,148 @@ def test_a_healthy_run_raises_nothing_after_its_clean_end(healthy):
     while time.monotonic() < watch_until:
         assert loud(job) == []
         time.sleep(1.0)
+
+
+def test_a_healthy_run_replayed_gives_the_same_nothing(healthy):
+    job, _ = healthy
+    assert job.outcome() == NOTHING and job.replayed() == NOTHING
+
+
+# --- the ordinary life of a real job, and what is broken in it (issue 23) ------------------------------------
+
+NOTHING = Outcome(pages=(), evictions=(), restarts=(), incidents=(), others=())
+QUIET_S = 25.0  # past every detector's timeout on the worker's silence timer (fail-stop 4.5 s, hang 20 s)
+
+
+def quiet_for(job: LiveJob, seconds: float) -> None:
+    """Watch the run for `seconds`: no action and no incident may appear meanwhile."""
+    until = time.monotonic() + seconds
+
+    def still_quiet() -> bool:
+        assert job.actions() == [] and job.incidents() == [], job.outcome()
+        return time.monotonic() >= until
+
+    job.wait(still_quiet, seconds + 60.0, f"{seconds:g} s of quiet")
+
+
+def lifecycle(recs: list, event: str) -> list:
+    return [r for r in recs if r.kind == "lifecycle" and r.event == event]
+
+
+def same_when_replayed(job: LiveJob, live: Outcome, figures, started: float, **more) -> None:
+    """The live outcome, replayed from the recorded inputs; one row of the case's figures."""
+    replayed = job.replayed()
+    row = {"pages": live.pages, "evictions": live.evictions, "restarts": live.restarts,
+           "incidents": live.incidents, "wall_s": round(time.monotonic() - started, 1), **more}
+    print(f"\nlive {row}\nreplayed {replayed}")
+    for name, value in row.items():
+        figures(name, value if isinstance(value, float) else str(value))
+    figures("replay_same", replayed == live)
+    assert replayed == live
+
+
+def node_of(recs: list, rank: int) -> str:
+    """The node `rank` runs on, as the newest `job` record says."""
+    [*_, newest] = [r for r in recs if r.kind == "job"]
+    return newest.ranks[rank].node
+
+
+PAUSE_AT = 30
+
+
+@pytest.mark.parametrize("kind", ["pause", pytest.param("pause_announced", marks=pytest.mark.slow)])
+def test_a_job_wide_pause_of_45_s_pages_nobody_and_evicts_nobody(live, kind, fault_figures):
+    started = time.monotonic()
+    job = live(Fault(kind, step=PAUSE_AT), steps=PAUSE_AT + 30)
+    job.run_to_end(400.0)
+    job.caught_up()
+    recs = job.inputs()
+    first = {s.step: s.ts for s in recs if s.kind == "step" and s.rank == 0}
+    assert first[PAUSE_AT] - first[PAUSE_AT - 1] >= 45.0  # the job did stop stepping for 45 s
+    got = job.outcome()
+    assert (got.pages, got.evictions, got.restarts) == ((), (), ()) and job.attempts() == 1
+    if kind == "pause":  # unannounced: a stall of the whole job, nobody to blame; it closed by itself
+        assert got.incidents == (("stall", ()),), job.findings()
+        assert all(i["recovered_ts"] is not None for i in job.incidents())
+        assert set(got.others) <= {"collect_stacks"}
+    else:  # announced (client.pause): no hang at all
+        assert got == NOTHING, job.findings()
+        said = [r for r in lifecycle(recs, "pause") if abs(r.ts - first[PAUSE_AT - 1]) < 5.0]
+        assert {r.rank for r in said} == {0, 1, 2, 3}  # every rank said it (rank 0 also at its checkpoints)
+    same_when_replayed(job, got, fault_figures, started, pause_s=round(first[PAUSE_AT] - first[PAUSE_AT - 1], 1))
+
+
+def test_a_user_stop_and_a_start_again_with_the_same_job_id_is_nothing(live, fault_figures):
+    started = time.monotonic()
+    job = live(None, steps=60)
+    job.wait(lambda: job.newest_checkpoint() >= 20, 300.0, "checkpoint 20")
+    job.stop_controller()  # SIGTERM, as a user or a scheduler stops it
+    recs = job.inputs()
+    assert [(r.reason, r.source) for r in lifecycle(recs, "stop") if r.rank is None] == [("user", "controller")]
+    assert sorted(r.rank for r in lifecycle(recs, "stop") if r.rank is not None) == [0, 1, 2, 3]  # SIGTERM each
+    quiet_for(job, QUIET_S)  # silent on purpose, for longer than any detector waits
+    job.start_controller(60)  # the same job id, state and checkpoints
+    job.run_to_end(400.0)
+    job.caught_up()
+    [loaded] = [m for m in job.milestones(1) if m["event"] == "ckpt_loaded"]
+    assert loaded["step"] >= 20 and job.attempts() == 2
+    got = job.outcome()
+    assert got == NOTHING, job.findings()
+    same_when_replayed(job, got, fault_figures, started)
+
+
+def test_a_job_run_by_torchrun_alone_to_its_clean_end_is_nothing(live, fault_figures):
+    started = time.monotonic()
+    job = live(None, controller=False)
+    job.torchrun(40)
+    quiet_for(job, QUIET_S)
+    job.caught_up()
+    exits = [r for r in job.inputs() if r.kind == "framework" and r.type == "exit"]
+    assert sorted(r.rank for r in exits) == [0, 1, 2, 3]  # every rank said its clean exit; nobody said `end`
+    got = job.outcome()
+    assert got == NOTHING, job.findings()
+    same_when_replayed(job, got, fault_figures, started)
+
+
+@pytest.mark.slow
+def test_a_code_bug_crashing_every_attempt_is_restarted_at_most_twice_then_paged_naming_its_node(live,
+                                                                                                 fault_figures):
+    started = time.monotonic()
+    job = live(Fault("raise", step=25, rank=2))  # a bug of rank 2's code, wherever it runs
+    job.wait(lambda: job.outcome().pages != (), 600.0, "a page (escalate)")
+    paged = time.monotonic() - started
+    quiet_s = time.monotonic() + QUIET_S
+    job.wait(lambda: time.monotonic() >= quiet_s, QUIET_S + 60.0, "more actions after the page, if any")
+    job.caught_up()
+    recs = job.inputs()
+    node = node_of(recs, 2)
+    got = job.outcome()
+    assert got.pages == ((node,),) and got.evictions == (), (got, job.findings())
+    assert len(got.restarts) <= 2 and job.attempts() == 1 + len(got.restarts)
+    assert len(got.incidents) == 1, got.incidents  # every crash of the same bug is one incident
+    crashes = [r for r in recs if r.kind == "framework" and r.type == "exception" and r.rank == 2]
+    assert len(crashes) == job.attempts() and len({r.message for r in crashes}) == 1
+    same_when_replayed(job, got, fault_figures, started, paged_s=round(paged, 1), attempts=job.attempts())
+
+
+def test_a_rank_that_exits_0_alone_while_its_peers_train_is_its_node_s_failure(live, fault_figures):
+    started = time.monotonic()
+    job = live(Fault("exit0", step=25))  # n2's first rank calls sys.exit(0)
+
+    def named() -> list[dict]:
+        return [i for i in job.incidents() if i["culprit_nodes"] == ["n2"] and i["decided_ts"] is not None]
+
+    job.wait(lambda: bool(named()), DECIDED_WITHIN_S, "an incident naming n2, decided")
+    decided_s = time.monotonic() - started
+    if job.outcome().evictions:  # taken out: the job trains on without it
+        job.wait(lambda: all(i["recovered_ts"] is not None for i in named()), RECOVERED_WITHIN_S, "the recovery")
+    job.stop_controller()
+    job.caught_up()
+    got = job.outcome()
+    assert [c for _, c in got.incidents] == [("n2",)], (got, job.findings())
+    assert {n for _, nodes in got.evictions for n in nodes} <= {"n2"} and got.restarts == ()
+    assert {n for nodes in got.pages for n in nodes} <= {"n2"}
+    recs = job.inputs()
+    exits = [r for r in recs if r.kind == "framework" and r.type == "exit"]
+    assert [(node_of(recs[:recs.index(r)], r.rank), r.extra.get("code")) for r in exits] == [("n2", 0)]
+    same_when_replayed(job, got, fault_figures, started, decided_s=round(decided_s, 1))
