@@ -13,9 +13,24 @@ Every rank of a job is in one of four states:
   forgive one lost or late heartbeat (reporters beat from their own thread, so a
   long step or a GC pause delays a heartbeat, it does not stop them).
 - silent: reported missing; a newer record makes it live again.
-- exited: it sent an `exit` record, so its silence afterwards is expected, not news.
+- exited: it sent an `exit` record (or raised, or ran out of memory), so its silence afterwards is
+  expected, not news.
   An exit with a non-zero or unknown `code` is a fail-stop at once; a clean one
   (`code` 0, as every rank of a finished job sends) is no finding at all.
+
+A rank that says it stops (a `lifecycle` record: `stop`, `end`; the trainer client sends one when SIGTERM
+or SIGINT reaches it) counts as exited too, and so does every rank when the launcher or controller says the
+whole job stops, ends or restarts: a job stopped by its user, finished or restarted by its controller falls
+silent on purpose, which is nobody's fault.
+
+A clean exit is the job's end only if the job ends with it. One rank leaving with code 0 while its peers
+still train (a stray `sys.exit(0)`) is that rank's failure: once a peer reports losing a remote rank after it,
+or when, `end_window_s` after it, most of the job's ranks still run, it is a `fail_stop` of that rank
+(cause `exit`, "exited with code 0 while ... still ran").
+
+Before the job's first step nobody is evicted for silence alone: a rank that falls silent during start-up
+(a heartbeat held back on a loaded host, a slow import) is held until the start deadline unless its peers
+report losing it; a dead machine's own hardware events or a crash record speak for it meanwhile.
 
 When a rank dies outright (power, kernel panic, SIGKILL, the OOM killer) it says
 nothing; its peers' communicators fail within milliseconds and they raise errors
@@ -80,6 +95,7 @@ class FailStopConfig:
     grace_factor: float = 1.0  # extra periods (+ slack) to wait for the rest of a node before reporting part of it
     tick_s: float = 0.5  # the event-time grid timeouts are evaluated on
     start_timeout_s: float = 600.0  # every rank must have been heard from this long after the job record
+    end_window_s: float = 30.0  # a clean exit with most ranks still running this long after it: that rank failed
 
 
 def clean_exit(rec: Framework) -> bool:
@@ -182,7 +198,7 @@ class FailStopDetector:
     """Start-up, missed heartbeats and crashed processes of one job."""
 
     name: ClassVar[str] = "failstop"
-    kinds: ClassVar[frozenset[str]] = frozenset({"heartbeat", "step", "framework"})
+    kinds: ClassVar[frozenset[str]] = frozenset({"heartbeat", "step", "framework", "lifecycle"})
     finding_types: ClassVar[tuple[FindingType, ...]] = (FAIL_STOP, PEER_LOST_TYPE, MONITORING_GAP, START_TIMEOUT)
 
     def __init__(self, topo: Topology, config: FailStopConfig | None = None) -> None:
@@ -202,6 +218,10 @@ class FailStopDetector:
         self.start_checked = False
         self.peer_lost_ts = -math.inf  # the latest report of a rank that lost a remote peer
         self.lost_peer = np.zeros(topo.size, dtype=bool)  # ranks that reported losing a remote peer
+        self.crash_ts = np.full(topo.size, -np.inf)  # when a rank last raised or exited with a non-zero code
+        self.clean_ts = np.full(topo.size, np.nan)  # when a rank exited cleanly (NaN: it did not), until judged
+        self.exit_check = math.inf  # when the oldest clean exit not judged yet is judged
+        self.stepped = False  # a step of this run was seen: start-up is over
         self.next_tick = self._grid_at_or_after(self.start_deadline)
 
     def _grid_at_or_after(self, t: float) -> float:
@@ -219,9 +239,13 @@ class FailStopDetector:
     # --- observe --------------------------------------------------------------
 
     def observe(self, rec: Record) -> list[Finding]:
+        if rec.kind == "lifecycle":
+            return self._lifecycle(rec)
         rank = rec.rank
         if rank >= self.topo.size or rec.ts < self.topo.ts:
             return []  # not a rank of this job, or a record of the run before the job record
+        if rec.kind == "step" or (rec.kind == "heartbeat" and rec.step is not None):
+            self.stepped = True  # a heartbeat's `step` is the last one its rank finished
         peer_lost = rec.kind == "framework" and rec.type in _CRASH_TYPES and bool(PEER_LOST.search(rec.message or ""))
         if rec.kind == "framework" and (rec.type == "exit" or peer_lost):
             self.status[rank] = EXITED
@@ -231,13 +255,57 @@ class FailStopDetector:
         if peer_lost:
             self.peer_lost_ts = max(self.peer_lost_ts, rec.ts)
             self.lost_peer[rank] = True
-            return [PEER_LOST_TYPE.finding(
+            lost = [PEER_LOST_TYPE.finding(
                 ts=rec.ts, job=self.topo.job, detector="failstop.process", topo=self.topo, rank=rec.rank,
                 key=(rec.rank, "peer_lost", rec.ts), score=1.0,
                 evidence=PeerLoss(cause=rec.type, ranks=[rec.rank], message=(rec.message or "")[:500]))]
-        if rec.kind == "framework" and rec.type in _CRASH_TYPES and not clean_exit(rec):
+            return self._left_early(rec.ts, f"rank {rank} then lost a remote peer") + lost
+        if rec.kind == "framework" and rec.type in _CRASH_TYPES:
+            if clean_exit(rec):
+                if np.isnan(self.clean_ts[rank]):
+                    self.clean_ts[rank] = rec.ts
+                    self.exit_check = min(self.exit_check, rec.ts + self.config.end_window_s)
+                    self.next_tick = min(self.next_tick, self._grid_at_or_after(self.exit_check))
+                return []
+            self.crash_ts[rank] = max(self.crash_ts[rank], rec.ts)
+            self.status[rank] = EXITED  # the process is gone: its silence from now on is no more news
             return self._crash(rec)
         return []
+
+    def _lifecycle(self, rec: Record) -> list[Finding]:
+        """A rank (or, without a rank, the whole job) says it stops, ends or is restarted: its silence from
+        now on is expected. Any other lifecycle record of a rank is a sign of life."""
+        if rec.ts < self.topo.ts or (rec.rank is not None and rec.rank >= self.topo.size):
+            return []
+        if rec.event in ("stop", "end", "restart"):
+            if rec.rank is None:
+                self.status[:] = EXITED
+                np.maximum(self.last_seen, rec.ts, out=self.last_seen)
+            else:
+                self.status[rec.rank] = EXITED
+                self._heard(rec.rank, rec.ts)
+        elif rec.rank is not None:
+            self.beat(rec.rank, rec.ts)
+        return []
+
+    def _left_early(self, t: float, why: str) -> list[Finding]:
+        """The ranks that exited cleanly before `t` while the job went on without them: each a failure."""
+        left = np.flatnonzero(self.clean_ts <= t)
+        if not len(left):
+            return []
+        out = []
+        for r in left.tolist():
+            node = self.topo.node_of(r)
+            out.append(FAIL_STOP.finding(
+                ts=t, job=self.topo.job, detector="failstop.process", topo=self.topo, rank=r,
+                key=(r, "exit0", float(self.clean_ts[r])), score=1.0,
+                evidence=ProcessFailure(cause="exit", ranks=[r], message=(
+                    f"exited with code 0 at {self.clean_ts[r]:.3f} while the job went on without it ({why})"),
+                    node_ranks=len(self.topo.node_ranks.get(node, ())))))
+        self.clean_ts[left] = np.nan
+        pending = self.clean_ts[~np.isnan(self.clean_ts)]
+        self.exit_check = float(pending.min()) + self.config.end_window_s if len(pending) else math.inf
+        return out
 
     def beat(self, rank: int, ts: float) -> None:
         """A sign of life of a rank of this job (what `observe` does with a heartbeat or a step, from their
@@ -277,6 +345,7 @@ class FailStopDetector:
     def _next_event(self) -> float:
         live = self.status == LIVE
         silence = float(self.last_seen[live].min()) + self.timeout if live.any() else math.inf
+        silence = min(silence, self.exit_check)
         return silence if self.start_checked else min(silence, self.start_deadline)
 
     def _evaluate(self, t: float) -> list[Finding]:
@@ -285,17 +354,30 @@ class FailStopDetector:
             self.start_checked = True
             out += self._start_timeout(t)
         live = self.status == LIVE
+        if t >= self.exit_check:
+            running = int(live.sum())
+            if 2 * running > self.topo.size:  # most of the job still runs: the exit was no end
+                out += self._left_early(t, f"{running} of {self.topo.size} ranks still ran "
+                                           f"{self.config.end_window_s:g} s later")
+            else:
+                self.clean_ts[:] = np.nan  # the job is ending: those exits were its end
+                self.exit_check = math.inf
         deadline = self.last_seen + self.timeout
         missing = live & (deadline <= t)
         if not missing.any():
             return out
         peers_said = self.peer_lost_ts >= float(self.last_seen[missing].min())  # lost after these fell silent
+        if not self.stepped and not peers_said and t < self.start_deadline:
+            return out  # start-up: silence alone evicts nobody before the first step (held to the deadline)
         if float(self.last_seen.max()) + self.quiet <= t and not peers_said:  # nobody in the job spoke lately
             if (missing == live).all():
                 out.append(self._monitoring_gap(t, live))
             return out  # else hold: the rest of the job may be falling silent too
         alive = live & ~missing
         reporting = np.unique(self.topo.node_index[self.lost_peer]) if peers_said else np.empty(0, dtype=np.int64)
+        crashed = self.crash_ts > -np.inf
+        crash_at = {int(ni): float(self.crash_ts[crashed][self.topo.node_index[crashed] == ni].max())
+                    for ni in np.unique(self.topo.node_index[crashed])}  # node -> its ranks' latest crash
         silent = np.unique(self.topo.node_index[missing])
         # wordless nodes first, so a node torn down after a sibling's report sees them as silent
         for ni in sorted(silent, key=lambda ni: bool(np.isin(ni, reporting))):
@@ -304,16 +386,19 @@ class FailStopDetector:
             new = ranks[missing[ranks]]
             whole = not alive[ranks].any()
             torn = bool(np.isin(ni, reporting))
-            if (torn or not whole) and t < float(deadline[new].min()) + self.grace:
+            # a sibling crashed about when these fell silent: its launcher tore the node down
+            after_crash = abs(crash_at.get(int(ni), -np.inf) - float(self.last_seen[new].min())) <= self.timeout
+            if (torn or after_crash or not whole) and t < float(deadline[new].min()) + self.grace:
                 continue  # give its siblings (or, when torn down, the node that vanished) time to time out too
-            if torn and self._wordless_node_elsewhere(ni):
+            if after_crash or (torn and self._wordless_node_elsewhere(ni)):
                 self.status[new] = EXITED
                 out += [PEER_LOST_TYPE.finding(
                     ts=t, job=self.topo.job, detector="failstop.heartbeat", topo=self.topo, rank=int(r),
                     key=(int(r), "teardown", float(self.last_seen[r])), score=1.0,
                     evidence=PeerLoss(cause="teardown", ranks=[int(r)], message=(
-                        f"silent since {self.last_seen[r]:.3f} on {node}, where a sibling reported losing a remote "
-                        "peer: stopped by its launcher with the rest of its node"))) for r in new]
+                        f"silent since {self.last_seen[r]:.3f} on {node}, where a sibling "
+                        f"{'failed' if after_crash else 'reported losing a remote peer'}: stopped by its launcher "
+                        "with the rest of its node"))) for r in new]
                 continue
             self.status[new] = SILENT
             silent_since = float(self.last_seen[new].min())
@@ -368,6 +453,9 @@ class FailStopDetector:
                 "start_checked": self.start_checked,
                 "peer_lost_ts": None if math.isinf(self.peer_lost_ts) else self.peer_lost_ts,
                 "lost_peer": np.flatnonzero(self.lost_peer).tolist(),
+                "crashed": {str(r): float(self.crash_ts[r]) for r in np.flatnonzero(self.crash_ts > -np.inf)},
+                "clean": {str(r): float(self.clean_ts[r]) for r in np.flatnonzero(~np.isnan(self.clean_ts))},
+                "stepped": self.stepped,
                 "next_tick": None if math.isinf(self.next_tick) else self.next_tick}
 
     @classmethod
@@ -378,5 +466,12 @@ class FailStopDetector:
         det.start_checked = state["start_checked"]
         det.peer_lost_ts = -math.inf if state.get("peer_lost_ts") is None else state["peer_lost_ts"]
         det.lost_peer[state.get("lost_peer", [])] = True
+        for r, ts in state.get("crashed", {}).items():
+            det.crash_ts[int(r)] = ts
+        for r, ts in state.get("clean", {}).items():
+            det.clean_ts[int(r)] = ts
+        pending = det.clean_ts[~np.isnan(det.clean_ts)]
+        det.exit_check = float(pending.min()) + det.config.end_window_s if len(pending) else math.inf
+        det.stepped = state.get("stepped", True)  # a state saved before this existed: past start-up
         det.next_tick = math.inf if state["next_tick"] is None else state["next_tick"]
         return det

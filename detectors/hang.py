@@ -9,6 +9,12 @@ The finding names no culprit (every rank looks the same from outside); it
 lists the ranks lagging behind the newest step when they are a small minority,
 as a hint. Triage answers a hang with a stack and flight-recorder sweep.
 
+A known pause (a `lifecycle` `pause` of any rank, or of the whole job, until its `resume`: a synchronous
+checkpoint save, an evaluation pass) is no stall: the stall clock starts again when it ends. It is
+bounded, never trusted forever: a pause of a kind not seen before may last `pause_limit_s`; later ones
+`pause_factor` times the longest pause of that kind the job has had (as NVIDIA's resiliency extension sizes
+its section timeouts from observed sections); past that the job is hung.
+
 A job whose ranks exited (cleanly at its end, or crashing) after its last
 progress has stopped, not hung: fail-stop speaks for it, and no hang is reported
 until it makes progress again.
@@ -34,6 +40,8 @@ class HangConfig:
     window: int = 64  # recent step intervals kept
     warmup_steps: int = 5  # first intervals are not part of the baseline
     max_lagging_frac: float = 0.1  # lagging ranks are reported only when they are this small a minority
+    pause_limit_s: float = 600.0  # a known pause of a kind not seen before is a stall after this long ...
+    pause_factor: float = 3.0  # ... a later one after this many times the longest of its kind so far
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,11 +68,12 @@ class HangDetector:
     """Job-wide step progress of one job."""
 
     name: ClassVar[str] = "hang"
-    kinds: ClassVar[frozenset[str]] = frozenset({"step", "framework"})
+    kinds: ClassVar[frozenset[str]] = frozenset({"step", "framework", "lifecycle"})
     finding_types: ClassVar[tuple[FindingType, ...]] = (HANG,)
 
     def __init__(self, topo: Topology, config: HangConfig | None = None) -> None:
         self.config = config or HangConfig()
+        self.longest: dict[str, float] = {}  # what a pause was -> the longest one of it the job has had
         self._reset(topo)
 
     def _reset(self, topo: Topology) -> None:
@@ -76,12 +85,16 @@ class HangDetector:
         self.seen_intervals = 0
         self.reported = False
         self.stopped_ts = -np.inf  # the latest exit, exception or OOM of any rank
+        self.paused: dict[int, tuple[float, str]] = {}  # rank (-1: the job) -> (since, what) of known pauses
         self._threshold: tuple[object, float] = (None, 0.0)  # cache: (intervals version, threshold)
 
     def set_topology(self, topo: Topology) -> None:
-        self._reset(topo)
+        self._reset(topo)  # a restart keeps what the job's pauses take (`longest`)
 
     def observe(self, rec: Record) -> list[Finding]:
+        if rec.kind == "lifecycle":
+            self._lifecycle(rec)
+            return []
         if rec.rank >= self.topo.size:
             return []
         if rec.kind == "framework":
@@ -93,6 +106,25 @@ class HangDetector:
         if rec.step > self.max_step:
             self.progress(rec.step, rec.ts)
         return []
+
+    def _lifecycle(self, rec: Record) -> None:
+        if rec.rank is not None and rec.rank >= self.topo.size:
+            return
+        who = -1 if rec.rank is None else rec.rank
+        if rec.event == "pause":
+            self.paused.setdefault(who, (rec.ts, rec.reason or "pause"))
+        elif rec.event == "resume" and who in self.paused:
+            since, what = self.paused.pop(who)
+            self.longest[what] = max(self.longest.get(what, 0.0), round(rec.ts - since, 6))
+            if not self.paused:
+                self.progress_ts = max(self.progress_ts, rec.ts)  # the stall clock starts again
+        elif rec.event in ("stop", "end", "restart"):
+            self.stopped_ts = max(self.stopped_ts, rec.ts)
+
+    def pause_limit_s(self, what: str) -> float:
+        """How long a known pause of kind `what` may last before the job counts as hung."""
+        cfg, seen = self.config, self.longest.get(what)
+        return cfg.pause_limit_s if seen is None else max(cfg.min_stall_s, cfg.pause_factor * seen)
 
     def progress(self, step: int, ts: float) -> None:
         """A step past the newest one any rank finished, at `ts`: the job made progress."""
@@ -120,6 +152,9 @@ class HangDetector:
         if self.reported or self.max_step < 0 or self.stopped_ts >= self.progress_ts:
             return []
         threshold = self.threshold_s()
+        if self.paused:  # a known pause holds the stall clock, up to its limit
+            over = min(since + self.pause_limit_s(what) for since, what in self.paused.values())
+            threshold = max(threshold, over - self.progress_ts)
         if now < self.progress_ts + threshold:
             return []
         self.reported = True
@@ -139,7 +174,9 @@ class HangDetector:
         return {"config": asdict(self.config), "last_step": self.last_step.tolist(), "max_step": self.max_step,
                 "progress_ts": self.progress_ts, "intervals": list(self.intervals),
                 "seen_intervals": self.seen_intervals, "reported": self.reported,
-                "stopped_ts": None if np.isinf(self.stopped_ts) else self.stopped_ts}
+                "stopped_ts": None if np.isinf(self.stopped_ts) else self.stopped_ts,
+                "paused": [[r, since, what] for r, (since, what) in sorted(self.paused.items())],
+                "longest": dict(self.longest)}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> HangDetector:
@@ -151,4 +188,6 @@ class HangDetector:
         det.seen_intervals = state["seen_intervals"]
         det.reported = state["reported"]
         det.stopped_ts = -np.inf if state.get("stopped_ts") is None else state["stopped_ts"]
+        det.paused = {int(r): (since, what) for r, since, what in state.get("paused", [])}
+        det.longest = dict(state.get("longest", {}))
         return det

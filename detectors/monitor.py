@@ -95,14 +95,19 @@ def _failstop_run(det: FailStopDetector, run: RecordRun) -> list[tuple[int, list
     """Heartbeats and steps of ranks not exited nor silent, none of them due before the next tick: each only
     makes its rank live and moves its last-seen time forward (`observe` gives no finding and schedules nothing
     sooner for them). Otherwise `beat` on each in turn (what `observe` does with them); a run with a
-    framework record goes through `observe`, record by record."""
-    if "framework" in run.by_kind:
+    framework or lifecycle record goes through `observe`, record by record."""
+    if "framework" in run.by_kind or "lifecycle" in run.by_kind:
         return observe_each(det, run)
     rank, ts = _ranks_and_times(run, det.kinds)
     ok = (rank < det.topo.size) & (ts >= det.topo.ts)
     rank, ts = rank[ok], ts[ok]
     if rank.size == 0:
         return []
+    if not det.stepped:  # start-up lasts until a step of this run (or a heartbeat that names its rank's last one)
+        cols = run.steps() if "step" in run.by_kind else None
+        det.stepped = (cols is not None and bool(((cols.rank < det.topo.size) & (cols.ts >= det.topo.ts)).any())) \
+            or any(run.recs[i].step is not None and run.recs[i].ts >= det.topo.ts
+                   for i in run.by_kind.get("heartbeat", ()))
     status = det.status[rank]
     if not ((status == LIVE) | (status == NOT_STARTED)).all() or float((ts + det.timeout).min()) < det.next_tick:
         beat = det.beat

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from gangwatch.detectors.failstop import FailStopDetector
 from gangwatch.detectors.topology import Topology
-from gangwatch.schemas import Framework, Heartbeat, Job, Outputs, RankInfo, Step
+from gangwatch.schemas import Framework, Heartbeat, Job, Lifecycle, Outputs, RankInfo, Step
 from gangwatch.triage.engine import Core
 
 from tests.helpers import drive
@@ -31,16 +31,18 @@ def topo(**kw) -> Topology:
 
 def beats(t: Topology, until: float, dead_nodes=(), dead_at=INF, up=None, start=T0, steps=False):
     """Every rank's heartbeats each period, staggered, from `start` (or from `up[rank]`, when it is up)
-    until `until`; the ranks of `dead_nodes` stop at `dead_at`. With `steps`, a step record per beat too."""
-    out, k = [], 0
+    until `until`; the ranks of `dead_nodes` stop at `dead_at`. With `steps`, a step record per beat too;
+    without, one with each rank's first beat (start-up is over: silence is news from then on)."""
+    out, k, stepped = [], 0, set()
     while start + k * HB <= until:
         for r in t.ranks:
             ts = start + k * HB + (r.rank * 0.37) % HB
             if ts > until or (r.node in dead_nodes and ts >= dead_at) or (up and ts < up.get(r.rank, INF)):
                 continue
             out.append(Heartbeat(ts=ts, job="j", rank=r.rank))
-            if steps:
+            if steps or r.rank not in stepped:
                 out.append(Step(ts=ts, job="j", rank=r.rank, step=k, step_s=1.0))
+                stepped.add(r.rank)
         k += 1
     return sorted(out, key=lambda h: h.ts)
 
@@ -295,6 +297,27 @@ def exits(t: Topology, ts: float, **extra):
     return [Framework(ts=ts + 0.01 * r, job="j", rank=r, type="exit", extra=extra) for r in range(t.size)]
 
 
+def test_a_lone_clean_exit_while_the_job_trains_on_is_that_ranks_failure():
+    t = topo(nodes=3, per_node=2)
+    recs = beats(t, T0 + 200, steps=True)
+    out = sorted(recs + [Framework(ts=T0 + 50.2, job="j", rank=3, type="exit", extra={"code": 0})], key=lambda r: r.ts)
+    [f] = drive(FailStopDetector(t), [r for r in out if not (r.rank == 3 and r.ts > T0 + 50.2)])
+    assert (f.type, f.rank, f.node, f.evidence["cause"]) == ("fail_stop", 3, "n001", "exit")
+    assert "code 0" in f.evidence["message"] and T0 + 80 <= f.ts <= T0 + 81  # end_window_s (30 s) later
+
+
+def test_a_clean_exit_its_peers_then_lose_is_that_ranks_failure_at_once():
+    t = topo(nodes=3, per_node=2)
+    recs = [r for r in beats(t, T0 + 50, steps=True)] + [
+        Framework(ts=T0 + 50.2, job="j", rank=3, type="exit", extra={"code": 0}),
+        Framework(ts=T0 + 50.3, job="j", rank=0, type="exception",
+                  message="RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:29500")]
+    found = drive(FailStopDetector(t), sorted(recs, key=lambda r: r.ts))
+    assert [(f.type, f.rank, f.evidence["cause"]) for f in found] == [("fail_stop", 3, "exit"),
+                                                                     ("peer_lost", 0, "exception")]
+    assert found[0].ts == T0 + 50.3
+
+
 def test_every_rank_exiting_cleanly_is_the_end_of_the_job():
     t = topo()
     recs = beats(t, T0 + 100) + exits(t, T0 + 100.5, code=0)
@@ -315,7 +338,9 @@ def test_an_exited_rank_is_watched_again_only_as_a_new_process():
     drive(det, recs)
     det.observe(Framework(ts=T0 + 50.2, job="j", rank=3, type="exit", extra={"code": 0}))
     det.observe(Heartbeat(ts=T0 + 50.4, job="j", rank=3))  # its heartbeat thread's last word
-    assert drive(det, [h for h in beats(t, T0 + 120) if h.ts > T0 + 50 and h.rank != 3]) == []
+    # its silence is no news, but leaving while the others train on is its failure (no heartbeat loss)
+    left = drive(det, [h for h in beats(t, T0 + 120) if h.ts > T0 + 50 and h.rank != 3])
+    assert [(f.type, f.evidence["cause"], f.evidence["ranks"]) for f in left] == [("fail_stop", "exit", [3])]
     det.observe(Heartbeat(ts=T0 + 130, job="j", rank=3))  # started again in place
     found = drive(det, [h for h in beats(t, T0 + 160) if h.ts > T0 + 130 and h.rank != 3])
     assert [(f.type, f.evidence["ranks"]) for f in found] == [("fail_stop", [3])]
@@ -341,3 +366,51 @@ def test_new_topology_resets_ranks():
     drive(det, beats(t, T0 + 20))
     det.set_topology(topo(nodes=3, per_node=2, ts=T0 + 30))
     assert det.last_seen.shape == (6,) and not det.status.any()
+
+
+# --- the ordinary life of a job -------------------------------------------------------------------
+
+
+def _no_steps(recs):
+    return [r for r in recs if r.kind != "step"]
+
+
+def test_before_the_first_step_a_silent_rank_is_held_to_the_start_deadline():
+    """A heartbeat held back on a loaded host during start-up (imports, data loading) evicts nobody; the same
+    silence after the first step is a fail-stop."""
+    t = topo(nodes=3, per_node=2)
+    recs = [r for r in _no_steps(beats(t, T0 + 300)) if not (r.rank == 4 and T0 + 40 < r.ts < T0 + 200)]
+    assert drive(FailStopDetector(t), recs) == []
+    stepping = [r for r in beats(t, T0 + 300) if not (r.rank == 4 and T0 + 40 < r.ts < T0 + 200)]
+    assert [(f.type, f.evidence["ranks"]) for f in drive(FailStopDetector(t), stepping)] == [("fail_stop", [4])]
+
+
+def test_a_rank_silent_through_start_up_is_reported_at_the_start_deadline_or_when_its_peers_lose_it():
+    t = topo(nodes=3, per_node=2)
+    silent = [r for r in _no_steps(beats(t, T0 + 700)) if not (r.rank == 4 and r.ts > T0 + 40)]
+    [f] = drive(FailStopDetector(t), silent)
+    assert (f.type, f.evidence["ranks"]) == ("fail_stop", [4]) and T0 + 600 <= f.ts <= T0 + 601
+    lost = Framework(ts=T0 + 60.0, job="j", rank=0, type="exception", message="Connection reset by peer")
+    found = drive(FailStopDetector(t), sorted([r for r in silent if r.ts < T0 + 100] + [lost], key=lambda r: r.ts))
+    assert ("fail_stop", [4]) in [(f.type, f.evidence["ranks"]) for f in found]
+
+
+@pytest.mark.parametrize("who", ["every rank", "the job"])
+def test_a_job_stopped_on_purpose_falls_silent_with_no_finding(who):
+    t = topo(nodes=3, per_node=2)
+    recs = beats(t, T0 + 100, steps=True)
+    if who == "every rank":  # each rank's SIGTERM handler said so
+        recs += [Lifecycle(ts=T0 + 100.2 + 0.01 * r, job="j", rank=r, event="stop", reason="SIGTERM")
+                 for r in range(t.size)]
+    else:  # the launcher or controller said so
+        recs.append(Lifecycle(ts=T0 + 100.2, job="j", event="stop", reason="user", source="controller"))
+    assert drive(FailStopDetector(t), recs, tail=600.0) == []
+
+
+def test_a_crashed_ranks_siblings_torn_down_by_their_launcher_are_no_node_fault():
+    t = topo(nodes=3, per_node=2)
+    recs = [r for r in beats(t, T0 + 100, steps=True) if not (r.rank in (2, 3) and r.ts > T0 + 50)]
+    recs += [Framework(ts=T0 + 50.1, job="j", rank=2, type="exception", message="RuntimeError: bad batch")]
+    found = drive(FailStopDetector(t), sorted(recs, key=lambda r: r.ts))
+    assert [(f.type, f.rank, f.evidence["cause"]) for f in found] == [("fail_stop", 2, "exception"),
+                                                                     ("peer_lost", 3, "teardown")]

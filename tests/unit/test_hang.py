@@ -7,7 +7,7 @@ import json
 import pytest
 from gangwatch.detectors.hang import HangDetector
 from gangwatch.detectors.topology import Topology
-from gangwatch.schemas import Framework, Job, RankInfo, Step
+from gangwatch.schemas import Framework, Job, Lifecycle, RankInfo, Step
 
 pytestmark = pytest.mark.unit
 
@@ -210,3 +210,41 @@ def test_a_job_whose_ranks_stopped_after_their_last_step_is_not_hung(how) -> Non
     assert run(det, [*recs, *stops], until=end + 300) == []
     more, end2 = steps(51, 60, end + 400)
     assert [f.type for f in run(det, more, until=end2 + 2000)] == ["hang"]
+
+
+# --- known pauses ----------------------------------------------------------------------------------
+
+
+def _paused(first_pause_s: float, reason="checkpoint", rank=0):
+    """100 steps at 1 s, then a known pause of `first_pause_s` on `rank` (None: the job), then 50 more steps."""
+    before, t = steps(0, 100, T0)
+    pause = Lifecycle(ts=t + 0.1, job="j", rank=rank, event="pause", reason=reason)
+    resume = Lifecycle(ts=t + 0.1 + first_pause_s, job="j", rank=rank, event="resume", reason=reason)
+    after, end = steps(101, 150, t + 0.1 + first_pause_s)
+    return [*before, pause, resume, *after], pause, end
+
+
+@pytest.mark.parametrize("rank", [0, None])
+def test_a_known_pause_is_no_hang_however_long_it_is_within_its_limit(rank):
+    recs, _, end = _paused(300.0, rank=rank)  # five minutes of checkpoint: 15x the stall threshold
+    assert run(HangDetector(topo()), recs, until=end + 5) == []
+
+
+def test_a_known_pause_that_never_ends_is_a_hang_at_its_limit():
+    recs, pause, _ = _paused(10.0)
+    det = HangDetector(topo())
+    cut = [r for r in recs if r.ts <= pause.ts]  # the resume never comes
+    [f] = run(det, cut, until=pause.ts + 700)
+    assert f.type == "hang" and abs(f.ts - (pause.ts + 600.0)) <= 1.0  # pause_limit_s for a first pause
+
+
+def test_a_pause_limit_is_learned_from_the_jobs_own_pauses():
+    """After a 40 s checkpoint, the next one may last 3 x 40 s, not the first pause's 600 s."""
+    recs, pause, end = _paused(40.0)
+    det = HangDetector(topo())
+    assert run(det, recs, until=end + 1) == []
+    assert det.pause_limit_s("checkpoint") == 120.0 and det.pause_limit_s("eval") == 600.0
+    second = Lifecycle(ts=end + 0.5, job="j", rank=0, event="pause", reason="checkpoint")
+    clone = HangDetector.from_state(json.loads(json.dumps(det.state())), topo())
+    [f] = run(clone, [second], until=end + 200)
+    assert abs(f.ts - (second.ts + 120.0)) <= 1.0
