@@ -16,10 +16,14 @@ None, and never refer to a class or function. So the unpickler admits *no*
 global at all: a pickle that names any callable (``os.system``, ``builtins.open``,
 a custom class) is rejected before anything is called.
 
-Real dumps do not always key `pg_config` and `pg_status` alike (Gloo's default
-group has an empty name in `pg_config` and "0" in `pg_status`); the mapping
-pairs them, and takes a group's description from its entries when the config
-has none.
+Real dumps do not key `pg_config` and `pg_status` alike: PyTorch keys `pg_status`
+by the recorder's `pg_id` (a group's uid on that rank), `pg_config` and the
+entries by the group's name (Gloo's default group: "" in `pg_config`, "0" in
+`pg_status` and the entries; a Megatron rank's TP group: "35" in `pg_config`,
+"5" in `pg_status`). Each status key is named by the entries (`pg_id` ->
+`process_group[0]`), else by pairing the sorted status keys with the sorted
+config names when that agrees with the entries (`_status_names`); a group's
+description comes from its entries when the config has none.
 """
 
 from __future__ import annotations
@@ -226,17 +230,87 @@ def _entry(e: dict[str, Any]) -> dict[str, Any] | None:
     return out
 
 
-def _groups(dump: dict[str, Any], entry_desc: dict[str, str]) -> list[dict[str, Any]]:
+_UINT_RE = re.compile(r"[0-9]+")
+
+
+def _entry_pg_names(raw_entries: list[Any]) -> dict[str, str]:
+    """The recorder's `pg_id` of each process group this rank's entries name, to that group's name
+    (`process_group[0]`); an id seen with two names is left out."""
+    seen: dict[str, set[str]] = {}
+    for e in raw_entries:
+        if not isinstance(e, dict):
+            continue
+        pid, pg = e.get("pg_id"), e.get("process_group")
+        if type(pid) in (int, str) and isinstance(pg, (list, tuple)) and pg:
+            seen.setdefault(str(pid)[:_ID_MAX], set()).add(str(pg[0])[:_ID_MAX])
+    return {pid: next(iter(names)) for pid, names in seen.items() if len(names) == 1}
+
+
+def _status_names(keys: list[str], names: list[str], by_id: dict[str, str]) -> dict[str, str]:
+    """The group name of each `pg_status` key; a key that cannot be named is left out.
+
+    PyTorch keys `pg_status` by the recorder's `pg_id` (the process group's uid on this rank, counted per
+    rank), while `pg_config` and the entries' `process_group` use the group's name (global across ranks): in
+    NVIDIA's Megatron dumps (FR 2.9) rank 0's TP group is status "5" and config "35", and "5" on rank 2 is
+    another group. So, in this order:
+
+    1. an entry that carries both gives the key's name (its `pg_id` -> `process_group[0]`);
+    2. when status and config hold as many groups and all their keys are integers, the i-th smallest status
+       key is the i-th smallest config name (uids and names both count up in creation order), provided this
+       agrees with every pair the entries gave;
+    3. a key that is itself a config name not yet claimed is that group, when nothing showed an id unlike
+       its name (ids equal to the names: one group per rank, or a job that made every group on every rank);
+       in a dump keyed by local ids only "0" is, the default group, made first on every rank;
+    4. one key left and one config name left: each other;
+    5. any other key is its own name when nothing showed an id unlike its name; in a dump keyed by local ids
+       it names no group and is dropped: its counters would form a group without members that means
+       something else on every rank.
+    """
+    out = {k: by_id[k] for k in keys if k in by_id}
+    taken = set(out.values())
+    if len(taken) < len(out):  # two ids claim one name: trust neither
+        dup = {n for n in taken if sum(v == n for v in out.values()) > 1}
+        out = {k: n for k, n in out.items() if n not in dup}
+        taken -= dup
+    id_keyed = any(k != n for k, n in out.items())
+    if (len(keys) == len(names) and all(_UINT_RE.fullmatch(x) for x in keys + names)
+            and len(out) < len(keys)):
+        pos = dict(zip(sorted(keys, key=int), sorted(names, key=int), strict=True))
+        if all(pos[k] == n for k, n in out.items()):
+            for k in keys:
+                if k not in out and pos[k] not in taken:
+                    out[k] = pos[k]
+                    taken.add(pos[k])
+                    id_keyed = id_keyed or k != pos[k]
+    for k in keys:
+        if k not in out and k in names and k not in taken and (not id_keyed or k == "0"):
+            out[k] = k
+            taken.add(k)
+    left = [k for k in keys if k not in out]
+    free = [n for n in names if n not in taken]
+    if len(left) == 1 and len(free) == 1:
+        out[left[0]] = free[0]
+    elif not id_keyed:
+        out.update((k, k) for k in left if k not in taken)
+    return out
+
+
+def _groups(dump: dict[str, Any], entry_desc: dict[str, str], by_id: dict[str, str]) -> list[dict[str, Any]]:
     status = dump.get("pg_status") if isinstance(dump.get("pg_status"), dict) else {}
     config = dump.get("pg_config") if isinstance(dump.get("pg_config"), dict) else {}
-    status = {str(k): v for k, v in status.items() if isinstance(v, dict)}
+    status = {str(k)[:_ID_MAX]: v for k, v in status.items() if isinstance(v, dict)}
+    named = [next((str(n)[:_ID_MAX] for n in (key, cfg.get("name")) if n not in (None, "")), None)
+             for key, cfg in config.items() if isinstance(cfg, dict)]
+    names = list(dict.fromkeys(n for n in named if n is not None))
+    to_name = _status_names(list(status), names, by_id)
+    status = {to_name[k]: v for k, v in status.items() if k in to_name}
     # pair each config item with a pg name: its key or its `name`, else the one status name left
     configs: dict[str, dict[str, Any]] = {}
     unnamed: list[dict[str, Any]] = []
     for key, cfg in config.items():
         if not isinstance(cfg, dict):
             continue
-        names = [str(n) for n in (key, cfg.get("name")) if n not in (None, "")]
+        names = [str(n)[:_ID_MAX] for n in (key, cfg.get("name")) if n not in (None, "")]
         hit = next((n for n in names if n in status), None) or (names[0] if names else None)
         if hit is None:
             unnamed.append(cfg)
@@ -286,7 +360,7 @@ def to_flight_record(
     entries = [x for x in map(_entry, raw_entries[-max_entries:] if max_entries > 0 else []) if x is not None]
     rec: dict[str, Any] = {
         "kind": "flight", "v": 1, "ts": float(ts), "job": job, "rank": int(rank), "snapshot": snapshot,
-        "groups": _groups(dump, entry_desc), "entries": entries,
+        "groups": _groups(dump, entry_desc, _entry_pg_names(raw_entries)), "entries": entries,
     }
     version = dump.get("version")
     if isinstance(version, str):
