@@ -22,6 +22,7 @@ DETECTORS = (
     "gangwatch.detectors.stacks:StackDetector",
     "gangwatch.detectors.flight:FlightDetector",
     "gangwatch.detectors.linkerrors:LinkErrorDetector",
+    "gangwatch.detectors.life:JobLifeDetector",
 )
 
 REGISTRY = Registry.load(DETECTORS)

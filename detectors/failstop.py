@@ -162,6 +162,17 @@ class StartTimeout(Evidence):
     start_timeout_s: float
 
 
+_VOLATILE = re.compile(r"0x[0-9a-f]+|\d+(?:\.\d+)?", re.IGNORECASE)  # addresses, counts, steps, times, ports
+
+
+def failure_signature(ev: ProcessFailure, rank: int | None) -> str:
+    """What a software failure looks like wherever it recurs: its cause, its rank and its message with the
+    numbers taken out ("RuntimeError: bad value at step 1234 (0x7f..)" -> "runtimeerror: bad value at step #
+    (#)"), so the same bug after a restart has the same signature."""
+    words = " ".join(_VOLATILE.sub("#", ev.message.lower()).split())[:200]
+    return f"{ev.cause}|rank {rank}|{words}"
+
+
 def _fail_stop_weight(f: Finding, ev: ProcessFailure | HeartbeatLoss) -> float:
     if isinstance(ev, HeartbeatLoss):
         return 0.9 if ev.whole_node else 0.7
@@ -183,7 +194,8 @@ def _monitoring_gap_says(f: Finding, ev: MonitoringGap) -> str:
 
 FAIL_STOP = FindingType("fail_stop", (ProcessFailure, HeartbeatLoss), Policy(
     incident="fail_stop", verdict=lambda f, ev: ev.cause == "heartbeat", node_level=True, weight=_fail_stop_weight,
-    risk=0.8, onset="last_seen_ts", software=lambda f, ev: ev.cause in _CRASH_TYPES))
+    risk=0.8, onset="last_seen_ts", software=lambda f, ev: ev.cause in _CRASH_TYPES,
+    signature=lambda f, ev: failure_signature(ev, f.rank) if isinstance(ev, ProcessFailure) else None))
 # facts about the whole job: never evidence against a node, escalated to a human with what they mean; a node
 # whose ranks never started is mildly suspect, a monitoring gap is the job's, never a node's
 # a victim's report joins the fail-stop of the node that vanished; it points at no node (the reporter is fine)

@@ -72,6 +72,10 @@ class Policy:
     `root_cause`: a sweep's result that names a root cause on its own (nothing it waits for is itself a
     suspect): several of them are several culprits, each named, not one culprit somewhere in a group.
     `suspects`: weak suspects `(ranks, nodes)`, used only when nothing else names a culprit.
+    `signature`: a software failure's signature (cause, rank, message without its numbers): the same one
+    recurring after a restart with no progress is a crash loop, one incident.
+    `job_state`: the state of the job's life it reports (`detectors.life`): no fault, never gathered as
+    evidence; triage keeps it to know when the job's silence is expected.
     `grade`: a finer grade kept in the node profile (hardware severity). `label`: how an incident's summary
     names it (default: the type).
     """
@@ -93,6 +97,8 @@ class Policy:
     explains_slow: Rule = False
     root_cause: Rule = False
     suspects: Rule | None = None
+    signature: Rule | None = None
+    job_state: Rule | None = None
     grade: Rule | None = None
     label: Rule | None = None
     describe: Rule | None = None
@@ -195,6 +201,16 @@ class Typed:
     @property
     def suspects(self) -> tuple[list[int], list[str]] | None:
         rule = self.policy.suspects
+        return None if rule is None else self._ask(rule)
+
+    @property
+    def signature(self) -> str | None:
+        rule = self.policy.signature
+        return None if rule is None else self._ask(rule)
+
+    @property
+    def job_state(self) -> str | None:
+        rule = self.policy.job_state
         return None if rule is None else self._ask(rule)
 
     @property

@@ -33,5 +33,6 @@ __all__ = [
     "DecodeError", "decode", "decode_obj", "encode", "encode_batch", "to_dict",
     "DeadLetter", "Outputs", "ProfileSnapshot", "EVICTING_ACTIONS", "RESTARTING_ACTIONS",
     "INPUT_KINDS", "KINDS", "OUTPUT_KINDS", "Action", "Finding", "FlightEntry", "FlightGroup", "Flight", "Frame",
-    "Framework", "Gpu", "Heartbeat", "Hw", "Incident", "Job", "Lifecycle", "Ops", "RankInfo", "Record", "Recovery", "Stack", "Step",
+    "Framework", "Gpu", "Heartbeat", "Hw", "Incident", "Job", "Lifecycle", "Ops", "RankInfo", "Record", "Recovery",
+    "Stack", "Step",
 ]

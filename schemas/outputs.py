@@ -106,6 +106,7 @@ class Outputs:
     incidents: list[Incident] = field(default_factory=list)
     rejected: list[DecodeError] = field(default_factory=list)  # the runtime adds where they came from
     profiles: list[ProfileSnapshot] = field(default_factory=list)  # node profiles that changed
+    life: list[Finding] = field(default_factory=list)  # the job's life: `job_state` findings, kept apart from faults
 
     def extend(self, other: Outputs) -> None:
         self.findings += other.findings
@@ -113,6 +114,7 @@ class Outputs:
         self.incidents += other.incidents
         self.rejected += other.rejected
         self.profiles += other.profiles
+        self.life += other.life
 
     def __bool__(self) -> bool:
-        return bool(self.findings or self.actions or self.incidents or self.rejected or self.profiles)
+        return bool(self.findings or self.actions or self.incidents or self.rejected or self.profiles or self.life)

@@ -1,4 +1,4 @@
-"""JSONL outputs: findings, actions, incidents and rejected messages, one file each."""
+"""JSONL outputs: findings, actions, incidents, the jobs' lives and rejected messages, one file each."""
 
 from __future__ import annotations
 
@@ -8,16 +8,18 @@ from gangwatch.schemas import DeadLetter, Outputs, Record, encode
 
 
 class JsonlSink:
-    """Writes `findings.jsonl`, `actions.jsonl`, `incidents.jsonl` and `rejected.jsonl` into a directory."""
+    """Writes `findings.jsonl`, `actions.jsonl`, `incidents.jsonl`, `jobs.jsonl` (each job's life: one
+    `job_state` finding per move) and `rejected.jsonl` into a directory."""
 
     def __init__(self, out_dir: Path, *, append: bool = False) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         mode = "ab" if append else "wb"
         self._files = {k: open(out_dir / f"{k}.jsonl", mode) for k in ("findings", "actions", "incidents",
-                                                                         "rejected")}
+                                                                         "jobs", "rejected")}
 
     def write(self, out: Outputs) -> None:
-        for name, recs in (("findings", out.findings), ("actions", out.actions), ("incidents", out.incidents)):
+        for name, recs in (("findings", out.findings), ("actions", out.actions), ("incidents", out.incidents),
+                           ("jobs", out.life)):
             fh = self._files[name]
             for rec in recs:
                 fh.write(encode(rec) + b"\n")

@@ -50,6 +50,12 @@ CREATE TABLE IF NOT EXISTS {db}gw_telemetry (
     comm_wait_s Nullable(Float64), data_wait_s Nullable(Float64), loss Nullable(Float64),
     grad_norm Nullable(Float64), payload String
 ) ENGINE = MergeTree PARTITION BY toYYYYMMDD(event_time) ORDER BY (job, kind, event_time)""",
+    # each job's life: one row per move (detectors/life.py), the job's state from `ts` on
+    "gw_jobs": """
+CREATE TABLE IF NOT EXISTS {db}gw_jobs (
+    id String, ts Float64, event_time DateTime, job String, state String, previous String, cause String,
+    ended_ranks Int64, job_ranks Int64
+) ENGINE = ReplacingMergeTree PARTITION BY toYYYYMM(event_time) ORDER BY (job, ts, id)""",
     "gw_node_profiles": """
 CREATE TABLE IF NOT EXISTS {db}gw_node_profiles (
     job String, node String, ts Float64, event_time DateTime, version UInt64, risk Float64,
@@ -118,6 +124,14 @@ def finding_row(f: Finding) -> dict[str, Any]:
     return {"id": f.id, "ts": f.ts, "event_time": _dt(f.ts), "job": f.job, "type": f.type, "detector": f.detector,
             "rank": f.rank, "node": f.node or "", "gpu": _int32(f.gpu), "score": _num(f.score),
             "evidence": orjson.dumps(f.evidence, option=orjson.OPT_SORT_KEYS).decode()}
+
+
+def job_row(f: Finding) -> dict[str, Any]:
+    """A `job_state` finding: the job moved to `state`."""
+    ev = f.evidence
+    return {"id": f.id, "ts": f.ts, "event_time": _dt(f.ts), "job": f.job, "state": ev["state"],
+            "previous": ev.get("previous") or "", "cause": ev.get("cause", ""),
+            "ended_ranks": int(ev.get("ended_ranks", 0)), "job_ranks": int(ev.get("job_ranks", 0))}
 
 
 def action_row(a: Action) -> dict[str, Any]:

@@ -403,7 +403,8 @@ class JobRunner:
         for topic, recs in ((t.findings, out.findings), (t.actions, out.actions), (t.incidents, out.incidents)):
             for rec in recs:
                 res.sends.append(Send(topic, key, encode(rec)))
-        res.outputs.extend(Outputs(out.findings, out.actions, out.incidents, profiles=out.profiles))  # rejects apart
+        res.outputs.extend(Outputs(out.findings, out.actions, out.incidents, profiles=out.profiles,
+                                   life=out.life))  # rejects apart
         for err in out.rejected:
             if it is not None:
                 reject(res, err, it.msg, it.ts, t.dlq, "core")

@@ -37,6 +37,8 @@ class TriageConfig:
     safety: Safety = field(default_factory=Safety)
     settle_s: float = 5.0  # wait this long after detection for the rest of a fail-stop to show
     hang_collect_s: float = 90.0  # after a hang, wait at most this long for stacks / flight dumps
+    stall_budget_s: float = 300.0  # a job-wide stall with no culprit pages only if it lasts this long from its onset
+    crash_loop_restarts: int = 2  # the same software failure after this many restarts with no progress: escalate
     confidence: float = 0.5  # a node is a culprit from this fused confidence on
     spares: int | None = None  # hot spares per job (None: unlimited)
     replace_cost_s: float = 120.0  # job time lost to a hot replacement

@@ -9,6 +9,7 @@ cost (domain.md):
 | SDC with a suspect node                     | rollback + isolate + dual_run   | hot / cold |
 | SDC with numeric corroboration only         | rollback + escalate             | manual     |
 | never started / all silent, no culprit      | escalate (saying which)         | manual     |
+| job-wide stall, no culprit, past its budget | escalate (saying how long)      | manual     |
 | no culprit, or confidence below threshold   | escalate                        | manual     |
 | evidence narrowed to a group, not a node    | evict_group                     | hot / cold |
 | fail-slow whose true gain is below its cost | degrade (keep running, watch)   | non_stop   |
@@ -58,6 +59,8 @@ class Situation:
     replace: bool | None = None  # ... the joint plan's answer (None: this straggler's gain against its cost)
     where: str = ""  # ... what its culprits share, said after their names (" under switch sw02")
     software_ranks: tuple[int, ...] = ()  # ranks whose process exited / raised, without hardware evidence
+    software_nodes: tuple[str, ...] = ()  # ... and their nodes (named in the action; never evicted for it)
+    stalled_s: float = 0.0  # a job-wide stall: how long the job has made no progress
     numeric_only: bool = False  # SDC suspected from loss / grad-norm only
     job_level: tuple[str, ...] = ()  # what job-level findings (start-up timeouts, monitoring gaps) say, for a human
     summary: str = ""  # one line of what happened, for reasons
@@ -94,6 +97,10 @@ def decide(s: Situation) -> list[Decision]:
                          f"{loc.innocent_nodes} presumably healthy nodes")]
     if s.software_ranks and not culprits:
         return _software(s)
+    if s.cls == "stall" and not culprits:
+        return [Decision("escalate", (), "manual",
+                         f"{s.summary}; job-wide stall: no step progress for {s.stalled_s:.0f} s and no culprit "
+                         "(every rank looks alike): a human must look")]
     if s.job_level and not culprits:  # a job that never fully started or went silent whole: nobody to evict
         return [Decision("escalate", (), "manual", f"{s.summary}; {'; '.join(s.job_level)}")]
     if not culprits or loc.confidence < s.threshold:
@@ -173,7 +180,8 @@ def straggler_plan(costs: Sequence[float], floor: float, horizon_s: float,
 def _software(s: Situation) -> list[Decision]:
     ranks = sorted(set(s.software_ranks))
     if len(ranks) == 1:
-        return [Decision("restart_in_process", (), "in_process",
-                         f"{s.summary}; rank {ranks[0]} failed in software with no hardware evidence: "
+        where = f" on {', '.join(s.software_nodes)}" if s.software_nodes else ""
+        return [Decision("restart_in_process", tuple(s.software_nodes), "in_process",
+                         f"{s.summary}; rank {ranks[0]}{where} failed in software with no hardware evidence: "
                          "restart it in place")]
     return [Decision("requeue", (), "cold", f"{s.summary}; {len(ranks)} ranks failed in software: full requeue")]

@@ -9,7 +9,7 @@ from gangwatch.schemas import Incident
 from gangwatch.triage.config import Budgets
 
 # Class precedence when evidence of several kinds joins one incident.
-CLASS_RANK = {"sdc": 5, "fail_stop": 4, "hang": 3, "fail_slow": 2, "unknown": 1, "planned": 6}
+CLASS_RANK = {"sdc": 5, "fail_stop": 4, "hang": 3, "stall": 3, "fail_slow": 2, "unknown": 1, "planned": 6}
 _PHASE_FIELD = {"replaced": "replaced_ts", "ckpt_loaded": "ckpt_loaded_ts", "comm_ready": "comm_ready_ts",
                 "resumed": "recovered_ts"}
 
@@ -39,6 +39,9 @@ class Timeline:
     actions: list[str] = field(default_factory=list)
     stall_step: int = -1  # newest step when the incident was decided; progress past it means recovered
     restarts: list[str] = field(default_factory=list)  # its actions carried out by stopping and restarting the job
+    resolution: str | None = None  # how it ended without a recovery: self_resolved, job_stopped, ... (None: not so)
+    attempts: int = 0  # a crash loop: how many times it recurred after a restart
+    signature: str | None = None  # the software failure it is about (a crash loop recurs with the same one)
 
     def promote(self, cls: str) -> bool:
         """Raise the class if `cls` explains more (a hang that turns out to be a dead node is fail_stop)."""
@@ -77,7 +80,9 @@ class Timeline:
             localized_ts=_r(self.localized_ts), decided_ts=_r(self.decided_ts), recovered_ts=_r(self.recovered_ts),
             culprit_nodes=list(self.culprit_nodes), evicted_nodes=list(self.evicted_nodes), path=self.path,
             stage_s=stage_s, over_budget=over,
-            extra={"findings": list(self.findings[:64]), "actions": list(self.actions)},
+            extra={"findings": list(self.findings[:64]), "actions": list(self.actions),
+                   **({"resolution": self.resolution} if self.resolution else {}),
+                   **({"attempts": self.attempts} if self.attempts else {})},
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -85,7 +90,7 @@ class Timeline:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Timeline:
-        return cls(**d)  # a state saved before `restarts` existed gets the empty default
+        return cls(**d)  # a state saved before `restarts`, `resolution` or `attempts` existed gets their defaults
 
 
 def _r(x: float | None) -> float | None:

@@ -25,6 +25,20 @@ finding's typed view (`detectors.catalog.typed`) for it.
    incident instead of opening another.
    Once every rank has exited cleanly the job is over: later findings (the steps
    have stopped, after all) open nothing.
+5. The job's life (`job_state` findings, `detectors.life`): while the job is
+   stopping, stopped, finished or being restarted by its controller its silence
+   is expected, so nothing opens; an incident not decided yet when the job
+   stops, ends or restarts closes with that resolution and no action.
+6. A job-wide stall with no culprit (every rank alike, the sweep names nobody)
+   is class `stall`: it waits for progress until `stall_budget_s` after its
+   onset, closing as `self_resolved` with no page when the job steps on (a
+   checkpoint save, an evaluation pass), and escalates only if the job is still
+   stalled then. A hang whose job steps on before its decision closes the same way.
+7. A crash loop: a software failure (a `signature`: cause, rank, message without
+   its numbers) that recurs after a restart with no progress past the step it
+   failed at is the same incident again, restarted at most
+   `crash_loop_restarts` times; then it escalates, naming the rank's node. A
+   software failure never evicts a machine on its own.
 """
 
 from __future__ import annotations
@@ -34,6 +48,7 @@ from typing import Any
 from gangwatch.detectors.base import stable_id
 from gangwatch.detectors.catalog import typed
 from gangwatch.detectors.failstop import clean_exit
+from gangwatch.detectors.life import QUIET
 from gangwatch.detectors.registry import Typed
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import (
@@ -79,6 +94,10 @@ class Triage:
         self.finished: set[int] = set()  # ranks that exited cleanly since the job (re)started
         # a waiting incident whose job-stopping action the controller accepted, until when its restart may take
         self.restarting: tuple[str, float] | None = None
+        self.life: str | None = None  # the job's state (`detectors.life`): starting, running, stopped, ...
+        self.run_ts = float("-inf")  # when the current run's job record was sent
+        # crash loops: failure signature -> {"incident": the closed incident's timeline, "step": where it failed}
+        self.loops: dict[str, dict[str, Any]] = {}
 
     # --- inputs ---------------------------------------------------------------
 
@@ -88,6 +107,8 @@ class Triage:
             return  # the same job record again (at-least-once delivery): no restart
         self.topo = topo
         self.finished = set()
+        self.run_ts = topo.ts
+        self.max_step = -1  # a new run: its progress is measured from its own first step
         self.kept = {}  # a restart: stragglers are measured afresh
         self.replacing = set()
         self.restarting = None  # the new run is watched afresh
@@ -96,10 +117,14 @@ class Triage:
 
     def on_findings(self, findings: list[Finding], out: Outputs | None = None) -> Outputs:
         out = Outputs() if out is None else out
-        out.findings += findings
         touched: dict[str, float] = {}
         for f in findings:
             t = typed(f)
+            if t.job_state is not None:  # the job's life, not a fault: an output of its own
+                out.life.append(f)
+                self._on_life(t, out)
+                continue
+            out.findings.append(f)
             if self._restart_absorbs(t, out):
                 continue
             if f.node is not None:
@@ -119,6 +144,9 @@ class Triage:
                 if inc and inc.decided_ts is not None and rec.step > inc.stall_step and rec.ts > inc.decided_ts:
                     inc.recovered_ts = rec.ts
                     self._close(rec.ts, out)
+                elif inc and inc.decided_ts is None and inc.cls in ("hang", "stall") and rec.step > inc.stall_step:
+                    inc.recovered_ts, inc.resolution = rec.ts, "self_resolved"  # it went on by itself: no page
+                    self._close(rec.ts, out)
         elif rec.kind == "recovery":
             self._on_recovery(rec, out)
         elif rec.kind == "ops":
@@ -126,6 +154,14 @@ class Triage:
         elif rec.kind == "framework" and clean_exit(rec) and self.topo is not None and rec.rank < self.topo.size:
             self.finished.add(rec.rank)
         return out
+
+    def _on_life(self, t: Typed, out: Outputs) -> None:
+        """The job moved in its life; stopping, ending or being restarted closes an incident not decided yet."""
+        self.life = t.job_state
+        inc = self.incident
+        if self.life in QUIET and inc is not None and inc.decided_ts is None:
+            inc.resolution = f"job_{self.life}"
+            self._close(t.finding.ts, out)
 
     def _job_over(self) -> bool:
         """Every rank exited cleanly: the job finished, and the silence and stalled steps after it are no fault."""
@@ -180,8 +216,8 @@ class Triage:
     # --- incidents --------------------------------------------------------------
 
     def _consider(self, t: Typed, out: Outputs) -> None:
-        if self._job_over():
-            return  # recorded in the profiles; nothing left to recover
+        if self._job_over() or self.life in QUIET:
+            return  # recorded in the profiles; a job stopped, ended or restarting on purpose has nothing to recover
         f, p = t.finding, t.policy
         cls = t.incident_class
         if p.incident == "fail_slow" and f.node in self.degraded and \
@@ -196,6 +232,10 @@ class Triage:
                 recent[-1].findings.append(f.id)
                 out.incidents.append(recent[-1].record(f.ts, self.config.budgets))
                 return
+        if inc is not None and inc.signature and t.signature == inc.signature and inc.decided_ts is not None \
+                and f.ts > self.run_ts > inc.decided_ts:
+            self._recur(inc, t, out)  # it failed the same way again after its restart
+            return
         if inc is None:
             if cls is None:
                 return
@@ -218,6 +258,15 @@ class Triage:
 
     def _open(self, t: Typed, cls: str) -> Timeline:
         f = t.finding
+        sig = t.signature
+        loop = self.loops.get(sig) if sig else None
+        if loop is not None:
+            if self.max_step <= loop["step"]:  # no progress past where it failed before: the same incident again
+                inc = Timeline.from_dict(loop["incident"])
+                self.incident, self.gathered = inc, []
+                self._recur(inc, t, None)
+                return inc
+            del self.loops[sig]  # it got further this time: the restarts help
         onset = t.onset_ts
         planned = self.guards.is_planned(f.ts)
         wait = {"hang": self.config.hang_collect_s, "fail_slow": self.config.safety.failslow_hold_s}.get(
@@ -225,10 +274,23 @@ class Triage:
         if t.policy.sweep_result:
             wait = 0.0  # a finished sweep is already all the evidence there will be
         inc = Timeline(id=stable_id("i", self.job, f.id), job=self.job, cls="planned" if planned else cls,
-                       onset_ts=onset, detected_ts=f.ts, planned=planned, decide_at=f.ts + wait)
+                       onset_ts=onset, detected_ts=f.ts, planned=planned, decide_at=f.ts + wait, signature=sig,
+                       stall_step=self.max_step)
         self.incident = inc
         self.gathered = []
         return inc
+
+    def _recur(self, inc: Timeline, t: Typed, out: Outputs | None) -> None:
+        """A crash loop's failure again: the incident is decided anew on this evidence (the same one, reopened
+        when it had closed)."""
+        f = t.finding
+        inc.attempts += 1
+        inc.decided_ts = inc.recovered_ts = inc.resolution = None
+        inc.decide_at = f.ts + self.config.settle_s
+        inc.stall_step = self.max_step
+        if out is not None:
+            inc.findings.append(f.id)
+            self.gathered = [t]
 
     def _worse(self, t: Typed) -> bool:
         """A straggler kept running now costs `failslow_regrow` times what it did when it was kept."""
@@ -273,19 +335,33 @@ class Triage:
                 loc.confidence >= self.config.confidence:
             self._decide_stragglers(inc, loc, now, out)
             return
+        software = tuple(t.finding.rank for t in self.gathered if t.software and t.finding.rank is not None)
+        job_level = tuple(t.describe for t in self.gathered if t.policy.job_level)
+        if inc.cls in ("hang", "stall") and not (loc.culprits or loc.group or software or job_level) and \
+                not any(t.policy.suspects is not None for t in self.gathered):
+            stall_ends = inc.onset_ts + self.config.stall_budget_s
+            if now < stall_ends:  # every rank alike and nobody named: wait for progress, up to the budget
+                if inc.cls != "stall":
+                    inc.cls = "stall"
+                    out.incidents.append(inc.record(now, self.config.budgets))
+                inc.decide_at = stall_ends
+                return
+            inc.cls = "stall"
         situation = Situation(
             cls=inc.cls, loc=loc, threshold=self.config.confidence,
             spares_left=None if self.config.spares is None else self.config.spares - self.spares_used,
             replace_cost_s=self.config.replace_cost_s, failslow_horizon_s=self.config.failslow_horizon_s,
             slowdown_frac=max((s for t in self.gathered if t.finding.node in loc.culprits
                                and (s := t.slowdown_frac) is not None), default=0.0),
-            software_ranks=tuple(t.finding.rank for t in self.gathered if t.software and t.finding.rank is not None),
+            software_ranks=software, software_nodes=tuple(sorted({topo.node_of(r) for r in software})),
             numeric_only=not loc.culprits and any(t.policy.incident == "sdc" for t in self.gathered),
-            summary=self._summary(),
-            job_level=tuple(t.describe for t in self.gathered if t.policy.job_level),
+            summary=self._summary(), job_level=job_level, stalled_s=max(0.0, now - inc.onset_ts),
         )
         already = set(inc.evicted_nodes)
         decisions = [d for d in decide(situation) if not (d.nodes and set(d.nodes) <= already)]
+        if inc.signature and inc.attempts >= self.config.crash_loop_restarts:
+            decisions = [self._crash_loop(inc, d) if d.type in ("restart_in_process", "requeue") else d
+                         for d in decisions]
         decisions = self.guards.review(decisions, now, len(topo.nodes))
         first = inc.decided_ts is None
         if first:
@@ -304,6 +380,16 @@ class Triage:
             self.waiting = [*self.waiting[-(_KEEP_WAITING - 1):], inc]
             self.incident = None
             self.gathered = []
+
+    def _crash_loop(self, inc: Timeline, d: Decision) -> Decision:
+        """Restarting again would fail again: a human, told the signature, the count and where."""
+        cause, rank, message = inc.signature.split("|", 2)
+        nodes = d.nodes or tuple(sorted({self.topo.node_of(int(rank.split()[-1]))}))
+        return Decision("escalate", nodes, "manual",
+                        f"crash loop: {rank} on {', '.join(nodes)} failed the same way {inc.attempts + 1} times "
+                        f"({cause}: {message}) after {inc.attempts} restart{'s' if inc.attempts != 1 else ''} with no "
+                        f"progress past step {inc.stall_step}: no more restarts; a software failure evicts no "
+                        "machine; a human must fix the code, the data or the configuration")
 
     def _decide_stragglers(self, inc: Timeline, loc: Localization, now: float, out: Outputs) -> None:
         """Several stragglers at once: each failure domain (a node, or the nodes under one switch) is decided as
@@ -372,7 +458,8 @@ class Triage:
 
     def _act(self, d: Decision, now: float, evidence: list[str], out: Outputs, inc: Timeline | None = None) -> None:
         inc = inc or self.incident
-        a = Action(id=stable_id("a", inc.id, d.type, *d.nodes), ts=round(now, 6), job=self.job, incident=inc.id,
+        again = (inc.attempts,) if inc.attempts else ()  # a crash loop's later restarts are actions of their own
+        a = Action(id=stable_id("a", inc.id, d.type, *d.nodes, *again), ts=round(now, 6), job=self.job, incident=inc.id,
                    type=d.type, nodes=list(d.nodes), reason=d.reason, evidence=sorted(evidence), path=d.path)
         if a.id in inc.actions:
             return
@@ -400,6 +487,11 @@ class Triage:
     def _close(self, ts: float, out: Outputs) -> None:
         inc = self.incident
         out.incidents.append(inc.record(ts, self.config.budgets))
+        if inc.signature and inc.decided_ts is not None:  # it may come back after its restart: a crash loop
+            self.loops = {**{k: v for k, v in self.loops.items() if k != inc.signature},
+                          inc.signature: {"incident": inc.to_dict(), "step": inc.stall_step}}
+            while len(self.loops) > _KEEP_WAITING:
+                del self.loops[next(iter(self.loops))]
         self.incident = None
         self.gathered = []
 
@@ -425,7 +517,9 @@ class Triage:
                 "guards": self.guards.to_dict(), "spares_used": self.spares_used, "max_step": self.max_step,
                 "degraded": dict(self.degraded), "kept": dict(self.kept), "replacing": sorted(self.replacing),
                 "finished": sorted(self.finished),
-                "restarting": list(self.restarting) if self.restarting else None}
+                "restarting": list(self.restarting) if self.restarting else None,
+                "life": self.life, "run_ts": None if self.run_ts == float("-inf") else self.run_ts,
+                "loops": self.loops}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], config: TriageConfig, topo: Topology) -> Triage:
@@ -442,5 +536,8 @@ class Triage:
         tri.replacing = set(state.get("replacing", ()))
         tri.finished = set(state["finished"])
         tri.restarting = tuple(state["restarting"]) if state.get("restarting") else None
+        tri.life = state.get("life")
+        tri.run_ts = float("-inf") if state.get("run_ts") is None else state["run_ts"]
+        tri.loops = dict(state.get("loops", {}))
         return tri
 

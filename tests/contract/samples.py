@@ -28,6 +28,8 @@ SAMPLES: dict[str, dict] = {
     "ops": {"kind": "ops", "v": 1, "ts": 1700000008.0, "job": "j1", "node": "n007", "type": "maintenance",
             "planned": True, "note": "kernel upgrade"},
     "recovery": {"kind": "recovery", "v": 1, "ts": 1700000009.0, "job": "j1", "action": "a-1", "phase": "replaced"},
+    "lifecycle": {"kind": "lifecycle", "v": 1, "ts": 1700000009.5, "job": "j1", "rank": 3, "event": "pause",
+                  "reason": "checkpoint", "source": "trainer"},
     "finding": {"kind": "finding", "v": 1, "id": "f-1", "ts": 1700000010.0, "job": "j1", "type": "fail_slow",
                 "detector": "failslow.compute", "rank": 5, "node": "n000", "gpu": 5, "score": 7.2,
                 "evidence": {"relative": 0.4}},

@@ -265,7 +265,7 @@ def test_a_failstop_miss_factor_reaches_the_detector_of_a_job():
             for r in range(4):
                 if r >= 2 and t >= 10:
                     continue  # node n1 (ranks 2, 3) falls silent at t=10
-                out = core.process(Heartbeat(ts=t0 + t, job="j", rank=r))
+                out = core.process(Heartbeat(ts=t0 + t, job="j", rank=r, step=t))  # past start-up
                 fired += [f.ts - t0 for f in out.findings if f.type == "fail_stop"]
         return fired
 

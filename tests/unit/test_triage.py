@@ -161,10 +161,31 @@ def test_group_eviction_over_the_blast_radius_escalates(topo):
     assert a.type == "escalate" and "blast-radius" in a.reason
 
 
-def test_hang_without_evidence_escalates(topo):
+def test_a_job_wide_stall_with_no_culprit_pages_only_once_it_outlasts_its_budget(topo):
+    """Every rank alike and the sweep names nobody: a stall, which waits for progress; a human is paged only if
+    the job is still stalled `stall_budget_s` (300 s) after its onset, told how long."""
     tri = Triage("j", TriageConfig(), topo)
     out = run(tri, [hang(T0 + 40), ("advance", T0 + 40 + 91)])
-    assert [a.type for a in out.actions] == ["collect_stacks", "escalate"]
+    assert [a.type for a in out.actions] == ["collect_stacks"] and out.incidents[-1].cls == "stall"
+    out = run(tri, [("advance", T0 + 20 + 299)])
+    assert out.actions == []
+    out = run(tri, [("advance", T0 + 20 + 300)])
+    [page] = out.actions
+    assert page.type == "escalate" and "no step progress for 300 s" in page.reason and page.nodes == []
+    assert out.incidents[-1].cls == "stall" and out.incidents[-1].decided_ts == T0 + 320
+
+
+@pytest.mark.parametrize("resumes_at", [T0 + 45, T0 + 200])
+def test_a_stall_the_job_steps_out_of_closes_by_itself_with_no_page(topo, resumes_at):
+    """A synchronous checkpoint or an evaluation pass the loop does not announce: before the decision (45 s) or
+    after it became a stall (200 s), the job's next step closes the incident as self-resolved."""
+    tri = Triage("j", TriageConfig(), topo)
+    run(tri, [Step(ts=T0 + 19, job="j", rank=0, step=5, step_s=1.0)])
+    out = run(tri, [hang(T0 + 40), ("advance", resumes_at - 1),
+                    Step(ts=resumes_at, job="j", rank=0, step=6, step_s=1.0), ("advance", T0 + 1000)])
+    assert [a.type for a in out.actions] == ["collect_stacks"]
+    last = out.incidents[-1]
+    assert last.recovered_ts == resumes_at and last.extra["resolution"] == "self_resolved" and tri.incident is None
 
 
 def test_state_round_trip_mid_incident(topo):
