@@ -299,6 +299,10 @@ class LiveJob:
         recs.sort(key=lambda r: r.ts)
         return recs
 
+    def crashes(self, rank: int) -> list:
+        """The uncaught exceptions `rank` reported so far (framework records of type `exception`)."""
+        return [r for r in self.inputs() if r.kind == "framework" and r.type == "exception" and r.rank == rank]
+
     def replayed(self) -> Outcome:
         """The run's inputs replayed (see the module's docstring), up to now."""
         from gangwatch.streams import replay

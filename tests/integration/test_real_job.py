@@ -300,12 +300,28 @@ def test_a_job_run_by_torchrun_alone_to_its_clean_end_is_nothing(live, fault_fig
     same_when_replayed(job, got, fault_figures, started)
 
 
+CRASH_DECIDED_S = 120.0  # from a crash (the job's processes gone) to gangwatch's answer: a restart or a page
+
+
 @pytest.mark.slow
 def test_a_code_bug_crashing_every_attempt_is_restarted_at_most_twice_then_paged_naming_its_node(live,
                                                                                                  fault_figures):
     started = time.monotonic()
     job = live(Fault("raise", step=25, rank=2))  # a bug of rank 2's code, wherever it runs
-    job.wait(lambda: job.outcome().pages != (), 600.0, "a page (escalate)")
+    answers = 0  # restarts and pages so far
+
+    def answered(n: int) -> bool:
+        got = job.outcome()
+        return len(got.restarts) + len(got.pages) >= n
+
+    while True:  # each crash must be answered in time: by a restart in place, or (at last) a page
+        attempt = job.attempts()
+        job.wait(lambda n=attempt: len(job.crashes(2)) >= n, 300.0, f"rank 2's crash in attempt {attempt - 1}")
+        job.wait(lambda n=answers + 1: answered(n), CRASH_DECIDED_S, f"an answer to crash {attempt}")
+        answers += 1
+        if job.outcome().pages or answers > 3:
+            break
+        job.wait(lambda n=attempt: job.attempts() > n, 60.0, "the controller's restart")
     paged = time.monotonic() - started
     quiet_s = time.monotonic() + QUIET_S
     job.wait(lambda: time.monotonic() >= quiet_s, QUIET_S + 60.0, "more actions after the page, if any")
@@ -316,7 +332,7 @@ def test_a_code_bug_crashing_every_attempt_is_restarted_at_most_twice_then_paged
     assert got.pages == ((node,),) and got.evictions == (), (got, job.findings())
     assert len(got.restarts) <= 2 and job.attempts() == 1 + len(got.restarts)
     assert len(got.incidents) == 1, got.incidents  # every crash of the same bug is one incident
-    crashes = [r for r in recs if r.kind == "framework" and r.type == "exception" and r.rank == 2]
+    crashes = job.crashes(2)
     assert len(crashes) == job.attempts() and len({r.message for r in crashes}) == 1
     same_when_replayed(job, got, fault_figures, started, paged_s=round(paged, 1), attempts=job.attempts())
 
