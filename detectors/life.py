@@ -4,7 +4,7 @@
         ▲                     │  └──pause──────────▲
         │ job record          ├─ every rank exited cleanly, or `end` ─► finished
         │                     ├─ a rank stops on purpose ─► stopping ─ all ranks ended ─► stopped
-        │                     ├─ a rank crashes ─► failed
+        │                     ├─ a rank crashes or loses a peer ─► failed (what follows is its teardown)
         │                     └─ the controller's `restart` ─► restarting
         └──────────── (a new job record, from any state: "restarted after ...")
 
@@ -106,10 +106,12 @@ class JobLifeDetector:
         elif kind == "lifecycle":
             self._lifecycle(rec, out)
         elif rec.type in _CRASHES:
-            if clean_exit(rec) or PEER_LOST.search(rec.message or ""):
+            lost = bool(PEER_LOST.search(rec.message or ""))
+            if clean_exit(rec) or lost:
                 self._ended(rec.rank, rec.ts, out, stopped=False)
-            elif self.current not in QUIET:
-                self._to(out, "failed", f"rank {rec.rank}: {rec.type} {(rec.message or '')[:200]}".rstrip(), rec.ts)
+            if not clean_exit(rec) and self.current not in QUIET:  # a crash, or a peer lost: the job broke
+                what = f"lost a remote peer: {rec.message or ''}" if lost else f"{rec.type} {rec.message or ''}"
+                self._to(out, "failed", f"rank {rec.rank} {what[:200]}".rstrip(), rec.ts)
         return out
 
     def _lifecycle(self, rec: Record, out: list[Finding]) -> None:
@@ -143,11 +145,13 @@ class JobLifeDetector:
         if stopped:
             self.stopped.add(rank)
         n, size = len(self.ended), self.topo.size
+        if self.current == "failed":
+            return  # ranks stopped or ending after a failure are its teardown, not a stop on purpose
         if n == size:
             if self.stopped:
                 self._to(out, "stopped", f"{len(self.stopped)} of {size} ranks stopped on purpose"
                                          f"{f', last: {cause}' if cause else ''}", ts)
-            elif self.current != "failed":
+            else:
                 self._to(out, "finished", f"every rank of {size} exited cleanly", ts)
         elif stopped and self.current not in QUIET:
             self._to(out, "stopping", cause or f"rank {rank} stopped", ts)

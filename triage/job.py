@@ -360,8 +360,9 @@ class Triage:
         already = set(inc.evicted_nodes)
         decisions = [d for d in decide(situation) if not (d.nodes and set(d.nodes) <= already)]
         if inc.signature and inc.attempts >= self.config.crash_loop_restarts:
-            decisions = [self._crash_loop(inc, d) if d.type in ("restart_in_process", "requeue") else d
-                         for d in decisions]
+            paged = inc.attempts > self.config.crash_loop_restarts  # once: later recurrences only join it
+            decisions = [self._crash_loop(inc, d) for d in decisions if d.type in ("restart_in_process", "requeue")
+                         and not paged] + [d for d in decisions if d.type not in ("restart_in_process", "requeue")]
         decisions = self.guards.review(decisions, now, len(topo.nodes))
         first = inc.decided_ts is None
         if first:

@@ -1,0 +1,181 @@
+"""The ordinary life of a job through the whole core (issue 23): pauses, stops, ends, restarts and code bugs
+cost nothing, and what is broken in them is still found.
+
+Each test builds the telemetry of a small job (3 nodes x 2 ranks, a step a second, a heartbeat every 5 s)
+with the moments of its life, replays it through `Core` with event time moving on after the last record (as
+the worker's silence timer moves it), and asserts the exact actions, incidents and job states.
+"""
+
+from __future__ import annotations
+
+import pytest
+from gangwatch.schemas import Framework, Heartbeat, Job, Lifecycle, Outputs, RankInfo, Step
+from gangwatch.triage.engine import Core
+
+pytestmark = pytest.mark.unit
+
+T0 = 1_700_000_000.0
+HB = 5.0
+NODES = ("n1", "n2", "n3")
+RANKS = 6  # rank r on NODES[r // 2]
+
+
+def job(ts: float) -> Job:
+    return Job(ts=ts, job="j", ranks=[RankInfo(rank=r, node=NODES[r // 2], gpu=r % 2) for r in range(RANKS)],
+               heartbeat_s=HB)
+
+
+def run_of(start: float, first_step: int, steps: int, *, gap: dict[int, float] | None = None,
+           silent: dict[int, float] | None = None, beat_until: float | None = None) -> tuple[list, float]:
+    """A run: its job record, 10 s of start-up, then `steps` steps from `first_step` (1 s each; step k waits
+    `gap[k]` s more before it ends: a pause); heartbeats every HB from every rank throughout (until
+    `beat_until`); rank r sends nothing from `silent[r]` on. Returns (records, the time of the last step)."""
+    gap, silent = gap or {}, silent or {}
+    recs: list = [job(start)]
+    t = start + 10.0
+    for k in range(first_step, first_step + steps):
+        t += 1.0 + gap.get(k, 0.0)
+        recs += [Step(ts=t + 0.01 * r, job="j", rank=r, step=k, step_s=1.0 + gap.get(k, 0.0), compute_s=0.6,
+                      comm_wait_s=0.4) for r in range(RANKS) if t < silent.get(r, float("inf"))]
+    end = beat_until if beat_until is not None else t
+    hb = start + 1.0
+    while hb <= end:
+        recs += [Heartbeat(ts=hb + 0.1 * r, job="j", rank=r) for r in range(RANKS) if hb < silent.get(r, float("inf"))]
+        hb += HB
+    return recs, t
+
+
+def replay(recs: list, until: float) -> Outputs:
+    core, out = Core(), Outputs()
+    for rec in sorted(recs, key=lambda r: r.ts):
+        core.process(rec, out)
+    now = max(r.ts for r in recs)
+    while now < until:
+        now = min(until, now + 1.0)
+        core.advance(now, out)
+    out.extend(core.finish())
+    return out
+
+
+def acts(out: Outputs) -> list[tuple[str, list[str]]]:
+    return [(a.type, a.nodes) for a in out.actions]
+
+
+def states(out: Outputs) -> list[str]:
+    return [f.evidence["state"] for f in out.life]
+
+
+def final(out: Outputs) -> dict:
+    """Each incident's last record, by id."""
+    return {i.id: i for i in out.incidents}
+
+
+def test_a_healthy_job_has_a_life_and_no_finding():
+    recs, end = run_of(T0, 0, 120)
+    recs += [Framework(ts=end + 1 + 0.01 * r, job="j", rank=r, type="exit", extra={"code": 0}) for r in range(RANKS)]
+    out = replay(recs, end + 300)
+    assert out.findings == [] and out.actions == [] and out.incidents == []
+    assert states(out) == ["starting", "running", "finished"]
+
+
+def test_an_unannounced_job_wide_pause_of_45_s_pages_nobody():
+    """Every rank sleeps 45 s at one step (a synchronous checkpoint the loop does not announce): a hang, a
+    sweep asked for, then the job steps on: the incident closes by itself, no escalation, no eviction."""
+    recs, end = run_of(T0, 0, 150, gap={60: 45.0})
+    out = replay(recs, end + 5)
+    assert acts(out) == [("collect_stacks", [])]
+    [inc] = final(out).values()
+    assert inc.cls in ("hang", "stall") and inc.extra["resolution"] == "self_resolved" and inc.evicted_nodes == []
+
+
+def test_an_announced_pause_is_no_stall_at_all():
+    recs, end = run_of(T0, 0, 150, gap={60: 45.0})
+    t60 = next(r.ts for r in recs if r.kind == "step" and r.step == 59 and r.rank == 0)
+    recs += [Lifecycle(ts=t60 + 0.1 + 0.01 * r, job="j", rank=r, event="pause", reason="checkpoint") for r in range(6)]
+    recs += [Lifecycle(ts=t60 + 45.1 + 0.01 * r, job="j", rank=r, event="resume", reason="checkpoint")
+             for r in range(6)]
+    out = replay(recs, end + 5)
+    assert out.findings == [] and out.actions == [] and out.incidents == []
+    assert states(out) == ["starting", "running", "paused", "running"]
+
+
+def test_a_job_stopped_by_its_user_and_started_again_with_the_same_id_costs_nothing():
+    first, end = run_of(T0, 0, 60)
+    stop = [Lifecycle(ts=end + 0.5 + 0.01 * r, job="j", rank=r, event="stop", reason="SIGTERM", source="trainer")
+            for r in range(RANKS)]
+    second, end2 = run_of(end + 120, 50, 60)  # the user starts it again two minutes later, from a checkpoint
+    out = replay(first + stop + second, end2 + 5)
+    assert out.findings == [] and out.actions == [] and out.incidents == []
+    assert states(out) == ["starting", "running", "stopping", "stopped", "starting", "running"]
+
+
+def test_a_job_restarted_by_its_controller_is_no_monitoring_gap():
+    first, end = run_of(T0, 0, 60)
+    restart = Lifecycle(ts=end + 0.5, job="j", event="restart", reason="a-123 restart_in_process",
+                        source="controller")
+    second, end2 = run_of(end + 40, 50, 30)
+    out = replay([*first, restart, *second], end2 + 5)
+    assert out.findings == [] and out.actions == [] and states(out)[-3:] == ["restarting", "starting", "running"]
+
+
+def test_a_job_ending_without_its_controller_with_code_0_everywhere_is_finished():
+    recs, end = run_of(T0, 0, 60)
+    recs += [Framework(ts=end + 0.2 * r, job="j", rank=r, type="exit", extra={"code": 0}) for r in range(RANKS)]
+    out = replay(recs, end + 600)
+    assert out.findings == [] and out.actions == [] and states(out)[-1] == "finished"
+
+
+def test_a_late_heartbeat_during_start_up_evicts_nobody():
+    """Before the first step, rank 3's heartbeats are held back 40 s by a loaded host: nobody is evicted."""
+    recs, end = run_of(T0, 0, 60)
+    late = [r for r in recs if r.kind == "heartbeat" and r.rank == 3 and r.ts < T0 + 10]
+    recs = [r for r in recs if r not in late]
+    out = replay(recs, end + 5)
+    assert out.actions == [] and out.incidents == []
+
+
+def _crashing_runs(attempts: int, *, fail_at: int = 40, ckpt: int = 30) -> tuple[list, float]:
+    """A code bug: rank 3 (on n2) raises the same error at step `fail_at` in every attempt; the controller
+    restarts the job from the checkpoint at step `ckpt` each time (a new job record, the same id)."""
+    recs, start, first = [], T0, 0
+    for _ in range(attempts):
+        run, t = run_of(start, first, fail_at - first, beat_until=start + 10 + (fail_at - first))
+        recs += run
+        recs.append(Framework(ts=t + 0.5, job="j", rank=3, type="exception",
+                              message=f"RuntimeError: shape mismatch in batch {fail_at} at 0x7f3a{attempts}"))
+        recs += [Framework(ts=t + 0.6 + 0.01 * r, job="j", rank=r, type="exception",
+                           message="RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:29500")
+                 for r in range(RANKS) if r != 3]
+        start, first = t + 30.0, ckpt
+    return recs, t
+
+
+def test_a_repeating_code_bug_is_restarted_twice_then_escalated_naming_its_node_and_evicts_nobody():
+    recs, end = _crashing_runs(4)
+    out = replay(recs, end + 60)
+    assert acts(out) == [("restart_in_process", ["n2"]), ("restart_in_process", ["n2"]), ("escalate", ["n2"])]
+    assert len({a.id for a in out.actions}) == 3 and len({a.incident for a in out.actions}) == 1
+    page = out.actions[-1]
+    assert "crash loop" in page.reason and "rank 3" in page.reason and "3 times" in page.reason
+    assert all(i.evicted_nodes == [] for i in out.incidents) and len(final(out)) == 1
+
+
+def test_a_failure_the_restart_gets_past_is_not_a_loop():
+    """The same error, but each attempt gets further (the bug is flaky, a restart helps): restarted each time."""
+    recs: list = []
+    start, first = T0, 0
+    for fail_at in (40, 80, 120):
+        run, t = run_of(start, first, fail_at - first, beat_until=start + 10 + (fail_at - first))
+        recs += [*run, Framework(ts=t + 0.5, job="j", rank=3, type="exception", message="RuntimeError: flaky")]
+        start, first = t + 30.0, fail_at - 5
+    out = replay(recs, t + 60)
+    assert [a.type for a in out.actions] == ["restart_in_process"] * 3
+
+
+def test_a_rank_leaving_with_exit_code_0_while_its_peers_train_is_its_nodes_failure():
+    recs, end = run_of(T0, 0, 120, silent={2: T0 + 50.0})
+    recs.append(Framework(ts=T0 + 50.0, job="j", rank=2, type="exit", extra={"code": 0}))
+    out = replay(recs, end + 5)
+    assert acts(out) == [("restart_in_process", ["n2"])]
+    [inc] = final(out).values()
+    assert inc.culprit_nodes == ["n2"] and inc.evicted_nodes == []
