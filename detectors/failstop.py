@@ -28,6 +28,12 @@ still train (a stray `sys.exit(0)`) is that rank's failure: once a peer reports 
 or when, `end_window_s` after it, most of the job's ranks still run, it is a `fail_stop` of that rank
 (cause `exit`, "exited with code 0 while ... still ran").
 
+A silence it reported stands only while no record of those ranks stamped before the finding turns up: a
+heartbeat held back by a loaded host or a slow link, arriving late, withdraws it (`silence_withdrawn`, naming
+the finding); triage then cancels what was not decided yet, or gives the eviction back to the blast-radius
+budget. The rank's records are late, so its silence is judged that much later from then on (`late_s`: the
+lateness the withdrawal showed, for the rest of the run).
+
 Before the job's first step nobody is evicted for silence alone: a rank that falls silent during start-up
 (a heartbeat held back on a loaded host, a slow import) is held until the start deadline unless its peers
 report losing it; a dead machine's own hardware events or a crash record speak for it meanwhile.
@@ -139,6 +145,16 @@ class PeerLoss(Evidence):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SilenceWithdrawn(Evidence):
+    """A record of a rank reported silent, stamped before the report, arrived late: the report was wrong."""
+
+    withdrawn: str  # the fail_stop finding's id
+    ranks: list[int]  # the ranks heard from again
+    late_ts: float  # the late record's own time
+    reported_ts: float  # when they were reported silent
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MonitoringGap(Evidence):
     """Every live rank of the job fell silent at once."""
 
@@ -200,6 +216,9 @@ FAIL_STOP = FindingType("fail_stop", (ProcessFailure, HeartbeatLoss), Policy(
 # whose ranks never started is mildly suspect, a monitoring gap is the job's, never a node's
 # a victim's report joins the fail-stop of the node that vanished; it points at no node (the reporter is fine)
 PEER_LOST_TYPE = FindingType("peer_lost", PeerLoss, Policy(incident="fail_stop", opens=False, weight=0.0, risk=0.0))
+# a report of silence taken back: triage withdraws what it was used for
+SILENCE_WITHDRAWN = FindingType("silence_withdrawn", SilenceWithdrawn, Policy(
+    incident=None, weight=0.0, risk=0.0, withdraws=lambda f, ev: ev.withdrawn))
 MONITORING_GAP = FindingType("monitoring_gap", MonitoringGap, Policy(
     incident="unknown", job_level=True, risk=0.0, onset="last_seen_ts", describe=_monitoring_gap_says))
 START_TIMEOUT = FindingType("start_timeout", StartTimeout, Policy(
@@ -211,7 +230,8 @@ class FailStopDetector:
 
     name: ClassVar[str] = "failstop"
     kinds: ClassVar[frozenset[str]] = frozenset({"heartbeat", "step", "framework", "lifecycle"})
-    finding_types: ClassVar[tuple[FindingType, ...]] = (FAIL_STOP, PEER_LOST_TYPE, MONITORING_GAP, START_TIMEOUT)
+    finding_types: ClassVar[tuple[FindingType, ...]] = (FAIL_STOP, PEER_LOST_TYPE, MONITORING_GAP, START_TIMEOUT,
+                                                        SILENCE_WITHDRAWN)
 
     def __init__(self, topo: Topology, config: FailStopConfig | None = None) -> None:
         self.config = config or FailStopConfig()
@@ -234,6 +254,8 @@ class FailStopDetector:
         self.clean_ts = np.full(topo.size, np.nan)  # when a rank exited cleanly (NaN: it did not), until judged
         self.exit_check = math.inf  # when the oldest clean exit not judged yet is judged
         self.stepped = False  # a step of this run was seen: start-up is over
+        self.reported: dict[int, tuple[str, float]] = {}  # silent rank -> (the finding that said so, its time)
+        self.late_s = np.zeros(topo.size)  # how late a rank's records were shown to arrive (a withdrawn report)
         self.next_tick = self._grid_at_or_after(self.start_deadline)
 
     def _grid_at_or_after(self, t: float) -> float:
@@ -258,6 +280,9 @@ class FailStopDetector:
             return []  # not a rank of this job, or a record of the run before the job record
         if rec.kind == "step" or (rec.kind == "heartbeat" and rec.step is not None):
             self.stepped = True  # a heartbeat's `step` is the last one its rank finished
+        late = self._late(rank, rec.ts) if self.status[rank] == SILENT else []
+        if late:
+            return late
         peer_lost = rec.kind == "framework" and rec.type in _CRASH_TYPES and bool(PEER_LOST.search(rec.message or ""))
         if rec.kind == "framework" and (rec.type == "exit" or peer_lost):
             self.status[rank] = EXITED
@@ -319,6 +344,24 @@ class FailStopDetector:
         self.exit_check = float(pending.min()) + self.config.end_window_s if len(pending) else math.inf
         return out
 
+    def _late(self, rank: int, ts: float) -> list[Finding]:
+        """A record of a rank reported silent: stamped before the report, it withdraws the report (every rank
+        it named becomes live again once heard from)."""
+        said = self.reported.get(rank)
+        if said is None or ts > said[1]:
+            self.reported.pop(rank, None)  # back after the report: a comeback, the report stands
+            return []
+        fid, at = said
+        ranks = sorted(r for r, (i, _) in self.reported.items() if i == fid)
+        for r in ranks:
+            del self.reported[r]
+        self.late_s[ranks] = np.maximum(self.late_s[ranks], at - ts)
+        self.beat(rank, ts)
+        return [SILENCE_WITHDRAWN.finding(
+            ts=ts, job=self.topo.job, detector="failstop.heartbeat", topo=self.topo, rank=rank,
+            key=(fid, "withdrawn"), score=1.0,
+            evidence=SilenceWithdrawn(withdrawn=fid, ranks=ranks, late_ts=round(ts, 6), reported_ts=round(at, 6)))]
+
     def beat(self, rank: int, ts: float) -> None:
         """A sign of life of a rank of this job (what `observe` does with a heartbeat or a step, from their
         rank and time alone: the run path calls it without building the record)."""
@@ -331,7 +374,7 @@ class FailStopDetector:
 
     def _heard(self, rank: int, ts: float) -> None:
         self.last_seen[rank] = max(self.last_seen[rank], ts)
-        deadline = self.last_seen[rank] + self.timeout
+        deadline = self.last_seen[rank] + self.timeout + self.late_s[rank]
         if deadline < self.next_tick:  # only after a lull; keep the grid aligned
             self.next_tick = self._grid_at_or_after(deadline)
 
@@ -356,7 +399,7 @@ class FailStopDetector:
 
     def _next_event(self) -> float:
         live = self.status == LIVE
-        silence = float(self.last_seen[live].min()) + self.timeout if live.any() else math.inf
+        silence = float((self.last_seen + self.late_s)[live].min()) + self.timeout if live.any() else math.inf
         silence = min(silence, self.exit_check)
         return silence if self.start_checked else min(silence, self.start_deadline)
 
@@ -374,7 +417,7 @@ class FailStopDetector:
             else:
                 self.clean_ts[:] = np.nan  # the job is ending: those exits were its end
                 self.exit_check = math.inf
-        deadline = self.last_seen + self.timeout
+        deadline = self.last_seen + self.timeout + self.late_s
         missing = live & (deadline <= t)
         if not missing.any():
             return out
@@ -414,7 +457,7 @@ class FailStopDetector:
                 continue
             self.status[new] = SILENT
             silent_since = float(self.last_seen[new].min())
-            out.append(FAIL_STOP.finding(
+            found = FAIL_STOP.finding(
                 ts=t, job=self.topo.job, detector="failstop.heartbeat", node=node,
                 key=(node, silent_since), score=len(new) / len(ranks),
                 rank=int(new[0]) if len(new) == 1 else None, topo=self.topo,
@@ -422,7 +465,9 @@ class FailStopDetector:
                                        whole_node=whole, first_silent_ts=round(silent_since, 6),
                                        last_seen_ts=round(float(self.last_seen[new].max()), 6),
                                        timeout_s=self.timeout),
-            ))
+            )
+            self.reported.update({int(r): (found.id, t) for r in new})
+            out.append(found)
         return out
 
     def _wordless_node_elsewhere(self, ni: int) -> bool:
@@ -468,6 +513,8 @@ class FailStopDetector:
                 "crashed": {str(r): float(self.crash_ts[r]) for r in np.flatnonzero(self.crash_ts > -np.inf)},
                 "clean": {str(r): float(self.clean_ts[r]) for r in np.flatnonzero(~np.isnan(self.clean_ts))},
                 "stepped": self.stepped,
+                "reported": {str(r): list(v) for r, v in sorted(self.reported.items())},
+                "late_s": {str(r): float(self.late_s[r]) for r in np.flatnonzero(self.late_s)},
                 "next_tick": None if math.isinf(self.next_tick) else self.next_tick}
 
     @classmethod
@@ -485,5 +532,8 @@ class FailStopDetector:
         pending = det.clean_ts[~np.isnan(det.clean_ts)]
         det.exit_check = float(pending.min()) + det.config.end_window_s if len(pending) else math.inf
         det.stepped = state.get("stepped", True)  # a state saved before this existed: past start-up
+        det.reported = {int(r): (v[0], v[1]) for r, v in state.get("reported", {}).items()}
+        for r, s in state.get("late_s", {}).items():
+            det.late_s[int(r)] = s
         det.next_tick = math.inf if state["next_tick"] is None else state["next_tick"]
         return det

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from gangwatch.detectors.base import Detector
 from gangwatch.detectors.catalog import DEFAULT_DETECTORS  # the detectors every job gets, in emission order
-from gangwatch.detectors.failstop import LIVE, NOT_STARTED, FailStopDetector
+from gangwatch.detectors.failstop import LIVE, NOT_STARTED, SILENT, FailStopDetector
 from gangwatch.detectors.hang import HangDetector
 from gangwatch.detectors.steps import RecordRun, observe_each
 from gangwatch.detectors.topology import Topology
@@ -109,6 +109,8 @@ def _failstop_run(det: FailStopDetector, run: RecordRun) -> list[tuple[int, list
             or any(run.recs[i].step is not None and run.recs[i].ts >= det.topo.ts
                    for i in run.by_kind.get("heartbeat", ()))
     status = det.status[rank]
+    if (status == SILENT).any():  # a late record may withdraw a report of silence: record by record
+        return observe_each(det, run)
     if not ((status == LIVE) | (status == NOT_STARTED)).all() or float((ts + det.timeout).min()) < det.next_tick:
         beat = det.beat
         for r, t in zip(rank.tolist(), ts.tolist(), strict=True):

@@ -74,6 +74,8 @@ class Policy:
     `suspects`: weak suspects `(ranks, nodes)`, used only when nothing else names a culprit.
     `signature`: a software failure's signature (cause, rank, message without its numbers): the same one
     recurring after a restart with no progress is a crash loop, one incident.
+    `withdraws`: the id of an earlier finding this one shows wrong (a late record of a rank reported silent):
+    triage takes it out of its incident, cancels what was not decided yet, and gives an eviction back.
     `job_state`: the state of the job's life it reports (`detectors.life`): no fault, never gathered as
     evidence; triage keeps it to know when the job's silence is expected.
     `grade`: a finer grade kept in the node profile (hardware severity). `label`: how an incident's summary
@@ -98,6 +100,7 @@ class Policy:
     root_cause: Rule = False
     suspects: Rule | None = None
     signature: Rule | None = None
+    withdraws: Rule | None = None
     job_state: Rule | None = None
     grade: Rule | None = None
     label: Rule | None = None
@@ -206,6 +209,11 @@ class Typed:
     @property
     def signature(self) -> str | None:
         rule = self.policy.signature
+        return None if rule is None else self._ask(rule)
+
+    @property
+    def withdraws(self) -> str | None:
+        rule = self.policy.withdraws
         return None if rule is None else self._ask(rule)
 
     @property

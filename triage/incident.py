@@ -42,6 +42,7 @@ class Timeline:
     resolution: str | None = None  # how it ended without a recovery: self_resolved, job_stopped, ... (None: not so)
     attempts: int = 0  # a crash loop: how many times it recurred after a restart
     signature: str | None = None  # the software failure it is about (a crash loop recurs with the same one)
+    withdrawn: list[str] = field(default_factory=list)  # its findings a late record showed wrong
 
     def promote(self, cls: str) -> bool:
         """Raise the class if `cls` explains more (a hang that turns out to be a dead node is fail_stop)."""
@@ -82,7 +83,8 @@ class Timeline:
             stage_s=stage_s, over_budget=over,
             extra={"findings": list(self.findings[:64]), "actions": list(self.actions),
                    **({"resolution": self.resolution} if self.resolution else {}),
-                   **({"attempts": self.attempts} if self.attempts else {})},
+                   **({"attempts": self.attempts} if self.attempts else {}),
+                   **({"withdrawn": list(self.withdrawn)} if self.withdrawn else {})},
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -125,6 +125,9 @@ class Triage:
                 self._on_life(t, out)
                 continue
             out.findings.append(f)
+            if t.withdraws is not None:
+                self._withdraw(t, out)
+                continue
             if self._restart_absorbs(t, out):
                 continue
             if f.node is not None:
@@ -162,6 +165,27 @@ class Triage:
         if self.life in QUIET and inc is not None and inc.decided_ts is None:
             inc.resolution = f"job_{self.life}"
             self._close(t.finding.ts, out)
+
+    def _withdraw(self, t: Typed, out: Outputs) -> None:
+        """A late record shows a report of silence wrong: an incident not decided yet drops it (and closes,
+        withdrawn, when nothing else opened it); a decided one gives the eviction back to the blast-radius
+        budget and says so."""
+        wid, f = t.withdraws, t.finding
+        for inc in (self.incident, *self.waiting):
+            if inc is None or wid not in inc.findings or wid in inc.withdrawn:
+                continue
+            inc.withdrawn.append(wid)
+            if inc is self.incident and inc.decided_ts is None:
+                self.gathered = [g for g in self.gathered if g.finding.id != wid]
+                if not any(g.incident_class for g in self.gathered):
+                    inc.resolution = "withdrawn"
+                    self._close(f.ts, out)
+                    return
+            elif f.node in inc.evicted_nodes:
+                self.guards.give_back([f.node])
+                inc.resolution = "withdrawn"
+            out.incidents.append(inc.record(f.ts, self.config.budgets))
+            return
 
     def _job_over(self) -> bool:
         """Every rank exited cleanly: the job finished, and the silence and stalled steps after it are no fault."""

@@ -72,6 +72,10 @@ class Guards:
             out.append(d)
         return out
 
+    def give_back(self, nodes: list[str]) -> None:
+        """Evictions shown wrong (the node was alive after all) no longer count against the blast radius."""
+        self.evictions = [(t, n) for t, n in self.evictions if n not in nodes]
+
     def to_dict(self) -> dict[str, Any]:
         return {"evictions": self.evictions, "silences": self.silences, "planned": self.planned}
 

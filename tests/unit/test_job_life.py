@@ -179,3 +179,25 @@ def test_a_rank_leaving_with_exit_code_0_while_its_peers_train_is_its_nodes_fail
     assert acts(out) == [("restart_in_process", ["n2"])]
     [inc] = final(out).values()
     assert inc.culprit_nodes == ["n2"] and inc.evicted_nodes == []
+
+
+def test_a_silence_a_late_heartbeat_disproves_is_withdrawn_before_anything_is_done():
+    """Under load, rank 4's records reach the pipeline 20 s late for a while: its silence is reported, then its
+    late heartbeats (stamped before the report) arrive within the decision's settle time: the finding is
+    withdrawn, the incident closes with nothing sent."""
+    recs, end = run_of(T0, 0, 120)
+    late = {id(r) for r in recs if r.kind != "job" and r.rank == 4 and T0 + 60 <= r.ts < T0 + 90}
+    core, out = Core(), Outputs()
+    held = []
+    for rec in sorted(recs, key=lambda r: r.ts):
+        if id(rec) in late:
+            held.append(rec)
+            continue
+        while held and held[0].ts + 20.0 <= rec.ts:  # delivered 20 s after they were stamped
+            core.process(held.pop(0), out)
+        core.process(rec, out)
+    # one report, taken back; the rank's silence is then judged that much later: no flapping while it lags
+    assert [f.type for f in out.findings] == ["fail_stop", "silence_withdrawn"]
+    assert out.findings[1].evidence["withdrawn"] == out.findings[0].id
+    assert out.actions == []
+    assert final(out) and all(i.extra.get("resolution") == "withdrawn" for i in final(out).values())
