@@ -1,7 +1,21 @@
-"""Shared test fixtures: where the real test material lives; GPU tests skip without a GPU."""
+"""Shared test fixtures: where the real test material lives; GPU tests skip without a GPU.
+
+Also what makes the suite run in parallel processes (pytest-xdist, as CI does: `./gw test -n 4 --dist loadgroup`):
+- the live real-job tests (a torchrun job each, CPU-heavy) run in two lanes, one job at a time in each
+  (`LANES`); tests sharing a module-scoped job stay in one lane;
+- the longest units go first (the lanes, then the fuzz shards, then the fault tests), so the suite's wall
+  time is not one long test started last;
+- each worker has its own temporary directory (`TMPDIR`): defaults that live under it (a trainer client's
+  spool, `<tmp>/gangwatch-spool/<job>/rank<rank>`) are never shared by two tests at once;
+- the fault tests' figures travel in the test reports (`user_properties`), so the controller prints the one
+  table whichever worker measured them (tests/integration/conftest.py's `fault_figures`).
+Without xdist nothing of this changes how a test runs.
+"""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -30,7 +44,65 @@ def _gpu_missing() -> str | None:
     return None
 
 
+# --- parallel runs (pytest-xdist) ---------------------------------------------------------------
+
+# Files whose tests each run a real torchrun job (4 ranks on CPU, a worker, agents, the controller): at most
+# len(LANES) of them at once on a 2-core machine.
+LIVE_JOB_FILES = ("tests/integration/test_real_job.py", "tests/integration/test_broker_outage.py")
+LANES = ("live-1", "live-2")
+# Module-scoped fixtures that start a job shared by several tests: those tests share a lane.
+SHARED_JOB_FIXTURES = ("healthy",)
+# The fuzzing (10,000 cases per parser, in shards: tests/unit/test_fuzz.py): CPU-bound, started early.
+FUZZ_FILE = "tests/unit/test_fuzz.py"
+# Long single tests that should start early (they mostly wait on the wall clock).
+EARLY_FILES = ("tests/integration/test_faults", "tests/integration/test_parity.py")
+
+
+def _xdist_on(config) -> bool:
+    return config.pluginmanager.hasplugin("xdist") and bool(getattr(config.option, "numprocesses", None))
+
+
+def pytest_configure(config):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        run = os.environ.get("PYTEST_XDIST_TESTRUNUID", "run")[:12]
+        own = Path(tempfile.gettempdir()) / f"gangwatch-tests-{run}-{worker}"
+        own.mkdir(parents=True, exist_ok=True)
+        os.environ["TMPDIR"] = str(own)
+        tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+
+
+def _lanes(items) -> None:
+    shared: dict[str, str] = {}
+    turn = 0
+    for item in items:
+        if not item.nodeid.startswith(LIVE_JOB_FILES):
+            continue
+        key = next((f"{item.module.__name__}:{f}" for f in SHARED_JOB_FIXTURES if f in item.fixturenames), None)
+        if key is not None and key in shared:
+            lane = shared[key]
+        else:
+            lane = LANES[turn % len(LANES)]
+            turn += 1
+            if key is not None:
+                shared[key] = lane
+        item.add_marker(pytest.mark.xdist_group(lane))
+
+
+def _order(item) -> int:
+    if item.nodeid.startswith(LIVE_JOB_FILES):
+        return 0
+    if item.nodeid.startswith(FUZZ_FILE):
+        return 1
+    if item.nodeid.startswith(EARLY_FILES):
+        return 2
+    return 3
+
+
 def pytest_collection_modifyitems(config, items):
+    if _xdist_on(config) or os.environ.get("PYTEST_XDIST_WORKER"):
+        _lanes(items)
+        items.sort(key=_order)  # stable: within a rank, collection order
     gpu_items = [i for i in items if i.get_closest_marker("gpu")]
     if not gpu_items:
         return
@@ -38,3 +110,47 @@ def pytest_collection_modifyitems(config, items):
     if why:
         for item in gpu_items:
             item.add_marker(pytest.mark.skip(reason=f"needs a real NVIDIA GPU: {why}"))
+
+
+# --- the fault tests' figures: one table at the end of the session -----------------------------
+
+FIGURES_ENV = "GANGWATCH_FAULT_TABLE"
+FIGURE_PROPERTY = "gangwatch_fault_figure"  # user_properties entries: (FIGURE_PROPERTY, (fault, figure, value))
+_FIGURES: list[tuple[str, str, str]] = []  # (fault, figure, value) in the order the tests reported them
+
+
+def pytest_runtest_logreport(report):
+    if report.when != "call":  # every phase's report carries the properties; count them once
+        return
+    for name, value in getattr(report, "user_properties", ()):
+        if name == FIGURE_PROPERTY:
+            _FIGURES.append(tuple(value))
+
+
+def _figures_table() -> str:
+    head = ("fault test", "figure", "value")
+    widths = [max(len(r[i]) for r in [head, *_FIGURES]) for i in range(3)]
+    line = "  ".join("-" * w for w in widths)
+    rows = [head, None, *_FIGURES]
+    return "\n".join(line if r is None else "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not _FIGURES or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    table = _figures_table()
+    target = os.environ.get(FIGURES_ENV)
+    if target:
+        path = Path(target)
+    else:
+        path = Path(config._tmp_path_factory.getbasetemp()) / "fault-figures.txt"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(table + "\n")
+        where = f"written to {path}"
+    except OSError as e:
+        where = f"not written to {path}: {e}"
+    terminalreporter.section("fault figures")
+    terminalreporter.write_line(table)
+    terminalreporter.write_line(f"({where})")

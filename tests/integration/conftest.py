@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from pathlib import Path
 
 import pytest
 from gangwatch.streams.topics import TopicSettings, create_topics
 
+from tests.conftest import FIGURE_PROPERTY
 from tests.integration.kafkakit import WorkerProc
 
 KAFKA = os.environ.get("GANGWATCH_KAFKA", "127.0.0.1:9092")
@@ -93,9 +93,8 @@ def workers(tmp_path):
 
 
 # --- the fault tests' figures: one table at the end of the session -----------------------------
-
-FIGURES_ENV = "GANGWATCH_FAULT_TABLE"
-_FIGURES: list[tuple[str, str, str]] = []  # (fault, figure, value) in the order the tests reported them
+# The table itself is tests/conftest.py's (it collects the figures from the test reports, so that under
+# pytest-xdist the controller prints them whichever worker measured them).
 
 
 @pytest.fixture
@@ -108,35 +107,6 @@ def fault_figures(request):
 
     def add(name: str, value) -> None:
         text = f"{value:.3g}" if isinstance(value, float) else str(value)
-        _FIGURES.append((fault, name, text))
+        request.node.user_properties.append((FIGURE_PROPERTY, (fault, name, text)))
 
     return add
-
-
-def _figures_table() -> str:
-    head = ("fault test", "figure", "value")
-    widths = [max(len(r[i]) for r in [head, *_FIGURES]) for i in range(3)]
-    line = "  ".join("-" * w for w in widths)
-    rows = [head, None, *_FIGURES]
-    return "\n".join(line if r is None else "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                     for r in rows)
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if not _FIGURES:
-        return
-    table = _figures_table()
-    target = os.environ.get(FIGURES_ENV)
-    if target:
-        path = Path(target)
-    else:
-        path = Path(config._tmp_path_factory.getbasetemp()) / "fault-figures.txt"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(table + "\n")
-        where = f"written to {path}"
-    except OSError as e:
-        where = f"not written to {path}: {e}"
-    terminalreporter.section("fault figures")
-    terminalreporter.write_line(table)
-    terminalreporter.write_line(f"({where})")
