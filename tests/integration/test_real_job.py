@@ -315,6 +315,7 @@ def test_a_code_bug_crashing_every_attempt_is_restarted_at_most_twice_then_paged
 
     def answered(n: int) -> bool:
         got = job.outcome()
+        assert got.evictions == (), f"a code bug evicted {got.evictions}: {got}"  # fails at once, not at the deadline
         return len(got.restarts) + len(got.pages) >= n
 
     while True:  # each crash must be answered in time: by a restart in place, or (at last) a page
