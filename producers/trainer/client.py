@@ -19,8 +19,9 @@ the job record) is never dropped; it grows by one record per heartbeat period
 at most, and the sending thread empties it every flush.
 
 Exit: `close()` (also registered with `atexit`) queues, unless a signal
-stopped the rank (below), a `framework` record of type `exit` with `code` 0 (the rank finished: when every rank of a job sends
-one, the job ended and its silence is no fault), stops the heartbeats and sends
+stopped the rank (below), a `framework` record of type `exit` with `code` 0
+(the rank finished: when every rank of a job sends one, the job ended and its
+silence is no fault), stops the heartbeats and sends
 what is left, waiting at most `timeout_s`; whatever cannot be sent by then
 stays in the spool for the next process of this job and rank. An uncaught
 exception instead queues a `framework` record of type `exception` with its
@@ -33,7 +34,9 @@ record `stop` naming the signal, sends it waiting at most `signal_flush_s`
 (2 s), then hands the signal on: to the previous handler when it was a Python
 one (SIGINT's default raises KeyboardInterrupt, as before), else the default
 action is restored and the signal raised again, so the process still dies by
-it. A handler the process had ignored (SIG_IGN) stays ignored.
+it. A handler the process had ignored (SIG_IGN) stays ignored. A child forked
+after the client (a DataLoader worker) inherits the hooks but says nothing: it
+only passes the signal on.
 
 Known pauses: `with client.pause("checkpoint"):` around a synchronous save (or
 an evaluation pass) sends `lifecycle` `pause` before and `resume` after, so a
@@ -414,6 +417,7 @@ class TrainerClient:
         if threading.current_thread() is not threading.main_thread():
             log.info("gangwatch: client made off the main thread: no SIGTERM/SIGINT hooks")
             return
+        self._pid = os.getpid()  # a forked child (a DataLoader worker) inherits the hooks, not the client's threads
         for sig in STOP_SIGNALS:
             try:
                 previous = signal.getsignal(sig)
@@ -436,7 +440,7 @@ class TrainerClient:
         """A stop on purpose: the `stop` record goes out (waiting at most `signal_flush_s`), then the signal is
         handed on as if this hook were not there; it is never swallowed."""
         previous = self._previous_signals.get(signum, signal.SIG_DFL)
-        if not self._closed and self.stopped_by is None:
+        if not self._closed and self.stopped_by is None and os.getpid() == self._pid:
             self.stopped_by = STOP_SIGNALS.get(signum, f"signal {signum}")
             try:
                 self.lifecycle("stop", self.stopped_by)

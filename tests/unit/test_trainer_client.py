@@ -487,6 +487,27 @@ def test_a_previous_sigterm_handler_is_still_called_after_the_stop(tmp_path):
     assert [r.type for r in recs if r.kind == "framework"] == []  # the stop said it: no `exit` at close
 
 
+def test_a_forked_child_that_gets_sigterm_says_nothing_and_dies_by_it(tmp_path):
+    body = ("import signal\n"
+            "pid = os.fork()\n"
+            "if pid == 0:  # a DataLoader worker, say: it inherits the hooks, not the client\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    os._exit(3)\n"
+            "_, status = os.waitpid(pid, 0)\n"
+            "print('child', os.WIFSIGNALED(status) and os.WTERMSIG(status), flush=True)\n"
+            "client.close()\n")
+    script = tmp_path / "train.py"
+    script.write_text(STOPPED.format(body=body).replace("spool_dir=sys.argv[2])", "spool_dir=sys.argv[2], "
+                                                        "background=False)"))
+    sent = tmp_path / "sent.jsonl"
+    proc = subprocess.run([sys.executable, str(script), str(sent), str(tmp_path / "spool")], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and f"child {int(signal.SIGTERM)}" in proc.stdout, proc.stderr
+    recs = [r for line in sent.read_bytes().splitlines() for r in decode(line)]
+    assert [r for r in recs if isinstance(r, Lifecycle)] == []  # the parent was never stopped
+    assert [(r.type, r.extra.get("code")) for r in recs if r.kind == "framework"] == [("exit", 0)]
+
+
 def test_signal_hooks_can_be_turned_off_and_are_removed_at_close(tmp_path):
     before = signal.getsignal(signal.SIGTERM)
     client = TrainerClient(job="j1", send=Recorder(), background=False, spool_dir=tmp_path, signal_hooks=False)
