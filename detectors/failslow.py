@@ -19,7 +19,11 @@ Per closed step, vectorized over all ranks:
                spreads of the stage's usual slownesses above their median)
                (and slower than the stage's median in most of those steps)
                gets one `heterogeneous` finding with its steady ratio: a
-               difference, reported once, never a reason to evict.
+               difference, reported once, and no reason to evict while what
+               it costs the job is small; one costing the job
+               `het_incident_frac` (10 %) of its step or more is a straggler
+               all the same, decided like one (replace, or a human told the
+               figure).
 1. score     - `relative_scores`: robust z of compute_s against the stage
                median/MAD, and of comm_wait_s the other way round; both must
                agree (the smaller counts). `individual_scores`: the rank's
@@ -110,6 +114,7 @@ class FailSlowConfig:
     regrow_min_slowness: float = 0.05  # ... and at least this much (0.05: 5 % of its stage's work) ...
     regrow_min_frac: float = 0.01  # ... and its cost has grown by at least this much of the step ...
     max_reports: int = 8  # ... at most this many times in all
+    het_incident_frac: float = 0.10  # a heterogeneous rank costing the job this share of its step is decided on
     buffer: BufferConfig = BufferConfig()
 
 
@@ -160,10 +165,20 @@ class Heterogeneity(Evidence):
     since_step: int  # the first of them
     step: int  # the last of them
     pp: int
+    incident_frac: float | None = None  # what replacing it must save of each step to be decided on (None: never)
+    floor_frac: float | None = None  # what the next-slowest rank adds: no replacement of this one saves that
 
 
+def _costly(ev: Heterogeneity) -> bool:
+    """Replacing it would save the job `incident_frac` of each step: its cost down to the next-slowest rank."""
+    return ev.incident_frac is not None and ev.cost_frac - (ev.floor_frac or 0.0) >= ev.incident_frac
+
+
+# a difference, not a fault, while it costs little; costing the job a tenth of its step, a straggler to decide
 HETEROGENEOUS = FindingType("heterogeneous", Heterogeneity, Policy(
-    incident=None, weight=0.0, risk=0.0, grade="heterogeneous",
+    incident="fail_slow", opens=lambda f, ev: _costly(ev), weight=lambda f, ev: 0.7 if _costly(ev) else 0.0,
+    risk=lambda f, ev: 0.3 if _costly(ev) else 0.0, grade="heterogeneous",
+    slowdown_frac=lambda f, ev: ev.cost_frac if _costly(ev) else None, slow_floor=lambda f, ev: ev.floor_frac or 0.0,
     label=lambda f, ev: "heterogeneous"))
 
 
@@ -352,6 +367,7 @@ class FailSlowDetector(StepScorer):
                 (self.cabove >= cfg.het_steady * self.cnum)
         self.het |= het
         costs = step_costs(usual, med_w, typ_step)
+        top = np.argsort(np.nan_to_num(costs))[::-1][:2]  # the slowest two: each one's floor is the other's cost
         out = []
         for r in np.flatnonzero(het).tolist():
             out.append(HETEROGENEOUS.finding(
@@ -360,7 +376,9 @@ class FailSlowDetector(StepScorer):
                 evidence=Heterogeneity(
                     ratio=round(float(1.0 + usual[r]), 6), cost_frac=round(float(costs[r]), 6),
                     stage_spread_frac=round(float(spread[r]), 6), steps=int(self.cnum[r]),
-                    since_step=int(self.first_step), step=c.step, pp=int(self.topo.pp[r]))))
+                    since_step=int(self.first_step), step=c.step, pp=int(self.topo.pp[r]),
+                    incident_frac=cfg.het_incident_frac,
+                    floor_frac=round(float(costs[top[1] if r == top[0] else top[0]]) if costs.size > 1 else 0.0, 6))))
         return out
 
     def _needed(self) -> tuple[np.ndarray, np.ndarray]:

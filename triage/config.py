@@ -43,6 +43,7 @@ class TriageConfig:
     spares: int | None = None  # hot spares per job (None: unlimited)
     replace_cost_s: float = 120.0  # job time lost to a hot replacement
     failslow_horizon_s: float = 1800.0  # how long a straggler would keep slowing the job if kept
+    straggler_page_frac: float = 0.10  # a straggler costing this share of each step that is not replaced: a human
     corroborate_window_s: float = 300.0  # hardware evidence this long before a straggler's onset still explains it
     planned_window_s: float = 1800.0  # an `ops` planned record covers stops this long after it
     risk_half_life_s: float = 86400.0

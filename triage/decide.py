@@ -58,6 +58,7 @@ class Situation:
     replacements: int = 1  # ... how many replacements that gain takes (the slow groups replaced together)
     replace: bool | None = None  # ... the joint plan's answer (None: this straggler's gain against its cost)
     where: str = ""  # ... what its culprits share, said after their names (" under switch sw02")
+    page_frac: float = 0.10  # ... whose replacement would gain this much of each step, not replaced: a human is told
     software_ranks: tuple[int, ...] = ()  # ranks whose process exited / raised, without hardware evidence
     software_nodes: tuple[str, ...] = ()  # ... and their nodes (named in the action; never evicted for it)
     stalled_s: float = 0.0  # a job-wide stall: how long the job has made no progress
@@ -128,9 +129,16 @@ def _straggler(s: Situation, culprits: tuple[str, ...]) -> list[Decision]:
            f"{s.remaining_frac:.1%} longer (the next-slowest ranks): ~{saved:.0f} s saved over {horizon:.0f} s "
            f"against {n} replacement{'s' if n > 1 else ''} ({cost:.0f} s)")
     replace = s.replace if s.replace is not None else saved >= cost
+    dear = gain >= s.page_frac  # what the job loses to it (down to the next-slowest) is too much to live with
     if not replace:
+        if dear:
+            return [Decision("escalate", culprits, "manual", f"{why}: replacing does not pay for itself, but the job "
+                             f"loses {gain:.1%} of every step to it: a human must decide")]
         return [Decision("degrade", culprits, "non_stop", f"{why}: keep running and watch")]
     if not _spares_for(s, len(culprits)):
+        if dear:
+            return [Decision("escalate", culprits, "manual", f"{why}, but no spare left: the job loses "
+                             f"{gain:.1%} of every step to it until a human adds one")]
         return [Decision("degrade", culprits, "non_stop", f"{why}, but no spare left: keep running")]
     return [Decision("replace", culprits, "hot", f"{why}: replace")]
 

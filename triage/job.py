@@ -454,7 +454,8 @@ class Triage:
                 spares_left=None if cfg.spares is None else cfg.spares - self.spares_used,
                 replace_cost_s=cfg.replace_cost_s, failslow_horizon_s=cfg.failslow_horizon_s,
                 slowdown_frac=cost[d], remaining_frac=plan.remaining_frac, gain_frac=plan.gain_frac,
-                replacements=plan.replacements, replace=plan.replace, summary=self._summary(mine[d]), where=where)
+                replacements=plan.replacements, replace=plan.replace, summary=self._summary(mine[d]), where=where,
+                page_frac=cfg.straggler_page_frac)
             decisions = self.guards.review(decide(situation), now, len(topo.nodes))
             target.decided_ts, target.stall_step = now, self.max_step
             target.localized_ts = target.localized_ts or now

@@ -100,3 +100,17 @@ def test_a_hang_with_two_culprits_names_and_replaces_both(tmp_path):
     assert inc["culprit_nodes"] == culprits
     assert evicted(actions) == culprits
     assert [a["type"] for a in actions] == ["collect_stacks", "replace"]
+
+
+def test_a_large_steady_straggler_from_the_first_step_is_decided_on_what_it_costs(tmp_path):
+    """The shape of ByteDance's public straggler trace: one worker computes ~2.35x its stage peers from the start
+    (more than half the job's time lost). Heterogeneous since the start, yet far too costly to live with: an
+    incident, replaced (a spare exists), the cost in the reason; the other ranks untouched."""
+    sc = Scenario("steady_straggler", seed=16, tp=8, pp=2, dp=4, duration_s=400.0,
+                  faults=(Fault("heterogeneous", 0.0, rank=21, magnitude=1.35),))
+    findings, actions, incidents, _ = run(tmp_path, sc)
+    [het] = [f for f in findings if f["type"] == "heterogeneous"]
+    assert het["rank"] == 21 and het["evidence"]["cost_frac"] - het["evidence"]["floor_frac"] >= 0.10
+    [a] = [a for a in actions if a["type"] in EVICTING]
+    assert (a["type"], a["nodes"]) == ("replace", [het["node"]]) and "longer" in a["reason"]
+    assert [i["class"] for i in incidents] == ["fail_slow"]

@@ -71,9 +71,11 @@ def test_costly_straggler_is_replaced():
     assert (d.type, d.nodes, d.path) == ("replace", ("n003",), "hot")
 
 
-def test_costly_straggler_without_spare_is_degraded():
-    [d] = decide(sit("fail_slow", slowdown_frac=0.10, spares_left=0))
+def test_a_straggler_without_spare_is_kept_running_unless_it_costs_a_tenth_of_the_step():
+    [d] = decide(sit("fail_slow", slowdown_frac=0.05, spares_left=0))
     assert d.type == "degrade"
+    [d] = decide(sit("fail_slow", slowdown_frac=0.10, spares_left=0))  # a human is told what it costs
+    assert d.type == "escalate" and "the job loses 10.0% of every step" in d.reason
 
 
 def test_single_rank_software_fault_restarts_in_process():

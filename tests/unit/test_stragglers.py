@@ -90,6 +90,28 @@ def test_the_reason_shows_the_gain_and_the_cost():
     assert d.type == "replace" and "~216 s saved over 1800 s against 1 replacement (120 s): replace" in d.reason
 
 
+def _het(topo, cost, incident_frac=0.10):
+    return HETEROGENEOUS.finding(ts=T0 + 40, job="j", detector="failslow.heterogeneous", key=1, rank=21, topo=topo,
+                                 score=60.0, evidence=Heterogeneity(ratio=2.35, cost_frac=cost, stage_spread_frac=0.01,
+                                                                    steps=30, since_step=10, step=39, pp=0,
+                                                                    incident_frac=incident_frac))
+
+
+def test_a_heterogeneous_rank_costing_the_job_more_than_a_tenth_is_replaced_when_a_spare_exists(topo):
+    """ByteDance's public straggler trace: one worker computing ~2.35x its stage peers from the start costs the
+    job 55 % of its time: decided like a straggler, the figure in the reason."""
+    out = run(Triage("j", TriageConfig(), topo), [_het(topo, 0.55), ("advance", T0 + 200)])
+    [a] = out.actions
+    assert (a.type, a.nodes) == ("replace", ["n002"]) and "55.0% longer" in a.reason
+    assert out.incidents[-1].cls == "fail_slow" and out.incidents[-1].culprit_nodes == ["n002"]
+
+
+def test_a_costly_heterogeneous_rank_with_no_spare_left_goes_to_a_human_with_its_cost(topo):
+    out = run(Triage("j", TriageConfig(spares=0), topo), [_het(topo, 0.55), ("advance", T0 + 200)])
+    [a] = out.actions
+    assert (a.type, a.nodes) == ("escalate", ["n002"]) and "no spare left: the job loses 55.0%" in a.reason
+
+
 def test_a_heterogeneous_rank_is_reported_and_never_evicted(topo):
     tri = Triage("j", TriageConfig(), topo)
     het = HETEROGENEOUS.finding(ts=T0 + 40, job="j", detector="failslow.heterogeneous", key=1, rank=21, topo=topo,
