@@ -20,6 +20,7 @@ is down when training starts delays nothing but this thread.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -107,6 +108,13 @@ class KafkaSend:
 
     A failed send closes the producer without waiting (so it cannot deliver the
     message later behind the spool's back) and the next send makes a new one.
+
+    kafka-python closes each producer from an `atexit` handler of its own. Made
+    after the client registered its `close`, that handler would run first (atexit
+    runs last in, first out) and leave the client's last records, the `exit` or
+    `exception` of a process that ends by `sys.exit` or an uncaught exception, to
+    a closed producer: spooled, and sent only by the next process of the rank. So
+    the handler is taken back; the client's close closes the producer (`close`).
     """
 
     def __init__(self, bootstrap: str, timeout_s: float = 5.0) -> None:
@@ -122,6 +130,9 @@ class KafkaSend:
                 bootstrap_servers=self.bootstrap, bootstrap_timeout_ms=ms, max_block_ms=ms, request_timeout_ms=ms,
                 delivery_timeout_ms=2 * ms, linger_ms=0, compression_type="gzip", max_request_size=16 << 20,
                 client_id="gangwatch-trainer", **kafka_python_security())
+            cleanup = getattr(self._producer, "_cleanup", None)
+            if cleanup is not None:  # kafka-python's own atexit close: ours (the client's) comes after the last send
+                atexit.unregister(cleanup)
         try:
             self._producer.send(topic, key=key, value=value).get(timeout=2 * self.timeout_s + 1)
         except Exception:

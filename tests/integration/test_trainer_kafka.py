@@ -93,3 +93,29 @@ def test_without_a_broker_steps_return_at_once_and_the_backlog_is_sent_when_one_
     recs = records(kafka_bootstrap, topics.telemetry)
     assert [r.step for r in recs if r.kind == "step"] == list(range(301))  # the outage's steps first, in order
     assert not list(spool.glob("*.spool"))
+
+
+@pytest.mark.parametrize("ending", ["sys.exit(0)", "raise RuntimeError('a bug in the loss')"])
+def test_the_last_record_of_a_process_that_ends_by_itself_reaches_the_broker(kafka_bootstrap, topics, tmp_path,
+                                                                              ending):
+    """A rank that calls sys.exit or dies of an exception says so at exit (`exit` / `exception`), and it goes
+    out then, not spooled for the next process: kafka-python's own atexit close of its producer must not run
+    before the client's."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys\n"
+        "from gangwatch.producers.trainer import TrainerClient\n"
+        f"client = TrainerClient(job='j8', rank=2, world_size=4, nodes=['n1'] * 4, bootstrap={kafka_bootstrap!r},\n"
+        f"                       topic_prefix={topics.prefix!r}, spool_dir={str(tmp_path / 'spool')!r})\n"
+        "client.step(0)\n"
+        "assert client.flush(10)  # the producer exists now, after the client's atexit close was registered\n"
+        f"{ending}\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == (0 if ending.startswith("sys.exit") else 1), proc.stderr
+    assert "spooling" not in proc.stderr, proc.stderr
+    last = "exit" if ending.startswith("sys.exit") else "exception"
+    wait_for(lambda: last in {r.type for r in records(kafka_bootstrap, topics.telemetry) if r.kind == "framework"},
+             30, f"the {last} record on the broker")
