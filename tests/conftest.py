@@ -99,6 +99,7 @@ def _order(item) -> int:
     return 3
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     if _xdist_on(config) or os.environ.get("PYTEST_XDIST_WORKER"):
         _lanes(items)
