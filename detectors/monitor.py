@@ -123,8 +123,9 @@ def _failstop_run(det: FailStopDetector, run: RecordRun) -> list[tuple[int, list
 
 def _hang_run(det: HangDetector, run: RecordRun) -> list[tuple[int, list[Finding]]]:
     """Steps: each rank's last step is the largest it reported; only a step past the job's newest one (a
-    handful per run) moves the job's progress."""
-    if "framework" in run.by_kind:
+    handful per run) moves the job's progress; a run with a framework or lifecycle record goes through
+    `observe`, record by record."""
+    if "framework" in run.by_kind or "lifecycle" in run.by_kind:
         return observe_each(det, run)
     cols = run.steps()
     ok = cols.rank < det.topo.size
