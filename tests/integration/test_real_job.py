@@ -350,15 +350,16 @@ def test_a_rank_that_exits_0_alone_while_its_peers_train_is_its_node_s_failure(l
 
     job.wait(lambda: bool(named()), DECIDED_WITHIN_S, "an incident naming n2, decided")
     decided_s = time.monotonic() - started
-    if job.outcome().evictions:  # taken out: the job trains on without it
-        job.wait(lambda: all(i["recovered_ts"] is not None for i in named()), RECOVERED_WITHIN_S, "the recovery")
-    job.stop_controller()
+    acted = job.outcome()
+    if acted.evictions or acted.restarts:  # carried out (n2 replaced, or the job restarted in place) ...
+        job.wait(lambda: job.attempts() > 1, 60.0, "the controller's restart")
+    job.stop_controller()  # ... and then stopped by its user: the case ends here
     job.caught_up()
     got = job.outcome()
     assert [c for _, c in got.incidents] == [("n2",)], (got, job.findings())
-    assert {n for _, nodes in got.evictions for n in nodes} <= {"n2"} and got.restarts == ()
-    assert {n for nodes in got.pages for n in nodes} <= {"n2"}
+    assert {n for _, nodes in got.evictions for n in nodes} <= {"n2"}, got  # nobody else is taken out
+    assert {n for nodes in got.pages for n in nodes} <= {"n2"}, got
     recs = job.inputs()
-    exits = [r for r in recs if r.kind == "framework" and r.type == "exit"]
+    exits = [r for r in recs if r.kind == "framework" and r.type == "exit" and r.ts < named()[0]["decided_ts"]]
     assert [(node_of(recs[:recs.index(r)], r.rank), r.extra.get("code")) for r in exits] == [("n2", 0)]
     same_when_replayed(job, got, fault_figures, started, decided_s=round(decided_s, 1))
