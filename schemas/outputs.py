@@ -107,6 +107,7 @@ class Outputs:
     rejected: list[DecodeError] = field(default_factory=list)  # the runtime adds where they came from
     profiles: list[ProfileSnapshot] = field(default_factory=list)  # node profiles that changed
     life: list[Finding] = field(default_factory=list)  # the job's life: `job_state` findings, kept apart from faults
+    shadow: list[Action] = field(default_factory=list)  # shadow mode: actions recorded, never sent (and verdicts)
 
     def extend(self, other: Outputs) -> None:
         self.findings += other.findings
@@ -115,6 +116,8 @@ class Outputs:
         self.rejected += other.rejected
         self.profiles += other.profiles
         self.life += other.life
+        self.shadow += other.shadow
 
     def __bool__(self) -> bool:
-        return bool(self.findings or self.actions or self.incidents or self.rejected or self.profiles or self.life)
+        return bool(self.findings or self.actions or self.incidents or self.rejected or self.profiles or self.life
+                    or self.shadow)

@@ -284,6 +284,8 @@ class AlertmanagerSink:
             del reasons[:-8]  # the newest few are enough for a notification
 
     def _on_incident(self, inc: Incident) -> None:
+        if inc.extra.get("shadow"):
+            return  # shadow mode: nobody is paged for what was only recorded
         now = self._clock()
         o = self._open.get(inc.id)
         if o is None:

@@ -141,7 +141,7 @@ def _atoms(ops: list[Op]) -> list[Op]:
         if kind != "write":
             out.append((kind, x))
             continue
-        for name in ("findings", "actions", "incidents", "profiles", "life"):
+        for name in ("findings", "actions", "incidents", "profiles", "life", "shadow"):
             for item in getattr(x, name):
                 out.append(("write", Outputs(**{name: [item]})))
     return out
@@ -150,7 +150,7 @@ def _atoms(ops: list[Op]) -> list[Op]:
 def _count(ops: Iterable[Op]) -> int:
     n = 0
     for kind, x in ops:
-        n += len(x.findings) + len(x.actions) + len(x.incidents) + len(x.profiles) + len(x.life) \
+        n += len(x.findings) + len(x.actions) + len(x.incidents) + len(x.profiles) + len(x.life) + len(x.shadow) \
             if kind == "write" else 1
     return n
 
@@ -159,7 +159,7 @@ def _items(op: Op) -> list[Any]:
     kind, x = op
     if kind != "write":
         return [x]
-    return [*x.findings, *x.actions, *x.incidents, *x.profiles, *x.life]
+    return [*x.findings, *x.actions, *x.incidents, *x.profiles, *x.life, *x.shadow]
 
 
 def _raw(item: Any) -> tuple[str | None, str, float | None]:
@@ -254,7 +254,7 @@ class QueuedSink:
                           actions=out.actions if "action" in a else [],
                           incidents=out.incidents if "incident" in a else [],
                           profiles=out.profiles if "profile" in a else [],
-                          life=out.life if "life" in a else [])
+                          life=out.life if "life" in a else [], shadow=out.shadow if "shadow" in a else [])
         n = _count([("write", out)])
         if n:
             self._stage(("write", out), n)

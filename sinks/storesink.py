@@ -34,7 +34,7 @@ import orjson
 from gangwatch.schemas import DeadLetter, Outputs, Record
 from gangwatch.sinks.base import DeliveryError
 from gangwatch.sinks.store import Store, store_error_transient
-from gangwatch.sinks.tables import ROW_OF, job_row, profile_row, rejected_row, telemetry_row
+from gangwatch.sinks.tables import ROW_OF, action_row, job_row, profile_row, rejected_row, telemetry_row
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class StoreSink:
     @property
     def accepts(self) -> frozenset[str]:
         """What it stores (a queue in front of it holds nothing else): raw inputs only with `telemetry`."""
-        kinds = {"finding", "action", "incident", "profile", "life", "reject"}
+        kinds = {"finding", "action", "incident", "profile", "life", "shadow", "reject"}
         return frozenset(kinds | {"observe"} if self.telemetry else kinds)
 
     def write(self, out: Outputs) -> None:
@@ -78,6 +78,8 @@ class StoreSink:
             self._add("gw_node_profiles", profile_row(p))
         for f in out.life:
             self._add("gw_jobs", job_row(f))
+        for a in out.shadow:
+            self._add("gw_actions", action_row(a))
 
     def reject(self, dead: DeadLetter) -> None:
         self._add("gw_rejected", rejected_row(dead))

@@ -33,7 +33,7 @@ CREATE TABLE IF NOT EXISTS {db}gw_findings (
     "gw_actions": """
 CREATE TABLE IF NOT EXISTS {db}gw_actions (
     id String, ts Float64, event_time DateTime, job String, incident String, type String,
-    nodes Array(String), reason String, evidence Array(String), path String
+    nodes Array(String), reason String, evidence Array(String), path String, shadow UInt8, verdict String
 ) ENGINE = ReplacingMergeTree PARTITION BY toYYYYMM(event_time) ORDER BY (job, id)""",
     "gw_incidents": """
 CREATE TABLE IF NOT EXISTS {db}gw_incidents (
@@ -72,6 +72,8 @@ CREATE TABLE IF NOT EXISTS {db}gw_rejected (
 
 # table -> columns (name, type) added after its first release, in the order they were added
 ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    # shadow mode (triage/shadow.py): 1 for an action only recorded; its verdict once scored ("true", "false")
+    "gw_actions": (("shadow", "UInt8"), ("verdict", "String")),
     "gw_rejected": (("ts", "Float64"), ("batch_index", "Nullable(Int64)"), ("line", "Nullable(Int64)"),
                     ("topic", "String"), ("partition", "Nullable(Int32)"), ("offset", "Nullable(Int64)")),
 }
@@ -136,7 +138,8 @@ def job_row(f: Finding) -> dict[str, Any]:
 
 def action_row(a: Action) -> dict[str, Any]:
     return {"id": a.id, "ts": a.ts, "event_time": _dt(a.ts), "job": a.job, "incident": a.incident, "type": a.type,
-            "nodes": list(a.nodes), "reason": a.reason, "evidence": list(a.evidence), "path": a.path or ""}
+            "nodes": list(a.nodes), "reason": a.reason, "evidence": list(a.evidence), "path": a.path or "",
+            "shadow": int(bool(a.extra.get("shadow"))), "verdict": str(a.extra.get("verdict") or "")}
 
 
 def incident_row(i: Incident) -> dict[str, Any]:

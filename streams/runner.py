@@ -404,7 +404,7 @@ class JobRunner:
             for rec in recs:
                 res.sends.append(Send(topic, key, encode(rec)))
         res.outputs.extend(Outputs(out.findings, out.actions, out.incidents, profiles=out.profiles,
-                                   life=out.life))  # rejects apart
+                                   life=out.life, shadow=out.shadow))  # rejects apart
         for err in out.rejected:
             if it is not None:
                 reject(res, err, it.msg, it.ts, t.dlq, "core")

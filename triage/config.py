@@ -47,6 +47,8 @@ class TriageConfig:
     corroborate_window_s: float = 300.0  # hardware evidence this long before a straggler's onset still explains it
     planned_window_s: float = 1800.0  # an `ops` planned record covers stops this long after it
     risk_half_life_s: float = 86400.0
+    shadow: bool = False  # record every action it would take, send none, and score them (triage/shadow.py)
+    shadow_window_s: float = 600.0  # how long after a would-be action its verdict is waited for
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TriageConfig:

@@ -43,6 +43,7 @@ class Timeline:
     attempts: int = 0  # a crash loop: how many times it recurred after a restart
     signature: str | None = None  # the software failure it is about (a crash loop recurs with the same one)
     withdrawn: list[str] = field(default_factory=list)  # its findings a late record showed wrong
+    shadow: bool = False  # its actions were only recorded (shadow mode): nothing was sent
 
     def promote(self, cls: str) -> bool:
         """Raise the class if `cls` explains more (a hang that turns out to be a dead node is fail_stop)."""
@@ -84,7 +85,8 @@ class Timeline:
             extra={"findings": list(self.findings[:64]), "actions": list(self.actions),
                    **({"resolution": self.resolution} if self.resolution else {}),
                    **({"attempts": self.attempts} if self.attempts else {}),
-                   **({"withdrawn": list(self.withdrawn)} if self.withdrawn else {})},
+                   **({"withdrawn": list(self.withdrawn)} if self.withdrawn else {}),
+                   **({"shadow": True} if self.shadow else {})},
         )
 
     def to_dict(self) -> dict[str, Any]:

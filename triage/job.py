@@ -67,6 +67,7 @@ from gangwatch.triage.incident import Timeline
 from gangwatch.triage.localize import Localization, localize
 from gangwatch.triage.profile import NodeProfile
 from gangwatch.triage.safety import Guards
+from gangwatch.triage.shadow import Shadow
 
 _CORROBORATE_S = 1800.0  # a numeric anomaly this soon after an SDC decision belongs to it
 _KEEP_WAITING = 16
@@ -98,6 +99,8 @@ class Triage:
         self.run_ts = float("-inf")  # when the current run's job record was sent
         # crash loops: failure signature -> {"incident": the closed incident's timeline, "step": where it failed}
         self.loops: dict[str, dict[str, Any]] = {}
+        self.shadow = Shadow(config.shadow_window_s)  # would-be actions waiting for their verdict
+        self.shadow_ops: bool | None = None  # an `ops` record's `shadow` / `act` for this job (None: the setting)
 
     # --- inputs ---------------------------------------------------------------
 
@@ -125,6 +128,8 @@ class Triage:
                 self._on_life(t, out)
                 continue
             out.findings.append(f)
+            if self.shadow.watch and t.incident_class is not None:
+                self.shadow.on_finding(f)
             if t.withdraws is not None:
                 self._withdraw(t, out)
                 continue
@@ -144,6 +149,8 @@ class Triage:
         if rec.kind == "step":
             if rec.step > self.max_step:
                 self.max_step = rec.step
+                if self.shadow.watch:
+                    self.shadow.on_progress(rec.step, rec.ts, out)
                 if inc and inc.decided_ts is not None and rec.step > inc.stall_step and rec.ts > inc.decided_ts:
                     inc.recovered_ts = rec.ts
                     self._close(rec.ts, out)
@@ -154,6 +161,8 @@ class Triage:
             self._on_recovery(rec, out)
         elif rec.kind == "ops":
             self.guards.on_ops(rec, self.config.planned_window_s)
+            if rec.type in ("shadow", "act"):  # an operator turns shadow mode on or off for this job
+                self.shadow_ops = rec.type == "shadow"
         elif rec.kind == "framework" and clean_exit(rec) and self.topo is not None and rec.rank < self.topo.size:
             self.finished.add(rec.rank)
         return out
@@ -235,6 +244,8 @@ class Triage:
         inc = self.incident
         if inc is not None and inc.decided_ts is None and now >= inc.decide_at:
             self._decide(inc.decide_at, out)
+        if self.shadow.watch:
+            self.shadow.advance(now, out)
         return out
 
     # --- incidents --------------------------------------------------------------
@@ -490,11 +501,19 @@ class Triage:
         if a.id in inc.actions:
             return
         inc.actions.append(a.id)
+        if inc.path is None or d.type != "escalate":
+            inc.path = d.path if inc.path in (None, "non_stop") or d.type in ("replace", "evict_group") else inc.path
+        if self._shadowed():  # recorded, scored later, sent nowhere; the incident follows it as if it were sent
+            inc.shadow = True
+            self.shadow.would(a, inc.cls, self.max_step, out)
+            if d.type in EVICTING_ACTIONS:
+                self.guards.give_back(list(d.nodes))  # nothing was evicted: the blast radius is untouched
+            if d.type == "degrade":
+                self.degraded.update({n: now for n in d.nodes})
+            return
         if d.type in RESTARTING_ACTIONS:
             inc.restarts.append(a.id)
         out.actions.append(a)
-        if inc.path is None or d.type != "escalate":
-            inc.path = d.path if inc.path in (None, "non_stop") or d.type in ("replace", "evict_group") else inc.path
         if d.type in EVICTING_ACTIONS:
             new = [n for n in d.nodes if n not in inc.evicted_nodes]
             inc.evicted_nodes = sorted(set(inc.evicted_nodes) | set(new))
@@ -509,6 +528,9 @@ class Triage:
             for n in d.nodes:
                 self.kept.pop(n, None)
                 self.replacing.add(n)
+
+    def _shadowed(self) -> bool:
+        return self.config.shadow if self.shadow_ops is None else self.shadow_ops
 
     def _close(self, ts: float, out: Outputs) -> None:
         inc = self.incident
@@ -545,7 +567,7 @@ class Triage:
                 "finished": sorted(self.finished),
                 "restarting": list(self.restarting) if self.restarting else None,
                 "life": self.life, "run_ts": None if self.run_ts == float("-inf") else self.run_ts,
-                "loops": self.loops}
+                "loops": self.loops, "shadow": self.shadow.state(), "shadow_ops": self.shadow_ops}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], config: TriageConfig, topo: Topology) -> Triage:
@@ -565,5 +587,7 @@ class Triage:
         tri.life = state.get("life")
         tri.run_ts = float("-inf") if state.get("run_ts") is None else state["run_ts"]
         tri.loops = dict(state.get("loops", {}))
+        tri.shadow = Shadow.from_state(state.get("shadow", []), config.shadow_window_s)
+        tri.shadow_ops = state.get("shadow_ops")
         return tri
 

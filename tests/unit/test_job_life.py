@@ -9,8 +9,9 @@ the worker's silence timer moves it), and asserts the exact actions, incidents a
 from __future__ import annotations
 
 import pytest
-from gangwatch.schemas import Framework, Heartbeat, Job, Lifecycle, Outputs, RankInfo, Step
-from gangwatch.triage.engine import Core
+from gangwatch.schemas import Framework, Heartbeat, Job, Lifecycle, Ops, Outputs, RankInfo, Step
+from gangwatch.triage.config import TriageConfig
+from gangwatch.triage.engine import Core, CoreConfig
 
 pytestmark = pytest.mark.unit
 
@@ -45,8 +46,8 @@ def run_of(start: float, first_step: int, steps: int, *, gap: dict[int, float] |
     return recs, t
 
 
-def replay(recs: list, until: float) -> Outputs:
-    core, out = Core(), Outputs()
+def replay(recs: list, until: float, **triage) -> Outputs:
+    core, out = Core(CoreConfig(triage=TriageConfig(**triage))), Outputs()
     for rec in sorted(recs, key=lambda r: r.ts):
         core.process(rec, out)
     now = max(r.ts for r in recs)
@@ -201,3 +202,39 @@ def test_a_silence_a_late_heartbeat_disproves_is_withdrawn_before_anything_is_do
     assert out.findings[1].evidence["withdrawn"] == out.findings[0].id
     assert out.actions == []
     assert final(out) and all(i.extra.get("resolution") == "withdrawn" for i in final(out).values())
+
+
+# --- shadow mode ---------------------------------------------------------------------------------------
+
+
+def verdicts(out: Outputs) -> list[tuple[str, list[str], str]]:
+    return [(a.type, a.nodes, a.extra["verdict"]) for a in out.shadow if "verdict" in a.extra]
+
+
+def test_in_shadow_mode_a_dead_nodes_replacement_is_recorded_sent_nowhere_and_scored_right():
+    """n2 loses power at +60 s and the job stays down (nothing acted on it): the would-be replace was right."""
+    recs, end = run_of(T0, 0, 120, silent={2: T0 + 60.0, 3: T0 + 60.0})
+    recs = [r for r in recs if not (r.kind == "step" and r.ts > T0 + 60.0)]  # the gang waits for n2
+    out = replay(recs, T0 + 60 + 700, shadow=True)
+    assert out.actions == [] and [(a.type, a.nodes) for a in out.shadow][:1] == [("replace", ["n2"])]
+    assert all(a.extra["shadow"] for a in out.shadow) and all(i.extra.get("shadow") for i in out.incidents)
+    assert verdicts(out) == [("replace", ["n2"], "true")]
+
+
+def test_in_shadow_mode_a_page_for_a_stall_the_job_recovers_from_by_itself_is_scored_false():
+    """A 6-minute unannounced stall outlasts its 300 s budget: the would-be page; then the job steps on."""
+    recs, end = run_of(T0, 0, 120, gap={60: 360.0})
+    out = replay(recs, end + 5, shadow=True)
+    assert [a.type for a in out.actions] == ["collect_stacks"]  # a sweep is diagnosis: still asked for
+    assert verdicts(out) == [("escalate", [], "false")]
+    assert "stepped past step 59" in [a for a in out.shadow if "verdict" in a.extra][0].extra["why"]
+
+
+def test_shadow_mode_is_turned_on_for_one_job_by_an_ops_record_and_off_again():
+    recs, end = run_of(T0, 0, 200, silent={2: T0 + 60.0, 3: T0 + 60.0})
+    on = Ops(ts=T0 + 5.0, type="shadow", job="j", note="watch before trusting")
+    out = replay([*recs, on], end + 5)
+    assert out.actions == [] and [a.type for a in out.shadow][:1] == ["replace"]
+    off = Ops(ts=T0 + 30.0, type="act", job="j")
+    out = replay([*recs, on, off], end + 5)
+    assert [a.type for a in out.actions] == ["replace"] and out.shadow == []
