@@ -147,6 +147,20 @@ def cmd_store_query(args: argparse.Namespace) -> int:
     return 0
 
 
+SHADOW_SQL = """SELECT job, type, count() AS would, countIf(verdict = 'true') AS right,
+    countIf(verdict = 'false') AS wrong, countIf(verdict = '') AS unscored,
+    if(right + wrong > 0, round(right / (right + wrong), 3), NULL) AS precision
+FROM gw_actions FINAL WHERE shadow = 1{where} GROUP BY job, type ORDER BY job, type"""
+
+
+def cmd_store_shadow(args: argparse.Namespace) -> int:
+    """Shadow mode's score: per job and action type, how many would-be actions were right."""
+    if args.job is not None and not args.job.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise UserError(f"--job {args.job!r}: a job id of letters, digits, '-', '_' and '.'")
+    args.sql = SHADOW_SQL.format(where=f" AND job = '{args.job}'" if args.job else "")
+    return cmd_store_query(args)
+
+
 def _cell(v: object) -> str:
     return "" if v is None else str(v)  # a float in full (repr's shortest exact form): 1767225600.225973
 
@@ -191,8 +205,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     q = ssub.add_parser("query", help="run one SQL query and print the rows",
                         description="Run SQL on the store a replay wrote (--out DIR, default ./gangwatch-out) or "
                         "on a ClickHouse server (--store clickhouse://HOST:PORT/DB). Tables: gw_findings, "
-                        "gw_actions, gw_incidents (use FINAL for the latest state), gw_node_profiles, "
-                        "gw_rejected, gw_telemetry.",
+                        "gw_actions, gw_incidents (use FINAL for the latest state), gw_jobs (each job's life), "
+                        "gw_node_profiles, gw_rejected, gw_telemetry.",
                         epilog="example: gangwatch store query \"SELECT class, culprit_nodes, stage_names, "
                         "stage_seconds FROM gw_incidents FINAL\" --out gangwatch-demo")
     q.add_argument("sql", metavar="SQL", help="one ClickHouse SQL statement")
@@ -201,3 +215,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--format", choices=("table", "jsonl"), default="table", help="output format (default table)")
     connect_timeout_opt(q)
     q.set_defaults(func=cmd_store_query)
+    sh = ssub.add_parser("shadow", help="shadow mode's score: how many would-be actions were right, per job and type",
+                         description="Under shadow mode (--set triage.shadow=true, or an ops record of type "
+                         "'shadow' for one job) gangwatch records every action it would take and sends none, then "
+                         "scores each would-be eviction and page: wrong when the node trained on clean or the job "
+                         "recovered by itself (docs/settings.md, triage/shadow.py). This prints, per job and action "
+                         "type, how many were recorded, right, wrong and not scored yet, and the precision "
+                         "(right / scored): the figure to switch automation on by.",
+                         epilog="example: gangwatch store shadow --store clickhouse://127.0.0.1:9000/gangwatch")
+    opt(sh, "--job", help="only this job")
+    opt(sh, "--out", type=Path, default=Path("gangwatch-out"), help="a replay's output directory (its store/)")
+    opt(sh, "--store", help="chdb:PATH or clickhouse://HOST:PORT[/DB] instead of OUT/store")
+    sh.add_argument("--format", choices=("table", "jsonl"), default="table", help="output format (default table)")
+    connect_timeout_opt(sh)
+    sh.set_defaults(func=cmd_store_shadow)
