@@ -238,3 +238,25 @@ def test_shadow_mode_is_turned_on_for_one_job_by_an_ops_record_and_off_again():
     off = Ops(ts=T0 + 30.0, type="act", job="j")
     out = replay([*recs, on, off], end + 5)
     assert [a.type for a in out.actions] == ["replace"] and out.shadow == []
+
+
+def test_gangwatch_store_shadow_prints_the_precision_per_job_and_action_type(tmp_path, capsys):
+    """A replay in shadow mode, then the score from its store: the page for the stall the job recovered from by
+    itself was wrong."""
+    from gangwatch.cli import main
+    from gangwatch.schemas import encode
+
+    recs, _ = run_of(T0, 0, 120, gap={60: 360.0})
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"".join(encode(r) + b"\n" for r in sorted(recs, key=lambda r: r.ts)))
+    out = tmp_path / "out"
+    assert main(["replay", str(path), "--out", str(out), "--set", "triage.shadow=true", "-q"]) == 0
+    assert (out / "actions.jsonl").read_bytes().count(b'"escalate"') == 0  # sent nowhere
+    assert (out / "shadow.jsonl").read_bytes().count(b'"verdict":"false"') == 1
+    capsys.readouterr()
+    assert main(["store", "shadow", "--out", str(out), "--format", "jsonl"]) == 0
+    import orjson
+
+    rows = [orjson.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [(r["job"], r["type"], r["would"], r["right"], r["wrong"], r["precision"]) for r in rows] == [
+        ("j", "escalate", 1, 0, 1, 0.0)]
