@@ -35,13 +35,33 @@ backend call failed (scheduler unreachable) is retried `retries` times, then
 logged as failed and *not* counted as applied, so a later delivery tries again:
 `follow` stops without committing the topic's offsets (`FenceError`), so the
 action is delivered again when the adapter is restarted.
+
+The fleet breaker. The per-job blast-radius guard (triage/safety.py) bounds what
+one job's decisions may evict; the adapter sees every job's actions, so it holds
+the fleet-wide bound (`Breaker`): before fencing, the distinct nodes it fenced
+within `window_s` (1 h; counted from the applied log's outcomes that changed a
+node, since the last reset) plus the action's new nodes may not exceed
+`max(min_nodes, floor(share * watched))` (5 %, at least 2), `watched` being
+`fleet_nodes` when set, else the backend's own node count (`node_count()`,
+re-read every 10 min). The first action that would go over it trips the breaker:
+the action is refused, and so is every fencing action after it (each logged on
+one line and journalled with `status: refused-by-breaker`; not applied, and
+nothing retries it by itself), until a person resets it (`Breaker.reset(note)`, the CLI's
+`reset-breaker`). The tripped state is a file beside the applied log
+(`breaker_path`), written atomically and read before every fencing action, so it
+survives restarts and a reset reaches a running adapter. Actions that fence
+nothing are never refused. A dry run writes nothing: it counts the nodes it would
+fence in memory and trips only in memory, so it tells what a real run would do
+without blocking one.
 """
 
 from __future__ import annotations
 
+import getpass
 import gzip
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -59,6 +79,7 @@ log = logging.getLogger("gangwatch.fence")
 
 FENCING = frozenset({"replace", "isolate", "evict_group", "requeue"})  # those naming nodes
 REASON_PREFIX = "gangwatch:"  # how a backend recognizes a node gangwatch fenced
+REFUSED = "refused-by-breaker"  # the applied log's status of an action the tripped fleet breaker refused
 
 
 @dataclass(frozen=True)
@@ -69,6 +90,7 @@ class Outcome:
     what: str
     changed: bool = False
     error: str = ""
+    would: bool = False  # a dry run: the node would be changed (what the fleet breaker counts in a dry run)
 
 
 class Backend(Protocol):
@@ -82,6 +104,8 @@ class Backend(Protocol):
     def restore(self, node: str, note: str, *, act: bool) -> Outcome:
         """Put `node` back after a confirmed repair, if gangwatch fenced it."""
 
+    # optional: `node_count() -> int`, the nodes the cluster manager knows (the fleet breaker's default fleet)
+
 
 def drain_reason(action: Action, limit: int = 200) -> str:
     """`gangwatch: <incident> <type>: <reason>` on one line, at most `limit` characters (Slurm and Kubernetes)."""
@@ -93,21 +117,32 @@ class AppliedLog:
     """The ids of actions already applied, kept in an append-only JSON-lines file (`path`; None: memory only).
 
     One line per applied action: `{"id", "at", "type", "job", "incident", "nodes", "status", "outcomes"}`,
-    `status` being `applied` or `failed` (only `applied` ids are skipped later), and one per restore:
-    `{"restore": node, "at", "note", "outcome"}`. A torn last line (a crash mid-write) is ignored.
+    `status` being `applied`, `failed` or `refused-by-breaker` (only `applied` ids are skipped later), one per
+    restore: `{"restore": node, "at", "note", "outcome"}`, and one per trip or reset of the fleet breaker:
+    `{"breaker": "tripped"|"reset", "at", ...}`. A torn last line (a crash mid-write) is ignored.
     """
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._ids: set[str] = set()
+        self._fenced: list[tuple[float, str]] = []  # (at, node) of every outcome that changed a node
+        self.refusals: list[dict[str, Any]] = []  # the refused-by-breaker entries
         if path is not None and path.exists():
             for line in path.read_text(encoding="utf-8").splitlines():
                 try:
                     entry = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(entry, dict) and entry.get("status") == "applied" and isinstance(entry.get("id"), str):
+                if not isinstance(entry, dict):
+                    continue
+                if entry.get("status") == "applied" and isinstance(entry.get("id"), str):
                     self._ids.add(entry["id"])
+                elif entry.get("status") == REFUSED:
+                    self.refusals.append(entry)
+                at = entry.get("at")
+                if isinstance(at, int | float) and isinstance(entry.get("outcomes"), list):
+                    self._fenced += [(float(at), o["node"]) for o in entry["outcomes"]
+                                     if isinstance(o, dict) and o.get("changed") and isinstance(o.get("node"), str)]
 
     def __contains__(self, action_id: str) -> bool:
         return action_id in self._ids
@@ -115,12 +150,30 @@ class AppliedLog:
     def __len__(self) -> int:
         return len(self._ids)
 
-    def add(self, action: Action, outcomes: Sequence[Outcome], *, ok: bool) -> None:
+    def fenced_since(self, since: float) -> set[str]:
+        """The distinct nodes this adapter changed (drained, cordoned, tainted, evicted pods of) at `since` or later."""
+        return {node for at, node in self._fenced if at >= since}
+
+    def add(self, action: Action, outcomes: Sequence[Outcome], *, ok: bool, at: float | None = None) -> None:
+        at = time.time() if at is None else at
         if ok:
             self._ids.add(action.id)
-        self._append({"id": action.id, "at": time.time(), "type": action.type, "job": action.job,
-                      "incident": action.incident, "nodes": list(action.nodes),
-                      "status": "applied" if ok else "failed", "outcomes": [asdict(o) for o in outcomes]})
+        self._fenced += [(at, o.node) for o in outcomes if o.changed]
+        self._append(self._entry(action, outcomes, "applied" if ok else "failed", at))
+
+    def refused(self, action: Action, outcomes: Sequence[Outcome], *, at: float | None = None) -> None:
+        """An action the tripped fleet breaker refused: journalled, not applied (a later delivery is tried again)."""
+        entry = self._entry(action, outcomes, REFUSED, time.time() if at is None else at)
+        self.refusals.append(entry)
+        self._append(entry)
+
+    def breaker(self, event: str, info: Mapping[str, Any]) -> None:
+        self._append({**info, "breaker": event, "at": info.get("at", time.time())})
+
+    @staticmethod
+    def _entry(action: Action, outcomes: Sequence[Outcome], status: str, at: float) -> dict[str, Any]:
+        return {"id": action.id, "at": at, "type": action.type, "job": action.job, "incident": action.incident,
+                "nodes": list(action.nodes), "status": status, "outcomes": [asdict(o) for o in outcomes]}
 
     def restored(self, outcome: Outcome, note: str) -> None:
         self._append({"restore": outcome.node, "at": time.time(), "note": note, "outcome": asdict(outcome)})
@@ -138,18 +191,130 @@ class AppliedLog:
 Report = Callable[[Action, list[Outcome]], None]
 
 
+def breaker_path(applied: Path) -> Path:
+    """The fleet breaker's state file beside an applied log: `slurm-applied.jsonl` -> `slurm-applied.breaker.json`."""
+    return applied.with_name(applied.stem + ".breaker.json")
+
+
+class Breaker:
+    """The fleet-wide breaker of a fencing adapter: at most `limit(watched)` distinct nodes fenced per `window_s`.
+
+    `path` holds its state (None: memory only): absent or `{"tripped": false, "reset_at", ...}` when closed,
+    `{"tripped": true, "at", "why", ...}` when tripped. It is read at every `state()`, so a reset made by
+    another process (the `reset-breaker` command) reaches a running adapter; a file that cannot be read
+    counts as tripped (a breaker fails open for nobody). `fleet_nodes`, when set, is the number of watched
+    nodes and wins over the backend's count.
+    """
+
+    def __init__(self, path: Path | None, *, share: float = 0.05, window_s: float = 3600.0, min_nodes: int = 2,
+                 fleet_nodes: int | None = None, clock: Callable[[], float] = time.time) -> None:
+        if not 0 < share <= 1:
+            raise ValueError(f"the breaker's share must be in (0, 1], not {share}")
+        self.path = path
+        self.share = share
+        self.window_s = window_s
+        self.min_nodes = max(1, min_nodes)
+        self.fleet_nodes = fleet_nodes
+        self.clock = clock
+        self._memory: dict[str, Any] = {}  # the state without a file, and a dry run's trip
+
+    def limit(self, watched: int) -> int:
+        """The most distinct nodes fenced within the window: `share` of the watched nodes, at least `min_nodes`."""
+        return max(self.min_nodes, math.floor(self.share * watched))
+
+    def state(self) -> dict[str, Any]:
+        """`{"tripped": bool, ...}`: the file's state, or this process's own trip (a dry run's) when tripped."""
+        if self._memory.get("tripped"):
+            return dict(self._memory)
+        if self.path is None:
+            return dict(self._memory) or {"tripped": False}
+        try:
+            raw = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {"tripped": False}
+        except OSError as e:
+            return {"tripped": True, "why": f"its state file {self.path} cannot be read ({e})"}
+        try:
+            st = json.loads(raw)
+            if not isinstance(st, dict) or not isinstance(st.get("tripped"), bool):
+                raise ValueError("not a breaker state")
+        except ValueError as e:
+            return {"tripped": True, "why": f"its state file {self.path} is not a breaker state ({e})"}
+        return st
+
+    def counting_since(self, st: Mapping[str, Any] | None = None) -> float:
+        """Fences count from here: the window's start, or the last reset when that is later."""
+        st = self.state() if st is None else st
+        reset_at = st.get("reset_at")
+        start = self.clock() - self.window_s
+        if isinstance(reset_at, int | float) and reset_at >= start:
+            return math.nextafter(float(reset_at), math.inf)  # what was fenced up to the reset is over
+        return start
+
+    def trip(self, info: Mapping[str, Any], *, persist: bool) -> dict[str, Any]:
+        """Trip it (`persist`: in the file, which only a reset clears; else in this process only, a dry run's)."""
+        st = {**info, "tripped": True, "at": info.get("at", self.clock())}
+        if persist and self.path is not None:
+            self._write(st)
+        else:
+            self._memory = st
+        return st
+
+    def reset(self, note: str, *, by: str | None = None) -> dict[str, Any]:
+        """Close it after a person looked (`note`: why it is safe to fence again); returns the state it had.
+
+        Fences before the reset no longer count: the window starts afresh at the reset.
+        """
+        if not note.strip():
+            raise ValueError("a reset needs a note saying why fencing may go on")
+        was = self.state()
+        st = {"tripped": False, "reset_at": self.clock(), "note": note, "by": by or _who(), "was": was}
+        if self.path is not None:
+            self._write(st)
+        self._memory = {} if self.path is not None else st
+        return was
+
+    def _write(self, st: Mapping[str, Any]) -> None:
+        assert self.path is not None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(json.dumps(st, sort_keys=True, indent=1) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        try:
+            fd = os.open(self.path.parent, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _who() -> str:
+    try:
+        return os.environ.get("SUDO_USER") or getpass.getuser()
+    except (KeyError, OSError):
+        return "?"
+
+
 class Fencer:
     """Applies each fencing action once through a backend; dry run unless `act`.
 
     `node_map` renames gangwatch's node ids to the cluster's names (ids not in it
     are used as they are). `report(action, outcomes)` is called for every action
     handled (the CLI prints a line). `retries` and `retry_wait_s` bound the retries
-    of a failed backend call.
+    of a failed backend call. `breaker`: the fleet-wide breaker (None: none), consulted
+    before every fencing action; the watched nodes it needs are `breaker.fleet_nodes`,
+    else `backend.node_count()`, re-read after `count_ttl_s`.
     """
 
     def __init__(self, backend: Backend, *, act: bool = False, applied: AppliedLog | None = None,
                  node_map: Mapping[str, str] | None = None, report: Report | None = None, retries: int = 3,
-                 retry_wait_s: float = 2.0, sleep: Callable[[float], None] = time.sleep) -> None:
+                 retry_wait_s: float = 2.0, sleep: Callable[[float], None] = time.sleep,
+                 breaker: Breaker | None = None, count_ttl_s: float = 600.0) -> None:
         self.backend = backend
         self.act = act
         self.applied = applied if applied is not None else AppliedLog(None)
@@ -162,6 +327,11 @@ class Fencer:
         self._classes: OrderedDict[str, str] = OrderedDict()  # incident id -> class, from incident records
         self.handled = 0
         self.duplicates = 0
+        self.refused = 0
+        self.breaker = breaker
+        self.count_ttl_s = count_ttl_s
+        self._count: tuple[float, int] | None = None  # (when, the backend's node count)
+        self._dry_fenced: list[tuple[float, str]] = []  # a dry run's would-be fences, for its breaker
 
     def handle(self, rec: Record) -> list[Outcome]:
         """Apply one record (only fencing actions do anything); returns what happened to each node."""
@@ -184,13 +354,95 @@ class Fencer:
             outcomes = [Outcome("-", f"{rec.type}: nothing for {self.backend.name} to do")]
             self._emit(rec, outcomes)
             return outcomes
+        nodes = self._nodes(rec)
+        held = self._check_breaker(rec, nodes)
+        if held is not None:
+            return held
         cls = str(rec.extra.get("class") or self._classes.get(rec.incident) or rec.type)
-        outcomes = [self._fence(node, rec, cls) for node in self._nodes(rec)]
+        outcomes = [self._fence(node, rec, cls) for node in nodes]
         ok = not any(o.error for o in outcomes)
         if self.act:
-            self.applied.add(rec, outcomes, ok=ok)
+            self.applied.add(rec, outcomes, ok=ok, at=self._now())
+        else:
+            self._dry_fenced += [(self._now(), o.node) for o in outcomes if o.would or o.changed]
         if not ok:
             self._seen.discard(rec.id)  # a later delivery may try again
+        self._emit(rec, outcomes)
+        return outcomes
+
+    # --- the fleet breaker ---------------------------------------------------------------------------
+
+    def _now(self) -> float:
+        return self.breaker.clock() if self.breaker is not None else time.time()
+
+    def watched(self) -> tuple[int, str]:
+        """The watched nodes the breaker's share is of, and where the number comes from."""
+        assert self.breaker is not None
+        if self.breaker.fleet_nodes is not None:
+            return self.breaker.fleet_nodes, "--fleet-nodes"
+        count = getattr(self.backend, "node_count", None)
+        if count is None:
+            raise LookupError(f"{self.backend.name} cannot count its nodes: set the fleet's size (--fleet-nodes)")
+        now = time.monotonic()
+        if self._count is None or now - self._count[0] >= self.count_ttl_s:
+            try:
+                self._count = (now, int(count()))
+            except Exception as e:  # the scheduler unreachable: the last count if there is one
+                if self._count is None:
+                    raise LookupError(f"could not count {self.backend.name}'s nodes: {e}") from e
+                log.warning("could not count %s's nodes again (%s): the breaker keeps the last count, %d",
+                            self.backend.name, e, self._count[1])
+        return self._count[1], f"{self.backend.name}'s node count"
+
+    def fenced_in_window(self, st: Mapping[str, Any] | None = None) -> set[str]:
+        """The distinct nodes that count against the breaker now (a dry run's would-be fences included)."""
+        assert self.breaker is not None
+        since = self.breaker.counting_since(st)
+        return self.applied.fenced_since(since) | {n for at, n in self._dry_fenced if at >= since}
+
+    def _check_breaker(self, rec: Action, nodes: list[str]) -> list[Outcome] | None:
+        """None when the action may fence; else what happened instead (refused, or the fleet not countable)."""
+        b = self.breaker
+        if b is None:
+            return None
+        st = b.state()
+        if not st.get("tripped"):
+            try:
+                watched, source = self.watched()
+            except LookupError as e:  # like an unreachable scheduler: not applied, delivered again
+                log.error("%s: action %s not applied: the fleet breaker needs the watched nodes: %s",
+                          self.backend.name, rec.id, e)
+                self._seen.discard(rec.id)
+                outcomes = [Outcome(n, "not fenced: the fleet breaker cannot tell the fleet's size", error=str(e))
+                            for n in nodes]
+                if self.act:
+                    self.applied.add(rec, outcomes, ok=False, at=self._now())
+                self._emit(rec, outcomes)
+                return outcomes
+            fenced = self.fenced_in_window(st)
+            new = set(nodes) - fenced
+            limit = b.limit(watched)
+            if not new or len(fenced | new) <= limit:
+                return None
+            st = b.trip({"why": f"{rec.type} {rec.id} (job {rec.job}) would have made {len(fenced | new)} "
+                                f"distinct nodes fenced within {b.window_s:.0f} s, over the limit of {limit} "
+                                f"({b.share:.0%} of {watched} watched nodes, from {source}, at least "
+                                f"{b.min_nodes})",
+                         "action": rec.id, "fenced": sorted(fenced), "limit": limit, "watched": watched,
+                         "share": b.share, "window_s": b.window_s, "at": self._now()}, persist=self.act)
+            if self.act:
+                self.applied.breaker("tripped", st)
+            log.error("%s: FLEET BREAKER TRIPPED%s: %s; no node is fenced until a person resets it",
+                      self.backend.name, "" if self.act else " (dry run: in this run only)", st["why"])
+        self.refused += 1
+        self._seen.discard(rec.id)  # delivered again: refused again (or fenced, after a reset), never "applied"
+        what = (f"refused by the fleet breaker (tripped {_when(st.get('at'))}: {st.get('why', '?')})"
+                + ("" if self.act else " (dry run)"))
+        outcomes = [Outcome(n, what) for n in nodes]
+        log.warning("%s: refused by the fleet breaker: %s %s (job %s, incident %s, nodes %s) not fenced",
+                    self.backend.name, rec.type, rec.id, rec.job, rec.incident, ",".join(nodes))
+        if self.act:
+            self.applied.refused(rec, outcomes, at=self._now())
         self._emit(rec, outcomes)
         return outcomes
 
@@ -225,6 +477,12 @@ class Fencer:
     def _emit(self, action: Action, outcomes: list[Outcome]) -> None:
         if self._report is not None:
             self._report(action, outcomes)
+
+
+def _when(ts: Any) -> str:
+    if not isinstance(ts, int | float):
+        return "at an unknown time"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
 # --- where actions come from ---------------------------------------------------------------------

@@ -24,6 +24,9 @@ pods, mirror (static) pods and finished pods are left, and `pod_selector` (a
 label selector, `{job}` replaced by the action's job, e.g.
 `gangwatch.io/job={job}`) narrows it to the job's own pods.
 
+The fleet breaker's watched nodes, unless `--fleet-nodes` says how many, are
+the nodes the API server lists (`list_node`, 500 a page; RBAC `list` on nodes).
+
 Restore (after a confirmed repair) removes gangwatch's taint and annotations and
 uncordons only if gangwatch had cordoned.
 """
@@ -31,6 +34,7 @@ uncordons only if gangwatch had cordoned.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 from gangwatch.schemas import Action
@@ -76,6 +80,17 @@ class KubernetesBackend:
         self.patches = 0  # node PATCHes that succeeded: the changes made
         self.evictions = 0
 
+    def node_count(self) -> int:
+        """How many nodes the API server lists (paged, 500 at a time)."""
+        count, token = 0, None
+        while True:
+            kw = {"_continue": token} if token else {}
+            page = self.api.list_node(limit=500, **kw)
+            count += len(page.items or [])
+            token = getattr(page.metadata, "_continue", None) if page.metadata is not None else None
+            if not token:
+                return count
+
     # --- fence ------------------------------------------------------------------------------
 
     def fence(self, node: str, action: Action, *, cls: str, act: bool) -> Outcome:
@@ -95,7 +110,8 @@ class KubernetesBackend:
                 return self._evict(node, action, what, act, changed=False)
             todo = ([] if cordoned else ["cordon"]) + ([] if tainted else [f"taint {TAINT_KEY}={value}:{TAINT_EFFECT}"])
             if not act:
-                return self._evict(node, action, f"would {' and '.join(todo)} (dry run)", act, changed=False)
+                return replace(self._evict(node, action, f"would {' and '.join(todo)} (dry run)", act,
+                                           changed=False), would=True)
             new = [self.api.api_client.sanitize_for_serialization(t) for t in taints]
             if not tainted:
                 new.append({"key": TAINT_KEY, "value": value, "effect": TAINT_EFFECT})
@@ -129,7 +145,7 @@ class KubernetesBackend:
             return Outcome(node, what + "; no pod to evict", changed=changed)
         names = [f"{p.metadata.namespace}/{p.metadata.name}" for p in pods]
         if not act:
-            return Outcome(node, what + f"; would evict {', '.join(names)}", changed=changed)
+            return Outcome(node, what + f"; would evict {', '.join(names)}", changed=changed, would=True)
         from kubernetes import client
 
         done, refused = [], []

@@ -7,6 +7,8 @@ through munge as the user running it; draining needs an operator or root):
 - read:   `scontrol show node -o NODE` -> its `State=` flags and `Reason=`
 - fence:  `scontrol update NodeName=NODE State=DRAIN Reason="gangwatch: <incident> <type>: <reason>"`
 - resume: `scontrol update NodeName=NODE State=RESUME`
+- count:  `scontrol show node -o` -> one line per node (the fleet breaker's watched nodes, unless
+  `--fleet-nodes` says how many)
 
 DRAIN lets the job running there finish or be requeued by its controller, and
 starts nothing new on the node; the reason names the incident, so `sinfo -R`
@@ -86,6 +88,14 @@ class SlurmBackend:
         return NodeState(name, frozenset(state.group(1).split("+")),
                          reason.group(1).strip() if reason and reason.group(1) != "(null)" else "")
 
+    def node_count(self) -> int:
+        """How many nodes Slurm knows (`scontrol show node -o`: a line each); raises `SlurmError` when it fails."""
+        out = self._scontrol("show", "node", "-o")
+        if out.returncode != 0:
+            text = (out.stderr or out.stdout or "").strip()
+            raise SlurmError(text or f"scontrol exited with {out.returncode}")
+        return sum(1 for line in out.stdout.splitlines() if line.startswith("NodeName="))
+
     def fence(self, node: str, action: Action, *, cls: str, act: bool) -> Outcome:
         try:
             st = self.node(node)
@@ -99,7 +109,7 @@ class SlurmBackend:
         reason = drain_reason(action)
         if not act:
             return Outcome(node, f"would drain (dry run): scontrol update NodeName={node} State=DRAIN "
-                                 f"Reason=\"{reason}\"")
+                                 f"Reason=\"{reason}\"", would=True)
         return self._update(node, "DRAIN", f"drained: {reason}", f"Reason={reason}")
 
     def restore(self, node: str, note: str, *, act: bool) -> Outcome:

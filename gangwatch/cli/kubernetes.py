@@ -1,4 +1,5 @@
-"""`gangwatch kubernetes apply|resume`: cordon and taint Kubernetes nodes that gangwatch takes out."""
+"""`gangwatch kubernetes apply|resume|breaker|reset-breaker`: cordon and taint Kubernetes nodes that gangwatch takes
+out, undo it after repair; the fleet breaker that stops it when too many nodes went within an hour."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return fence.resume(args, _backend(args))
 
 
+def cmd_breaker(args: argparse.Namespace) -> int:
+    return fence.breaker(args, lambda: _backend(args))
+
+
 def _opts(p: argparse.ArgumentParser) -> None:
     opt(p, "--kubeconfig", env="KUBECONFIG", help="kubeconfig file (default: ~/.kube/config, or the pod's "
         "service account inside a cluster)")
@@ -46,9 +51,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "nodes, cordon each of its nodes and taint it gangwatch.io/fault=<class>:NoSchedule (one PATCH, "
         "annotated with the reason), once per action id; --evict-pods also evicts its pods. Nodes come back "
         "only with `gangwatch kubernetes resume NODE --repaired NOTE --act`, and only what gangwatch did is "
-        "undone (an operator's cordon stays).",
+        "undone (an operator's cordon stays). A fleet breaker stops all fencing once an action would fence more "
+        "than 5 % of the watched nodes within an hour (`gangwatch kubernetes breaker` shows it; a person resets "
+        "it with `gangwatch kubernetes reset-breaker --note NOTE`).",
         fence="cordon and taint", backend_opts=_opts, cmd_apply=cmd_apply, cmd_resume=cmd_resume,
+        cmd_breaker=cmd_breaker, counted="the nodes the API server lists",
         example="examples:\n  gangwatch kubernetes apply --from out/actions.jsonl        # dry run\n"
         "  gangwatch kubernetes apply --bootstrap kafka1:9092 --act --evict-pods --pod-selector "
         "'gangwatch.io/job={job}'\n  gangwatch kubernetes resume gpu-node-17 --repaired 'ticket 88: NIC reseated' "
-        "--act")
+        "--act\n  gangwatch kubernetes breaker                                  # tripped? why? (exit 1 if so)\n"
+        "  gangwatch kubernetes reset-breaker --note 'INC-9: detector fixed in 1.4.2, cordons checked'")

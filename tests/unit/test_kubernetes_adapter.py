@@ -109,6 +109,13 @@ class FakeApiServer:
 
     def route(self, method: str, path: str, query: dict, ctype: str, body: dict | None) -> tuple[int, dict]:
         parts = path.strip("/").split("/")
+        if parts == ["api", "v1", "nodes"] and method == "GET":  # paged by limit / continue, as the server does
+            names = sorted(self.nodes)
+            start = int(query.get("continue", ["0"])[0])
+            end = start + int(query.get("limit", [len(names) or 1])[0])
+            meta = {"continue": str(end)} if end < len(names) else {}
+            return 200, {"apiVersion": "v1", "kind": "NodeList", "metadata": meta,
+                         "items": [self.nodes[n] for n in names[start:end]]}
         if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
             node = self.nodes.get(parts[3])
             if node is None:
@@ -275,3 +282,51 @@ def test_taint_values_are_valid_label_values():
     assert taint_value("weird class/with spaces!") == "weird-class-with-spaces"
     assert taint_value("_") == "fault"
     assert len(taint_value("x" * 100)) == 63
+
+
+def test_node_count_pages_through_the_node_list(fake):
+    for i in range(1203):
+        fake.add_node(f"gpu-{i:04d}")
+    assert KubernetesBackend(connect(str(fake.kubeconfig))).node_count() == 1206
+    pages = [r for r in fake.requests if r[:2] == ("GET", "/api/v1/nodes")]
+    assert len(pages) == 3
+
+
+def test_cli_fleet_breaker_trips_shows_and_resets(fake, tmp_path, capsys):
+    actions = tmp_path / "actions.jsonl"
+    actions.write_bytes(encode(action(id="a-1", nodes=("gpu-a",))) + b"\n"
+                        + encode(action(id="a-2", type="evict_group", nodes=("gpu-b", "gpu-c"))) + b"\n"
+                        + encode(action(id="a-3", type="escalate", nodes=("gpu-c",))) + b"\n")
+    state = tmp_path / "k8s.jsonl"
+    common = ["--kubeconfig", str(fake.kubeconfig), "--state", str(state)]
+    # 3 nodes listed: 5 % of them is under the floor of 2, so a-2 (a 3rd node) trips it
+    assert main(["kubernetes", "apply", "--from", str(actions), "--act", *common]) == 1
+    out = capsys.readouterr().out
+    assert "gpu-a: cordoned and tainted" in out
+    assert "gpu-b: refused by the fleet breaker" in out and "over the limit of 2 (5% of 3 watched nodes" in out
+    assert "escalate: nothing for kubernetes to do" in out and "1 refused by the fleet breaker" in out
+    assert fake.writes() == [("PATCH", "/api/v1/nodes/gpu-a")]
+    assert (tmp_path / "k8s.breaker.json").exists()
+
+    assert main(["kubernetes", "breaker", *common]) == 1
+    out = capsys.readouterr().out
+    assert "FLEET BREAKER TRIPPED" in out and "nodes fenced within 3600 s: 1 (gpu-a)" in out
+    assert "limit: 2 node(s) per 3600 s = 5% of 3 watched nodes (from kubernetes's node count)" in out
+    assert "refused since the trip: 1 action(s)" in out and "a-2  job train-7  nodes gpu-b,gpu-c" in out
+
+    assert main(["kubernetes", "apply", "--from", str(actions), "--act", *common]) == 1  # restarted: still tripped
+    assert fake.writes() == [("PATCH", "/api/v1/nodes/gpu-a")]
+    capsys.readouterr()
+
+    assert main(["kubernetes", "reset-breaker", "--state", str(state), "--note", "INC-9: three real faults"]) == 0
+    out = capsys.readouterr().out
+    assert "reset the fleet breaker" in out and "1 action(s) refused while it was tripped" in out
+    assert main(["kubernetes", "breaker", *common]) == 0
+    assert "closed (fencing allowed); last reset" in capsys.readouterr().out
+    assert main(["kubernetes", "apply", "--from", str(actions), "--act", *common]) == 0  # the operator's re-run
+    assert fake.writes()[1:] == [("PATCH", "/api/v1/nodes/gpu-b"), ("PATCH", "/api/v1/nodes/gpu-c")]
+    assert main(["kubernetes", "reset-breaker", "--state", str(state), "--note", "again"]) == 0
+    assert "not tripped: nothing to reset" in capsys.readouterr().out
+    journal = [json.loads(line) for line in state.read_text().splitlines()]
+    assert [e.get("breaker") or e.get("status") for e in journal] == [
+        "applied", "tripped", "refused-by-breaker", "refused-by-breaker", "reset", "applied"]
