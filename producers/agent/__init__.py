@@ -13,10 +13,23 @@ Collectors, each in its own module and its own thread:
 | kernel log      | `kernel`    | /dev/kmsg, journalctl -k, or a file | `hw` (Xid, ECC, NVLink, PCIe, NIC), same |
 | stack sweeps    | `stacks`    | `collect_stacks` actions; py-spy    | `stack` on `traces`, key job          |
 | flight recorder | `flightdir` | new dumps in `flight_dir`           | `flight` on `traces`, key job         |
+| frozen ranks    | `frozen`    | ranks' /proc/PID/stat, `heartbeat_s`| `heartbeat` on `telemetry`, key job   |
 
-`procs` finds the job's ranks on this node in /proc; `outbox` sends everything
-with the trainer client's delivery (bounded queue, one sending thread, a spool
-on disk while the broker is away, resent in order).
+Frozen ranks: a rank whose process lives but is stopped (`T`, SIGSTOP), traced
+(`t`) or in uninterruptible sleep (`D`: swapping, a hung filesystem or driver
+call) cannot send its own heartbeats, and would look dead: fail-stop would have
+it replaced, though it trains on once the freeze ends. For such a rank the agent
+sends a `heartbeat` each period on its behalf (`ts` now, `source: "agent"`,
+`proc_state` the letter), so the core sees it alive and making no progress: a
+hang, swept for stacks and localized, not a death to evict. Ranks in `R` or `S`
+beat by themselves and get nothing; a zombie or a vanished process is dead and
+gets nothing. `heartbeat_s` must not exceed the jobs' own heartbeat period (both
+default to 5 s); 0 turns the check off.
+
+`procs` finds the job's ranks on this node in /proc (`RankTable`: cheaply, every
+period); `outbox` sends everything with the trainer client's delivery (bounded
+queue, one sending thread, a spool on disk while the broker is away, resent in
+order).
 
 With `metrics_port` set, `run()` serves Prometheus metrics on it (`gangwatch agent`
 does on 9465 unless `--metrics-port 0`): polls and failures per collector, the
@@ -27,8 +40,8 @@ endpoint; the agent runs on.
 A collector that cannot start (no GPU, no readable kernel log) is left out with
 one line in the log; one that fails while running logs the failure once and is
 tried again at its next turn. Nothing waits for the broker: records spool until
-it answers. `run_once()` makes one pass of the GPU, kernel-log and flight
-collectors, sends or spools what they found, and returns (tests, cron); it does
+it answers. `run_once()` makes one pass of the GPU, kernel-log, flight and
+frozen-rank collectors, sends or spools what they found, and returns (tests, cron); it does
 not listen for actions.
 """
 
@@ -50,10 +63,11 @@ from typing import Any, Protocol
 
 from gangwatch.producers import metrics
 from gangwatch.producers.agent.flightdir import FlightWatcher
+from gangwatch.producers.agent.frozen import FrozenRanks
 from gangwatch.producers.agent.gpu import GpuSampler, open_nvml
 from gangwatch.producers.agent.kernel import KernelLog, open_source
 from gangwatch.producers.agent.outbox import Outbox
-from gangwatch.producers.agent.procs import PROC, RankProcess, rank_processes
+from gangwatch.producers.agent.procs import PROC, RankProcess, RankTable, rank_processes
 from gangwatch.producers.agent.stacks import ActionListener, StackSweeper
 from gangwatch.producers.nvml import Nvml, RealNvml, gpu_indices
 from gangwatch.producers.trainer.delivery import KafkaSend, Send
@@ -91,6 +105,7 @@ class AgentSettings:
     from_start: bool = False  # read the kernel log from its start, publish the flight dumps already there
     py_spy: str = field(default_factory=default_py_spy)
     metrics_port: int = 0  # serve Prometheus metrics on this port while `run()` runs; 0: no endpoint
+    heartbeat_s: float = 5.0  # period of the frozen-rank check (at most the jobs' heartbeat period); 0: none
 
 
 class Collector(Protocol):
@@ -138,6 +153,8 @@ class Agent:
             log.info("watching %s for flight-recorder dumps", settings.flight_dir)
             self.collectors.append(FlightWatcher(settings.flight_dir, processes=processes,
                                                  sweep_of=self.listener.sweep_of, from_start=settings.from_start))
+        if settings.heartbeat_s > 0:
+            self.collectors.append(FrozenRanks(RankTable(settings.node, proc_root), settings.heartbeat_s))
 
     def run(self, close_timeout_s: float = 10.0) -> None:
         """Run every collector (and the action listener) until `stop()`; then send what is left and return."""
@@ -166,7 +183,7 @@ class Agent:
         self._report()
 
     def run_once(self, close_timeout_s: float = 10.0) -> None:
-        """One pass of the GPU, kernel-log and flight collectors; send (or spool) the records; return."""
+        """One pass of the GPU, kernel-log, flight and frozen-rank collectors; send (or spool) the records; return."""
         for c in self.collectors:
             try:
                 self.outbox.put(c.poll(self._clock()))

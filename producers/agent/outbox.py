@@ -17,6 +17,7 @@ Where records go (the worker's expectations, docs/contract.md):
 | kinds        | topic                  | key  |
 |--------------|------------------------|------|
 | hw, gpu      | `<prefix>node-events`  | node |
+| heartbeat    | `<prefix>telemetry`    | job  |
 | stack, flight| `<prefix>traces`       | job  |
 
 A `Delivery` sends under one key, so there is one per key, each with its own
@@ -42,13 +43,16 @@ from gangwatch.producers.trainer.spool import Spool
 from gangwatch.schemas import DecodeError, Record, decode_obj
 
 log = logging.getLogger("gangwatch.agent")
-NODE_EVENTS, TRACES = "node-events", "traces"  # topic suffixes (as streams/topics.py names them)
+# topic suffixes (as streams/topics.py names them)
+NODE_EVENTS, TELEMETRY, TRACES = "node-events", "telemetry", "traces"
 
 
 def destination(rec: Record, prefix: str) -> tuple[str, str]:
-    """(topic, key) of an agent record: node events keyed by node, traces keyed by job."""
+    """(topic, key) of an agent record: node events keyed by node, heartbeats (of frozen ranks) and traces by job."""
     if rec.kind in ("hw", "gpu"):
         return prefix + NODE_EVENTS, rec.node
+    if rec.kind == "heartbeat":
+        return prefix + TELEMETRY, rec.job
     return prefix + TRACES, rec.job
 
 

@@ -1,0 +1,70 @@
+"""Heartbeats for ranks whose process lives but cannot beat: frozen is a hang to sweep, not a death to evict.
+
+A rank's heartbeats come from a thread of its own process. When the whole
+process is stopped (`T`: SIGSTOP, SIGTSTP, a job-control stop), stopped under a
+tracer (`t`), or in uninterruptible sleep (`D`: swapping, a hung filesystem or
+driver call), that thread stops with it, and from outside the rank looks dead:
+fail-stop would report it missing after two periods and have it replaced (a
+freeze of 30 s cost a restart 12 s in and the job 65 s down). It is not dead:
+when the stop ends, or the page-in or the call returns, it trains on.
+
+So every heartbeat period the agent reads each local rank's `/proc/PID/stat`
+state (`procs.RankTable`: one read per rank) and, for a rank in `T`, `t` or `D`,
+sends a `heartbeat` for it on the rank's behalf:
+
+    {"kind": "heartbeat", "v": 1, "ts": <now>, "job": "j", "rank": 3, "source": "agent", "proc_state": "T"}
+
+(`source` and `proc_state` are kept in the record's `extra`). The core counts
+any heartbeat as a sign of life, so the rank stays live; its steps stop, so a
+freeze longer than the job's rhythm allows is a hang: triage asks for a stack
+sweep (which localizes it), and the job's stepping on again closes the incident
+with nobody evicted.
+
+A process in `R` or `S` beats by itself: nothing is sent for it (no traffic in
+the common case). A zombie (`Z`, `X`) or a vanished process is dead: nothing is
+sent, so its silence is a fail-stop as before. One state is read, the main
+thread's: a heartbeat thread blocked alone while the main thread runs is not seen.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from gangwatch.producers.agent.procs import RankTable
+
+log = logging.getLogger("gangwatch.agent")
+
+# /proc/PID/stat states in which the process lives but its own threads do not run
+FROZEN = {"T": "stopped", "t": "stopped by a tracer", "D": "in uninterruptible sleep"}
+
+
+class FrozenRanks:
+    """The collector: every `every_s` (the heartbeat period), a heartbeat for each local rank that is frozen."""
+
+    name = "frozen ranks"
+
+    def __init__(self, table: RankTable, every_s: float) -> None:
+        self.table, self.every_s = table, every_s
+        self._frozen: dict[tuple[str, int, int], str] = {}  # (job, rank, pid) -> state, to log each change once
+
+    def poll(self, now: float) -> list[dict[str, Any]]:
+        recs: list[dict[str, Any]] = []
+        frozen: dict[tuple[str, int, int], str] = {}
+        for proc, state in self.table.states(now):
+            if state not in FROZEN:
+                continue
+            key = (proc.job, proc.rank, proc.pid)
+            frozen[key] = state
+            if self._frozen.get(key) != state:
+                log.info("rank %d of job %s (pid %d) is %s (%s): heartbeating for it while it lasts", proc.rank,
+                         proc.job, proc.pid, FROZEN[state], state)
+            recs.append({"kind": "heartbeat", "v": 1, "ts": now, "job": proc.job, "rank": proc.rank,
+                         "source": "agent", "proc_state": state})
+        for job, rank, pid in self._frozen.keys() - frozen.keys():
+            log.info("rank %d of job %s (pid %d) is no longer frozen", rank, job, pid)
+        self._frozen = frozen
+        return recs
+
+    def close(self) -> None:
+        pass
