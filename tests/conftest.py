@@ -50,16 +50,13 @@ def _gpu_missing() -> str | None:
 # len(LANES) of them at once on a 2-core machine.
 LIVE_JOB_FILES = ("tests/integration/test_real_job.py", "tests/integration/test_broker_outage.py")
 LANES = ("live-1", "live-2")
-# Module-scoped fixtures that start a job shared by several tests: those tests share a lane.
-SHARED_JOB_FIXTURES = ("healthy",)
+# Tests (by the start of their name) that share one job (a module-scoped fixture): they share a lane; a test
+# renamed out of this list still passes, its job is only started a second time.
+SHARED_JOB_TESTS = ("test_a_healthy_run_",)
 # The fuzzing (10,000 cases per parser, in shards: tests/unit/test_fuzz.py): CPU-bound, started early.
 FUZZ_FILE = "tests/unit/test_fuzz.py"
 # Long single tests that should start early (they mostly wait on the wall clock).
 EARLY_FILES = ("tests/integration/test_faults", "tests/integration/test_parity.py")
-
-
-def _xdist_on(config) -> bool:
-    return config.pluginmanager.hasplugin("xdist") and bool(getattr(config.option, "numprocesses", None))
 
 
 def pytest_configure(config):
@@ -72,21 +69,46 @@ def pytest_configure(config):
         tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
 
-def _lanes(items) -> None:
+def lanes_of(nodeids: list[str]) -> dict[str, str]:
+    """The lane of each live-job test, in collection order: round robin, the tests of one shared job together."""
+    out: dict[str, str] = {}
     shared: dict[str, str] = {}
     turn = 0
-    for item in items:
-        if not item.nodeid.startswith(LIVE_JOB_FILES):
+    for nodeid in nodeids:
+        if not nodeid.startswith(LIVE_JOB_FILES):
             continue
-        key = next((f"{item.module.__name__}:{f}" for f in SHARED_JOB_FIXTURES if f in item.fixturenames), None)
+        path, _, name = nodeid.partition("::")
+        key = next((f"{path}::{p}" for p in SHARED_JOB_TESTS if name.startswith(p)), None)
         if key is not None and key in shared:
-            lane = shared[key]
-        else:
-            lane = LANES[turn % len(LANES)]
-            turn += 1
-            if key is not None:
-                shared[key] = lane
-        item.add_marker(pytest.mark.xdist_group(lane))
+            out[nodeid] = shared[key]
+            continue
+        out[nodeid] = LANES[turn % len(LANES)]
+        turn += 1
+        if key is not None:
+            shared[key] = out[nodeid]
+    return out
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` with the live-job lanes as groups (and `xdist_group` marks as usual).
+
+    The lanes are made here, from the test ids, because pytest-xdist 3.8 under pytest 9 cannot turn marks
+    added at collection into groups (it renames `item._nodeid`, which pytest 9 no longer reads)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LaneScheduling(LoadScopeScheduling):
+        _lanes: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if "@" in nodeid:  # an xdist_group mark that xdist did turn into a group
+                return nodeid.rsplit("@", 1)[-1]
+            if self._lanes is None and self.collection:
+                self._lanes = lanes_of(list(self.collection))
+            return (self._lanes or {}).get(nodeid, nodeid)
+
+    return LaneScheduling(config, log)
 
 
 def _order(item) -> int:
@@ -99,10 +121,8 @@ def _order(item) -> int:
     return 3
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    if _xdist_on(config) or os.environ.get("PYTEST_XDIST_WORKER"):
-        _lanes(items)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=_order)  # stable: within a rank, collection order
     gpu_items = [i for i in items if i.get_closest_marker("gpu")]
     if not gpu_items:
