@@ -46,7 +46,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     logging.getLogger("kafka").setLevel(level if level == logging.DEBUG else logging.CRITICAL)
     given = {"node": args.node, "bootstrap": args.bootstrap, "topic_prefix": args.prefix, "kmsg": args.kmsg,
              "gpu_every_s": args.gpu_every, "flight_dir": args.flight_dir, "spool_dir": args.spool_dir,
-             "from_start": args.from_start, "py_spy": args.py_spy, "metrics_port": args.metrics_port}
+             "from_start": args.from_start, "py_spy": args.py_spy, "metrics_port": args.metrics_port,
+             "heartbeat_s": args.heartbeat_s}
     settings = AgentSettings(**{k: v for k, v in given.items() if v is not None})  # the rest: its defaults
     agent = Agent(settings)
     if args.once:
@@ -71,6 +72,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="kernel log: auto (/dev/kmsg if readable, else journalctl -k, else none), /dev/kmsg, journal, off, "
         "or a FILE followed like tail -F (across rotation and truncation)")
     opt(a, "--gpu-every", type=at_least_zero(number), default=5.0, help="seconds between GPU samples; 0: none")
+    opt(a, "--heartbeat-s", type=at_least_zero(number), default=5.0,
+        help="seconds between checks for ranks frozen but alive (stopped, traced, uninterruptible): each gets a "
+        "heartbeat from the agent, so the pipeline sees a hang to sweep, not a death to evict; at most the jobs' "
+        "own heartbeat period; 0: none")
     opt(a, "--flight-dir", type=Path,
         help="directory PyTorch writes flight-recorder dumps to; without it, none are watched")
     opt(a, "--spool-dir", type=Path, shown_default="<temp dir>/gangwatch-agent-spool/<node>",
