@@ -271,6 +271,7 @@ def test_a_job_wide_pause_of_45_s_pages_nobody_and_evicts_nobody(live, kind, fau
     same_when_replayed(job, got, fault_figures, started, pause_s=round(first[PAUSE_AT] - first[PAUSE_AT - 1], 1))
 
 
+@pytest.mark.slow  # two launches of the job: about 4 minutes on 2 busy cores
 def test_a_user_stop_and_a_start_again_with_the_same_job_id_is_nothing(live, fault_figures):
     started = time.monotonic()
     job = live(None, steps=60)
@@ -306,7 +307,7 @@ def test_a_job_run_by_torchrun_alone_to_its_clean_end_is_nothing(live, fault_fig
 CRASH_DECIDED_S = 120.0  # from a crash (the job's processes gone) to gangwatch's answer: a restart or a page
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # three launches of the job: about 6 minutes on 2 busy cores
 def test_a_code_bug_crashing_every_attempt_is_restarted_at_most_twice_then_paged_naming_its_node(live,
                                                                                                  fault_figures):
     started = time.monotonic()
