@@ -325,8 +325,9 @@ class AlertmanagerSink:
         return out
 
     def _incident_findings(self, inc: Incident) -> list[Finding]:
-        ids = inc.extra.get("findings") or []
-        return [self._findings[i] for i in ids if isinstance(i, str) and i in self._findings]
+        # once per id: delivery is at least once, so a re-published finding can be listed twice
+        ids = dict.fromkeys(i for i in inc.extra.get("findings") or [] if isinstance(i, str))
+        return [self._findings[i] for i in ids if i in self._findings]
 
     def _gpus(self, inc: Incident) -> dict[str, set[int]]:
         gpus: dict[str, set[int]] = {}

@@ -167,3 +167,15 @@ def test_report_url_comes_from_the_environment(monkeypatch):
     s.write(Outputs(incidents=[incident()]))
     s.flush()
     assert fake.bodies[0][0]["annotations"]["report"] == "http://r/j1/i-1"
+
+
+def test_a_finding_delivered_twice_is_one_line_of_evidence():
+    """At-least-once delivery: the finding arrives again and the incident lists its id twice; one line, not two."""
+    fake, clock = Fake(), Clock()
+    s = sink(fake, clock)
+    twice = incident(culprit_nodes=["n003"], extra={"findings": ["f-xid", "f-xid"], "actions": []})
+    s.write(Outputs(findings=[xid()], incidents=[twice]))
+    s.write(Outputs(findings=[xid()], incidents=[twice]))  # the re-publish
+    s.flush()
+    [alert] = fake.bodies[-1]
+    assert alert["annotations"]["evidence"].count("hw_fault n003 GPU 1 rank 25") == 1
