@@ -9,7 +9,11 @@ Three kinds of gangwatch process answer Prometheus, each on a port of its own:
 - the trainer client: env `GANGWATCH_METRICS_PORT` only, off without it;
   `gangwatch_trainer_*` and `gangwatch_producer_*`, below.
 
-A port of 0 turns the endpoint off. Every rank of a job on one node runs a trainer
+A port of 0 turns the endpoint off. A port another process holds (a second agent or
+worker on one host) does not stop the process: its endpoint moves to a free port the
+kernel picks, and one warning names the taken port, the port it serves on instead, and
+the option (`--metrics-port` / `GANGWATCH_METRICS_PORT`) that fixes it; give each
+process a port of its own where Prometheus scrapes a fixed target. Every rank of a job on one node runs a trainer
 client, so a rank serves on `GANGWATCH_METRICS_PORT + LOCAL_RANK` (eight ranks
 and 9470: ports 9470-9477). Each endpoint also carries the standard `process_*`
 and `python_*` series of prometheus-client.
@@ -63,6 +67,7 @@ processes apart; the `*_info` series carry who the process is, for joins):
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -79,6 +84,7 @@ if TYPE_CHECKING:  # no runtime import: the trainer client imports this module
 log = logging.getLogger("gangwatch.metrics")
 
 PORT_ENV = "GANGWATCH_METRICS_PORT"
+OPTION = f"--metrics-port or {PORT_ENV}"  # how a port is chosen, named when the one asked for is taken
 WORKER_PORT, AGENT_PORT = 9464, 9465  # the defaults of `gangwatch worker` and `gangwatch agent`
 INSTALL = "pip install prometheus-client"
 
@@ -117,11 +123,14 @@ def process_registry() -> Any:
     return registry
 
 
-def serve(port: int, registry: Any, addr: str = "0.0.0.0") -> Endpoint:
+def serve(port: int, registry: Any, addr: str = "0.0.0.0", who: str = "gangwatch",
+          option: str = OPTION) -> Endpoint:
     """Serve `registry` at `http://ADDR:PORT/metrics` from a daemon thread; raises `MetricsUnavailable`.
 
     A thread, not the process's event loop: a worker whose loop is busy with a long
-    batch still answers the scrape.
+    batch still answers the scrape. A port another process holds (a second worker or
+    agent on the host) is not fatal: the endpoint moves to a free port the kernel
+    picks, and one warning names both ports and `option` (how to fix the port).
     """
     try:
         from prometheus_client import start_http_server
@@ -130,7 +139,16 @@ def serve(port: int, registry: Any, addr: str = "0.0.0.0") -> Endpoint:
     try:
         server, _ = start_http_server(port, addr=addr, registry=registry)
     except OSError as e:
-        raise MetricsUnavailable(f"cannot serve metrics on port {port}: {e.strerror or e}") from None
+        if e.errno != errno.EADDRINUSE or port == 0:
+            raise MetricsUnavailable(f"cannot serve metrics on port {port}: {e.strerror or e} "
+                                     f"({option}; 0 turns the endpoint off)") from None
+        try:
+            server, _ = start_http_server(0, addr=addr, registry=registry)
+        except OSError as e2:
+            raise MetricsUnavailable(f"cannot serve metrics on port {port} (taken) nor on a free one: "
+                                     f"{e2.strerror or e2} ({option}; 0 turns the endpoint off)") from None
+        log.warning("gangwatch: %s: metrics port %d is taken; serving metrics on port %d instead "
+                    "(choose one with %s; 0 turns the endpoint off)", who, port, server.server_port, option)
     return Endpoint(server.server_port, server)
 
 
@@ -298,7 +316,7 @@ def start(port: int, who: str) -> Endpoint | None:
         try:
             registry = process_registry()
             registry.register(COLLECTOR)
-            _endpoint = serve(port, registry)
+            _endpoint = serve(port, registry, who=who)
         except ImportError:
             log.warning("gangwatch: %s: no metrics endpoint: prometheus-client is not installed (%s)", who, INSTALL)
             return None

@@ -1,7 +1,8 @@
 """The worker's self-metrics for Prometheus: what went through it, what it decided, how far behind it is.
 
 `gangwatch worker` serves them on `--metrics-port` (default 9464, env
-`GANGWATCH_METRICS_PORT`; 0 = off) at `/metrics`, from a thread of its own
+`GANGWATCH_METRICS_PORT`; 0 = off; a port another process holds: a free one, named in a warning) at
+`/metrics`, from a thread of its own
 (`gangwatch.producers.metrics.serve`), so a scrape is answered even while the
 event loop is busy with a long batch. Scrape it with:
 
@@ -231,5 +232,6 @@ def instrument(app: Any, metrics: WorkerMetrics) -> None:
 
 
 def serve_metrics(metrics: WorkerMetrics, port: int) -> Endpoint:
-    """Serve the worker's registry on `port` (all interfaces); raises `MetricsUnavailable` if it cannot."""
-    return serve(port, metrics.registry)
+    """Serve the worker's registry on `port` (all interfaces), or on a free port with a warning when `port` is
+    taken; raises `MetricsUnavailable` if it cannot serve at all."""
+    return serve(port, metrics.registry, who="worker")

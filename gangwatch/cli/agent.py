@@ -82,7 +82,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="where records wait while Kafka is away, one directory per agent (64 MiB at most per node or job)")
     opt(a, "--py-spy", help="the py-spy executable", shown_default="py-spy on the PATH or beside this Python")
     opt(a, "--metrics-port", type=port(integer), default=9465,
-        help="serve Prometheus metrics on this port (/metrics); 0: none")
+        help="serve Prometheus metrics on this port (/metrics); taken by another process (a second agent on the "
+        "host): a free port, named in the log; 0: none")
     opt(a, "--from-start", type=bool, default=False,
         help="read the kernel log from its start and publish the flight dumps already in --flight-dir "
         "(default: only what appears from now on)")

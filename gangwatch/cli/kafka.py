@@ -48,7 +48,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         worker.run(settings, loglevel=args.loglevel, create=args.create_topics)
     except MetricsUnavailable as e:
-        raise UserError(f"{e} (--metrics-port; 0 turns the endpoint off)") from None
+        raise UserError(str(e)) from None  # names the port and --metrics-port
     return 0
 
 
@@ -208,7 +208,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="seconds between progress lines in the log; 0: none")
     opt(w, "--metrics-port", type=port(integer), setting="worker.metrics_port",
         help="serve Prometheus metrics on this port (/metrics: records, rejects, lag, findings, actions, "
-        "incident stage times, Faust's own sensor); 0: none")
+        "incident stage times, Faust's own sensor); taken by another process: a free port, named in the log; 0: none")
     opt(w, "--web-port", type=positive(integer), setting="worker.web_port",
         help="serve Faust's web views on this port (giving it turns them on, as worker.web does)")
     w.add_argument("--no-create-topics", dest="create_topics", action="store_false",

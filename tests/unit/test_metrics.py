@@ -320,3 +320,71 @@ def test_the_trainer_client_never_needs_prometheus_client(tmp_path):
     said = [line for line in done.stderr.splitlines() if "metrics" in line]
     assert said == ["WARNING gangwatch: trainer client of rank 0: no metrics endpoint: prometheus-client is not "
                     "installed (pip install prometheus-client)"]
+
+
+# --- a metrics port another process holds -------------------------------------------------------------
+
+
+@pytest.fixture
+def taken_port():
+    """A port another process (here: a socket of the test) already listens on, as a second worker or agent finds
+    the first one's 9464 / 9465."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("0.0.0.0", 0))
+    sock.listen(1)
+    yield sock.getsockname()[1]
+    sock.close()
+
+
+def _scrapes(port: int) -> bool:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.status == 200 and b"gangwatch_" in r.read()
+
+
+def test_a_worker_whose_metrics_port_is_taken_serves_on_a_free_one_and_says_which(taken_port, caplog):
+    from gangwatch.streams.metrics import serve_metrics
+
+    endpoint = serve_metrics(WorkerMetrics(CollectorRegistry()), taken_port)
+    try:
+        assert endpoint.port not in (0, taken_port) and _scrapes(endpoint.port)
+        [line] = [r.getMessage() for r in caplog.records if "taken" in r.getMessage()]
+        assert f"metrics port {taken_port} is taken" in line and f"on port {endpoint.port} instead" in line
+        assert "--metrics-port" in line and "GANGWATCH_METRICS_PORT" in line
+    finally:
+        endpoint.close()
+
+
+def test_an_agent_whose_metrics_port_is_taken_serves_on_a_free_one_and_says_which(tmp_path, taken_port, caplog):
+    """A second agent on one host (its default 9465 held by the first) runs, with its metrics on a free port."""
+    (tmp_path / "kern.log").write_text("")
+    agent = Agent(settings(tmp_path, gpu_every_s=0, metrics_port=taken_port), send=FakeKafka(),
+                  nvml=lambda: FakeNvml([]))
+    agent.listener.connect_timeout_s = 0.1
+    runner = threading.Thread(target=agent.run, kwargs={"close_timeout_s": 2.0})
+    pm.stop()
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10
+        while pm._endpoint is None:
+            assert time.monotonic() < deadline, caplog.text
+            time.sleep(0.02)
+        port = pm._endpoint.port
+        assert port != taken_port and _scrapes(port)
+        [line] = [r.getMessage() for r in caplog.records if "taken" in r.getMessage()]
+        assert f"agent of node n9: metrics port {taken_port} is taken; serving metrics on port {port} instead" in line
+        assert "--metrics-port" in line
+    finally:
+        agent.stop()
+        runner.join(10)
+        pm.stop()
+    assert not runner.is_alive()
+
+
+def test_a_metrics_port_that_cannot_be_served_at_all_is_one_line_naming_the_port_and_the_option():
+    with pytest.raises(pm.MetricsUnavailable) as e:
+        pm.serve(9464, CollectorRegistry(), addr="203.0.113.1")  # not this host's address: no port serves there
+    assert "port 9464" in str(e.value) and "--metrics-port" in str(e.value) and "\n" not in str(e.value)
