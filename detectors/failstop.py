@@ -280,9 +280,11 @@ class FailStopDetector:
             return []  # not a rank of this job, or a record of the run before the job record
         if rec.kind == "step" or (rec.kind == "heartbeat" and rec.step is not None):
             self.stepped = True  # a heartbeat's `step` is the last one its rank finished
-        late = self._late(rank, rec.ts) if self.status[rank] == SILENT else []
-        if late:
-            return late
+        late = self._late(rank, rec.ts) if self.status[rank] == SILENT else []  # a report it disproves, first
+        found = self._observe_rank(rec, rank)
+        return late + found if late else found
+
+    def _observe_rank(self, rec: Record, rank: int) -> list[Finding]:
         peer_lost = rec.kind == "framework" and rec.type in _CRASH_TYPES and bool(PEER_LOST.search(rec.message or ""))
         if rec.kind == "framework" and (rec.type == "exit" or peer_lost):
             self.status[rank] = EXITED
