@@ -15,6 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from gangwatch.sinks.base import Sink
@@ -28,6 +29,30 @@ if TYPE_CHECKING:  # as in streams/worker.py: Faust and prometheus-client load o
     from gangwatch.streams.metrics import WorkerMetrics
 
 log = logging.getLogger("gangwatch.worker")  # the worker's logger: its lines read as the worker's, as before
+
+
+def event_time_text(newest: float | None, now: float) -> str:
+    """The progress line's event time: the newest one processed and how far the wall clock is past it.
+
+    Not called "lag": for live data the distance is the pipeline's lag, but a replayed or
+    simulated stream (event times of 2026-01-01, say) is months "behind" a pipeline that
+    keeps up, so the line shows the event time itself and the distance in a readable unit.
+    """
+    if newest is None:
+        return "no event time yet"
+    when = datetime.fromtimestamp(newest, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    behind = now - newest
+    ahead = behind < 0
+    behind = abs(behind)
+    if behind < 60:
+        span = f"{behind:.3f} s"
+    elif behind < 3600:
+        span = f"{behind / 60:.1f} min"
+    elif behind < 86400:
+        span = f"{behind / 3600:.1f} h"
+    else:
+        span = f"{behind / 86400:.1f} days"
+    return f"newest event time {when} ({span} {'ahead of' if ahead else 'behind'} the clock)"
 
 
 class Glue:
@@ -76,6 +101,7 @@ class Glue:
         self.sent = 0
         self.batches = 0
         self.lag_s = 0.0  # wall clock - newest event time, after the last batch (live data: the pipeline's lag)
+        self.newest_ts: float | None = None  # the newest event time of the last batch that processed records
         self._started = time.monotonic()
         self._last_stats = self._started
 
@@ -336,6 +362,7 @@ class Glue:
         cores = self.runner.cores
         newest = max((cores[j].max_ts for j in res.dirty if j in cores), default=None)
         if newest is not None:
+            self.newest_ts = newest
             self.lag_s = time.time() - newest
         self.metrics.count(res)
         self.metrics.batch_done(seconds, None if newest is None else self.lag_s)
@@ -461,10 +488,10 @@ class Glue:
         r = self.runner
         log.info("processed %d records (%.0f/s since start) in %d batches, %d jobs, %d state saves (%d not yet on "
                  "the broker, %d waiting for sinks), %d messages sent, %d node events routed, %d dropped, %d replayed "
-                 "records skipped; event-time lag %.3f s; commits held back on %d inputs",
+                 "records skipped; %s; commits held back on %d inputs",
                  r.records, r.records / max(now - self._started, 1e-9), self.batches, len(r.cores), self.saves,
                  len(self._unconfirmed), self.checkpoints.waiting(), self.sent, router.routed, router.dropped,
-                 r.duplicates, self.lag_s, len(self.capped()))
+                 r.duplicates, event_time_text(self.newest_ts, time.time()), len(self.capped()))
         for line in self.waiting():
             log.info("%s", line)
 

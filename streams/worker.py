@@ -124,6 +124,38 @@ class WorkerSettings:
     core: CoreConfig | None = None  # detectors' thresholds and triage (None: defaults); lateness_s above wins
 
 
+class ChangelogsNotYet(logging.Filter):
+    """Start-up noise off: aiokafka's ERROR `Topic <app id>-...-changelog not found in cluster metadata`.
+
+    A new worker logs it 12-17 times while Faust creates its tables' changelog topics
+    (the clients ask for their metadata before the topics exist): nothing is wrong, so
+    until `done()` (the producer knows the changelog topics) that one message, for this
+    app's changelog topics only, is demoted to DEBUG (shown with `--loglevel debug`).
+    After `done()` the filter is gone: the same line later means a topic went missing.
+    """
+
+    MESSAGE = "Topic %s not found in cluster metadata"  # aiokafka/cluster.py, logger aiokafka.cluster
+
+    def __init__(self, app_id: str, logger: str = "aiokafka.cluster") -> None:
+        super().__init__()
+        self.prefix = f"{app_id}-"
+        self.logger = logging.getLogger(logger)
+        self.demoted = 0
+        self.logger.addFilter(self)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if not (record.msg == self.MESSAGE and record.levelno > logging.DEBUG and len(args) == 1
+                and str(args[0]).startswith(self.prefix) and str(args[0]).endswith("-changelog")):
+            return True
+        self.demoted += 1
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return self.logger.isEnabledFor(logging.DEBUG)
+
+    def done(self) -> None:
+        self.logger.removeFilter(self)
+
+
 async def _producer_knows(app: faust.App, tables: tuple[Any, ...]) -> None:
     """Wait until the producer has metadata for the tables' changelog topics.
 
@@ -134,6 +166,10 @@ async def _producer_knows(app: faust.App, tables: tuple[Any, ...]) -> None:
     producer = app.producer._ensure_producer()  # the aiokafka producer under faust-streaming 0.15's driver
     for table in tables:
         await producer.partitions_for(table.changelog_topic.get_topic_name())
+    starting = getattr(app, "changelogs_not_yet", None)
+    if starting is not None:  # the changelog topics exist: a missing one from now on is an error again
+        starting.done()
+        app.changelogs_not_yet = None
 
 
 def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
@@ -172,6 +208,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         producer_max_request_size=STATE_MAX_BYTES,
         **faust_app_kwargs(),  # GANGWATCH_KAFKA_* SASL/SSL (streams/security.py); nothing for PLAINTEXT
     )
+    app.changelogs_not_yet = ChangelogsNotYet(s.app_id)  # type: ignore[attr-defined]  # until _producer_knows
     job_topics = (*t.job_inputs, t.by_job)
     job_src = app.topic(*job_topics, **_RAW)
     node_src = app.topic(t.node_events, t.node_jobs, **_RAW)

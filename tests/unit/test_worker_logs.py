@@ -1,0 +1,67 @@
+"""What a worker's log says at start and in its progress line (issue 24): no ERROR for changelog topics that
+are still being created, and no "lag" of months for a replayed or simulated stream."""
+
+from __future__ import annotations
+
+import logging
+import time
+from types import SimpleNamespace
+
+import pytest
+from gangwatch.streams.glue import Glue, event_time_text
+from gangwatch.streams.runner import JobRunner
+from gangwatch.streams.topics import TopicSettings
+
+pytestmark = pytest.mark.unit
+
+worker = pytest.importorskip("gangwatch.streams.worker")
+T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z, where the simulator starts
+
+
+def test_changelog_topics_not_found_at_start_are_debug_lines_until_the_topics_exist(caplog):
+    aiokafka = logging.getLogger("test-aiokafka.cluster")  # a logger of its own: the real one stays untouched
+    aiokafka.setLevel(logging.INFO)
+    noise = worker.ChangelogsNotYet("gw-app", logger=aiokafka.name)
+    with caplog.at_level(logging.INFO, logger=aiokafka.name):
+        for _ in range(15):  # what a new worker logs while Faust creates its tables' changelogs
+            aiokafka.error("Topic %s not found in cluster metadata", "gw-app-core-state-changelog")
+        aiokafka.error("Topic %s not found in cluster metadata", "gw.telemetry")  # an input: still an error
+        aiokafka.error("Topic %s not found in cluster metadata", "other-app-core-state-changelog")  # not ours
+        aiokafka.error("Topic %s is not authorized for this client", "gw-app-core-state-changelog")
+        assert noise.demoted == 15
+        assert [(r.levelname, r.args[0]) for r in caplog.records] == [
+            ("ERROR", "gw.telemetry"), ("ERROR", "other-app-core-state-changelog"),
+            ("ERROR", "gw-app-core-state-changelog")]
+        caplog.clear()
+        noise.done()  # the topics exist: a changelog missing now is something wrong
+        aiokafka.error("Topic %s not found in cluster metadata", "gw-app-core-state-changelog")
+    assert [r.levelname for r in caplog.records] == ["ERROR"] and not aiokafka.filters
+
+
+def test_with_debug_logging_the_start_up_lines_are_shown_as_debug(caplog):
+    aiokafka = logging.getLogger("test-aiokafka.debug")
+    aiokafka.setLevel(logging.DEBUG)
+    noise = worker.ChangelogsNotYet("gw-app", logger=aiokafka.name)
+    with caplog.at_level(logging.DEBUG, logger=aiokafka.name):
+        aiokafka.error("Topic %s not found in cluster metadata", "gw-app-node-job-changelog")
+    noise.done()
+    assert [r.levelname for r in caplog.records] == ["DEBUG"]
+
+
+def test_event_time_is_shown_as_a_time_with_its_distance_from_the_clock_not_as_lag():
+    assert event_time_text(None, T0) == "no event time yet"
+    assert event_time_text(T0, T0 + 0.25) == "newest event time 2026-01-01T00:00:00Z (0.250 s behind the clock)"
+    assert event_time_text(T0, T0 + 28_944_662) == \
+        "newest event time 2026-01-01T00:00:00Z (335.0 days behind the clock)"
+    assert event_time_text(T0 + 7200, T0) == "newest event time 2026-01-01T02:00:00Z (2.0 h ahead of the clock)"
+
+
+def test_the_progress_line_of_a_simulated_stream_says_event_time_not_lag(caplog):
+    router = SimpleNamespace(resume_points=lambda: {}, routed=0, dropped=0)
+    g = Glue(SimpleNamespace(), JobRunner(TopicSettings()), router, {}, (), (), [], False, None)
+    g.newest_ts, g.lag_s = T0 + 180, time.time() - (T0 + 180)
+    with caplog.at_level(logging.INFO, logger="gangwatch.worker"):
+        g.stats(router, every_s=1e-9)
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "newest event time 2026-01-01T00:03:00Z (" in line and "behind the clock" in line
+    assert "lag" not in line
