@@ -49,6 +49,13 @@ collide): queues, losses, the last step, records by kind and the delivery's coun
 (producers/metrics.py). Off by default; prometheus-client is imported only then,
 and without it the client logs one line and trains on.
 
+Spool: what cannot be sent while the broker is away waits on local disk in
+`spool_dir`, default `<temp dir>/gangwatch-spool/<job>/rank<rank>`
+(`default_spool_dir`; `/tmp/...` unless `TMPDIR` names another temp dir), at
+most `spool_bytes` (64 MiB) per rank. Pass `spool_dir=` to put it elsewhere (one
+folder per rank); there is no variable of the client's own for it
+(`GANGWATCH_SPOOL_DIR` is the node agent's `--spool-dir`). docs/training-loop-author.md says the same.
+
 For tests: `send=` replaces Kafka, `clock=` (event time) and `timer=`
 (durations) replace real time, and `background=False` starts no thread:
 `flush()` and `heartbeat()` then run on the caller's thread.
