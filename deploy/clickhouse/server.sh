@@ -13,7 +13,9 @@ HTTP_PORT="${GANGWATCH_CH_HTTP_PORT:-8123}"
 INTERSERVER_PORT="${GANGWATCH_CH_INTERSERVER_PORT:-9009}"
 CONFIG="${GANGWATCH_CH_CONFIG:-/etc/clickhouse-server/config.xml}"
 READY_TIMEOUT="${GANGWATCH_CH_TIMEOUT:-30}"
-PYTHON="${PYTHON:-python3}"
+# only without curl / clickhouse-client: $PYTHON, else the checkout's .venv (what ./gw makes), else python3
+VENV_PYTHON="$(cd "$HERE/../.." && pwd)/.venv/bin/python"
+PYTHON="${PYTHON:-$(if [[ -x "$VENV_PYTHON" ]]; then echo "$VENV_PYTHON"; else echo python3; fi)}"
 
 PID_FILE="$RUN_DIR/server.pid"
 DATA_DIR="$RUN_DIR/data"
@@ -41,6 +43,7 @@ Environment:
   GANGWATCH_CH_INTERSERVER_PORT  interserver port (must be free)   [$INTERSERVER_PORT]
   GANGWATCH_CH_CONFIG            base config (users.xml beside it) [$CONFIG]
   GANGWATCH_CH_TIMEOUT           seconds to wait for readiness     [$READY_TIMEOUT]
+  PYTHON                         health checks without curl and clickhouse-client (clickhouse-driver)  [$PYTHON]
 
 Data survives stop/start; wipe it with: $(basename "$0") stop && rm -rf "$RUN_DIR"
 EOF

@@ -11,7 +11,9 @@ PORT="${GANGWATCH_KAFKA_PORT:-9092}"
 CONTROLLER_PORT="${GANGWATCH_KAFKA_CONTROLLER_PORT:-9093}"
 READY_TIMEOUT="${GANGWATCH_KAFKA_TIMEOUT:-90}"
 HEAP_OPTS="${GANGWATCH_KAFKA_HEAP_OPTS:--Xms256m -Xmx768m}"
-PYTHON="${PYTHON:-$(if [[ -x "$HERE/../../.venv/bin/python" ]]; then echo "$HERE/../../.venv/bin/python"; else echo python3; fi)}"
+# the probe's Python: $PYTHON, else the checkout's .venv (what ./gw makes), else python3 (check_prereqs says what to do)
+VENV_PYTHON="$(cd "$HERE/../.." && pwd)/.venv/bin/python"
+PYTHON="${PYTHON:-$(if [[ -x "$VENV_PYTHON" ]]; then echo "$VENV_PYTHON"; else echo python3; fi)}"
 
 PID_FILE="$RUN_DIR/broker.pid"
 PROPS="$RUN_DIR/server.properties"
@@ -45,7 +47,8 @@ Environment:
   GANGWATCH_KAFKA_CONTROLLER_PORT  KRaft controller port              [$CONTROLLER_PORT]
   GANGWATCH_KAFKA_TIMEOUT          seconds to wait for readiness      [$READY_TIMEOUT]
   GANGWATCH_KAFKA_HEAP_OPTS        JVM heap flags                     [$HEAP_OPTS]
-  JAVA_HOME / PYTHON               java (>= 17) / python with kafka-python
+  JAVA_HOME                        java (>= 17)                       [${JAVA_HOME:-java on the PATH}]
+  PYTHON                           a Python with kafka-python (probe) [$PYTHON]
 
 Data survives stop/start; wipe it with: $(basename "$0") stop && rm -rf "$RUN_DIR"
 EOF
@@ -117,12 +120,12 @@ ensure_libs() {
 }
 
 check_prereqs() {
+  "$PYTHON" -c 'import kafka' 2>/dev/null || die "$PYTHON cannot import kafka-python (the readiness probe needs it): run ./gw up from the checkout (it makes .venv with it), or set PYTHON to a Python that has it (pip install kafka-python)"
   local java; java="$(java_bin)"
   [[ -x "$java" ]] || die "java not found (Kafka 4.x needs Java >= 17; set JAVA_HOME or apt-get install openjdk-17-jre-headless)"
   local major
   major="$("$java" -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1)"
   [[ -n "$major" && "$major" -ge 17 ]] || die "Kafka 4.x needs Java >= 17, $java is version ${major:-unknown}"
-  "$PYTHON" -c 'import kafka' 2>/dev/null || die "$PYTHON cannot import kafka-python (pip install kafka-python)"
 }
 
 kafka_version() {
