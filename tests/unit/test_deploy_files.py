@@ -146,3 +146,42 @@ def test_the_agent_unit_runs_without_root_with_only_the_capabilities_its_readers
     assert set(svc["AmbientCapabilities"].split()) == caps and set(svc["CapabilityBoundingSet"].split()) == caps
     assert svc["NoNewPrivileges"] == "yes"
     assert f"useradd --system --no-create-home --shell /usr/sbin/nologin {svc['User']}" in unit.read_text()
+
+
+def test_the_alert_consumer_doc_and_the_shipped_alertmanager_config_agree():
+    """docs/alert-consumer.md's route is the shipped one, and names only receivers the shipped file defines."""
+    import re
+
+    doc = (DEPLOY.parent / "docs" / "alert-consumer.md").read_text()
+    [block] = re.findall(r"```yaml\n(.*?)```", doc, re.S)
+    shown = yaml.safe_load(block)
+    shipped = yaml.safe_load((COMPOSE.parent / "alertmanager.yml").read_text())
+
+    def receivers(route: dict) -> set[str]:
+        return {route["receiver"], *(r for sub in route.get("routes", []) for r in receivers(sub))}
+
+    defined = {r["name"] for r in shipped["receivers"]}
+    assert receivers(shown["route"]) <= defined and receivers(shipped["route"]) <= defined
+    assert {r["name"] for r in shown["receivers"]} == defined
+    assert receivers(shown["route"]) == receivers(shipped["route"])
+    assert shown["inhibit_rules"] == shipped["inhibit_rules"]
+
+
+def test_the_compose_stack_publishes_no_port_that_gw_up_gives_kafka():
+    """Alertmanager's and Kafka's host ports stay clear of `./gw up`'s Kafka (listener and KRaft controller), and the
+    alert consumer's doc points at the port the stack publishes."""
+    import re
+
+    broker = (DEPLOY / "kafka" / "broker.sh").read_text()
+    dev_ports = {re.search(rf'{var}:-(\d+)', broker).group(1)
+                 for var in ("GANGWATCH_KAFKA_PORT", "GANGWATCH_KAFKA_CONTROLLER_PORT")}
+    assert dev_ports == {"9092", "9093"}
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    for name in ("kafka", "alertmanager"):
+        for mapping in services[name]["ports"]:
+            host_port = mapping.split(":")[-2]
+            assert host_port not in dev_ports, f"compose {name} publishes {host_port}, which ./gw up's Kafka takes"
+    [am] = services["alertmanager"]["ports"]
+    doc = (DEPLOY.parent / "docs" / "alert-consumer.md").read_text()
+    assert f"http://127.0.0.1:{am.split(':')[-2]}" in doc
+    assert not re.search(r"(127\.0\.0\.1|localhost):9093", doc)
