@@ -252,3 +252,26 @@ def iso(ts: float | None) -> str:
         return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
     except (OverflowError, OSError, ValueError):  # beyond the years a datetime holds: the number itself
         return repr(ts)
+
+
+def command_name() -> str:
+    """How a hint printed to the user names gangwatch so that it runs as written: `gangwatch` when that is on the
+    PATH and is this program, `./gw` when running from a checkout's .venv without it on the PATH (what `./gw demo`
+    does), else this program's path."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    me = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
+    found = shutil.which("gangwatch")
+    if found and (me is None or me.name != "gangwatch" or Path(found).resolve() == me):
+        return "gangwatch"
+    root = Path(sys.prefix).resolve().parent  # <checkout>/.venv -> <checkout>
+    if (root / "gw").is_file():
+        try:
+            if Path.cwd().resolve() == root:
+                return "./gw"
+        except OSError:
+            pass
+        return str(root / "gw")
+    return str(me) if me is not None and me.name == "gangwatch" else "gangwatch"

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from gangwatch.cli import report
-from gangwatch.cli.options import EXIT_FLOOR, EXIT_USAGE, UserError, integer, number, opt, positive
+from gangwatch.cli.options import EXIT_FLOOR, EXIT_USAGE, UserError, command_name, integer, number, opt, positive
 
 
 def _suite(name: str, size: str, only: list[str] | None) -> list:
@@ -101,7 +101,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(report.summary(summary))
     print(report.outcome(out))
     if store is not None:
-        print(f"\nSQL over the store: gangwatch store query \"SELECT class, culprit_nodes, stage_names, "
+        print(f"\nSQL over the store: {command_name()} store query \"SELECT class, culprit_nodes, stage_names, "
               f"stage_seconds FROM gw_incidents FINAL\" --out {out}")
     return 0
 
