@@ -37,7 +37,8 @@ pytestmark = pytest.mark.unit
 
 # 10,000 per parser in CI (CI=true), 1,000 elsewhere; GANGWATCH_FUZZ_CASES sets it
 N = int(os.environ.get("GANGWATCH_FUZZ_CASES") or (10_000 if os.environ.get("CI") == "true" else 1_000))
-NICE = 10  # added to this thread's nice value while a property runs (only where it can be taken back: root)
+# added to this thread's nice value while a property runs (only where it can be taken back: root); 0: none
+NICE = int(os.environ.get("GANGWATCH_FUZZ_NICE") or 10)
 
 
 def fuzz(shards: int = 1, cases: int = N):
@@ -59,7 +60,7 @@ def fuzz(shards: int = 1, cases: int = N):
 @pytest.fixture(autouse=True)
 def _low_priority():
     """Lower this thread's CPU priority for one property; put it back afterwards (root only: others may not)."""
-    if not hasattr(os, "setpriority") or os.geteuid() != 0:
+    if not NICE or not hasattr(os, "setpriority") or os.geteuid() != 0:
         yield
         return
     tid = threading.get_native_id()
