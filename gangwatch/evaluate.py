@@ -8,7 +8,7 @@ For every injected fault (event time throughout):
 - evictions: nodes named by evicting actions (replace, evict_group, isolate, requeue);
   precision = evicted culprits / evicted nodes; innocents per culprit = evicted
   non-culprits / culprits.
-Healthy and planned runs score their false evictions (must be 0), and so do
+Healthy and planned runs score their false evictions and false pages (escalations; both must be 0), and so do
 precursor faults (hardware wear that interrupts nothing: no incident expected)
 and benign ones (a rank steadily slower than its peers: a difference, not a
 fault): those must be reported (a `heterogeneous` finding per rank) and never
@@ -73,6 +73,7 @@ class ScenarioScore:
     benign: list[BenignScore] = field(default_factory=list)
     evicted: list[str] = field(default_factory=list)
     innocent_evicted: list[str] = field(default_factory=list)
+    pages: int = 0  # escalations: a human called (false on a healthy, benign or planned run)
     actions: dict[str, int] = field(default_factory=dict)
     incidents: int = 0
     findings: int = 0
@@ -84,7 +85,7 @@ class ScenarioScore:
         if not all(b.reported for b in self.benign):
             return False
         if self.healthy or self.planned:
-            return not self.evicted
+            return not self.evicted and not self.pages
         return all(f.detected and f.class_ok and f.localized for f in self.faults) and not self.innocent_evicted
 
 
@@ -106,6 +107,7 @@ def score(truth: dict[str, Any], findings: list[dict], actions: list[dict], inci
     s.incidents = len(incs)
     for a in actions:
         s.actions[a["type"]] = s.actions.get(a["type"], 0) + 1
+    s.pages = s.actions.get("escalate", 0)
     for f in truth["faults"]:
         if f["class"] is None and f["kind"] in EXPECTED_REPORT:
             want = EXPECTED_REPORT[f["kind"]]
@@ -177,21 +179,24 @@ def by_class(scores: list[ScenarioScore]) -> dict[str, dict[str, Any]]:
     for s in scores:
         key_faults = s.faults if s.faults else []
         if s.benign:
-            r = rows.setdefault("benign", {"runs": 0, "expected": 0, "reported": 0, "false_evictions": 0})
+            r = rows.setdefault("benign", {"runs": 0, "expected": 0, "reported": 0, "false_evictions": 0,
+                                           "false_pages": 0})
             r["runs"] += 1
             r["expected"] += len(s.benign)
             r["reported"] += sum(b.reported for b in s.benign)
-            if not s.faults:  # nothing else happened: any eviction is a false one
+            if not s.faults:  # nothing else happened: any eviction or page is a false one
                 r["false_evictions"] += len(s.evicted)
+                r["false_pages"] += s.pages
         if s.healthy:
-            r = rows.setdefault("healthy", {"runs": 0, "false_evictions": 0})
+            r = rows.setdefault("healthy", {"runs": 0, "false_evictions": 0, "false_pages": 0})
             r["runs"] += 1
             r["false_evictions"] += len(s.evicted)
+            r["false_pages"] += s.pages
             continue
         for f in key_faults:
             r = rows.setdefault(f.cls, {"faults": 0, "detected": 0, "class_ok": 0, "localized": 0, "detect_s": [],
                                         "localize_s": [], "evicted": 0, "evicted_culprits": 0, "culprits": 0,
-                                        "false_evictions": 0})
+                                        "false_evictions": 0, "false_pages": 0})
             r["faults"] += 1
             r["detected"] += f.detected
             r["class_ok"] += f.class_ok
@@ -206,6 +211,7 @@ def by_class(scores: list[ScenarioScore]) -> dict[str, dict[str, Any]]:
             culprits = {n for f in s.faults for n in f.nodes}
             if s.planned:
                 r["false_evictions"] += len(s.evicted)
+                r["false_pages"] += s.pages
             else:
                 r["evicted"] += len(s.evicted)
                 r["evicted_culprits"] += len([n for n in s.evicted if n in culprits])
@@ -227,22 +233,22 @@ def render(scores: list[ScenarioScore]) -> str:
                      f"{','.join(s.evicted)[:22] or '-':<22} {acts[:40] or '-':<40} {rate:>8,.0f}")
     lines.append("")
     lines.append(f"{'class':<10} {'faults':>6} {'recall':>7} {'class ok':>8} {'localized':>9} {'detect p50':>10} "
-                 f"{'local p50':>9} {'evict prec':>10} {'innoc/culprit':>13} {'false evict':>11}")
+                 f"{'local p50':>9} {'evict prec':>10} {'innoc/culprit':>13} {'false evict':>11} {'false page':>10}")
     for cls, r in sorted(by_class(scores).items()):
         if cls == "healthy":
             lines.append(f"{'healthy':<10} {r['runs']:>6} {'':>7} {'':>8} {'':>9} {'':>10} {'':>9} {'':>10} "
-                         f"{'':>13} {r['false_evictions']:>11}")
+                         f"{'':>13} {r['false_evictions']:>11} {r['false_pages']:>10}")
             continue
         if cls == "benign":  # recall here: the share of benign ranks reported as such
             lines.append(f"{'benign':<10} {r['expected']:>6} {r['reported'] / r['expected']:>7.2f} {'':>8} {'':>9} "
-                         f"{'':>10} {'':>9} {'':>10} {'':>13} {r['false_evictions']:>11}")
+                         f"{'':>10} {'':>9} {'':>10} {'':>13} {r['false_evictions']:>11} {r['false_pages']:>10}")
             continue
         n = r["faults"]
         prec = f"{r['evicted_culprits'] / r['evicted']:.2f}" if r["evicted"] else "-"
         innoc = f"{(r['evicted'] - r['evicted_culprits']) / r['culprits']:.2f}" if r["culprits"] else "-"
         lines.append(f"{cls:<10} {n:>6} {r['detected'] / n:>7.2f} {r['class_ok'] / n:>8.2f} "
                      f"{r['localized'] / n:>9.2f} {_p50(r['detect_s']):>10} {_p50(r['localize_s']):>9} "
-                     f"{prec:>10} {innoc:>13} {r['false_evictions']:>11}")
+                     f"{prec:>10} {innoc:>13} {r['false_evictions']:>11} {r.get('false_pages', 0):>10}")
     ok = sum(s.ok for s in scores)
     lines.append("")
     lines.append(f"{ok}/{len(scores)} scenarios fully right")
@@ -292,6 +298,8 @@ def check(scores: list[ScenarioScore], floors: dict[str, Floor] | None = None) -
     for cls, r in sorted(rows.items()):
         if cls in NO_EVICTION and r["false_evictions"]:
             out.append(f"{cls}: {r['false_evictions']} false eviction(s), floor 0")
+        if cls in NO_EVICTION and r.get("false_pages"):
+            out.append(f"{cls}: {r['false_pages']} false page(s) (escalations), floor 0")
         if cls == "benign" and r["reported"] < r["expected"]:
             out.append(f"benign: {r['reported']}/{r['expected']} heterogeneous ranks reported, floor all")
         floor = floors.get(cls)

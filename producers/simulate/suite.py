@@ -83,6 +83,9 @@ def standard_suite(size: str = "full") -> list[Scenario]:
         [("thermal_straggler", 60.0, (1, 0.1, 4), 0.12), ("xid79", 180.0, 0.5, 0.0, {"gpu": 0})])
     add("thermal_during_ckpt_{n}", 702, 2, 16, 300.0, [("thermal_straggler", 100.0, (0, 0.8, 6), 0.08)],
         noise=Noise(ckpt_every_s=60.0))
+    # the ordinary life of a job: synchronous checkpoints of 45 s every 150 s the loop does not announce (the
+    # whole job stalls, heartbeats go on): stalls that end by themselves, nobody paged or evicted
+    add("long_checkpoints_{n}", 805, 4, 16, 600.0, [], noise=Noise(ckpt_every_s=150.0, ckpt_s=45.0))
     # an uneven fleet: ranks 3 % to 15 % slower than their stage from the first step, nothing broken
     add("heterogeneous_{n}", 801, 4, 16, 600.0, [("heterogeneous", 0.0, (0, 0.1, 2), 0.03),
                                                   ("heterogeneous", 0.0, (1, 0.45, 5), 0.06),

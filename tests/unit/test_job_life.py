@@ -243,8 +243,9 @@ def test_shadow_mode_is_turned_on_for_one_job_by_an_ops_record_and_off_again():
 def test_gangwatch_store_shadow_prints_the_precision_per_job_and_action_type(tmp_path, capsys):
     """A replay in shadow mode, then the score from its store: the page for the stall the job recovered from by
     itself was wrong."""
-    from gangwatch.cli import main
     from gangwatch.schemas import encode
+
+    from gangwatch.cli import main
 
     recs, _ = run_of(T0, 0, 120, gap={60: 360.0})
     path = tmp_path / "in.jsonl"
