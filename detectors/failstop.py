@@ -34,6 +34,10 @@ the finding); triage then cancels what was not decided yet, or gives the evictio
 budget. The rank's records are late, so its silence is judged that much later from then on (`late_s`: the
 lateness the withdrawal showed, for the rest of the run).
 
+A rank falling silent while most of the job says it stops (a user's stop whose record from that rank was
+lost) stopped with them; a few ranks stopping (a launcher tearing down a node whose rank was killed outright)
+hide nobody's silence.
+
 Before the job's first step nobody is evicted for silence alone: a rank that falls silent during start-up
 (a heartbeat held back on a loaded host, a slow import) is held until the start deadline unless its peers
 report losing it; a dead machine's own hardware events or a crash record speak for it meanwhile.
@@ -256,6 +260,7 @@ class FailStopDetector:
         self.stepped = False  # a step of this run was seen: start-up is over
         self.reported: dict[int, tuple[str, float]] = {}  # silent rank -> (the finding that said so, its time)
         self.late_s = np.zeros(topo.size)  # how late a rank's records were shown to arrive (a withdrawn report)
+        self.stop_ts = np.full(topo.size, -np.inf)  # when a rank said it stops (lifecycle), or the job did
         self.next_tick = self._grid_at_or_after(self.start_deadline)
 
     def _grid_at_or_after(self, t: float) -> float:
@@ -320,9 +325,11 @@ class FailStopDetector:
             if rec.rank is None:
                 self.status[:] = EXITED
                 np.maximum(self.last_seen, rec.ts, out=self.last_seen)
+                self.stop_ts[:] = rec.ts
             else:
                 self.status[rec.rank] = EXITED
                 self._heard(rec.rank, rec.ts)
+                self.stop_ts[rec.rank] = rec.ts
         elif rec.rank is not None:
             self.beat(rec.rank, rec.ts)
         return []
@@ -426,6 +433,10 @@ class FailStopDetector:
         peers_said = self.peer_lost_ts >= float(self.last_seen[missing].min())  # lost after these fell silent
         if not self.stepped and not peers_said and t < self.start_deadline:
             return out  # start-up: silence alone evicts nobody before the first step (held to the deadline)
+        stopping = int((self.stop_ts >= float(self.last_seen[missing].min()) - self.timeout).sum())
+        if 2 * stopping > self.topo.size:  # most of the job stopped on purpose as these fell silent: stopped too
+            self.status[missing] = EXITED
+            return out
         if float(self.last_seen.max()) + self.quiet <= t and not peers_said:  # nobody in the job spoke lately
             if (missing == live).all():
                 out.append(self._monitoring_gap(t, live))

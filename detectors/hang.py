@@ -41,7 +41,8 @@ class HangConfig:
     warmup_steps: int = 5  # first intervals are not part of the baseline
     max_lagging_frac: float = 0.1  # lagging ranks are reported only when they are this small a minority
     pause_limit_s: float = 600.0  # a known pause of a kind not seen before is a stall after this long ...
-    pause_factor: float = 3.0  # ... a later one after this many times the longest of its kind so far
+    pause_factor: float = 3.0  # ... a later one after this many times the longest of its kind so far ...
+    pause_min_s: float = 120.0  # ... but never sooner than this (a few quick saves do not make a slow one a hang)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -124,7 +125,7 @@ class HangDetector:
     def pause_limit_s(self, what: str) -> float:
         """How long a known pause of kind `what` may last before the job counts as hung."""
         cfg, seen = self.config, self.longest.get(what)
-        return cfg.pause_limit_s if seen is None else max(cfg.min_stall_s, cfg.pause_factor * seen)
+        return cfg.pause_limit_s if seen is None else max(cfg.min_stall_s, cfg.pause_min_s, cfg.pause_factor * seen)
 
     def progress(self, step: int, ts: float) -> None:
         """A step past the newest one any rank finished, at `ts`: the job made progress."""

@@ -34,7 +34,9 @@ from gangwatch.schemas import Finding, Record, decode_obj, to_dict
 from gangwatch.schemas.evidence import Evidence
 
 STATES = ("starting", "running", "paused", "stopping", "stopped", "finished", "failed", "restarting")
-QUIET = frozenset({"stopping", "stopped", "finished", "restarting"})  # the job's silence is expected
+# the job's silence is expected: nothing opens. `stopping` is not: a rank killed outright says nothing, and its
+# siblings' stops (the launcher's teardown) must not hide it; a job stops once every rank has ended.
+QUIET = frozenset({"stopped", "finished", "restarting"})
 _CRASHES = frozenset({"exception", "oom", "exit"})
 
 
@@ -109,7 +111,7 @@ class JobLifeDetector:
             lost = bool(PEER_LOST.search(rec.message or ""))
             if clean_exit(rec) or lost:
                 self._ended(rec.rank, rec.ts, out, stopped=False)
-            if not clean_exit(rec) and self.current not in QUIET:  # a crash, or a peer lost: the job broke
+            if not clean_exit(rec) and self.current not in QUIET | {"stopping"}:  # a crash, a peer lost: broken
                 what = f"lost a remote peer: {rec.message or ''}" if lost else f"{rec.type} {rec.message or ''}"
                 self._to(out, "failed", f"rank {rec.rank} {what[:200]}".rstrip(), rec.ts)
         return out

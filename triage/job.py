@@ -168,10 +168,11 @@ class Triage:
         return out
 
     def _on_life(self, t: Typed, out: Outputs) -> None:
-        """The job moved in its life; stopping, ending or being restarted closes an incident not decided yet."""
+        """The job moved in its life; a stop or an end closes an incident not decided yet (a restart does not: the
+        controller may be carrying out this very incident's decision, due a moment before its record)."""
         self.life = t.job_state
         inc = self.incident
-        if self.life in QUIET and inc is not None and inc.decided_ts is None:
+        if self.life in ("stopped", "finished") and inc is not None and inc.decided_ts is None:
             inc.resolution = f"job_{self.life}"
             self._close(t.finding.ts, out)
 

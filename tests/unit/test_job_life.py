@@ -261,3 +261,22 @@ def test_gangwatch_store_shadow_prints_the_precision_per_job_and_action_type(tmp
     rows = [orjson.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [(r["job"], r["type"], r["would"], r["right"], r["wrong"], r["precision"]) for r in rows] == [
         ("j", "escalate", 1, 0, 1, 0.0)]
+
+
+def test_a_rank_killed_outright_is_found_though_its_launcher_stops_its_sibling():
+    """SIGKILL on rank 2 (n2): torchrun stops its sibling rank 3 with SIGTERM (whose handler says `stop`) and the
+    peers on n1 lose it: a few stops hide nobody's silence: n2 is replaced."""
+    recs, end = run_of(T0, 0, 120, silent={2: T0 + 60.0, 3: T0 + 60.5, 0: T0 + 61.0, 1: T0 + 61.0})
+    recs.append(Lifecycle(ts=T0 + 60.5, job="j", rank=3, event="stop", reason="SIGTERM", source="trainer"))
+    recs += [Framework(ts=T0 + 60.6 + 0.01 * r, job="j", rank=r, type="exception",
+                       message="RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:29500") for r in (0, 1, 4, 5)]
+    out = replay(recs, T0 + 90)
+    assert acts(out) == [("replace", ["n2"])]
+
+
+def test_a_user_stop_with_one_ranks_record_lost_is_still_a_stop():
+    first, end = run_of(T0, 0, 60, silent={4: T0 + 70.5})
+    stop = [Lifecycle(ts=end + 0.5 + 0.01 * r, job="j", rank=r, event="stop", reason="SIGTERM", source="trainer")
+            for r in range(RANKS) if r != 4]  # rank 4 was killed before its handler could send
+    out = replay([r for r in first if r.ts <= end + 0.5] + stop, end + 120)
+    assert out.actions == [] and out.incidents == []
