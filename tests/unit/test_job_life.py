@@ -269,7 +269,8 @@ def test_a_rank_killed_outright_is_found_though_its_launcher_stops_its_sibling()
     recs, end = run_of(T0, 0, 120, silent={2: T0 + 60.0, 3: T0 + 60.5, 0: T0 + 61.0, 1: T0 + 61.0})
     recs.append(Lifecycle(ts=T0 + 60.5, job="j", rank=3, event="stop", reason="SIGTERM", source="trainer"))
     recs += [Framework(ts=T0 + 60.6 + 0.01 * r, job="j", rank=r, type="exception",
-                       message="RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:29500") for r in (0, 1, 4, 5)]
+                       message="RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:29500")
+             for r in (0, 1, 4, 5)]
     out = replay(recs, T0 + 90)
     assert acts(out) == [("replace", ["n2"])]
 
