@@ -156,6 +156,8 @@ class Triage:
                     self._close(rec.ts, out)
                 elif inc and inc.decided_ts is None and inc.cls in ("hang", "stall") and rec.step > inc.stall_step:
                     inc.recovered_ts, inc.resolution = rec.ts, "self_resolved"  # it went on by itself: no page
+                    if not any(t.verdict for t in self.gathered):
+                        inc.cls = "stall"  # the whole job stalled and went on, nobody to blame
                     self._close(rec.ts, out)
         elif rec.kind == "recovery":
             self._on_recovery(rec, out)

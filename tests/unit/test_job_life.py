@@ -86,7 +86,7 @@ def test_an_unannounced_job_wide_pause_of_45_s_pages_nobody():
     out = replay(recs, end + 5)
     assert acts(out) == [("collect_stacks", [])]
     [inc] = final(out).values()
-    assert inc.cls in ("hang", "stall") and inc.extra["resolution"] == "self_resolved" and inc.evicted_nodes == []
+    assert inc.cls == "stall" and inc.extra["resolution"] == "self_resolved" and inc.evicted_nodes == []
 
 
 def test_an_announced_pause_is_no_stall_at_all():
