@@ -32,6 +32,24 @@ def drive(det: Any, recs: list, tail: float = 0.0) -> list:
     return found
 
 
+def replay_core(recs: list, until: float, config: Any = None) -> Any:
+    """Records through the pure core (`triage.engine.Core`) in event-time order, then event time moved on a
+    second at a time to `until` (as the worker's silence timer moves it when nothing arrives), then the end of
+    input. Returns the `Outputs`."""
+    from gangwatch.schemas import Outputs
+    from gangwatch.triage.engine import Core
+
+    core, out = Core(config), Outputs()
+    for rec in sorted(recs, key=lambda r: r.ts):
+        core.process(rec, out)
+    now = max(r.ts for r in recs)
+    while now < until:
+        now = min(until, now + 1.0)
+        core.advance(now, out)
+    out.extend(core.finish())
+    return out
+
+
 def assert_json_safe(obj: Any, path: str = "$") -> None:
     """Only plain JSON values: dicts with str keys, lists, str, int, finite float, bool, None (exact types)."""
     t = type(obj)

@@ -10,7 +10,8 @@ from gangwatch.producers.agent import Agent, AgentSettings
 from gangwatch.producers.agent.frozen import FrozenRanks
 from gangwatch.producers.agent.procs import RankTable
 from gangwatch.schemas import Heartbeat, Job, Outputs, RankInfo, Step, decode, decode_obj
-from gangwatch.triage.engine import Core
+
+from tests.helpers import replay_core
 
 pytestmark = pytest.mark.unit
 
@@ -154,15 +155,7 @@ def stopped_rank_3(proc: Path, *, agent: bool) -> tuple[list, float]:
 
 
 def replay(recs: list, until: float) -> Outputs:
-    core, out = Core(), Outputs()
-    for rec in sorted(recs, key=lambda r: r.ts):
-        core.process(rec, out)
-    now = max(r.ts for r in recs)
-    while now < until:
-        now = min(until, now + 1.0)
-        core.advance(now, out)
-    out.extend(core.finish())
-    return out
+    return replay_core(recs, until)
 
 
 def test_a_rank_stopped_for_30_s_is_a_hang_that_ends_by_itself_not_a_death(proc):

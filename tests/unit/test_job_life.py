@@ -13,6 +13,8 @@ from gangwatch.schemas import Framework, Heartbeat, Job, Lifecycle, Ops, Outputs
 from gangwatch.triage.config import TriageConfig
 from gangwatch.triage.engine import Core, CoreConfig
 
+from tests.helpers import replay_core
+
 pytestmark = pytest.mark.unit
 
 T0 = 1_700_000_000.0
@@ -47,15 +49,7 @@ def run_of(start: float, first_step: int, steps: int, *, gap: dict[int, float] |
 
 
 def replay(recs: list, until: float, **triage) -> Outputs:
-    core, out = Core(CoreConfig(triage=TriageConfig(**triage))), Outputs()
-    for rec in sorted(recs, key=lambda r: r.ts):
-        core.process(rec, out)
-    now = max(r.ts for r in recs)
-    while now < until:
-        now = min(until, now + 1.0)
-        core.advance(now, out)
-    out.extend(core.finish())
-    return out
+    return replay_core(recs, until, CoreConfig(triage=TriageConfig(**triage)))
 
 
 def acts(out: Outputs) -> list[tuple[str, list[str]]]:
