@@ -380,7 +380,14 @@ class Publisher:
         self._producer.send(topic, key=key.encode(), value=encode(rec)).get(timeout=30)
 
     def close(self) -> None:
-        self._producer.close(timeout=10)
+        """Flush what is still queued, at most 10 s; a broker that is away then costs those records, said once."""
+        from kafka.errors import KafkaError
+
+        try:
+            self._producer.close(timeout=10)
+        except KafkaError as e:
+            log.error("records not delivered at exit (the broker did not take them within 10 s): %s: %s",
+                      type(e).__name__, e)
 
 
 RecoveryPublisher = Publisher  # its earlier name, when it sent recovery records only

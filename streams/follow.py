@@ -83,9 +83,19 @@ class TopicReader:
         return out
 
     def commit(self) -> None:
-        if self._uncommitted:
+        """Commit what was read; a broker that cannot take the commit now (down, its coordinator moving) is
+        logged and the commit tried again after the next poll: what was read is read again at worst."""
+        if not self._uncommitted:
+            return
+        from kafka.errors import KafkaError
+
+        try:
             self._consumer.commit()
-            self._uncommitted = False
+        except KafkaError as e:
+            log.warning("%s: commit failed (%s: %s); tried again after the next poll", ", ".join(self.names),
+                        type(e).__name__, e)
+            return
+        self._uncommitted = False
 
     def close(self) -> None:
         self._consumer.close()
