@@ -433,12 +433,12 @@ STOPPED = (
     "    out.write(v + b'\\n'); out.flush()\n"
     "client = TrainerClient(job='j9', rank=1, world_size=2, send=send, spool_dir=sys.argv[2])\n"
     "client.step(0)\n"
-    "print('ready', flush=True)\n"
     "{body}"
 )
+READY = "print('ready', flush=True)\n"  # the body says it once the signal may come (inside its try, if any)
 
 
-def _stopped_by(tmp_path, sig: int, body: str = "time.sleep(60)\n") -> tuple[subprocess.CompletedProcess, list]:
+def _stopped_by(tmp_path, sig: int, body: str = READY + "time.sleep(60)\n") -> tuple[subprocess.CompletedProcess, list]:
     script = tmp_path / "train.py"
     script.write_text(STOPPED.format(body=body))
     sent = tmp_path / "sent.jsonl"
@@ -460,7 +460,8 @@ def test_sigterm_sends_a_stop_then_the_process_still_dies_by_sigterm(tmp_path):
 
 
 def test_sigint_sends_a_stop_and_still_raises_keyboard_interrupt(tmp_path):
-    body = "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    print('interrupted', flush=True)\n    raise\n"
+    body = (f"try:\n    {READY}    time.sleep(60)\n"  # ready inside the try: the signal may not come before it
+            "except KeyboardInterrupt:\n    print('interrupted', flush=True)\n    raise\n")
     proc, recs = _stopped_by(tmp_path, signal.SIGINT, body)
     assert "interrupted" in proc.stdout and "KeyboardInterrupt" in proc.stderr
     assert proc.returncode != 0
@@ -469,7 +470,7 @@ def test_sigint_sends_a_stop_and_still_raises_keyboard_interrupt(tmp_path):
 
 
 def test_a_previous_sigterm_handler_is_still_called_after_the_stop(tmp_path):
-    body = "time.sleep(60)\n"
+    body = READY + "time.sleep(60)\n"
     script_head = ("import signal\n"
                    "signal.signal(signal.SIGTERM, lambda s, f: (print('mine', flush=True), sys.exit(7)))\n")
     script = tmp_path / "train.py"
