@@ -313,12 +313,17 @@ class LiveJob:
         out = self.workdir / "replay"
         replay.run([src], out, None, progress=None)
 
-        def read(name: str) -> list[dict]:
-            path = out / f"{name}.jsonl"
-            rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-            return list({r["id"]: r for r in rows if r["job"] == self.job}.values())  # the latest of each id
+        return outcome(self._replay_rows("actions"), self._replay_rows("incidents"))
 
-        return outcome(read("actions"), read("incidents"))
+    def replayed_findings(self) -> list[tuple]:
+        """What the last `replayed()` found (type, rank, node, evidence): what a failing comparison shows."""
+        return [(f["type"], f["rank"], f["node"], f["evidence"]) for f in self._replay_rows("findings")]
+
+    def _replay_rows(self, name: str) -> list[dict]:
+        """The latest of each id in the last replay's `name`.jsonl, for this job."""
+        path = self.workdir / "replay" / f"{name}.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        return list({r["id"]: r for r in rows if r["job"] == self.job}.values())
 
     def nodes(self) -> dict:
         """The controller's node set: active, spares left, taken out."""

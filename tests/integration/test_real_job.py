@@ -204,7 +204,10 @@ def test_a_healthy_run_replayed_gives_the_same_nothing(healthy):
     job, _ = healthy
     ended = [(r.rank, r.source) for r in job.inputs() if r.kind == "lifecycle" and r.event == "end"]
     assert ended == [(None, "controller")]  # the controller said the job's end
-    assert job.outcome() == NOTHING and job.replayed() == NOTHING
+    live = job.outcome()
+    assert live == NOTHING, (live, [(f["type"], f["rank"], f["evidence"]) for f in job.findings()])
+    replayed = job.replayed()
+    assert replayed == NOTHING, (replayed, job.replayed_findings())
 
 
 # --- the ordinary life of a real job, and what is broken in it (issue 23) ------------------------------------
