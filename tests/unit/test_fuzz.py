@@ -80,8 +80,11 @@ KINDS = ["job", "step", "heartbeat", "hw", "gpu", "framework", "stack", "flight"
          "finding", "action", "incident", "nope"]
 FIELDS = ["ts", "job", "rank", "step", "step_s", "node", "gpu", "ranks", "items", "type", "source", "code", "extra",
           "snapshot", "format", "entries", "dump", "heartbeat_s", "compute_s", "throttle"]
-records = st.fixed_dictionaries({"kind": st.sampled_from(KINDS), "v": st.sampled_from([1, 1, 1, 2, "1", None])},
-                                optional={f: json_values for f in FIELDS})
+# up to 6 of the fields at once, any of them: a decoder stops at the first bad one, and a record drawing all 20
+# cost Hypothesis three times the CPU (its draws, not the decoder, are what the fuzzing spends)
+heads = st.fixed_dictionaries({"kind": st.sampled_from(KINDS), "v": st.sampled_from([1, 1, 1, 2, "1", None])})
+records = st.builds(lambda head, rest: {**rest, **head}, heads,
+                    st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=6))
 
 
 def _check_decoded(out: list, *, empty_ok: bool = False) -> None:
