@@ -18,7 +18,10 @@ Per closed step, vectorized over all ranks:
                clearly slower than its stage (`het_min_frac` and `het_z`
                spreads of the stage's usual slownesses above their median)
                (and slower than the stage's median in most of those steps)
-               gets one `heterogeneous` finding with its steady ratio: a
+               gets one `heterogeneous` finding with its steady ratio (judged
+               over `het_min_s` of event time at least: a job of short steps
+               calibrates in seconds, and seconds of a busy host are no
+               steady difference; until then its steps are gathered on): a
                difference, reported once, and no reason to evict while what
                it costs the job is small; one costing the job
                `het_incident_frac` (10 %) of its step or more is a straggler
@@ -115,6 +118,8 @@ class FailSlowConfig:
     regrow_min_frac: float = 0.01  # ... and its cost has grown by at least this much of the step ...
     max_reports: int = 8  # ... at most this many times in all
     het_incident_frac: float = 0.10  # a heterogeneous rank costing the job this share of its step is decided on
+    het_min_s: float = 60.0  # heterogeneity is judged over at least this much event time (and `calib_steps`): a
+    # few seconds of a busy host (a job of short steps calibrates in seconds) make no steady difference
     buffer: BufferConfig = BufferConfig()
 
 
@@ -209,6 +214,8 @@ class FailSlowDetector(StepScorer):
         self.warm = 0
         self.calib = 0  # calibration steps done since the (re)start
         self.first_step = -1  # the first calibration step
+        self.calib_ts = np.nan  # when it closed (event time)
+        self.het_wait = False  # calibration is done, heterogeneity still gathered until `het_min_s` have passed
         self.base = np.full(n, np.nan)  # usual slowness (EWMA), quiet steps only
         self.nbase = np.zeros(n, dtype=np.int32)  # steps in the baseline
         self.level = np.full(n, np.nan)  # recent slowness (EWMA over every scored step)
@@ -262,6 +269,10 @@ class FailSlowDetector(StepScorer):
                                             (slow - self.level)), self.level)
         if self.calib < cfg.calib_steps:
             return self._calibrate(c, rel, slow, scale, typ_work, typ_step, scored & ~odd, has)
+        judged: list[Finding] = []
+        if self.het_wait:
+            self._gather(slow, scale, has & ~self.in_episode)
+            judged = self._judged(c, typ_work, typ_step)
         ind = individual_scores(slow, self.base, scale)
         hit = threshold(rel, ind, cfg, self.base / scale)
         self.hist, count = persist(self.hist, hit, scored, cfg.window)
@@ -299,9 +310,9 @@ class FailSlowDetector(StepScorer):
                                  self.rate + cfg.hit_rate_alpha * (hit - self.rate), self.rate)
         report = np.flatnonzero(new | grown)
         if report.size == 0:
-            return []
+            return judged
         floor = float(costs[~self.in_episode].max()) if (~self.in_episode).any() else 0.0
-        out = []
+        out = judged
         for r in report.tolist():
             self.ep_cost[r], self.ep_level[r] = costs[r], self.hit_level[r]
             self.ep_reports[r] += 1
@@ -334,21 +345,30 @@ class FailSlowDetector(StepScorer):
         heterogeneous ranks after the last one."""
         cfg = self.config
         if self.calib == 0:
-            self.first_step = c.step
+            self.first_step, self.calib_ts = c.step, c.ts
         self.calib += 1
-        with np.errstate(invalid="ignore"):  # in logs: heavy-tailed step times average without their tail
-            self.csum = np.where(has, self.csum + np.where(has, np.log1p(np.fmax(slow, -0.99)), 0.0), self.csum)
-        self.cnum = self.cnum + has
-        self.cscale = np.where(has, self.cscale + np.where(has, scale, 0.0), self.cscale)
-        with np.errstate(invalid="ignore"):
-            self.cabove = self.cabove + (has & (slow > 0))
+        self._gather(slow, scale, has)
         self._learn(slow, has, running=True)
         with np.errstate(invalid="ignore"):
             stray = rel >= cfg.rel_threshold
         self.rate = np.where(scored, self.rate + cfg.hit_rate_alpha * (stray - self.rate), self.rate)
         if self.calib < cfg.calib_steps:
             return []
-        return self._heterogeneous(c, med_w, typ_step)
+        return self._judged(c, med_w, typ_step)
+
+    def _gather(self, slow: np.ndarray, scale: np.ndarray, has: np.ndarray) -> None:
+        """One step of each rank's slowness into what heterogeneity is judged on."""
+        with np.errstate(invalid="ignore"):  # in logs: heavy-tailed step times average without their tail
+            self.csum = np.where(has, self.csum + np.where(has, np.log1p(np.fmax(slow, -0.99)), 0.0), self.csum)
+        self.cnum = self.cnum + has
+        self.cscale = np.where(has, self.cscale + np.where(has, scale, 0.0), self.cscale)
+        with np.errstate(invalid="ignore"):
+            self.cabove = self.cabove + (has & (slow > 0))
+
+    def _judged(self, c: Closed, med_w: np.ndarray, typ_step: float) -> list[Finding]:
+        """Heterogeneous ranks, once `het_min_s` of event time were gathered (else gather on: `het_wait`)."""
+        self.het_wait = bool(c.ts - self.calib_ts < self.config.het_min_s)  # (NaN: saved before it waited: judge now)
+        return [] if self.het_wait else self._heterogeneous(c, med_w, typ_step)
 
     def _heterogeneous(self, c: Closed, med_w: np.ndarray, typ_step: float) -> list[Finding]:
         cfg = self.config
@@ -437,6 +457,7 @@ class FailSlowDetector(StepScorer):
     def state(self) -> dict[str, Any]:
         return {"config": asdict(self.config), "buffer": self.buf.state(), "epoch": self.epoch, "warm": self.warm,
                 "calib": self.calib, "first_step": self.first_step,
+                "calib_ts": self.calib_ts if np.isfinite(self.calib_ts) else None, "het_wait": self.het_wait,
                 "base": encode_floats(self.base), "nbase": self.nbase.tolist(), "level": encode_floats(self.level),
                 "run_num": self.run_num.tolist(), "hit_level": encode_floats(self.hit_level),
                 "rate": self.rate.tolist(), "csum": self.csum.tolist(), "cnum": self.cnum.tolist(),
@@ -463,6 +484,8 @@ class FailSlowDetector(StepScorer):
         if "calib" not in state:  # saved before calibration: baselines were of another kind; learn them again
             return det
         det.calib, det.first_step = state["calib"], state["first_step"]
+        det.calib_ts = np.nan if state.get("calib_ts") is None else float(state["calib_ts"])  # (saved before it)
+        det.het_wait = bool(state.get("het_wait", False))
         det.base = decode_floats(state["base"])[0]
         det.nbase = np.asarray(state["nbase"], dtype=np.int32)
         det.level = decode_floats(state["level"])[0]

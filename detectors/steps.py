@@ -3,7 +3,13 @@
 `StepBuffer` gathers the per-rank values of each step into numpy arrays and
 hands the step over (`Closed`) once it is complete, once most ranks are `lag`
 steps further on, when more than `max_open` steps are open, or `lateness_s`
-after its first record (`expire`). `StepColumns` is the batch path, giving
+after its first record (`expire`). The two rules by count (most ranks further
+on, too many steps open) wait `reorder_s` of event time after a step's first
+record: sidecars send each rank's records in batches (the trainer client every
+second), so live, one rank's next steps often arrive before another rank's
+current one; read in event-time order (a replay) they do not. Within the
+window a step sees the same ranks either way, so live and replay score the
+same steps. `StepColumns` is the batch path, giving
 exactly what feeding the same records one by one gives. `StepScorer` is the
 base of the detectors that score closed steps (fail-slow, slowdown, SDC).
 """
@@ -28,8 +34,10 @@ _BATCH_MIN_RUN = 16  # shorter runs of one step go through the per-record path (
 class BufferConfig:
     lag: int = 2  # close step s once most ranks have reported step s + lag
     close_frac: float = 0.5  # "most ranks": this fraction of the job
-    max_open: int = 8  # steps buffered at once; opening one more closes the oldest
+    max_open: int = 8  # steps buffered at once; opening one more closes the oldest (once `reorder_s` old) ...
     lateness_s: float = 10.0  # event seconds after its first record that a step closes regardless
+    reorder_s: float = 3.0  # event seconds a step waits for ranks sending later (sidecars batch every second)
+    reorder_cells: int = 1 << 16  # ... and while steps wait, at most this many rank-values are open (and 64 steps)
 
 
 def finite_or_none(x: float) -> float | None:
@@ -263,6 +271,13 @@ class StepBuffer:
     A record for a step already closed is dropped; if most ranks send records
     for a step far behind (more than `max_open` steps), the job was rewound
     (restarted from a checkpoint): open steps are discarded and `epoch` bumps.
+
+    The rules by count close a step only once it is `reorder_s` old (in the
+    event time of the record that closes it): the most-ranks rule marks steps
+    up to `lag_upto` as due, and they close when a later record (one that
+    opens a step, or brings a step to most ranks) is that much newer; the
+    crowding rule keeps up to `cap` steps open while the oldest is younger.
+    A complete step closes at once, with every step before it.
     """
 
     def __init__(self, size: int, fields: dict[str, str], config: BufferConfig | None = None) -> None:
@@ -272,6 +287,9 @@ class StepBuffer:
         self.need = max(1, math.ceil(self.config.close_frac * size))
         self.open: dict[int, _Slot] = {}
         self.closed_upto: int | None = None
+        self.lag_upto: int | None = None  # steps up to this are due (most ranks moved on), once `reorder_s` old
+        self.closed_ts = -math.inf  # event time of the latest close
+        self.cap = max(self.config.max_open, min(64, self.config.reorder_cells // max(1, size)))
         self.epoch = self.dropped = 0
         self.votes: dict[int, int] = {}
 
@@ -291,15 +309,18 @@ class StepBuffer:
             self.dropped += 1
             return out
         if self.closed_upto is not None and step <= self.closed_upto:
-            self._late(step)
+            self._late(step, ts)
             return out
         slot = self.open.get(step)
         if slot is None:
+            out += self._close_due(ts)
             if len(self.open) >= self.config.max_open:
-                out += self._close_through(min(self.open), ts)
-                if step <= self.closed_upto:  # type: ignore[operator]
-                    self._late(step)
-                    return out
+                oldest = min(self.open)
+                if len(self.open) >= self.cap or self.open[oldest].first_ts + self.config.reorder_s <= ts:
+                    out += self._close_through(oldest, ts)
+            if self.closed_upto is not None and step <= self.closed_upto:
+                self._late(step, ts)
+                return out
             slot = self.open[step] = _Slot(step, ts, self.size, self.fields)
         if slot.seen[rank]:
             self.dropped += 1
@@ -316,23 +337,41 @@ class StepBuffer:
                     present[rank] = True
         slot.count += 1
         if slot.count == self.need:
-            out += self._close_through(step - self.config.lag, ts)
+            out += self._due(step - self.config.lag, ts)
         if slot.count == self.size:
             out += self._close_through(step, ts)
         return out
 
-    def _late(self, step: int) -> None:
+    def _late(self, step: int, ts: float) -> None:
         self.dropped += 1
-        if self.closed_upto is None or self.closed_upto - step <= self.config.max_open:
-            return
+        if self.closed_upto is None or self.closed_upto - step <= self.config.max_open or ts < self.closed_ts:
+            return  # a record sent late carries its step's time, older than the last close; a rewound job's are new
         n = self.votes[step] = self.votes.get(step, 0) + 1
         self.votes = self.votes if len(self.votes) <= 64 else {step: n}
         if n >= self.need:  # most ranks are back at an earlier step: a rewind
-            self.open, self.votes, self.closed_upto, self.epoch = {}, {}, step, self.epoch + 1
+            self.open, self.votes, self.closed_upto, self.lag_upto, self.epoch = {}, {}, step, step, self.epoch + 1
+
+    def _due(self, target: int, ts: float) -> list[Closed]:
+        """Most ranks are past `target` + lag: steps up to `target` close once `reorder_s` old."""
+        if self.lag_upto is None or target > self.lag_upto:
+            self.lag_upto = target
+        return self._close_due(ts)
+
+    def _close_due(self, ts: float) -> list[Closed]:
+        """Close, oldest first, the due steps that are `reorder_s` old at event time `ts`."""
+        out: list[Closed] = []
+        due, wait = self.lag_upto, self.config.reorder_s
+        while due is not None and self.open:
+            s = min(self.open)
+            if s > due or self.open[s].first_ts + wait > ts:
+                break
+            out += self._close_through(s, ts)
+        return out
 
     def _close_through(self, target: int, ts: float) -> list[Closed]:
         if self.closed_upto is None or target > self.closed_upto:
             self.closed_upto = target
+        self.closed_ts = max(self.closed_ts, ts)
         out = []
         for s in sorted(s for s in self.open if s <= target):
             sl = self.open.pop(s)
@@ -355,8 +394,10 @@ class StepBuffer:
         for a, e in bounds:
             s = int(steps[a])
             late = self.closed_upto is not None and s <= self.closed_upto
-            crowded = s not in self.open and len(self.open) >= self.config.max_open
-            if late or crowded or e - a < _BATCH_MIN_RUN:
+            new = s not in self.open
+            crowded = new and len(self.open) >= self.config.max_open
+            behind = new and self.lag_upto is not None and s <= self.lag_upto  # may be late once due steps close
+            if late or crowded or behind or e - a < _BATCH_MIN_RUN:
                 for i in range(a, e):
                     got = self.add(s, int(ranks[i]), float(ts[i]), self._cached_row(cached, i))
                     if got:
@@ -378,7 +419,15 @@ class StepBuffer:
         if pos.size == 0:
             self.dropped += e - a
             return []
-        slot = self.open.get(s) or self.open.setdefault(s, _Slot(s, float(ts[a + pos[0]]), self.size, self.fields))
+        out: list[Closed] = []
+        slot = self.open.get(s)
+        if slot is None:  # as `add` for the run's first record: what is due closes, then the step opens
+            i0 = a + int(pos[0])
+            got = self._close_due(float(ts[i0]))
+            out += got
+            if at is not None:
+                at += [i0] * len(got)
+            slot = self.open[s] = _Slot(s, float(ts[i0]), self.size, self.fields)
         uniq, first = np.unique(r[pos], return_index=True)  # first record of each rank in this run ...
         fresh = ~slot.seen[uniq]  # ... not seen before, in arrival order
         firstpos = pos[first][fresh]
@@ -399,12 +448,11 @@ class StepBuffer:
                 slot.vals[name][new_r] = vals[src]
                 if kind == "nf":
                     slot.present[name][new_r] = present[src]
-        out: list[Closed] = []
         c0 = slot.count
         c1 = slot.count = c0 + new_r.size
         if c0 < self.need <= c1:
             i = int(src[self.need - c0 - 1])
-            got = self._close_through(s - self.config.lag, float(ts[i]))
+            got = self._due(s - self.config.lag, float(ts[i]))
             out += got
             if at is not None:
                 at += [i] * len(got)
@@ -443,12 +491,16 @@ class StepBuffer:
                 else:
                     d[name] = encode_floats(sl.vals[name][rk], sl.present[name][rk] if kind == "nf" else None)
             slots.append(d)
-        return {"size": self.size, "closed_upto": self.closed_upto, "epoch": self.epoch, "dropped": self.dropped,
+        return {"size": self.size, "closed_upto": self.closed_upto, "lag_upto": self.lag_upto,
+                "closed_ts": self.closed_ts if math.isfinite(self.closed_ts) else None, "epoch": self.epoch,
+                "dropped": self.dropped,
                 "votes": [[k, v] for k, v in self.votes.items()], "open": slots}
 
     def load(self, st: dict[str, Any]) -> None:
         """Restore `state()` into this (empty) buffer of the same size and fields."""
         self.closed_upto, self.epoch, self.dropped = st["closed_upto"], st["epoch"], st["dropped"]
+        self.lag_upto = st.get("lag_upto", st["closed_upto"])  # saved before the reorder window: due = closed
+        self.closed_ts = -math.inf if st.get("closed_ts") is None else float(st["closed_ts"])
         self.votes = {int(k): int(v) for k, v in st["votes"]}
         for d in st["open"]:
             sl = _Slot(int(d["step"]), float(d["first_ts"]), self.size, self.fields)

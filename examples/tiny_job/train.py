@@ -26,12 +26,13 @@ rank 0 appends one JSON line per milestone (`ckpt_loaded`, `comm_ready`, then
 controller learns, with real timestamps, how far a restart has come.
 
 Faults, injected for tests through the environment on the process whose node
-(`GANGWATCH_NODE`) and local rank match `FAULT_NODE` / `FAULT_LOCAL_RANK` (0),
-from step `FAULT_STEP` on. A fault belongs to the node: once the controller has
-replaced the node, the job runs clean. Two kinds are not the node's: a code bug
-(`raise`) follows the rank, whatever node it runs on (the process whose global
-`RANK` is `FAULT_RANK`), in every attempt; a pause (`pause`, `pause_announced`)
-is the whole job's: every rank takes it.
+(`GANGWATCH_NODE`) and local rank match `FAULT_NODE` (a name, or several
+separated by commas) / `FAULT_LOCAL_RANK` (0), from step `FAULT_STEP` on. A
+fault belongs to the node: once the controller has replaced the node, the job
+runs clean. Two kinds are not the node's: a code bug (`raise`) follows the
+rank, whatever node it runs on (the process whose global `RANK` is
+`FAULT_RANK`), in every attempt; a pause (`pause`, `pause_announced`) is the
+whole job's: every rank takes it.
 
 | `FAULT`           | what happens                                                                 |
 |-------------------|------------------------------------------------------------------------------|
@@ -43,6 +44,12 @@ is the whole job's: every rank takes it.
 | `raise`           | rank `FAULT_RANK` raises the same RuntimeError at that step, in every attempt |
 | `pause`           | every rank sleeps `FAULT_PAUSE_S` (45) s before step `FAULT_STEP`, unannounced |
 | `pause_announced` | the same inside `client.pause("checkpoint")`: a loop that says its pauses    |
+
+Besides it, and in the first attempt only, `FAULT_LATE_NODE` names a node whose
+local rank 0 starts up late on a loaded host: its telemetry is held back
+`FAULT_LATE_S` (12) s after its first message (stamped on time, delivered
+late: the `send=` of its client waits) and it joins the first collective only
+after that, so the job's first step waits for it.
 """
 
 from __future__ import annotations
@@ -95,8 +102,11 @@ class Fault:
         elif kind in RANK_FAULTS:
             mine = int(env.get("FAULT_RANK", "-1")) == rank
         else:
-            mine = env.get("FAULT_NODE") == node and int(env.get("FAULT_LOCAL_RANK", "0")) == local_rank
+            mine = node in env.get("FAULT_NODE", "").split(",") and int(env.get("FAULT_LOCAL_RANK", "0")) == local_rank
         self.kind = kind if mine else ""
+        first = not env.get("GANGWATCH_RESUME_FROM")
+        self.late_s = float(env.get("FAULT_LATE_S", "12")) if first and local_rank == 0 and \
+            node == env.get("FAULT_LATE_NODE") else 0.0
         self.step = int(env.get("FAULT_STEP", "0"))
         self.slow = float(env.get("FAULT_SLOW", "1.3"))
         self.pause_s = float(env.get("FAULT_PAUSE_S", "45"))
@@ -104,6 +114,30 @@ class Fault:
     def at(self, kind: str, step: int) -> bool:
         """Whether fault `kind` is active at `step` (from FAULT_STEP on)."""
         return self.kind == kind and step >= self.step
+
+
+class LateSend:
+    """A client's `send` that, once its first message went out, holds the next ones back for `late_s`: what the
+    rank sends meanwhile is stamped on time and delivered late (a loaded host's sending thread, a slow network
+    path at start-up). `released` is set when the hold is over."""
+
+    def __init__(self, late_s: float) -> None:
+        from gangwatch.producers.trainer.delivery import KafkaSend
+
+        self.kafka = KafkaSend(os.environ["GANGWATCH_BOOTSTRAP"])
+        self.late_s, self.until = late_s, None
+        self.released = threading.Event()
+
+    def __call__(self, topic: str, key: bytes, value: bytes) -> None:
+        if self.until is not None:
+            time.sleep(max(0.0, self.until - time.monotonic()))
+            self.released.set()
+        self.kafka(topic, key, value)
+        if self.until is None:
+            self.until = time.monotonic() + self.late_s
+
+    def close(self) -> None:
+        self.kafka.close()
 
 
 class Batches(IterableDataset):
@@ -191,7 +225,9 @@ def main() -> None:
     node, local_rank = os.environ.get("GANGWATCH_NODE", ""), int(os.environ.get("LOCAL_RANK", "0"))
     fault = Fault(node, local_rank, rank)
     progress = Progress(rank)
-    client = TrainerClient(gpus=False, heartbeat_s=args.heartbeat)  # gangwatch: rank 0 announces the topology
+    send = LateSend(fault.late_s) if fault.late_s else None  # (a fault: this rank's telemetry comes late)
+    # gangwatch: rank 0 announces the topology (`send`: Kafka, unless the fault holds it back)
+    client = TrainerClient(gpus=False, heartbeat_s=args.heartbeat, send=send)
 
     model = mlp(args.hidden)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -201,6 +237,9 @@ def main() -> None:
     if resume:
         step = Checkpoints.load(resume, model, opt) + 1
         progress.mark("ckpt_loaded", step=step - 1, ckpt=resume)
+    if send is not None:  # (a fault: this rank starts up late, and the job's first step waits for it)
+        send.released.wait(fault.late_s + 60.0)
+        time.sleep(1.0)
     for p in model.parameters():  # every replica starts from rank 0's weights
         dist.broadcast(p.data, src=0)
     progress.mark("comm_ready", world=world)

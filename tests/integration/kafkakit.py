@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from gangwatch.schemas import Heartbeat, Hw, Job, RankInfo, Record, Step, encode, encode_batch
 from gangwatch.streams.topics import TopicSettings, topic_for
@@ -162,8 +163,9 @@ def consume(bootstrap: str, topic: str, group: str, n: int, timeout_ms: int = 15
     return got
 
 
-def read_all(bootstrap: str, topics: Iterable[str]) -> dict[str, list[tuple[bytes | None, bytes]]]:
-    """Every message now in `topics`, per topic, in partition order (no consumer group)."""
+def read_all(bootstrap: str, topics: Iterable[str], *, timestamps: bool = False) -> dict[str, list[tuple[Any, bytes]]]:
+    """Every message now in `topics`, per topic, in partition order (no consumer group): (key, value), or with
+    `timestamps` (the message's timestamp in epoch seconds: when its producer sent it, value)."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
     try:
         tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
@@ -174,7 +176,7 @@ def read_all(bootstrap: str, topics: Iterable[str]) -> dict[str, list[tuple[byte
         deadline = time.monotonic() + 30
         while any(consumer.position(tp) < end[tp] for tp in tps) and time.monotonic() < deadline:
             for tp, msgs in consumer.poll(timeout_ms=200).items():
-                got[tp] += [(m.key, m.value) for m in msgs]
+                got[tp] += [(m.timestamp / 1000.0 if timestamps else m.key, m.value) for m in msgs]
         out: dict[str, list] = {t: [] for t in topics}
         for tp in tps:
             out[tp.topic] += got[tp]

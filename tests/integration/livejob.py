@@ -114,8 +114,12 @@ def outcome(actions: list[dict], incidents: list[dict]) -> Outcome:
 class LiveJob:
     def __init__(self, bootstrap: str, topics: TopicSettings, clickhouse: tuple[str, int], workdir: Path, *,
                  job: str, fault: Fault | None = None, webhook: bool = False,
-                 worker_extra: tuple[str, ...] = ()) -> None:
+                 worker_extra: tuple[str, ...] = (), nodes: tuple[str, ...] = NODES,
+                 spares: tuple[str, ...] = SPARES, nproc: int = 2, fault_env: dict[str, str] | None = None) -> None:
+        """`nodes` the job runs on, `nproc` ranks each, `spares` for the controller; `fault_env`: more of
+        train.py's fault variables (FAULT_LATE_NODE, ...) beside `fault`'s."""
         self.bootstrap, self.topics, self.workdir, self.job, self.fault = bootstrap, topics, workdir, job, fault
+        self.job_nodes, self.spare_nodes, self.nproc, self.fault_env = nodes, spares, nproc, fault_env or {}
         self.webhook, self.worker_extra = webhook, worker_extra
         self.host, self.port = clickhouse
         self.store = ClickHouseStore(self.host, self.port, database=job)  # creates the database
@@ -143,7 +147,7 @@ class LiveJob:
         self._secret = {SECRET_ENV: f"secret-of-{self.job}"} if self._listen else {}
         self._spawn("worker", worker_args(self.bootstrap, self.job, self.topics, "--store", url, *webhook,
                                               *self.worker_extra), env=self._secret)
-        for node in (*NODES, *SPARES):
+        for node in (*self.job_nodes, *self.spare_nodes):
             self._spawn(f"agent-{node}", self._gangwatch("agent", "--node", node, "--kmsg", "off", "--gpu-every", "0",
                                                          "--spool-dir", str(self.workdir / f"spool-{node}")))
 
@@ -152,10 +156,14 @@ class LiveJob:
         listen = self._listen
         self.ended.discard("controller")
         self._spawn("controller", self._gangwatch(
-            "controller", "--job", self.job, "--nodes", ",".join(NODES), "--spares", ",".join(SPARES),
+            "controller", "--job", self.job, "--nodes", ",".join(self.job_nodes),
+            "--spares", ",".join(self.spare_nodes), "--nproc-per-node", str(self.nproc),
             "--ckpt-dir", str(self.ckpt), "--state-dir", str(self.state), *(("--listen", listen) if listen else ()),
             "--", str(TRAIN), "--steps", str(steps), "--ckpt-every", str(CKPT_EVERY), *train_args),
-            env={**(self.fault.env() if self.fault else {}), **self._secret})
+            env={**self._fault_env(), **self._secret})
+
+    def _fault_env(self) -> dict[str, str]:
+        return {**(self.fault.env() if self.fault else {}), **self.fault_env}
 
     def stop_controller(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> float:
         """A user stops the controller (and with it the job) with `sig`; returns when it had exited (epoch s)."""
@@ -178,8 +186,8 @@ class LiveJob:
                                               *train_args],
                        ckpt_dir=self.ckpt, run_dir=self.state / "runs",
                        env={"GANGWATCH_BOOTSTRAP": self.bootstrap, "GANGWATCH_TOPIC_PREFIX": self.topics.prefix,
-                            "PYTHONPATH": str(REPO), **(self.fault.env() if self.fault else {})})
-        gang = Gang(spec, NODES, None, 0)
+                            "PYTHONPATH": str(REPO), **self._fault_env()}, nproc_per_node=self.nproc)
+        gang = Gang(spec, self.job_nodes, None, 0)
         gang.start()
         try:
             self.wait(lambda: not gang.running(), timeout, "the torchrun job to end")
@@ -299,6 +307,15 @@ class LiveJob:
         recs.sort(key=lambda r: r.ts)
         return recs
 
+    def delivery_delays(self, rank: int) -> list[float]:
+        """For each input record of `rank`, how long after its event time its message was sent to the broker."""
+        out = []
+        for msgs in read_all(self.bootstrap, self.topics.inputs, timestamps=True).values():
+            for sent, value in msgs:
+                out += [sent - r.ts for r in decode(value) if not isinstance(r, DecodeError) and
+                        getattr(r, "rank", None) == rank]
+        return out
+
     def crashes(self, rank: int) -> list:
         """The uncaught exceptions `rank` reported so far (framework records of type `exception`)."""
         return [r for r in self.inputs() if r.kind == "framework" and r.type == "exception" and r.rank == rank]
@@ -328,7 +345,7 @@ class LiveJob:
     def nodes(self) -> dict:
         """The controller's node set: active, spares left, taken out."""
         path = self.state / "nodes.json"
-        return json.loads(path.read_text()) if path.exists() else {"active": list(NODES), "out": []}
+        return json.loads(path.read_text()) if path.exists() else {"active": list(self.job_nodes), "out": []}
 
     def milestones(self, attempt: int) -> list[dict]:
         path = self.state / "runs" / f"attempt-{attempt}" / "progress.jsonl"

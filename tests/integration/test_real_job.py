@@ -56,8 +56,10 @@ RECOVERED_WITHIN_S = 300.0  # from the decision to the first step of the restart
 def live(kafka_bootstrap, topics, clickhouse_addr, unique, tmp_path):
     made: list[LiveJob] = []
 
-    def start(fault: Fault | None, steps: int = STEPS, webhook: bool = False, controller: bool = True) -> LiveJob:
-        job = LiveJob(kafka_bootstrap, topics, clickhouse_addr, tmp_path, job=unique, fault=fault, webhook=webhook)
+    def start(fault: Fault | None, steps: int = STEPS, webhook: bool = False, controller: bool = True,
+              **layout) -> LiveJob:
+        job = LiveJob(kafka_bootstrap, topics, clickhouse_addr, tmp_path, job=unique, fault=fault, webhook=webhook,
+                      **layout)
         made.append(job)
         if controller:
             job.start(steps)
@@ -367,3 +369,37 @@ def test_a_rank_that_exits_0_alone_while_its_peers_train_is_its_node_s_failure(l
     exits = [r for r in recs if r.kind == "framework" and r.type == "exit" and r.ts < named()[0]["decided_ts"]]
     assert [(node_of(recs[:recs.index(r)], r.rank), r.extra.get("code")) for r in exits] == [("n2", 0)]
     same_when_replayed(job, got, fault_figures, started, decided_s=round(decided_s, 1))
+
+
+LATE_S = 12.0  # how long n3's telemetry is held back during start-up: more than twice the fail-stop timeout (4.5 s)
+
+
+def test_a_late_start_up_evicts_nobody_and_two_nodes_killed_at_once_are_both_replaced(live, fault_figures):
+    """A loaded host at start-up, then a real double failure (issue 23's sixth case). Four nodes of one rank, two
+    spares. n3's rank holds its telemetry back for 12 s after its first heartbeat (stamped on time, delivered
+    late) and joins the first collective only then: the job has not stepped yet, n3 is silent and nobody else
+    says it is lost, so nothing is evicted. At step 40, n2 and n4 are SIGKILLed at once: both are replaced by the
+    spares, which this 4-node job's blast-radius budget allows (set to half its nodes here: 2 of 4; by default a
+    quarter of the nodes, at least one) only because the late start-up took none of it."""
+    started = time.monotonic()
+    job = live(Fault("kill", step=40, node="n2,n4"), nodes=("n1", "n2", "n3", "n4"), spares=("n5", "n6"), nproc=1,
+               fault_env={"FAULT_LATE_NODE": "n3", "FAULT_LATE_S": str(LATE_S)},
+               worker_extra=("--set", "triage.safety.max_evict_frac=0.5"))
+    inc = decided(job, "fail_stop")
+    decided_s = time.monotonic() - started
+    assert inc["culprit_nodes"] == ["n2", "n4"], job.findings()
+    job.wait(lambda: job.attempts() > 1, 120.0, "the controller's restart on the spares")
+    job.wait(lambda: bool(job.milestones(1)) and any(m["event"] == "step" for m in job.milestones(1)), 300.0,
+             "the first step of the restarted job")
+    job.caught_up()
+    recs = job.inputs()
+    assert max(job.delivery_delays(2)) >= LATE_S - 1.0  # n3's rank 2 was heard late indeed ...
+    first_step = min(r.ts for r in recs if r.kind == "step")
+    late = [r for r in recs if r.kind == "heartbeat" and r.rank == 2 and r.ts < first_step]
+    assert max(b.ts - a.ts for a, b in zip(late, late[1:], strict=False)) < 5.0  # ... and beat all along
+    got = job.outcome()
+    assert got.evictions == (("replace", ("n2", "n4")),) and got.pages == () and got.restarts == (), got
+    assert got.incidents == (("fail_stop", ("n2", "n4")),), (got, job.findings())
+    assert sorted(job.nodes()["out"]) == ["n2", "n4"]
+    same_when_replayed(job, got, fault_figures, started, decided_s=round(decided_s, 1),
+                       late_s=round(max(job.delivery_delays(2)), 1))

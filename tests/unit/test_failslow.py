@@ -225,10 +225,28 @@ def test_slow_from_the_start_is_heterogeneous_reported_once_and_never_a_straggle
     for f in het:
         ev = f.evidence
         assert ev["ratio"] == pytest.approx(slower[f.rank], abs=0.01)
-        assert ev["steps"] == CFG.calib_steps and ev["since_step"] == CFG.warmup_steps
-        assert ev["step"] == CFG.warmup_steps + CFG.calib_steps - 1 and f.detector == "failslow.heterogeneous"
+        # judged over the calibration steps and on, until het_min_s of event time (1 s steps here) had passed
+        assert ev["since_step"] == CFG.warmup_steps and ev["step"] - ev["since_step"] + 1 == ev["steps"]
+        assert ev["steps"] >= CFG.calib_steps and f.ts >= CFG.warmup_steps + CFG.het_min_s
+        assert f.detector == "failslow.heterogeneous"
         assert f.node == topo.node_of(f.rank)
     assert det.het.sum() == len(slower) and not det.in_episode.any()
+
+
+def test_a_busy_host_during_a_short_calibration_is_no_heterogeneity(topo):
+    """A job of 0.125 s steps calibrates in 4 s: a rank slowed 30 % by a busy host for those seconds only is not
+    steadily slower. Judged over the calibration steps alone it was; over het_min_s
+    (60 s) it is nothing; a rank 15 % slower all along still is heterogeneous."""
+    burst = Straggler(5, 1.3, start=CFG.warmup_steps, stop=CFG.warmup_steps + CFG.calib_steps + 2)
+
+    def het(cfg: FailSlowConfig) -> list[int]:
+        found = feed(FailSlowDetector(topo, cfg), gen_columns(topo, 700, step_s=0.125, seed=7, stragglers=[
+            burst, Straggler(90, 1.15)], **LEAN), batch=True)
+        assert flags(found) == []
+        return sorted(f.rank for f in by_type(found, "heterogeneous"))
+
+    assert het(FailSlowConfig(het_min_s=0.0)) == [5, 90]
+    assert het(CFG) == [90]
 
 
 def test_a_heterogeneous_rank_that_then_slows_down_is_a_straggler(topo):

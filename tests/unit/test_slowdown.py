@@ -76,18 +76,58 @@ def test_buffer_closes_a_step_missing_a_rank_once_most_ranks_moved_on():
     assert buf.add_record(rec(0, 3, 9.0)) == [] and buf.dropped == 1  # too late
 
 
-def test_buffer_majority_rule_and_max_open():
-    buf = StepBuffer(4, {"step_s": "f"}, BufferConfig(lag=2, close_frac=0.5, max_open=3))
+def test_buffer_majority_rule_and_max_open_wait_out_the_reorder_window():
+    buf = StepBuffer(4, {"step_s": "f"}, BufferConfig(lag=2, close_frac=0.5, max_open=3, reorder_s=3.0))
     out = []
     out += buf.add_record(rec(0, 0, 0.0))  # only rank 0 reports step 0
     out += buf.add_record(rec(2, 0, 2.0))
-    assert out == []
-    out += buf.add_record(rec(2, 1, 2.1))  # half the job is at step 2: step 0 closes
-    assert [(c.step, c.ts, int(c.seen.sum())) for c in out] == [(0, 2.1, 1)]
-    buf.add_record(rec(3, 0, 3.0))
-    buf.add_record(rec(4, 0, 4.0))  # 3 open (2, 3, 4): opening a fourth closes the oldest
-    out = buf.add_record(rec(5, 0, 5.0))
-    assert [c.step for c in out] == [2] and sorted(buf.open) == [3, 4, 5]
+    out += buf.add_record(rec(2, 1, 2.1))  # half the job is at step 2: step 0 is due, but only 2.1 s old
+    assert out == [] and sorted(buf.open) == [0, 2]
+    out += buf.add_record(rec(3, 0, 3.05))  # a step opened 3 s after step 0's first record: step 0 closes
+    assert [(c.step, c.ts, int(c.seen.sum())) for c in out] == [(0, 3.05, 1)]
+    buf.add_record(rec(4, 0, 4.0))  # 3 open (2, 3, 4)
+    assert buf.add_record(rec(5, 0, 4.5)) == []  # a fourth: the oldest (2, from 2.0) is not 3 s old, it waits
+    out = buf.add_record(rec(6, 0, 5.2))  # now it is: crowding closes it
+    assert [c.step for c in out] == [2] and sorted(buf.open) == [3, 4, 5, 6]
+
+
+def test_buffer_keeps_at_most_its_cap_of_steps_open_while_they_wait():
+    buf = StepBuffer(4, {"step_s": "f"}, BufferConfig(max_open=2, reorder_s=3.0, reorder_cells=12))
+    assert buf.cap == 3  # 12 rank-values of a 4-rank job
+    out = [c for s in range(3) for c in buf.add_record(rec(s, 0, s / 10))]
+    assert out == [] and sorted(buf.open) == [0, 1, 2]
+    assert [c.step for c in buf.add_record(rec(3, 0, 0.3))] == [0]
+
+
+def _batched(recs: list[Step], flush_s: float, seed: int) -> list[Step]:
+    """`recs` (in event-time order) as they reach the worker when each rank sends its records every `flush_s`,
+    at its own phase: a rank's batch arrives whole, the batches of different ranks in order of sending."""
+    rng = np.random.default_rng(seed)
+    phase = {r: float(rng.uniform(0, flush_s)) for r in {x.rank for x in recs}}
+    sent = [(math.ceil((x.ts - phase[x.rank]) / flush_s) * flush_s + phase[x.rank], x.rank, i)
+            for i, x in enumerate(recs)]
+    return [recs[i] for _, _, i in sorted(sent)]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_buffer_scores_the_same_steps_live_as_in_event_time_order(seed):
+    """Ranks that send their records in batches every second (the trainer client) deliver one rank's next
+    steps before another's current one; within the reorder window the steps are whole all the same. A rank
+    that died (rank 5, from step 30) leaves its steps to the most-ranks rule, the same way in both orders."""
+    recs = [rec(s, r, s * 0.125 + r / 1000, step_s=1.0 + r) for s in range(80) for r in range(8)
+            if not (r == 5 and s >= 30)]
+
+    def closed(order: list[Step], cfg: BufferConfig) -> list:
+        buf = StepBuffer(8, {"step_s": "f"}, cfg)
+        return [(c.step, c.seen.tolist()) for r in order for c in buf.add_record(r)] + \
+            [(c.step, c.seen.tolist()) for c in buf.expire(math.inf)]
+
+    live, ordered = _batched(recs, 1.0, seed), sorted(recs, key=lambda x: x.ts)
+    assert live != ordered
+    assert closed(live, BufferConfig()) == closed(ordered, BufferConfig())
+    assert [s for s, seen in closed(live, BufferConfig()) if not all(seen)] == list(range(30, 80))
+    without = BufferConfig(reorder_s=0.0)  # what it did before the window: live lost whole ranks' steps
+    assert closed(live, without) != closed(ordered, without)
 
 
 def test_buffer_out_of_order_records_within_lateness_are_kept(topo):
