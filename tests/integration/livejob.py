@@ -323,14 +323,24 @@ class LiveJob:
     def replayed(self) -> Outcome:
         """The run's inputs replayed (see the module's docstring), up to now."""
         from gangwatch.streams import replay
+        from gangwatch.triage.engine import Core
 
         src = self.workdir / "replay-input.jsonl"
         now = Job(ts=time.time(), job=f"{self.job}-clock", ranks=[RankInfo(rank=0, node="clock")])
         src.write_bytes(b"".join(encode(r) + b"\n" for r in [*self.inputs(), now]))
         out = self.workdir / "replay"
-        replay.run([src], out, None, progress=None)
+        replay.run([src], out, None, progress=None, core=Core(self._settings().core_config()))
 
         return outcome(self._replay_rows("actions"), self._replay_rows("incidents"))
+
+    def _settings(self):
+        """The settings the worker ran with: the defaults and its `--set NAME=VALUE` (`worker_extra`), not this
+        process's GANGWATCH_* variables."""
+        from gangwatch import settings
+
+        sets = [v for k, v in zip(self.worker_extra, self.worker_extra[1:], strict=False) if k == "--set"]
+        flags = {name: (value, f"--set {name}") for name, _, value in (x.partition("=") for x in sets)}
+        return settings.load(flags, environ={})
 
     def replayed_findings(self) -> list[tuple]:
         """What the last `replayed()` found (type, rank, node, evidence): what a failing comparison shows."""

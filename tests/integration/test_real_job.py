@@ -21,9 +21,11 @@ again under the same job id, a clean end with or without the controller. And
 what is broken must be told apart from it: a code bug that crashes every
 attempt is restarted at most twice and then paged naming its node, evicting
 nothing; a rank that exits 0 alone while its peers train is its node's
-failure. Each asserts the exact pages (escalate), evictions and restarts,
+failure; a node whose telemetry reaches the worker 12 s late during start-up
+is evicted for nothing, so two nodes killed at once afterwards are both
+replaced. Each asserts the exact pages (escalate), evictions and restarts,
 then replays the telemetry the live run recorded (every input topic, through
-replay's code) and asserts the same outcome. The slowest are marked `slow`.
+replay's code, with the worker's settings) and asserts the same outcome. The slowest are marked `slow`.
 """
 
 from __future__ import annotations
@@ -393,7 +395,8 @@ def test_a_late_start_up_evicts_nobody_and_two_nodes_killed_at_once_are_both_rep
              "the first step of the restarted job")
     job.caught_up()
     recs = job.inputs()
-    assert max(job.delivery_delays(2)) >= LATE_S - 1.0  # n3's rank 2 was heard late indeed ...
+    # n3's rank 2 was heard late indeed (its first record held back stamped up to a heartbeat period into the hold)
+    assert max(job.delivery_delays(2)) >= LATE_S - 3.0
     first_step = min(r.ts for r in recs if r.kind == "step")
     late = [r for r in recs if r.kind == "heartbeat" and r.rank == 2 and r.ts < first_step]
     assert max(b.ts - a.ts for a, b in zip(late, late[1:], strict=False)) < 5.0  # ... and beat all along
