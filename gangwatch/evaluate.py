@@ -275,12 +275,14 @@ class Floor:
     recall: float = 1.0  # faults detected as an incident of their class
     localized: float = 1.0  # faults whose incident names their node
     innocent_per_culprit: float = 0.0  # innocent nodes evicted per culprit node
-    detect_s: float = 60.0  # every fault detected within this of its onset (Budgets.detect) ...
+    detect_s: float = 60.0  # every fault detected within this of its onset (at most Budgets.detect) ...
     localize_s: float = 300.0  # ... and localized within this (Budgets.localize)
 
 
 FLOORS: dict[str, Floor] = {
-    "fail_stop": Floor(),
+    # a node that dies without a word (power, kernel panic) is found from silence: within two heartbeat periods
+    # (5 s in the suites) plus 1 s (slack and the timeout grid, detectors/failstop.py); an Xid speaks sooner
+    "fail_stop": Floor(detect_s=11.0),
     "fail_slow": Floor(),
     "hang": Floor(innocent_per_culprit=1.0),  # evicting the smallest group that surely holds it is by design
     "sdc": Floor(),

@@ -65,6 +65,9 @@ def test_the_floor_names_the_class_and_what_it_missed():
     healthy = ScenarioScore("h", True, False, evicted=["n004"])
     assert check([healthy]) == ["healthy: 1 false eviction(s), floor 0"]
     assert check([_scored("sdc", detect_s=75.0)], {"sdc": Floor(detect_s=90.0)}) == []
+    # a power loss is found from silence within 2 heartbeat periods + 1 s (11 s in the suite): 11.2 s is late
+    assert check([_scored("fail_stop", detect_s=10.5)]) == []
+    assert check([_scored("fail_stop", detect_s=11.2)]) == ["fail_stop: detection took 11.2 s, over its budget of 11 s"]
 
 
 def test_eval_exits_7_naming_the_class_below_its_floor(capsys, monkeypatch):
