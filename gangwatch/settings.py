@@ -69,7 +69,7 @@ SECTIONS = (
     Section("worker", "gangwatch.streams.worker:WorkerSettings",
             exclude=("topics", "core", "lateness_s", *SINK_FIELDS)),
     Section("sinks", "gangwatch.streams.worker:WorkerSettings", only=SINK_FIELDS),
-    Section("topics", "gangwatch.streams.topics:TopicSettings"),
+    Section("topics", "gangwatch.streams.topics:TopicSettings", exclude=("app",)),  # app: the worker's app id
     Section("core", "gangwatch.triage.engine:CoreConfig", exclude=("triage", "detectors")),
     Section("triage", "gangwatch.triage.config:TriageConfig"),
     Section("kafka_security", "gangwatch.schemas.security:KafkaSecurity"),  # SASL / SSL of every Kafka client

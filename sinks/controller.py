@@ -24,6 +24,14 @@ the attempt before, so a legitimate retry always passes
 and the receiver's idempotency by action id still makes it act once. The
 sender's and receiver's clocks must agree to within the tolerance.
 
+On the alert topic the same scheme signs every action (`TopicSigner`: the
+worker, and `replay --publish`, whenever the secret is set): the record header
+`X-Gangwatch-Signature-V1` carries ``t=...,v1=...`` over the message value with
+the action's id as the key. Whatever acts on the topic checks it with a
+`TopicVerifier` (the reference controller, the Slurm and Kubernetes adapters)
+and refuses unsigned, forged, stale and replayed actions, one log line each:
+anyone who can write to the topic could otherwise drain a cluster.
+
 Delivery is at least once, and bounded: connection errors, timeouts, 5xx, 408
 and 429 are retried with exponential backoff and jitter from a seeded RNG (a
 `Retry-After` is honoured, up to a cap), at most `max_attempts` tries within
@@ -254,6 +262,49 @@ class SignatureVerifier:
     def __call__(self, body: bytes, header: str | None, key: str | None) -> Verdict:
         return verify_signature(self._secret.reveal(), body, header, key, tolerance_s=self.tolerance_s,
                                 now=self._clock(), seen=self.seen)
+
+
+class TopicSigner:
+    """Signs actions published on the alert topic: ``signer.headers(value, action_id)`` -> the Kafka record
+    headers (scheme v1, as the webhook's, stamped with `clock`, unix seconds)."""
+
+    def __init__(self, secret: str | bytes, clock: Callable[[], float] = time.time) -> None:
+        if not secret:
+            raise ValueError("a webhook secret is required")
+        self._secret = _Secret(_key(secret))
+        self._clock = clock
+
+    def __repr__(self) -> str:
+        return f"TopicSigner(secret={self._secret!r})"
+
+    def headers(self, value: bytes, action_id: str) -> list[tuple[str, bytes]]:
+        return [(SIGNATURE_HEADER, sign(self._secret.reveal(), value, action_id, self._clock()).encode())]
+
+
+class TopicVerifier:
+    """Checks an action read from the alert topic: ``verifier(value, headers, action_id) -> Verdict``, with the
+    replay memory of a `SignatureVerifier` (a copy of a message read again is refused; the applied-ids journals
+    of the actuators make a re-read after a restart act once)."""
+
+    def __init__(self, secret: str | bytes, *, tolerance_s: float = DEFAULT_TOLERANCE_S,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.check = SignatureVerifier(secret, tolerance_s=tolerance_s, clock=clock)
+
+    def __repr__(self) -> str:
+        return f"TopicVerifier({self.check!r})"
+
+    def __call__(self, value: bytes, headers: list[tuple[str, bytes]] | None, action_id: str) -> Verdict:
+        found = [v for k, v in headers or () if k == SIGNATURE_HEADER]
+        try:
+            header = found[-1].decode("ascii") if found else None
+        except UnicodeDecodeError:
+            return Verdict(False, 401, "malformed signature header")
+        return self.check(value, header, action_id)
+
+
+def topic_secret(env: Mapping[str, str] | None = None) -> str | None:
+    """The secret actions on the topic are signed with (GANGWATCH_WEBHOOK_SECRET), or None."""
+    return (os.environ if env is None else env).get(SECRET_ENV) or None
 
 
 def _key(secret: str | bytes) -> bytes:

@@ -5,7 +5,8 @@ controller may consume instead of the webhook), incidents → `gw.incidents`,
 rejected messages → `gw.dlq`. Each record is `schemas.encode(record)` keyed by
 its job id, so every record of a job lands in one partition, in order. A dead
 letter is `schemas.DeadLetter` (why, where it came from, its text), keyed by
-its source.
+its source. With a `signer` each action carries the v1 signature in its record
+headers (sinks/controller.py): actuators on the topic refuse actions without it.
 
 Sends are asynchronous; `flush()` waits for every one to be acknowledged by all
 in-sync replicas (`acks='all'`, idempotent producer) and raises
@@ -16,12 +17,15 @@ offsets re-reads rather than loses them (the record ids make the retry harmless)
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gangwatch.schemas import DeadLetter, Outputs, Record, encode
 from gangwatch.schemas.security import kafka_python_security
 from gangwatch.sinks.base import DeliveryError
 from kafka import KafkaProducer
+
+if TYPE_CHECKING:
+    from gangwatch.sinks.controller import TopicSigner
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +57,10 @@ class KafkaSink:
                  findings_topic: str = FINDINGS_TOPIC, actions_topic: str = ACTIONS_TOPIC,
                  incidents_topic: str = INCIDENTS_TOPIC, dlq_topic: str = DLQ_TOPIC, linger_ms: int = 5,
                  flush_timeout_s: float = 30.0, client_id: str = "gangwatch-sink", producer: Any = None,
-                 **config: Any) -> None:
+                 signer: TopicSigner | None = None, **config: Any) -> None:
         self.topics = {"finding": findings_topic, "action": actions_topic, "incident": incidents_topic}
         self.dlq_topic = dlq_topic
+        self.signer = signer  # signs each action (sinks/controller.py: what actuators on the topic check)
         self.flush_timeout_s = flush_timeout_s
         self._producer = producer if producer is not None else KafkaProducer(
             bootstrap_servers=bootstrap_servers, client_id=client_id, acks="all", linger_ms=linger_ms,
@@ -66,7 +71,9 @@ class KafkaSink:
 
     def write(self, out: Outputs) -> None:
         for rec in (*out.findings, *out.actions, *out.incidents):
-            self._send(self.topics[rec.kind], rec.job.encode(), encode(rec), rec.id)
+            value = encode(rec)
+            headers = self.signer.headers(value, rec.id) if self.signer is not None and rec.kind == "action" else None
+            self._send(self.topics[rec.kind], rec.job.encode(), value, rec.id, headers)
 
     def reject(self, dead: DeadLetter) -> None:
         self._send(self.dlq_topic, dead.source.encode(), dead.encode(), dead.where)
@@ -74,8 +81,8 @@ class KafkaSink:
     def observe(self, rec: Record) -> None:
         pass
 
-    def _send(self, topic: str, key: bytes, value: bytes, what: str) -> None:
-        fut = self._producer.send(topic, key=key, value=value)
+    def _send(self, topic: str, key: bytes, value: bytes, what: str, headers: list | None = None) -> None:
+        fut = self._producer.send(topic, key=key, value=value, **({"headers": headers} if headers else {}))
         fut.add_errback(self._on_error, topic, what)
         self.sent += 1
 

@@ -84,6 +84,7 @@ from gangwatch.sinks.controller import (
     IDEMPOTENCY_HEADER,
     SIGNATURE_HEADER,
     SignatureVerifier,
+    TopicVerifier,
 )
 from gangwatch.streams.follow import TopicReader
 from gangwatch.streams.launcher import Gang, JobSpec, checkpoints, latest, newest_before
@@ -398,15 +399,26 @@ class TopicSource(TopicReader):
     (`streams.follow`): a new group starts at the end, since actions published before the controller ever ran
     are not its to apply; offsets are committed after each poll's records were handled."""
 
-    def __init__(self, bootstrap: str, topics: TopicSettings, job: str, group: str, *, actions: bool = True) -> None:
+    def __init__(self, bootstrap: str, topics: TopicSettings, job: str, group: str, *, actions: bool = True,
+                 verify: TopicVerifier | None = None) -> None:
+        """`verify`: how actions are checked (their v1 signature); without it, none is acted on."""
         super().__init__(bootstrap, [topics.findings, *([topics.actions] if actions else [])], group,
-                         client_id="gangwatch-controller")
+                         client_id="gangwatch-controller", verify=verify)
+        self.unverified = actions and verify is None
         self.job = job
 
     def poll(self, timeout_s: float) -> list[Action | Finding]:
-        return [r for key, r in self.poll_keyed(timeout_s)
-                if isinstance(r, (Action, Finding)) and r.job == self.job
-                and (key is None or key.decode(errors="replace") == self.job)]
+        out: list[Action | Finding] = []
+        for key, r in self.poll_keyed(timeout_s):
+            if not (isinstance(r, (Action, Finding)) and r.job == self.job
+                    and (key is None or key.decode(errors="replace") == self.job)):
+                continue
+            if isinstance(r, Action) and self.unverified:
+                self.refused += 1
+                log.warning("refused action %s (%s): no secret to check its signature with", r.id, r.type)
+                continue
+            out.append(r)
+        return out
 
 
 class WebhookSource:

@@ -69,11 +69,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gangwatch.schemas import Action, DecodeError, Record, decode
 from gangwatch.streams.follow import TopicReader
 from gangwatch.streams.topics import TopicSettings
+
+if TYPE_CHECKING:
+    from gangwatch.sinks.controller import TopicVerifier
 
 log = logging.getLogger("gangwatch.fence")
 
@@ -506,10 +509,12 @@ def read_records(path: Path) -> Iterator[Record]:
 
 class ActionTopic(TopicReader):
     """The alert topic (`gw.actions`, prefix from the topic settings) through a consumer group (`streams.follow`:
-    a new group starts at the end unless `from_beginning`; offsets committed after each poll was handled)."""
+    a new group starts at the end unless `from_beginning`; offsets committed after each poll was handled). Only
+    actions whose signature `verify` accepts are handed out (the others are logged, one line each)."""
 
-    def __init__(self, bootstrap: str, topics: TopicSettings, group: str, *, from_beginning: bool = False) -> None:
-        super().__init__(bootstrap, [topics.actions], group, from_beginning=from_beginning)
+    def __init__(self, bootstrap: str, topics: TopicSettings, group: str, *, verify: TopicVerifier,
+                 from_beginning: bool = False) -> None:
+        super().__init__(bootstrap, [topics.actions], group, from_beginning=from_beginning, verify=verify)
 
 
 class FenceError(ConnectionError):

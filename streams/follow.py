@@ -14,6 +14,11 @@ not apply actions published before it ever ran). Offsets are committed only afte
 the records of a poll were handled, so a reader that dies re-reads them and the
 handlers skip what they applied by its id.
 
+Actions are acted on only when signed: with `verify` (a `sinks.controller.TopicVerifier`
+built from the worker's secret), an action whose record headers carry no valid v1
+signature, a stale one, or a copy of one already accepted, is refused: logged on one
+line (where it was, which action, why) and not handed out.
+
 Waiting for the assignment polls the group; whatever that poll returns is kept
 and handed out by the next `poll`, never dropped (a record published in the
 moment between joining and the first poll would otherwise be lost).
@@ -24,10 +29,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gangwatch.schemas import DecodeError, Record, decode
 from gangwatch.schemas.security import kafka_python_security
+
+if TYPE_CHECKING:
+    from gangwatch.sinks.controller import TopicVerifier
 
 log = logging.getLogger("gangwatch.follow")
 
@@ -36,7 +44,7 @@ class TopicReader:
     """Records of some topics through a consumer group, committed after they were handled."""
 
     def __init__(self, bootstrap: str, names: Sequence[str], group: str, *, from_beginning: bool = False,
-                 client_id: str | None = None) -> None:
+                 client_id: str | None = None, verify: TopicVerifier | None = None) -> None:
         from kafka import KafkaConsumer
 
         self.names = list(names)
@@ -45,6 +53,8 @@ class TopicReader:
                                        enable_auto_commit=False, client_id=client_id or group,
                                        **kafka_python_security())
         self._uncommitted = False
+        self.verify = verify
+        self.refused = 0  # actions refused for their signature
         self._early: list[Any] = []  # messages a poll returned while waiting for the assignment
 
     def wait_assigned(self, timeout_s: float) -> None:
@@ -78,6 +88,11 @@ class TopicReader:
                     if isinstance(rec, DecodeError):
                         log.warning("%s[%d]@%d: skipped, does not decode: %s", m.topic, m.partition, m.offset,
                                     rec.reason)
+                    elif rec.kind == "action" and self.verify is not None and \
+                            not (verdict := self.verify(m.value, m.headers, rec.id)):
+                        self.refused += 1
+                        log.warning("%s[%d]@%d: refused action %s (%s %s of job %s): %s", m.topic, m.partition,
+                                    m.offset, rec.id, rec.type, ",".join(rec.nodes) or "-", rec.job, verdict.reason)
                     else:
                         out.append((m.key, rec))
         return out

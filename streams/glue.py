@@ -26,6 +26,7 @@ from gangwatch.streams.runner import JobRunner, Msg, Result
 if TYPE_CHECKING:  # as in streams/worker.py: Faust and prometheus-client load only where a worker starts
     import faust
     from faust.types import TP
+    from gangwatch.sinks.controller import TopicSigner
     from gangwatch.streams.metrics import WorkerMetrics
 
 log = logging.getLogger("gangwatch.worker")  # the worker's logger: its lines read as the worker's, as before
@@ -60,8 +61,9 @@ class Glue:
 
     def __init__(self, app: faust.App, runner: JobRunner, router: NodeRouter, states: Any,
                  job_topics: tuple[str, ...], node_topics: tuple[str, ...], sinks: list[Sink], telemetry: bool,
-                 metrics: WorkerMetrics, save_every_s: float = 1.0) -> None:
+                 metrics: WorkerMetrics, save_every_s: float = 1.0, signer: TopicSigner | None = None) -> None:
         self.app = app
+        self.signer = signer  # signs the actions it publishes on the alert topic (sinks/controller.py)
         self.metrics = metrics
         self.runner = runner
         self.router = router
@@ -332,7 +334,9 @@ class Glue:
     async def publish(self, res: Result) -> None:
         """Send the outputs and wait until the broker has them; then feed the sinks."""
         send: Callable[..., Any] = self.app.producer.send
-        pending = [await send(m.topic, m.key, m.value, partition=None, timestamp=None, headers=None)
+        signer = self.signer
+        pending = [await send(m.topic, m.key, m.value, partition=None, timestamp=None,
+                              headers=signer.headers(m.value, m.action_id) if signer and m.action_id else None)
                    for m in res.sends]
         if pending:
             await asyncio.gather(*pending)

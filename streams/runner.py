@@ -57,6 +57,7 @@ class Send(NamedTuple):
     topic: str
     key: bytes
     value: bytes
+    action_id: str | None = None  # an action: signed with this id as the key when the worker has the secret
 
 
 @dataclass
@@ -400,9 +401,9 @@ class JobRunner:
     def _emit(self, job: str, out: Outputs, it: _Item | None, res: Result) -> None:
         key = job.encode()
         t = self.topics
-        for topic, recs in ((t.findings, out.findings), (t.actions, out.actions), (t.incidents, out.incidents)):
-            for rec in recs:
-                res.sends.append(Send(topic, key, encode(rec)))
+        res.sends += [Send(t.findings, key, encode(rec)) for rec in out.findings]
+        res.sends += [Send(t.actions, key, encode(rec), rec.id) for rec in out.actions]
+        res.sends += [Send(t.incidents, key, encode(rec)) for rec in out.incidents]
         res.outputs.extend(Outputs(out.findings, out.actions, out.incidents, profiles=out.profiles,
                                    life=out.life, shadow=out.shadow))  # rejects apart
         for err in out.rejected:

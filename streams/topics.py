@@ -19,9 +19,12 @@ controller reads), `gw.incidents`; `gw.dlq` takes rejected messages (a JSON
 object with the reason and where the message came from).
 
 Internal (the worker's own): `gw.node-jobs` (compacted; node -> job, keyed by
-node, co-partitioned with `gw.node-events`) and `gw.by-job` (node events
-re-keyed by their job, co-partitioned with the job-keyed inputs). Faust adds
-its table changelogs (`<app id>-<table>-changelog`) itself.
+node, co-partitioned with `gw.node-events`) and `gw.<app id>.by-job` (node
+events re-keyed by their job, co-partitioned with the job-keyed inputs; one per
+app id, `app`, so that workers of another app id never read them: `gw.by-job`
+without one). The node -> job map is the same for every app reading the same
+inputs, so they share it. Faust adds its table changelogs
+(`<app id>-<table>-changelog`) itself.
 
 Every setting can come from the environment: GANGWATCH_TOPIC_PREFIX (`gw.`),
 GANGWATCH_TOPIC_PARTITIONS (8), GANGWATCH_TOPIC_REPLICATION (1).
@@ -46,6 +49,7 @@ class TopicSettings:
     prefix: str = "gw."
     partitions: int = 8
     replication: int = 1
+    app: str = ""  # the worker's app id: its own re-keying topic (`by_job`); "" outside a worker
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> TopicSettings:
@@ -107,7 +111,7 @@ class TopicSettings:
 
     @property
     def by_job(self) -> str:
-        return self.name("by-job")
+        return self.name(f"{self.app}.by-job" if self.app else "by-job")
 
     # --- groups -----------------------------------------------------------------
 
@@ -126,7 +130,8 @@ class TopicSettings:
 
     @property
     def internal(self) -> tuple[str, ...]:
-        return (self.node_jobs, self.by_job)
+        """The workers' own topics: the node -> job map, and an app's re-keying topic (with `app`)."""
+        return (self.node_jobs, self.by_job) if self.app else (self.node_jobs,)
 
     def all(self) -> tuple[str, ...]:
         return (*self.inputs, *self.outputs, *self.internal)

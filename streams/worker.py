@@ -72,6 +72,7 @@ from gangwatch.triage.engine import CoreConfig
 if TYPE_CHECKING:  # Faust, aiokafka and prometheus-client are imported where a worker starts, so that
     import faust  # `WorkerSettings` (and `gangwatch config show`) loads without the worker extra
     from faust.types import TP
+    from gangwatch.sinks.controller import TopicSigner
 
 log = logging.getLogger("gangwatch.worker")
 
@@ -123,6 +124,11 @@ class WorkerSettings:
     sink_give_up_s: float = 600.0  # a delivery failing (transiently) this long becomes dead letters
     core: CoreConfig | None = None  # detectors' thresholds and triage (None: defaults); lateness_s above wins
 
+    @property
+    def own_topics(self) -> TopicSettings:
+        """`topics` with this app's own internal topics (its `by-job`: another app id never reads it)."""
+        return replace(self.topics, app=self.app_id)
+
 
 class ChangelogsNotYet(logging.Filter):
     """Start-up noise off: aiokafka's ERROR `Topic <app id>-...-changelog not found in cluster metadata`.
@@ -172,6 +178,19 @@ async def _producer_knows(app: faust.App, tables: tuple[Any, ...]) -> None:
         app.changelogs_not_yet = None
 
 
+def action_signer(s: WorkerSettings, topic: str) -> TopicSigner | None:
+    """What signs the actions the worker publishes on `topic`: the webhook's secret (setting, or
+    GANGWATCH_WEBHOOK_SECRET); without one they go unsigned, and every actuator refuses them (said once)."""
+    from gangwatch.sinks.controller import SECRET_ENV, TopicSigner, topic_secret
+
+    secret = s.webhook_secret or topic_secret()
+    if not secret:
+        log.warning("actions on %s are not signed: no secret in %s (sinks.webhook_secret); the controller and the "
+                    "fencing adapters refuse unsigned actions", topic, SECRET_ENV)
+        return None
+    return TopicSigner(secret)
+
+
 def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     """The Faust app of one gangwatch worker (agents, tables, timer), not started."""
     import faust
@@ -183,7 +202,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
 
     cap_fetch_wait(s.fetch_wait_ms)
     seek_uncommitted()
-    t = s.topics
+    t = s.own_topics
     datadir = Path(s.datadir or Path(tempfile.gettempdir()) / "gangwatch-faust" / s.app_id)
     datadir.parent.mkdir(parents=True, exist_ok=True)  # Faust makes only the last level
     from gangwatch.streams.security import faust_app_kwargs
@@ -231,7 +250,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     metrics = WorkerMetrics()
     instrument(app, metrics)  # Faust's own sensor, into the same registry
     glue = Glue(app, runner, router, states, job_topics, (t.node_events, t.node_jobs), sinks or [], s.telemetry,
-                metrics, s.save_every_s)
+                metrics, s.save_every_s, signer=action_signer(s, t.actions))
     app.gangwatch = glue  # type: ignore[attr-defined]  # for tests and introspection
     pause = glue.pause = SinkPause(glue.sinks, s.sink_pause_s)
 
@@ -325,7 +344,7 @@ def run(s: WorkerSettings, *, loglevel: str = "info", create: bool = True) -> No
     from gangwatch.streams.metrics import serve_metrics
 
     if create:
-        made = create_topics(s.topics, s.bootstrap)
+        made = create_topics(s.own_topics, s.bootstrap)
         if made:
             log.info("created topics: %s", ", ".join(made))
     sinks: list[Sink] = []

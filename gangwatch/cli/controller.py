@@ -22,7 +22,7 @@ def _names(raw: str) -> list[str]:
 
 
 def cmd_controller(args: argparse.Namespace) -> int:
-    from gangwatch.sinks.controller import SECRET_ENV
+    from gangwatch.sinks.controller import SECRET_ENV, TopicVerifier
     from gangwatch.streams.controller import Controller, RecoveryPublisher, TopicSource, WebhookSource, run
     from gangwatch.streams.launcher import JobSpec
     from gangwatch.streams.topics import TopicSettings
@@ -37,6 +37,9 @@ def cmd_controller(args: argparse.Namespace) -> int:
     secret = os.environ.get(SECRET_ENV)
     if args.listen and not secret:
         raise UserError(f"--listen needs the webhook secret in {SECRET_ENV}")
+    if not secret and not args.dry_run:
+        raise UserError(f"actions on the alert topic are signed with the worker's secret: set {SECRET_ENV} to it "
+                        "(unsigned or forged actions are refused)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s controller %(levelname)s %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)  # its INFO lines are connection chatter
 
@@ -46,7 +49,8 @@ def cmd_controller(args: argparse.Namespace) -> int:
                    nproc_per_node=args.nproc_per_node, host=args.rdzv_host,
                    env={"GANGWATCH_BOOTSTRAP": args.bootstrap, "GANGWATCH_TOPIC_PREFIX": topics.prefix})
     group = args.group or f"gangwatch-controller-{args.job}"
-    topic = TopicSource(args.bootstrap, topics, args.job, group, actions=not args.listen)
+    verify = TopicVerifier(secret, tolerance_s=args.signature_tolerance) if secret else None
+    topic = TopicSource(args.bootstrap, topics, args.job, group, actions=not args.listen, verify=verify)
     sources: list[TopicSource | WebhookSource] = [topic]
     publisher = RecoveryPublisher(args.bootstrap, topics)
     try:
@@ -75,14 +79,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "controller", help="the reference job controller: run a torchrun job and carry out gangwatch's actions",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Launch a training job as one torchrun per node (all on this machine, each with "
-        "GANGWATCH_NODE set to its name), read the job's actions from the alert topic (or from signed webhook "
-        "POSTs with --listen), apply each once (stop and restart without the culprit node, a spare name in its "
-        "place; roll back to a checkpoint before the corruption for SDC) and publish recovery records at each "
-        "stage, so incidents close with real timings. For tests, drills and small clusters. The job must follow "
-        "the launcher's protocol (GANGWATCH_CKPT_DIR, GANGWATCH_RESUME_FROM, GANGWATCH_PROGRESS; see "
-        "examples/tiny_job/train.py). Stop with Ctrl-C / TERM: the job is stopped too.",
-        epilog="example: gangwatch controller --job j1 --nodes n1,n2 --spares n3 --ckpt-dir ckpt/ "
-        "-- examples/tiny_job/train.py --steps 2000")
+        "GANGWATCH_NODE set to its name), read the job's actions from the alert topic (or from webhook POSTs "
+        "with --listen; either way signed with the worker's secret, GANGWATCH_WEBHOOK_SECRET, and refused "
+        "unsigned, forged, stale or replayed), apply each once (stop and restart without the culprit node, a "
+        "spare name in its place; roll back to a checkpoint before the corruption for SDC) and publish recovery "
+        "records at each stage, so incidents close with real timings. For tests, drills and small clusters. "
+        "The job must follow the launcher's protocol (GANGWATCH_CKPT_DIR, GANGWATCH_RESUME_FROM, "
+        "GANGWATCH_PROGRESS; see examples/tiny_job/train.py). Stop with Ctrl-C / TERM: the job is stopped too.",
+        epilog="example: GANGWATCH_WEBHOOK_SECRET=... gangwatch controller --job j1 --nodes n1,n2 --spares n3 "
+        "--ckpt-dir ckpt/ -- examples/tiny_job/train.py --steps 2000")
     c.add_argument("script", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARG ...]",
                    help="the training script and its arguments, as torchrun takes them")
     opt(c, "--job", help="the job id (actions of other jobs are ignored; every rank gets it as GANGWATCH_JOB)")
@@ -96,8 +101,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     opt(c, "--listen", help="take actions from signed webhook POSTs at HOST:PORT instead of the topic "
         "(secret in GANGWATCH_WEBHOOK_SECRET)")
     opt(c, "--signature-tolerance", type=positive(number), default=300.0,
-        help="--listen: seconds a webhook signature's timestamp may be from this clock; older (or replayed) "
-        "requests are refused")
+        help="seconds the timestamp of an action's signature (on the topic, or a --listen request) may be from "
+        "this clock; older (or replayed) actions are refused")
     opt(c, "--group", help="consumer group", shown_default="gangwatch-controller-JOB")
     opt(c, "--rdzv-host", default="127.0.0.1", help="address the torchrun rendezvous listens on")
     opt(c, "--resume-timeout", type=positive(number), default=300.0,

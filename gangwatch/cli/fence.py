@@ -81,10 +81,16 @@ def apply(args: argparse.Namespace, backend: Any) -> int:
                 failed += any(o.error for o in fencer.handle(rec))
     else:
         from gangwatch.cli.services import wait_for_kafka
+        from gangwatch.sinks.controller import SECRET_ENV, TopicVerifier, topic_secret
 
+        secret = topic_secret()
+        if not secret:
+            raise UserError(f"actions on the alert topic are signed with the worker's secret: set {SECRET_ENV} to it "
+                            "(unsigned or forged actions are refused; files given with --from are read as they are)")
         wait_for_kafka(args.bootstrap, args.connect_timeout)
         topics = TopicSettings.from_env(prefix=args.prefix)
         source = ActionTopic(args.bootstrap, topics, args.group or f"gangwatch-{backend.name}",
+                             verify=TopicVerifier(secret, tolerance_s=args.signature_tolerance),
                              from_beginning=args.from_beginning)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -96,7 +102,9 @@ def apply(args: argparse.Namespace, backend: Any) -> int:
             follow(fencer, source, stop, idle_timeout_s=args.idle_timeout)
         finally:
             source.close()
+    refused = source.refused if not args.files else 0
     print(f"{fencer.handled} action(s) handled, {fencer.duplicates} already applied before"
+          + (f", {refused} refused for their signature (see WARNING above)" if refused else "")
           + (f", {failed} failed" if failed else "")
           + (f", {fencer.refused} refused by the fleet breaker" if fencer.refused else "")
           + ("" if args.act else "; dry run: nothing was changed (add --act)"), flush=True)
@@ -252,6 +260,10 @@ def add_commands(sub: argparse._SubParsersAction, name: str, *, help: str, descr
     opt(a, "--group", env=f"GANGWATCH_{env}_GROUP", help="Kafka consumer group", shown_default=f"gangwatch-{name}")
     a.add_argument("--from-beginning", action="store_true",
                    help="a new consumer group starts at the oldest action (default: only new ones)")
+    opt(a, "--signature-tolerance", type=positive(number), default=300.0, env=False,
+        help="seconds the timestamp of an action's signature may be from this clock; older actions (and copies "
+        "of ones accepted) are refused. Actions on the topic must carry the v1 signature made with "
+        "GANGWATCH_WEBHOOK_SECRET, the worker's secret")
     opt(a, "--idle-timeout", type=positive(number), env=False,
         help="stop after this many seconds without a record (default: run until TERM)")
     opt(a, "--retries", type=int, default=3, env=False, help="retries of a failed scheduler call, with backoff")

@@ -27,7 +27,8 @@ from gangwatch.cli.services import wait_for_kafka, wait_for_store
 def _topic_settings(args: argparse.Namespace):
     from gangwatch.streams.topics import TopicSettings
 
-    return TopicSettings.from_env(prefix=args.prefix, partitions=args.partitions, replication=args.replication)
+    return TopicSettings.from_env(prefix=args.prefix, partitions=args.partitions, replication=args.replication,
+                                  app=getattr(args, "app_id", None))
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -168,7 +169,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="replication factor of new topics")
     connect_timeout_opt(w)
     settings_opts(w)
-    opt(w, "--app-id", setting="worker.app_id", help="Faust app id = consumer group and table changelog prefix")
+    opt(w, "--app-id", setting="worker.app_id", help="Faust app id = consumer group, table changelog prefix and "
+        "the name of its own re-keying topic (PREFIX<app id>.by-job)")
     opt(w, "--store", setting="sinks.store",
         help="also write outputs to chdb:PATH or clickhouse://HOST:PORT[/DB] (default: Kafka only)")
     opt(w, "--telemetry", type=bool, setting="sinks.telemetry", help="with --store: also store every raw input record")
@@ -221,6 +223,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     tsub = t.add_subparsers(dest="topics_command", metavar="ACTION", required=True)
     tc = tsub.add_parser("create", help="create every missing gangwatch topic (existing topics are left alone)")
     kafka_opts(tc)
+    tc.add_argument("--app-id", default="gangwatch", help="also the internal topic of the workers of this app id "
+                    "(PREFIX<app id>.by-job), for workers run with --no-create-topics (default: %(default)s)")
     tc.set_defaults(func=cmd_topics_create)
     tl = tsub.add_parser("list", help="list the topics with the prefix and their partition counts")
     kafka_opts(tl)

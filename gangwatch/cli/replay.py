@@ -67,12 +67,18 @@ def cmd_replay(args: argparse.Namespace) -> int:
     prepare_out(out, append=args.append)
     extra = []
     if args.publish:
+        from gangwatch.sinks.controller import SECRET_ENV, TopicSigner
         from gangwatch.sinks.kafka import KafkaSink
 
         wait_for_kafka(args.publish, args.connect_timeout)
         t = st.topic_settings()
+        secret = st.get("sinks.webhook_secret")
+        if not secret:
+            print(f"note: actions published on {t.actions} are not signed (no {SECRET_ENV}): the controller and the "
+                  "fencing adapters refuse them", file=sys.stderr)
         extra.append(KafkaSink(args.publish, findings_topic=t.findings, actions_topic=t.actions,
-                               incidents_topic=t.incidents, dlq_topic=t.dlq))
+                               incidents_topic=t.incidents, dlq_topic=t.dlq,
+                               signer=TopicSigner(secret) if secret else None))
     if args.webhook:
         from gangwatch.sinks.controller import WebhookSink
 

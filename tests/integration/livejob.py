@@ -144,7 +144,7 @@ class LiveJob:
         # actions reach the controller on the alert topic, or POSTed by the worker to the controller's webhook
         self._listen = f"127.0.0.1:{free_port('127.0.0.1')}" if self.webhook else ""
         webhook = ("--webhook", f"http://{self._listen}/actions") if self._listen else ()
-        self._secret = {SECRET_ENV: f"secret-of-{self.job}"} if self._listen else {}
+        self._secret = {SECRET_ENV: f"secret-of-{self.job}"}  # signs the actions, on the topic as in a POST
         self._spawn("worker", worker_args(self.bootstrap, self.job, self.topics, "--store", url, *webhook,
                                               *self.worker_extra), env=self._secret)
         for node in (*self.job_nodes, *self.spare_nodes):

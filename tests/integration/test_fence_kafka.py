@@ -4,15 +4,20 @@ A recording backend stands in for Slurm / Kubernetes (they have tests of their
 own); what is checked here is the consumer: a fresh group reading from the
 beginning with --from-beginning, a duplicated action applied once, records that
 are not actions skipped, committed offsets (a second consumer of the same group
-sees nothing new), and a failure that leaves the offsets uncommitted.
+sees nothing new), a failure that leaves the offsets uncommitted, and that only
+actions signed with the worker's secret are applied: unsigned, forged, tampered,
+stale and replayed ones are refused, one log line each.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 
 import pytest
 from gangwatch.schemas import Action, Finding, encode
+from gangwatch.sinks.controller import SIGNATURE_HEADER, TopicSigner, TopicVerifier
 from gangwatch.streams.fence import ActionTopic, FenceError, Fencer, Outcome, follow
 from kafka import KafkaProducer
 
@@ -44,13 +49,28 @@ def act(id: str, nodes: list[str]) -> Action:
     return Action(id=id, ts=1.0, job="j1", incident="i-1", type="replace", nodes=nodes, reason="Xid 79")
 
 
-def publish(bootstrap: str, topic: str, recs: list) -> None:
+SECRET = "the worker's secret"
+SIGNER = TopicSigner(SECRET)
+
+
+def publish(bootstrap: str, topic: str, recs: list, signer: TopicSigner | None = SIGNER) -> None:
+    """`recs` on `topic`, the actions signed by `signer` (as the worker signs them); or (value, headers) pairs as
+    they are."""
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
     try:
         for r in recs:
-            producer.send(topic, key=b"j1", value=encode(r)).get(timeout=30)
+            if isinstance(r, tuple):
+                value, headers = r
+            else:
+                value = encode(r)
+                headers = signer.headers(value, r.id) if signer is not None and r.kind == "action" else []
+            producer.send(topic, key=b"j1", value=value, headers=headers).get(timeout=30)
     finally:
         producer.close()
+
+
+def source_of(bootstrap: str, topics, group: str) -> ActionTopic:
+    return ActionTopic(bootstrap, topics, group, verify=TopicVerifier(SECRET), from_beginning=True)
 
 
 def follow_until(backend: Recording, source: ActionTopic) -> None:
@@ -64,7 +84,7 @@ def test_actions_from_the_topic_are_applied_once_and_committed(kafka_bootstrap, 
     finding = Finding(id="f-1", ts=1.0, job="j1", type="hang", detector="hang")
     publish(kafka_bootstrap, topics.actions, [act("a-1", ["n1"]), finding, act("a-1", ["n1"]), act("a-2", ["n2"])])
     backend = Recording(expect=2)
-    source = ActionTopic(kafka_bootstrap, topics, unique, from_beginning=True)
+    source = source_of(kafka_bootstrap, topics, unique)
     try:
         source.wait_assigned(30)
         follow_until(backend, source)
@@ -74,7 +94,7 @@ def test_actions_from_the_topic_are_applied_once_and_committed(kafka_bootstrap, 
 
     publish(kafka_bootstrap, topics.actions, [act("a-3", ["n3"])])
     later = Recording(expect=1)
-    source = ActionTopic(kafka_bootstrap, topics, unique, from_beginning=True)  # same group: committed offsets
+    source = source_of(kafka_bootstrap, topics, unique)  # same group: committed offsets
     try:
         source.wait_assigned(30)
         follow_until(later, source)
@@ -85,7 +105,7 @@ def test_actions_from_the_topic_are_applied_once_and_committed(kafka_bootstrap, 
 
 def test_a_failed_action_is_not_committed(kafka_bootstrap, topics, unique):
     publish(kafka_bootstrap, topics.actions, [act("a-1", ["n1"])])
-    source = ActionTopic(kafka_bootstrap, topics, unique, from_beginning=True)
+    source = source_of(kafka_bootstrap, topics, unique)
     try:
         source.wait_assigned(30)
         with pytest.raises(FenceError, match="scheduler unreachable"):
@@ -93,10 +113,45 @@ def test_a_failed_action_is_not_committed(kafka_bootstrap, topics, unique):
     finally:
         source.close()
     backend = Recording(expect=1)
-    source = ActionTopic(kafka_bootstrap, topics, unique, from_beginning=True)
+    source = source_of(kafka_bootstrap, topics, unique)
     try:
         source.wait_assigned(30)
         follow_until(backend, source)
     finally:
         source.close()
     assert backend.fenced == [("a-1", "n1")]  # delivered again to the restarted adapter
+
+
+def test_only_actions_signed_with_the_secret_are_applied(kafka_bootstrap, topics, unique, caplog):
+    """Anyone who can write to the alert topic could drain a cluster: the adapter acts on the worker's signed
+    actions only, and says why it refused each other one."""
+    good = act("a-good", ["n1"])
+    value = encode(good)
+    signed = (value, SIGNER.headers(value, good.id))
+    tampered = encode(act("a-tampered", ["n4"]))
+    stale = encode(act("a-stale", ["n5"]))
+    publish(kafka_bootstrap, topics.actions, [
+        signed,
+        act("a-unsigned", ["n2"]),  # no header at all
+        (encode(act("a-forged", ["n3"])), TopicSigner("another secret").headers(encode(act("a-forged", ["n3"])),
+                                                                                  "a-forged")),
+        (tampered.replace(b'"n4"', b'"n9"'), SIGNER.headers(tampered, "a-tampered")),  # changed after signing
+        (stale, TopicSigner(SECRET, clock=lambda: time.time() - 3600).headers(stale, "a-stale")),  # an hour old
+        signed,  # the same message again: a replay
+    ], signer=None)
+    backend = Recording(expect=1)
+    source = source_of(kafka_bootstrap, topics, unique)
+    with caplog.at_level(logging.WARNING, logger="gangwatch.follow"):
+        try:
+            source.wait_assigned(30)
+            follow_until(backend, source)
+        finally:
+            source.close()
+    assert backend.fenced == [("a-good", "n1")]
+    assert source.refused == 5
+    why = {r.getMessage().split("refused action ")[1].split(" ")[0]: r.getMessage().split(" of job j1): ", 1)[1]
+           for r in caplog.records if "refused action" in r.getMessage()}
+    assert why.keys() == {"a-unsigned", "a-forged", "a-tampered", "a-stale", "a-good"}
+    assert why["a-unsigned"] == "no signature" and why["a-forged"] == why["a-tampered"] == "bad signature"
+    assert "stale" in why["a-stale"] and "replayed" in why["a-good"]
+    assert SIGNATURE_HEADER == "X-Gangwatch-Signature-V1"  # the header the docs name

@@ -34,6 +34,7 @@ are compared after dropping repeats of an id (outputs are at least once).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -124,9 +125,10 @@ def test_worker_matches_replay(kafka_bootstrap, topics, unique, tmp_path, worker
     wait_for(lambda: caught_up(kafka_bootstrap, unique, topics.job_inputs), DEADLINE, "the backlog consumed", proc=w)
 
     produce(kafka_bootstrap, [xid])
-    wait_for(lambda: read_all(kafka_bootstrap, [topics.by_job])[topics.by_job] != [], DEADLINE,
+    rekeyed = replace(topics, app=unique).by_job  # the worker's own (its app id's) re-keying topic
+    wait_for(lambda: read_all(kafka_bootstrap, [rekeyed])[rekeyed] != [], DEADLINE,
              "the Xid re-keyed by job", proc=w)
-    wait_for(lambda: caught_up(kafka_bootstrap, unique, [topics.node_events, topics.by_job]), DEADLINE,
+    wait_for(lambda: caught_up(kafka_bootstrap, unique, [topics.node_events, rekeyed]), DEADLINE,
              "the Xid consumed", proc=w)
 
     produce(kafka_bootstrap, after)
@@ -177,9 +179,10 @@ def test_two_workers_share_the_work_and_one_dies_mid_stream(kafka_bootstrap, top
     wait_for(lambda: caught_up(kafka_bootstrap, unique, topics.job_inputs), DEADLINE, "the backlog consumed",
              proc=second)
     produce(kafka_bootstrap, [msgs[xid_at]])
-    wait_for(lambda: read_all(kafka_bootstrap, [topics.by_job])[topics.by_job] != [], DEADLINE,
+    rekeyed = replace(topics, app=unique).by_job  # the worker's own (its app id's) re-keying topic
+    wait_for(lambda: read_all(kafka_bootstrap, [rekeyed])[rekeyed] != [], DEADLINE,
              "the Xid re-keyed by job", proc=second)
-    wait_for(lambda: caught_up(kafka_bootstrap, unique, [topics.node_events, topics.by_job]), DEADLINE,
+    wait_for(lambda: caught_up(kafka_bootstrap, unique, [topics.node_events, rekeyed]), DEADLINE,
              "the Xid consumed", proc=second)
 
     rest = msgs[xid_at + 1:]

@@ -12,7 +12,7 @@ import time
 
 import pytest
 from gangwatch.schemas import Action, Finding, Lifecycle, Recovery, decode, encode
-from gangwatch.sinks.controller import WebhookSink, sign
+from gangwatch.sinks.controller import SECRET_ENV, WebhookSink, sign
 from gangwatch.streams.controller import AppliedIds, Controller, Nodes, Publisher, WebhookSource, run
 from gangwatch.streams.launcher import JobSpec
 
@@ -252,7 +252,12 @@ def test_the_webhook_queues_signed_actions_and_refuses_the_rest():
         source.close()
 
 
-def test_the_command_line_names_itself_in_its_errors_and_refuses_a_node_named_twice(capsys):
+def test_the_command_line_names_itself_in_its_errors_and_refuses_a_node_named_twice(capsys, monkeypatch):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    assert main(["controller", "--job", "j1", "--nodes", "n1,n2", "--", "train.py"]) == 2
+    [line] = capsys.readouterr().err.splitlines()  # no secret to check the topic's actions with: one line
+    assert line.startswith("gangwatch controller: error: actions on the alert topic are signed") and SECRET_ENV in line
+    monkeypatch.setenv(SECRET_ENV, "s3cret")
     assert main(["controller", "--job", "j1", "--nodes", "n1,n2", "--bootstrap", "127.0.0.1:1",
                  "--connect-timeout", "0.1", "--", "train.py"]) == 5
     assert capsys.readouterr().err.splitlines()[-1].startswith("gangwatch controller: error: cannot reach Kafka")

@@ -59,7 +59,7 @@ def test_every_field_of_the_runtime_dataclasses_is_a_setting_with_its_default():
     expect("worker", ws, skip={"topics", "core", "lateness_s", *sinks})
     for name in sinks:
         assert values.pop(f"sinks.{name}") == getattr(ws, name)
-    expect("topics", TopicSettings())
+    expect("topics", TopicSettings(), skip={"app"})  # the worker's app id, not a setting of its own
     expect("triage", TriageConfig())
     for name, kind in detector_configs().items():
         expect(f"detectors.{name}", kind())
@@ -85,6 +85,20 @@ def test_default_settings_build_the_default_runtime_objects():
     assert loaded.topic_settings() == TopicSettings()
     ws = loaded.worker_settings()
     assert ws.batch_max == 20_000 and ws.core == core and ws.topics == TopicSettings()
+
+
+def test_each_app_id_reads_its_own_re_keyed_node_events_and_shares_the_rest():
+    """Workers of another --app-id never read this app's node events re-keyed by job (issue 24: a second app id
+    read the first's re-keyed GPU samples as well as its own)."""
+    from gangwatch.streams.runner import JobRunner
+    from gangwatch.streams.topics import TopicSettings
+    from gangwatch.streams.worker import WorkerSettings
+
+    a, b = WorkerSettings(app_id="a").own_topics, WorkerSettings(app_id="b").own_topics
+    assert (a.by_job, b.by_job) == ("gw.a.by-job", "gw.b.by-job")
+    assert (a.inputs, a.outputs, a.node_jobs) == (b.inputs, b.outputs, b.node_jobs)  # the inputs and the map: shared
+    assert a.by_job in JobRunner(a).inputs and b.by_job not in JobRunner(a).inputs
+    assert a.by_job in a.all() and TopicSettings().internal == ("gw.node-jobs",)  # `topics create` w/o an app
 
 
 def test_help_shows_the_default_of_the_dataclass(capsys):

@@ -1,4 +1,6 @@
-"""Webhook signatures v1: timestamp, action id and body under one MAC; stale, forged and replayed requests refused."""
+"""Webhook signatures v1: timestamp, action id and body under one MAC; stale, forged and replayed requests refused.
+
+The same scheme signs actions on the alert topic (record headers): `TopicSigner` / `TopicVerifier`."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from gangwatch.schemas import Action, encode
 from gangwatch.sinks.controller import (
     ReplayGuard,
     SignatureVerifier,
+    TopicSigner,
+    TopicVerifier,
     WebhookSink,
     sign,
     signed_payload,
@@ -201,4 +205,25 @@ def test_the_reference_controller_refuses_a_body_over_its_limit_unread():
 
 def test_the_verifier_repr_masks_the_secret():
     assert SECRET not in repr(SignatureVerifier(SECRET))
+    assert SECRET not in repr(TopicSigner(SECRET)) and SECRET not in repr(TopicVerifier(SECRET))
+
+
+def test_an_action_on_the_topic_verifies_from_its_record_headers_and_nothing_else_does():
+    clock = Clock()
+    value = encode(_action())
+    headers = TopicSigner(SECRET, clock=clock).headers(value, "a-0001")
+    assert headers == [("X-Gangwatch-Signature-V1", sign(SECRET, value, "a-0001", T0).encode())]
+    check = TopicVerifier(SECRET, clock=clock)
+    assert check(value, [("other", b"x"), *headers], "a-0001")  # found among other headers
+    assert check(value, headers, "a-0001").status == 409  # the same message again: a replay
+    fresh = TopicVerifier(SECRET, clock=clock)
+    assert fresh(value, None, "a-0001").reason == "no signature"
+    assert fresh(value, [], "a-0001").reason == "no signature"
+    assert fresh(value + b" ", headers, "a-0001").reason == "bad signature"  # the value changed
+    assert fresh(value, headers, "a-0002").reason == "bad signature"  # signed for another action id
+    assert fresh(value, TopicSigner("other", clock=clock).headers(value, "a-0001"), "a-0001").reason == \
+        "bad signature"
+    assert fresh(value, [("X-Gangwatch-Signature-V1", b"\xff")], "a-0001").reason == "malformed signature header"
+    clock.now += 301
+    assert "stale" in fresh(value, headers, "a-0001").reason  # tolerance 300 s by default
 
