@@ -368,6 +368,8 @@ class QueuedSink:
         if self._closing.is_set():
             self._dead_letters(ops, "the sink is closed")
             self._settle([unit])
+            log.warning("sink %s: %d record(s) came after it closed (the worker is stopping): dead letters, not "
+                        "delivered", self.name, n)
             return
         if self.pending() >= self.capacity:
             self.overflowed += n

@@ -353,3 +353,18 @@ def test_store_contract_on_the_clickhouse_server() -> None:
         _real_store_contract(store, break_link)
     finally:
         Client(host=host, port=int(port)).execute(f"DROP DATABASE IF EXISTS {db}")
+
+
+def test_records_written_after_the_sink_closed_are_dead_letters_and_said_in_the_log(tmp_path: Path, caplog) -> None:
+    """A worker stopping (SIGINT) while it catches up: what its agent still writes after the sinks closed is not
+    lost silently (issue 24): dead letters naming why, and a warning line naming the sink and the count."""
+    import logging
+
+    h = StoreHarness(tmp_path)
+    sink = queued(h.inner())
+    assert sink.close(WAIT_S) == 0
+    with caplog.at_level(logging.WARNING, logger="gangwatch.sinks.queued"):
+        send(sink, Outputs(actions=[action("1"), action("2")]))
+    assert [d.reason for d in sink.take_dead()] == ["not delivered to the store sink: the sink is closed"] * 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "sink store: 2 record(s) came after it closed (the worker is stopping): dead letters, not delivered"]
