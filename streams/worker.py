@@ -185,8 +185,8 @@ def action_signer(s: WorkerSettings, topic: str) -> TopicSigner | None:
 
     secret = s.webhook_secret or topic_secret()
     if not secret:
-        log.warning("actions on %s are not signed: no secret in %s (sinks.webhook_secret); the controller and the "
-                    "fencing adapters refuse unsigned actions", topic, SECRET_ENV)
+        log.info("actions on %s are not signed: no secret in %s (sinks.webhook_secret); the controller and the "
+                 "fencing adapters refuse unsigned actions", topic, SECRET_ENV)
         return None
     return TopicSigner(secret)
 

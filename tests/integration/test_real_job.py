@@ -393,6 +393,7 @@ def test_a_late_start_up_evicts_nobody_and_two_nodes_killed_at_once_are_both_rep
     job.wait(lambda: job.attempts() > 1, 120.0, "the controller's restart on the spares")
     job.wait(lambda: bool(job.milestones(1)) and any(m["event"] == "step" for m in job.milestones(1)), 300.0,
              "the first step of the restarted job")
+    job.stop_controller()  # the job trains on the spares; its user stops it here (the worker then reads it all)
     job.caught_up()
     recs = job.inputs()
     # n3's rank 2 was heard late indeed (its first record held back stamped up to a heartbeat period into the hold)
