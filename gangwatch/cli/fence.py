@@ -61,8 +61,23 @@ def _tripped_line(name: str, st: dict[str, Any]) -> str:
             f"    no node is fenced until a person resets it: gangwatch {name} reset-breaker --note '...'")
 
 
-def apply(args: argparse.Namespace, backend: Any) -> int:
-    """`... apply`: every action from the files, or from the alert topic until TERM / --idle-timeout."""
+def topic_verifier(args: argparse.Namespace) -> Any:
+    """How `apply` checks the actions it reads from the topic (None for --from files); without the secret, one
+    line before anything is connected."""
+    if args.files:
+        return None
+    from gangwatch.sinks.controller import SECRET_ENV, TopicVerifier, topic_secret
+
+    secret = topic_secret()
+    if not secret:
+        raise UserError(f"actions on the alert topic are signed with the worker's secret: set {SECRET_ENV} to it "
+                        "(unsigned or forged actions are refused; files given with --from are read as they are)")
+    return TopicVerifier(secret, tolerance_s=args.signature_tolerance)
+
+
+def apply(args: argparse.Namespace, backend: Any, verify: Any = None) -> int:
+    """`... apply`: every action from the files, or from the alert topic (checked by `verify`, from
+    `topic_verifier`) until TERM / --idle-timeout."""
     from gangwatch.streams.fence import ActionTopic, AppliedLog, Fencer, follow, read_records
     from gangwatch.streams.topics import TopicSettings
 
@@ -81,17 +96,12 @@ def apply(args: argparse.Namespace, backend: Any) -> int:
                 failed += any(o.error for o in fencer.handle(rec))
     else:
         from gangwatch.cli.services import wait_for_kafka
-        from gangwatch.sinks.controller import SECRET_ENV, TopicVerifier, topic_secret
 
-        secret = topic_secret()
-        if not secret:
-            raise UserError(f"actions on the alert topic are signed with the worker's secret: set {SECRET_ENV} to it "
-                            "(unsigned or forged actions are refused; files given with --from are read as they are)")
+        verify = verify or topic_verifier(args)
         wait_for_kafka(args.bootstrap, args.connect_timeout)
         topics = TopicSettings.from_env(prefix=args.prefix)
         source = ActionTopic(args.bootstrap, topics, args.group or f"gangwatch-{backend.name}",
-                             verify=TopicVerifier(secret, tolerance_s=args.signature_tolerance),
-                             from_beginning=args.from_beginning)
+                             verify=verify, from_beginning=args.from_beginning)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())

@@ -6,19 +6,27 @@ from __future__ import annotations
 import argparse
 
 from gangwatch.cli import fence
-from gangwatch.cli.options import at_least_zero, integer, opt
+from gangwatch.cli.options import UserError, at_least_zero, integer, opt
 
 
 def _backend(args: argparse.Namespace):
     from gangwatch.streams.kubernetes import KubernetesBackend, connect
 
-    return KubernetesBackend(connect(args.kubeconfig, args.context), evict_pods=getattr(args, "evict_pods", False),
+    try:
+        api = connect(args.kubeconfig, args.context)
+    except Exception as e:  # kubernetes.config.ConfigException and the file errors under it
+        if type(e).__name__ != "ConfigException" and not isinstance(e, OSError):
+            raise
+        raise UserError(f"no Kubernetes API to talk to: {e} (give --kubeconfig FILE / --context NAME, set "
+                        "KUBECONFIG, or run it in a pod with a service account)") from None
+    return KubernetesBackend(api, evict_pods=getattr(args, "evict_pods", False),
                              pod_selector=getattr(args, "pod_selector", None) or "",
                              grace_s=getattr(args, "grace", None))
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    return fence.apply(args, _backend(args))
+    verify = fence.topic_verifier(args)  # the secret first: without it nothing could be applied
+    return fence.apply(args, _backend(args), verify)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:

@@ -16,7 +16,8 @@ def _backend(args: argparse.Namespace):
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    return fence.apply(args, _backend(args))
+    verify = fence.topic_verifier(args)  # the secret first: without it nothing could be applied
+    return fence.apply(args, _backend(args), verify)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:

@@ -374,3 +374,25 @@ def test_help_names_every_topics_action_and_hints_say_gw_up(capsys):
         with pytest.raises(UserError) as e:
             wait()
         assert "(./gw up)" in str(e.value)
+
+
+@pytest.mark.parametrize("argv", [["slurm", "apply", "--bootstrap", "127.0.0.1:1"],
+                                  ["kubernetes", "apply", "--bootstrap", "127.0.0.1:1"],
+                                  ["controller", "--bootstrap", "127.0.0.1:1", "--job", "j1", "--nodes", "n1", "--",
+                                   "train.py"]])
+def test_what_acts_on_the_alert_topic_needs_the_secret_its_actions_are_signed_with(capsys, monkeypatch, argv):
+    """Without GANGWATCH_WEBHOOK_SECRET it would have to refuse every action: one line saying so, before any
+    connection."""
+    monkeypatch.delenv("GANGWATCH_WEBHOOK_SECRET", raising=False)
+    assert main(argv) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert "signed with the worker's secret: set GANGWATCH_WEBHOOK_SECRET" in line and "Traceback" not in line
+
+
+def test_kubernetes_without_a_cluster_to_talk_to_is_one_line(capsys, monkeypatch, tmp_path):
+    pytest.importorskip("kubernetes")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert main(["kubernetes", "apply", "--from", str(tmp_path / "a.jsonl")]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("gangwatch kubernetes: error: no Kubernetes API to talk to") and "--kubeconfig" in line
