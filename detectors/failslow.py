@@ -39,7 +39,9 @@ Per closed step, vectorized over all ranks:
                support. Neither fires alone.
 3. persist   - `persist`: hits in the last `window` (fast, steady
                stragglers) or in the last `long_window` scored steps
-               (intermittent ones: slow in a fraction of steps). How many
+               (intermittent ones: slow in a fraction of steps); where
+               `window` steps last less than `min_window_s` (8 s) of event
+               time, the rank must stay flagged for the difference too. How many
                hits are needed adapts to the stage's own rate of stray hits
                (`needed_hits`): noisy jobs (real CPU jobs have heavy-tailed
                step times) need more persistence, quiet ones `hits` /
@@ -118,6 +120,9 @@ class FailSlowConfig:
     regrow_min_frac: float = 0.01  # ... and its cost has grown by at least this much of the step ...
     max_reports: int = 8  # ... at most this many times in all
     het_incident_frac: float = 0.10  # a heterogeneous rank costing the job this share of its step is decided on
+    min_window_s: float = 8.0  # a straggler is judged over at least this much event time: where `window` steps are
+    # shorter (a job of 0.125 s steps: 1.25 s), it stays flagged that much longer before it is reported (a busy
+    # host's second of slowness is no straggler)
     het_min_s: float = 60.0  # heterogeneity is judged over at least this much event time (and `calib_steps`): a
     # few seconds of a busy host (a job of short steps calibrates in seconds) make no steady difference
     buffer: BufferConfig = BufferConfig()
@@ -229,6 +234,7 @@ class FailSlowDetector(StepScorer):
         self.het = np.zeros(n, dtype=bool)  # reported heterogeneous since the (re)start
         self.hist = np.zeros(n, dtype=np.uint32)  # hit bits, newest lowest
         self.in_episode = np.zeros(n, dtype=bool)
+        self.flag_ts = np.full(n, np.nan)  # when the rank's current unbroken run of flagged steps began
         self.clean_run = np.zeros(n, dtype=np.int32)  # consecutive scored steps without a hit
         self.ep_onset = np.full(n, np.nan)  # when the current episode began
         self.ep_cost = np.full(n, np.nan)  # the cost last reported for it
@@ -287,7 +293,9 @@ class FailSlowDetector(StepScorer):
         self.clean_run = np.where(scored, np.where(hit, 0, self.clean_run + 1), self.clean_run).astype(np.int32)
         self.in_episode &= self.clean_run < cfg.rearm_steps
         flagged = scored & ((count >= need) | (count_long >= need_long))
-        new = flagged & ~self.in_episode
+        self.flag_ts = np.where(flagged, np.where(np.isnan(self.flag_ts), c.ts, self.flag_ts), np.nan)
+        short_by = cfg.min_window_s - cfg.window * typ_step if np.isfinite(typ_step) else 0.0
+        new = flagged & ~self.in_episode & (c.ts - self.flag_ts >= max(0.0, short_by))
         # the cost of a straggler: how slow its hit steps are now, times the share of its steps that are hits (a
         # steady one: all; an intermittent one: some); of the others, their recent slowness
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -463,6 +471,7 @@ class FailSlowDetector(StepScorer):
                 "rate": self.rate.tolist(), "csum": self.csum.tolist(), "cnum": self.cnum.tolist(),
                 "cabove": self.cabove.tolist(), "cscale": self.cscale.tolist(),
                 "het": self.het.tolist(), "hist": self.hist.tolist(), "in_episode": self.in_episode.tolist(),
+                "flag_ts": encode_floats(self.flag_ts),
                 "clean_run": self.clean_run.tolist(), "ep_onset": encode_floats(self.ep_onset),
                 "ring_work": [encode_floats(r) for r in self.ring_work], "ring_step": encode_floats(self.ring_step),
                 "ring_at": self.ring_at, "ep_reports": self.ep_reports.tolist(),
@@ -480,6 +489,8 @@ class FailSlowDetector(StepScorer):
         det.epoch, det.warm = state["epoch"], state["warm"]
         det.hist = np.asarray(state["hist"], dtype=np.uint32)
         det.in_episode = np.asarray(state["in_episode"], dtype=bool)
+        if "flag_ts" in state:  # (saved before it: runs of flagged steps start afresh)
+            det.flag_ts = decode_floats(state["flag_ts"])[0]
         det.clean_run = np.asarray(state["clean_run"], dtype=np.int32)
         if "calib" not in state:  # saved before calibration: baselines were of another kind; learn them again
             return det

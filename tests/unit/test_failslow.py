@@ -249,6 +249,22 @@ def test_a_busy_host_during_a_short_calibration_is_no_heterogeneity(topo):
     assert het(CFG) == [90]
 
 
+def test_in_a_job_of_short_steps_a_straggler_is_judged_over_min_window_s(topo):
+    """0.125 s steps: 10 steps are 1.25 s. A rank slowed 30 % for 2 s (a busy host: its trainer client retrying a
+    broker that went away) is no straggler; one slowed for good is, about min_window_s after it began."""
+    start = CFG.warmup_steps + CFG.calib_steps + 480  # after heterogeneity was judged (60 s of 0.125 s steps)
+
+    def found(cfg: FailSlowConfig, stop: int | None) -> list:
+        det = FailSlowDetector(topo, cfg)
+        return flags(feed(det, gen_columns(topo, start + 200, step_s=0.125, seed=8, stragglers=[
+            Straggler(17, 1.3, start=start, stop=stop)], **LEAN), batch=True))
+
+    assert [f.rank for f in found(FailSlowConfig(min_window_s=0.0), start + 16)] == [17]  # what it did before
+    assert found(CFG, start + 16) == []
+    [f] = found(CFG, None)
+    assert f.rank == 17 and 6.0 <= (f.evidence["step"] - start) * 0.125 <= CFG.min_window_s + 2.0
+
+
 def test_a_heterogeneous_rank_that_then_slows_down_is_a_straggler(topo):
     det = FailSlowDetector(topo)
     found = feed(det, gen_steps(topo, 120, seed=5, stragglers=[Straggler(21, 1.10, stop=80),
