@@ -307,7 +307,8 @@ class FailSlowDetector(StepScorer):
                                                                             cfg.regrow_min_slowness)) & \
                 (costs >= self.ep_cost + cfg.regrow_min_frac) & (self.ep_reports < cfg.max_reports)
         for r in np.flatnonzero(new):
-            self.ep_onset[r] = self._onset(c, int(r), step, count[r] >= need[r])
+            # the oldest hit in its window, or when it was first flagged when it had to stay flagged (short steps)
+            self.ep_onset[r] = min(self._onset(c, int(r), step, count[r] >= need[r]), float(self.flag_ts[r]))
         self.ep_reports = np.where(new, 0, self.ep_reports).astype(np.int32)
         self.in_episode |= new
         with np.errstate(invalid="ignore"):
