@@ -48,7 +48,11 @@ BASE_SECONDS = 300  # event time of the base job: 128 ranks x 2 records/s x 300 
 CALIBRATION_SECONDS = 100  # of each calibration job: 4 x 25.6 k records
 RSS_SLACK_MB = 400
 ENVELOPE = 64  # records per message (the publisher's default): the test's own producer must keep up with 2x
-DRAIN_FACTOR = 3.0  # the backlog must be gone within this many times the overload's duration (+30 s)
+# The backlog must drain: the worker may not stop making progress for STALL_S, and must be done within
+# DRAIN_FACTOR times the overload's duration (+60 s). Not tighter: capacity is measured on 4 jobs, the overload
+# runs on ~30 (each with its own windows, ticks and state saves), and the test's other xdist worker shares the CPUs.
+STALL_S = 30.0
+DRAIN_FACTOR = 8.0
 
 
 def rss_mb(pid: int) -> float:
@@ -121,6 +125,25 @@ def publish(bootstrap: str, msgs: list[tuple[str, bytes, bytes]], rate: float | 
     close()
 
 
+def drain(sampler: Sampler, records: int, w) -> None:
+    """Wait until the worker has counted `records` and its lag is 0; fail if its count stops moving for STALL_S
+    or the whole wait passes DRAIN_FACTOR * OVERLOAD_S + 60 s (with the worker's log tail)."""
+    start = last_move = time.monotonic()
+    seen = -1.0
+    while True:
+        now, got = time.monotonic(), sampler.last.get("records", 0)
+        if got >= records and sampler.last.get("lag", 1) == 0:
+            return
+        if got > seen:
+            seen, last_move = got, now
+        assert w.alive(), f"worker exited ({w.proc.returncode}) while draining:\n{w.tail()}"
+        assert now - last_move < STALL_S, \
+            f"no progress for {STALL_S:.0f} s at {seen:.0f}/{records} records:\n{w.tail()}"
+        assert now - start < DRAIN_FACTOR * OVERLOAD_S + 60, \
+            f"not drained after {now - start:.0f} s ({seen:.0f}/{records} records):\n{w.tail()}"
+        time.sleep(0.25)
+
+
 def test_overload_2x_capacity(kafka_bootstrap, topics: TopicSettings, unique, workers, fault_figures):
     port = free_port()
     w = workers(*worker_args(kafka_bootstrap, unique, topics, "--no-silence", "--metrics-port", str(port)))
@@ -163,9 +186,7 @@ def test_overload_2x_capacity(kafka_bootstrap, topics: TopicSettings, unique, wo
     try:
         publish(kafka_bootstrap, offered, rate)
         ended = time.monotonic()
-        wait_for(lambda: sampler.last.get("records", 0) >= calib_records + offered_records
-                 and sampler.last.get("lag", 1) == 0,
-                 DRAIN_FACTOR * OVERLOAD_S + 30, "the backlog to drain (records counted, lag 0)", proc=w)
+        drain(sampler, calib_records + offered_records, w)
         drained = time.monotonic()
         wait_for(lambda: caught_up(kafka_bootstrap, unique, topics.job_inputs), 30.0, "the offsets committed", proc=w)
     finally:
