@@ -8,6 +8,7 @@ import signal
 from pathlib import Path
 
 from gangwatch.cli.options import at_least_zero, integer, number, opt, port
+from gangwatch.cli.services import check_kafka_credentials, kafka_security
 
 DESCRIPTION = """\
 Run one per node, next to the training processes. It collects:
@@ -49,6 +50,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
              "from_start": args.from_start, "py_spy": args.py_spy, "metrics_port": args.metrics_port,
              "heartbeat_s": args.heartbeat_s}
     settings = AgentSettings(**{k: v for k, v in given.items() if v is not None})  # the rest: its defaults
+    # wrong credentials are one line; a broker not up yet is no reason to stop (the agent spools until it is)
+    check_kafka_credentials(settings.bootstrap, kafka_security(), timeout_s=5.0)
     agent = Agent(settings)
     if args.once:
         agent.run_once()

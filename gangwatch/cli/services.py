@@ -67,8 +67,34 @@ def wait_for(what: str, addresses: list[tuple[str, int]], timeout_s: float, *, h
 
 
 def wait_for_kafka(bootstrap: str, timeout_s: float) -> None:
+    """Wait for a Kafka address to accept connections, then `check_kafka_credentials`."""
+    sec = kafka_security()
     wait_for("Kafka", hostports(bootstrap, 9092), timeout_s,
              hint="start it (./gw up) or pass --bootstrap HOST:PORT")
+    check_kafka_credentials(bootstrap, sec, timeout_s=min(max(timeout_s, 5.0), 15.0))
+
+
+def kafka_security():
+    """The Kafka clients' SASL/SSL settings (`GANGWATCH_KAFKA_*`); a one-line UserError when they do not fit."""
+    from gangwatch.schemas.security import KafkaSecurity
+
+    try:
+        return KafkaSecurity.from_env()
+    except ValueError as e:
+        raise UserError(str(e), EXIT_USAGE) from None
+
+
+def check_kafka_credentials(bootstrap: str, sec, timeout_s: float) -> None:
+    """With SASL or TLS configured, connect once as the clients will: a broker that refuses the user or whose
+    certificate is not trusted is a one-line UserError (client libraries retry for 30 s and then say only that
+    they could not bootstrap). A broker that does not answer is no refusal: the caller's wait says that."""
+    if sec.security_protocol == "PLAINTEXT":
+        return
+    from gangwatch.streams.security import kafka_refusal
+
+    refused = kafka_refusal(bootstrap, sec, timeout_s=timeout_s)
+    if refused:
+        raise UserError(refused, EXIT_SERVICE)
 
 
 def wait_for_store(url: str, timeout_s: float) -> None:

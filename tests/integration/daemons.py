@@ -1,4 +1,5 @@
-"""Real daemons a test starts itself (Alertmanager, munged, slurmctld, slurmd): find, start, wait, stop.
+"""Real daemons a test starts itself (Alertmanager, munged, slurmctld, slurmd, a ClickHouse server), and the
+certificates of a test CA for the ones that speak TLS: find, start, wait, stop.
 
 The convention of conftest.py holds: a program that is not installed skips the
 test with the reason (and the package to install), except under
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -115,6 +117,44 @@ class Daemon:
                 self.proc.kill()
                 self.proc.wait(grace_s)
         self._out.close()
+
+
+@dataclass(frozen=True)
+class Pki:
+    """A test CA and a server certificate it signed (for 127.0.0.1 and localhost), all PEM; `other_ca` signed
+    nothing here (a client that trusts only it must refuse the server)."""
+
+    ca: Path
+    cert: Path
+    key: Path  # PKCS#8, unencrypted
+    other_ca: Path
+
+    @property
+    def keystore(self) -> Path:
+        """Key and certificate in one file (Kafka's PEM keystore)."""
+        out = self.cert.with_name("keystore.pem")
+        if not out.exists():
+            out.write_text(self.key.read_text() + self.cert.read_text())
+        return out
+
+
+def make_pki(folder: Path) -> Pki:
+    """A CA and a server certificate made with the `openssl` program in `folder` (valid for 2 days)."""
+    openssl = require_program("openssl", package="openssl")
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def run(*argv: str) -> None:
+        subprocess.run([openssl, *argv], cwd=folder, check=True, capture_output=True, timeout=60)
+
+    for name in ("ca", "other-ca"):
+        run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.pem",
+            "-days", "2", "-subj", f"/CN=gangwatch test {name}")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost")
+    (folder / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "server.pem", "-days", "2", "-extfile", "san.ext")
+    return Pki(ca=folder / "ca.pem", cert=folder / "server.pem", key=folder / "server.key",
+               other_ca=folder / "other-ca.pem")
 
 
 class PrivateClickHouse:

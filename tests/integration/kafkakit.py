@@ -24,6 +24,8 @@ from gangwatch.streams.topics import TopicSettings, topic_for
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient
 
+from tests.integration.daemons import Pki
+
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000.0
 
@@ -163,10 +165,13 @@ def consume(bootstrap: str, topic: str, group: str, n: int, timeout_ms: int = 15
     return got
 
 
-def read_all(bootstrap: str, topics: Iterable[str], *, timestamps: bool = False) -> dict[str, list[tuple[Any, bytes]]]:
+def read_all(bootstrap: str, topics: Iterable[str], *, timestamps: bool = False,
+             security: dict[str, Any] | None = None) -> dict[str, list[tuple[Any, bytes]]]:
     """Every message now in `topics`, per topic, in partition order (no consumer group): (key, value), or with
-    `timestamps` (the message's timestamp in epoch seconds: when its producer sent it, value)."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    `timestamps` (the message's timestamp in epoch seconds: when its producer sent it, value). `security`:
+    kafka-python's SASL/SSL arguments (`KafkaSecurity.kafka_python()`)."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                             **(security or {}))
     try:
         tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
         consumer.assign(tps)
@@ -244,15 +249,39 @@ class PrivateBroker:
     shutdown, as a crashed machine), `start()` again recovers its data.
     """
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, sasl_ssl: tuple[Pki, dict[str, str]] | None = None) -> None:
+        """`sasl_ssl`: (certificates, SASL PLAIN users and passwords) for a second listener, SASL_SSL on
+        `secure_port` (`secure_bootstrap`); the PLAINTEXT one stays for the broker's own readiness probe."""
         from gangwatch.streams.launcher import free_port
 
         self.port = free_port("127.0.0.1")
         self.dir = workdir / "kafka"
+        controller = free_port("127.0.0.1")
         self.env = {**os.environ, "GANGWATCH_KAFKA_PORT": str(self.port),
-                    "GANGWATCH_KAFKA_CONTROLLER_PORT": str(free_port("127.0.0.1")),
+                    "GANGWATCH_KAFKA_CONTROLLER_PORT": str(controller),
                     "GANGWATCH_KAFKA_DIR": str(self.dir), "GANGWATCH_KAFKA_HEAP_OPTS": "-Xms128m -Xmx512m",
                     "PYTHON": sys.executable}
+        self.secure_port: int | None = None
+        if sasl_ssl is not None:
+            pki, users = sasl_ssl
+            self.secure_port = free_port("127.0.0.1")
+            ports = f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{controller}," \
+                    f"SASL_SSL://127.0.0.1:{self.secure_port}"
+            plain = " ".join(f'user_{u}="{pw}"' for u, pw in users.items())
+            extra = workdir / "kafka-sasl-ssl.properties"
+            extra.write_text("\n".join([
+                f"listeners={ports}", f"advertised.listeners={ports}",
+                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL",
+                "sasl.enabled.mechanisms=PLAIN",
+                f"listener.name.sasl_ssl.plain.sasl.jaas.config="
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain};",
+                "ssl.keystore.type=PEM", f"ssl.keystore.location={pki.keystore}", ""]))
+            self.env["GANGWATCH_KAFKA_EXTRA_CONFIG"] = str(extra)
+
+    @property
+    def secure_bootstrap(self) -> str:
+        assert self.secure_port is not None, "a broker made without sasl_ssl"
+        return f"127.0.0.1:{self.secure_port}"
 
     @property
     def bootstrap(self) -> str:
