@@ -106,9 +106,10 @@ def wait_for_store(url: str, timeout_s: float) -> None:
         check_url(url)
     except ValueError as e:
         raise UserError(f"--store: {e}", EXIT_USAGE) from None
-    if not url.startswith("clickhouse://"):
+    if not url.startswith(("clickhouse://", "clickhouses://")):
         return
     parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 9000
+    secure = url.startswith("clickhouses://") or "secure=1" in parts.query or "secure=true" in parts.query.lower()
+    host, port = parts.hostname or "127.0.0.1", parts.port or (9440 if secure else 9000)
     wait_for("ClickHouse", [(host, port)], timeout_s,
              hint="start it (./gw up) or pass --store clickhouse://HOST:PORT/DB")

@@ -166,7 +166,9 @@ class PrivateClickHouse:
 
     SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "clickhouse" / "server.sh"
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, tls: tuple[Pki, dict[str, str]] | None = None) -> None:
+        """`tls`: (certificates, users and passwords) for a secure native port, `secure_port`, and those users
+        (beside `default`, which has no password and which server.sh's health check uses)."""
         import sys
 
         require_program("clickhouse-server", "clickhouse", package="clickhouse-server")
@@ -175,6 +177,39 @@ class PrivateClickHouse:
         self.env = {**os.environ, "GANGWATCH_CH_DIR": str(self.dir), "GANGWATCH_CH_PORT": str(self.port),
                     "GANGWATCH_CH_HTTP_PORT": str(free_port()), "GANGWATCH_CH_INTERSERVER_PORT": str(free_port()),
                     "GANGWATCH_CH_TIMEOUT": "60", "PYTHON": sys.executable}
+        self.secure_port: int | None = None
+        if tls is not None:
+            self.secure_port = free_port()
+            self.env["GANGWATCH_CH_CONFIG"] = str(self._tls_config(workdir / "clickhouse-config", *tls))
+
+    def _tls_config(self, folder: Path, pki: Pki, users: dict[str, str]) -> Path:
+        """The packaged config.xml and users.xml, copied with a secure native port on `pki`'s certificate (no
+        Diffie-Hellman file: ECDHE only) and `users` added."""
+        import xml.etree.ElementTree as ET
+
+        folder.mkdir(parents=True, exist_ok=True)
+        config = ET.parse("/etc/clickhouse-server/config.xml")
+        root = config.getroot()
+        port = root.find("tcp_port_secure")
+        if port is None:
+            port = ET.SubElement(root, "tcp_port_secure")
+        port.text = str(self.secure_port)
+        server = root.find("openSSL/server")
+        for name, value in (("certificateFile", pki.cert), ("privateKeyFile", pki.key)):
+            server.find(name).text = str(value)
+        dh = server.find("dhParamsFile")
+        if dh is not None:
+            server.remove(dh)
+        config.write(folder / "config.xml")
+        accounts = ET.parse("/etc/clickhouse-server/users.xml")
+        for name, password in users.items():
+            user = ET.SubElement(accounts.getroot().find("users"), name)
+            ET.SubElement(user, "password").text = password
+            ET.SubElement(ET.SubElement(user, "networks"), "ip").text = "::/0"
+            ET.SubElement(user, "profile").text = "default"
+            ET.SubElement(user, "quota").text = "default"
+        accounts.write(folder / "users.xml")
+        return folder / "config.xml"
 
     @property
     def addr(self) -> tuple[str, int]:
