@@ -257,3 +257,49 @@ def test_worker_with_kafka_and_store_passwords_logs_no_secret(monkeypatch, caplo
 def test_path_of_a_secret_file_is_fine_to_show(tmp_path):
     p = Path(tmp_path / "ca.pem")
     assert str(p) in repr(KafkaSecurity("SSL", ssl_cafile=str(p)))
+
+
+SASL = dict(security_protocol="SASL_SSL", username="gw", password="pw-Zq81", ssl_cafile="/etc/ca.pem")
+
+
+@pytest.mark.parametrize("sec, reason, says", [  # aiokafka's words, as it logged them against the real broker
+    (SASL, "[Error 58] SaslAuthenticationFailed: Authentication failed: Invalid username or password",
+     "refused user 'gw' (PLAIN): wrong user or password (GANGWATCH_KAFKA_USERNAME, GANGWATCH_KAFKA_PASSWORD)"),
+    (SASL, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable to get local issuer certificate "
+     "(_ssl.c:1006)", "its TLS certificate is not trusted (unable to get local issuer certificate): set "
+     "GANGWATCH_KAFKA_SSL_CAFILE to the CA that signed it (now /etc/ca.pem)"),
+    ({**SASL, "sasl_mechanism": "SCRAM-SHA-256"}, "UnsupportedSaslMechanism: ...",
+     "does not offer SASL SCRAM-SHA-256: set GANGWATCH_KAFKA_SASL_MECHANISM"),
+    (SASL, "", "the TLS handshake failed (no answer in TLS): does the listener speak TLS?"),
+    (dict(security_protocol="SSL"), "KafkaConnectionError: Connection at 127.0.0.1:9094 closed",
+     "closed the connection after TLS: its listener may need SASL"),
+    (dict(security_protocol="SASL_PLAINTEXT", username="gw", password="pw-Zq81"),
+     "KafkaConnectionError: Connection at 127.0.0.1:9094 closed", "its listener may speak TLS"),
+])
+def test_a_refused_bootstrap_is_one_line_naming_what_to_change(sec, reason, says):
+    from gangwatch.streams.security import _explain
+
+    line = _explain("127.0.0.1:9094", KafkaSecurity(**sec), reason)
+    assert line.startswith("Kafka at 127.0.0.1:9094") and says in line and "pw-Zq81" not in line
+    assert "\n" not in line
+
+
+def test_a_broker_that_is_only_unreachable_is_no_refusal():
+    import socket
+
+    from gangwatch.streams.security import _explain, kafka_refusal
+
+    assert _explain("h:1", KafkaSecurity(**SASL), "[Errno 111] Connect call failed ('127.0.0.1', 1)") is None
+    with socket.socket() as s:  # bound, not listening: connections to it are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        assert kafka_refusal(f"127.0.0.1:{port}", KafkaSecurity(**{**SASL, "ssl_cafile": None}), 2.0) is None
+
+
+def test_tls_files_that_do_not_load_are_one_line(tmp_path):
+    from gangwatch.streams.security import kafka_refusal
+
+    (tmp_path / "ca.pem").write_text("not a certificate")
+    for ca in (tmp_path / "missing.pem", tmp_path / "ca.pem"):
+        line = kafka_refusal("127.0.0.1:9", KafkaSecurity(**{**SASL, "ssl_cafile": str(ca)}), 1.0)
+        assert line.startswith("cannot load the TLS files of GANGWATCH_KAFKA_SSL_*") and str(ca) in line
