@@ -73,6 +73,9 @@ class Glue:
         self.sinks = sinks
         self.telemetry = telemetry
         self.pause: Any = None  # SinkPause: holds the input for a sink's backlog, collects sinks' dead letters
+        # the worker is stopping (`stop`): a batch still under way feeds no sink and saves no state, so the next
+        # worker reads its records again and delivers their outputs
+        self.stopping = False
         self.checkpoints = Checkpoints(sinks, self._write_state)  # states wait for their outputs' delivery
         self.next_offset: dict[tuple[str, int], int] = {}  # (topic, partition) -> after the last message handed on
         self.inputs = frozenset((*job_topics, *node_topics))
@@ -232,10 +235,33 @@ class Glue:
         (`cap_commits`), so a replacement reads it again. A job a revoke took meanwhile is skipped (its new owner
         restores the saved state and reads on from there).
         """
+        if self.stopping:
+            return
         self.touched |= res.dirty
         if take:
             self.take_states(self.clock())
         self.checkpoints.write_settled()
+
+    def stop(self, in_flight: bool) -> None:
+        """The worker is stopping: close the sinks (each delivers its queue within its close timeout), then save
+        the states of the touched jobs if every output they cover was delivered. `in_flight`: a batch is between
+        the runner and its sinks; then no state is saved (it would cover outputs no sink got). Either way it says
+        what was not delivered and where it will come from."""
+        self.stopping = True
+        left = {sink.name: sink.close() for sink in self.sinks}
+        dead = self.pause.dead_letters() if self.pause is not None else []
+        undelivered = {name: n for name, n in left.items() if n}
+        if not undelivered and not dead and not in_flight:
+            self.take_states()
+            self.checkpoints.note_settled()
+            self.checkpoints.write_settled()
+            log.info("stopped: every output delivered, the states of %d jobs saved", len(self.runner.jobs))
+            return
+        said = [f"{n} record(s) for sink {name}" for name, n in undelivered.items()]
+        said += [f"{len(dead)} dead letter(s) not yet on {self.runner.topics.dlq}"] if dead else []
+        said += ["a batch under way"] if in_flight else []
+        log.warning("stopping with %s not delivered: no state was saved after them, so the next worker of this "
+                    "app id reads those inputs again from the last saved state and delivers them", ", ".join(said))
 
     def take_states(self, now: float | None = None) -> None:
         """Offer the states of the touched jobs due at monotonic time `now` (None: all of them, as at shutdown)."""
@@ -341,6 +367,8 @@ class Glue:
         if pending:
             await asyncio.gather(*pending)
         self.sent += len(res.sends)
+        if self.stopping:  # the sinks are closed: these outputs come again from the next worker (no state covers them)
+            return
         for sink in self.sinks:
             try:
                 if self.telemetry:

@@ -282,7 +282,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
 
     @app.timer(s.tick_s)
     async def tick() -> None:
-        if app.rebalancing or app.in_recovery:
+        if app.rebalancing or app.in_recovery or glue.stopping:
             return
         await _producer_knows(app, (states, nodemap))
         async with busy:
@@ -329,11 +329,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
 
     @app.on_before_shutdown.connect
     def on_shutdown(sender: Any, **kwargs: Any) -> None:
-        left = [sink.close() for sink in glue.sinks]
-        if not any(left) and not pause.dead_letters():  # all delivered: the states waiting for it can be written
-            glue.take_states()
-            glue.checkpoints.note_settled()
-            glue.checkpoints.write_settled()
+        glue.stop(in_flight=busy.locked())
 
     return app
 

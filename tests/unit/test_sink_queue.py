@@ -368,3 +368,46 @@ def test_records_written_after_the_sink_closed_are_dead_letters_and_said_in_the_
     assert [d.reason for d in sink.take_dead()] == ["not delivered to the store sink: the sink is closed"] * 2
     assert [r.getMessage() for r in caplog.records] == [
         "sink store: 2 record(s) came after it closed (the worker is stopping): dead letters, not delivered"]
+
+
+@pytest.mark.parametrize("in_flight", [True, False])
+def test_a_worker_stopping_mid_batch_feeds_no_closed_sink_and_saves_no_state_over_it(tmp_path: Path, caplog,
+                                                                                     in_flight: bool) -> None:
+    """SIGINT while the worker catches up (issue 24). `Glue.stop` closes the sinks, each delivering its queue within
+    its close timeout. A batch still under way then feeds no sink (no dead letters "the sink is closed") and no
+    state is saved, so the next worker reads its records again and delivers their outputs; the log says so.
+    Stopped between batches, with everything delivered, the touched jobs' states are saved."""
+    import asyncio
+    import logging
+    from types import SimpleNamespace
+
+    from gangwatch.streams.glue import Glue
+    from gangwatch.streams.runner import JobRunner, Result
+    from gangwatch.streams.topics import TopicSettings
+
+    h = StoreHarness(tmp_path)
+    sink = queued(h.inner())
+    glue = Glue(SimpleNamespace(producer=SimpleNamespace(send=None)), JobRunner(TopicSettings()), None, {}, (), (),
+                [sink], False, None)
+    glue.pause = SinkPause(glue.sinks)
+    written: list[str] = []
+    glue.checkpoints._write = lambda job, blob: written.append(job)
+    glue.runner.jobs["j1"] = None
+    glue.runner.state_of = lambda job: b"state"
+
+    asyncio.run(glue.publish(Result(outputs=Outputs(actions=[action("1")]), dirty={"j1"})))
+    glue.save(Result(dirty={"j1"}), take=False)
+    with caplog.at_level(logging.INFO, logger="gangwatch"):
+        glue.stop(in_flight=in_flight)
+        # the batch under way goes on: its outputs and its state go nowhere
+        asyncio.run(glue.publish(Result(outputs=Outputs(actions=[action("2")]), dirty={"j1"})))
+        glue.save(Result(dirty={"j1"}), take=True)
+    said = [r.getMessage() for r in caplog.records]
+    assert set(h.state()) == {"a-1"} and sink.take_dead() == []
+    assert not [m for m in said if "came after it closed" in m]
+    if in_flight:
+        assert written == []
+        assert [m for m in said if m.startswith("stopping with a batch under way not delivered: no state was saved")]
+    else:
+        assert written == ["j1"]
+        assert "stopped: every output delivered, the states of 1 jobs saved" in said
