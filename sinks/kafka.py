@@ -25,7 +25,7 @@ from gangwatch.sinks.base import DeliveryError
 from kafka import KafkaProducer
 
 if TYPE_CHECKING:
-    from gangwatch.sinks.controller import TopicSigner
+    from gangwatch.schemas.signature import TopicSigner
 
 log = logging.getLogger(__name__)
 

@@ -79,13 +79,8 @@ from pathlib import Path
 
 from gangwatch.schemas import Action, DecodeError, Finding, Lifecycle, Record, Recovery, decode, encode
 from gangwatch.schemas.security import kafka_python_security
-from gangwatch.sinks.controller import (
-    DEFAULT_TOLERANCE_S,
-    IDEMPOTENCY_HEADER,
-    SIGNATURE_HEADER,
-    SignatureVerifier,
-    TopicVerifier,
-)
+from gangwatch.schemas.signature import DEFAULT_TOLERANCE_S, SIGNATURE_HEADER, SignatureVerifier, TopicVerifier
+from gangwatch.sinks.controller import IDEMPOTENCY_HEADER
 from gangwatch.streams.follow import TopicReader
 from gangwatch.streams.launcher import Gang, JobSpec, checkpoints, latest, newest_before
 from gangwatch.streams.topics import TopicSettings, topic_for

@@ -76,7 +76,7 @@ from gangwatch.streams.follow import TopicReader
 from gangwatch.streams.topics import TopicSettings
 
 if TYPE_CHECKING:
-    from gangwatch.sinks.controller import TopicVerifier
+    from gangwatch.schemas.signature import TopicVerifier
 
 log = logging.getLogger("gangwatch.fence")
 

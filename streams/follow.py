@@ -14,7 +14,7 @@ not apply actions published before it ever ran). Offsets are committed only afte
 the records of a poll were handled, so a reader that dies re-reads them and the
 handlers skip what they applied by its id.
 
-Actions are acted on only when signed: with `verify` (a `sinks.controller.TopicVerifier`
+Actions are acted on only when signed: with `verify` (a `schemas.signature.TopicVerifier`
 built from the worker's secret), an action whose record headers carry no valid v1
 signature, a stale one, or a copy of one already accepted, is refused: logged on one
 line (where it was, which action, why) and not handed out.
@@ -35,7 +35,7 @@ from gangwatch.schemas import DecodeError, Record, decode
 from gangwatch.schemas.security import kafka_python_security
 
 if TYPE_CHECKING:
-    from gangwatch.sinks.controller import TopicVerifier
+    from gangwatch.schemas.signature import TopicVerifier
 
 log = logging.getLogger("gangwatch.follow")
 

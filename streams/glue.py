@@ -26,7 +26,7 @@ from gangwatch.streams.runner import JobRunner, Msg, Result
 if TYPE_CHECKING:  # as in streams/worker.py: Faust and prometheus-client load only where a worker starts
     import faust
     from faust.types import TP
-    from gangwatch.sinks.controller import TopicSigner
+    from gangwatch.schemas.signature import TopicSigner
     from gangwatch.streams.metrics import WorkerMetrics
 
 log = logging.getLogger("gangwatch.worker")  # the worker's logger: its lines read as the worker's, as before

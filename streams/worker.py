@@ -72,7 +72,7 @@ from gangwatch.triage.engine import CoreConfig
 if TYPE_CHECKING:  # Faust, aiokafka and prometheus-client are imported where a worker starts, so that
     import faust  # `WorkerSettings` (and `gangwatch config show`) loads without the worker extra
     from faust.types import TP
-    from gangwatch.sinks.controller import TopicSigner
+    from gangwatch.schemas.signature import TopicSigner
 
 log = logging.getLogger("gangwatch.worker")
 
@@ -181,7 +181,7 @@ async def _producer_knows(app: faust.App, tables: tuple[Any, ...]) -> None:
 def action_signer(s: WorkerSettings, topic: str) -> TopicSigner | None:
     """What signs the actions the worker publishes on `topic`: the webhook's secret (setting, or
     GANGWATCH_WEBHOOK_SECRET); without one they go unsigned, and every actuator refuses them (said once)."""
-    from gangwatch.sinks.controller import SECRET_ENV, TopicSigner, topic_secret
+    from gangwatch.schemas.signature import SECRET_ENV, TopicSigner, topic_secret
 
     secret = s.webhook_secret or topic_secret()
     if not secret:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import threading
 from pathlib import Path
@@ -22,7 +21,7 @@ def _names(raw: str) -> list[str]:
 
 
 def cmd_controller(args: argparse.Namespace) -> int:
-    from gangwatch.sinks.controller import SECRET_ENV, TopicVerifier
+    from gangwatch.schemas.signature import SECRET_ENV, TopicVerifier, topic_secret
     from gangwatch.streams.controller import Controller, RecoveryPublisher, TopicSource, WebhookSource, run
     from gangwatch.streams.launcher import JobSpec
     from gangwatch.streams.topics import TopicSettings
@@ -34,7 +33,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
         raise UserError("--job and --nodes are required")
     if set(args.nodes) & set(args.spares):
         raise UserError("a node cannot be both in --nodes and in --spares")
-    secret = os.environ.get(SECRET_ENV)
+    secret = topic_secret()
     if args.listen and not secret:
         raise UserError(f"--listen needs the webhook secret in {SECRET_ENV}")
     if not secret and not args.dry_run:

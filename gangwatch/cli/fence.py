@@ -66,7 +66,7 @@ def topic_verifier(args: argparse.Namespace) -> Any:
     line before anything is connected."""
     if args.files:
         return None
-    from gangwatch.sinks.controller import SECRET_ENV, TopicVerifier, topic_secret
+    from gangwatch.schemas.signature import SECRET_ENV, TopicVerifier, topic_secret
 
     secret = topic_secret()
     if not secret:

@@ -67,7 +67,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     prepare_out(out, append=args.append)
     extra = []
     if args.publish:
-        from gangwatch.sinks.controller import SECRET_ENV, TopicSigner
+        from gangwatch.schemas.signature import SECRET_ENV, TopicSigner
         from gangwatch.sinks.kafka import KafkaSink
 
         wait_for_kafka(args.publish, args.connect_timeout)

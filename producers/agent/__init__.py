@@ -71,6 +71,7 @@ from gangwatch.producers.agent.procs import PROC, RankProcess, RankTable, rank_p
 from gangwatch.producers.agent.stacks import ActionListener, StackSweeper
 from gangwatch.producers.nvml import Nvml, RealNvml, gpu_indices
 from gangwatch.producers.trainer.delivery import KafkaSend, Send
+from gangwatch.schemas.signature import TopicVerifier, topic_secret
 
 log = logging.getLogger("gangwatch.agent")
 ACTIONS = "actions"  # the alert topic's suffix (as streams/topics.py names it)
@@ -139,8 +140,13 @@ class Agent:
         def processes() -> list[RankProcess]:
             return rank_processes(settings.node, proc_root)
 
+        secret = topic_secret()
+        if secret is None:
+            log.info("collect_stacks actions are answered unchecked: set GANGWATCH_WEBHOOK_SECRET (the worker's) "
+                     "to refuse unsigned, forged, stale and replayed ones")
         self.listener = ActionListener(settings.bootstrap, settings.topic_prefix + ACTIONS, settings.node,
-                                       StackSweeper(py_spy=settings.py_spy, processes=processes, clock=clock))
+                                       StackSweeper(py_spy=settings.py_spy, processes=processes, clock=clock),
+                                       verify=TopicVerifier(secret) if secret else None)
         self.collectors: list[Collector] = []
         gpus = open_nvml(nvml) if settings.gpu_every_s > 0 else None
         if gpus is not None:

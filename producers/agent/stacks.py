@@ -29,6 +29,7 @@ from typing import Any
 from gangwatch.producers.agent.procs import RankProcess
 from gangwatch.schemas import Action, decode
 from gangwatch.schemas.security import kafka_python_security
+from gangwatch.schemas.signature import TopicVerifier
 
 log = logging.getLogger("gangwatch.agent")
 
@@ -85,8 +86,13 @@ class ActionListener:
     name = "collect_stacks actions"
 
     def __init__(self, bootstrap: str, topic: str, node: str, sweeper: StackSweeper, *, wait_s: float = 1.0,
-                 retry_s: float = 5.0, connect_timeout_s: float = 5.0, sweep_window_s: float = 900.0) -> None:
+                 retry_s: float = 5.0, connect_timeout_s: float = 5.0, sweep_window_s: float = 900.0,
+                 verify: TopicVerifier | None = None) -> None:
+        """`verify`: checks each action's signature (the worker's secret); one that fails is refused, one log line
+        each, counted in `refused`. None: actions are answered unchecked (no secret configured)."""
         self.bootstrap, self.topic, self.node, self.sweeper = bootstrap, topic, node, sweeper
+        self.verify = verify
+        self.refused = 0
         self.wait_s, self.retry_s, self.connect_timeout_s = wait_s, retry_s, connect_timeout_s
         self.sweep_window_s = sweep_window_s
         self.every_s = retry_s  # pause between polls: none once connected (poll itself waits)
@@ -102,9 +108,19 @@ class ActionListener:
         for batch in self._consumer.poll(timeout_ms=int(self.wait_s * 1000)).values():
             for msg in batch:
                 for rec in decode(msg.value):
-                    if isinstance(rec, Action) and rec.type == "collect_stacks":
+                    if isinstance(rec, Action) and rec.type == "collect_stacks" and self._signed(rec, msg):
                         recs += self.handle(rec, now)
         return recs
+
+    def _signed(self, action: Action, msg: Any) -> bool:
+        if self.verify is None:
+            return True
+        verdict = self.verify(msg.value, msg.headers, action.id)
+        if not verdict:
+            self.refused += 1
+            log.warning("collect_stacks %s of job %s refused: %s (actions are signed with the worker's secret, "
+                        "GANGWATCH_WEBHOOK_SECRET)", action.id, action.job, verdict.reason)
+        return bool(verdict)
 
     def handle(self, action: Action, now: float) -> list[dict[str, Any]]:
         """Answer one `collect_stacks` action: sweep the job's ranks here, unless it names other nodes only."""

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gangwatch.schemas import DecodeError, Job, RankInfo, decode, encode
-from gangwatch.sinks.controller import SECRET_ENV
+from gangwatch.schemas.signature import SECRET_ENV
 from gangwatch.sinks.store import ClickHouseStore
 from gangwatch.streams.launcher import checkpoints, descendants, free_port, process_start
 from gangwatch.streams.topics import TopicSettings
@@ -149,7 +149,8 @@ class LiveJob:
                                               *self.worker_extra), env=self._secret)
         for node in (*self.job_nodes, *self.spare_nodes):
             self._spawn(f"agent-{node}", self._gangwatch("agent", "--node", node, "--kmsg", "off", "--gpu-every", "0",
-                                                         "--spool-dir", str(self.workdir / f"spool-{node}")))
+                                                         "--spool-dir", str(self.workdir / f"spool-{node}")),
+                        env=self._secret)  # stack sweeps only when signed with it
 
     def start_controller(self, steps: int, *train_args: str) -> None:
         """The controller with the job (again, after `stop_controller`: the same job id, state and checkpoints)."""

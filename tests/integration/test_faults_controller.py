@@ -29,7 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import orjson
 import pytest
 from gangwatch.schemas import Hw, Job, Record
-from gangwatch.sinks.controller import verify_signature
+from gangwatch.schemas.signature import verify_signature
 from kafka import KafkaConsumer, TopicPartition
 
 from tests.integration.kafkakit import (

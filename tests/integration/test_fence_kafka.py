@@ -17,7 +17,7 @@ import time
 
 import pytest
 from gangwatch.schemas import Action, Finding, encode
-from gangwatch.sinks.controller import SIGNATURE_HEADER, TopicSigner, TopicVerifier
+from gangwatch.schemas.signature import SIGNATURE_HEADER, TopicSigner, TopicVerifier
 from gangwatch.streams.fence import ActionTopic, FenceError, Fencer, Outcome, follow
 from kafka import KafkaProducer
 

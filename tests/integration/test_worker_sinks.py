@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import orjson
 import pytest
 from gangwatch.schemas import decode
-from gangwatch.sinks.controller import verify_signature
+from gangwatch.schemas.signature import verify_signature
 from gangwatch.sinks.store import ClickHouseStore
 
 from tests.integration.daemons import free_port, worker_metrics

@@ -94,3 +94,38 @@ def test_without_a_broker_the_listener_says_so_once_and_keeps_trying(tmp_path, c
     assert caplog.text.count("not listening for collect_stacks actions yet") == 1
     assert listener.every_s == 3.0  # the agent polls it again after the retry period
     listener.close()
+
+
+def test_with_the_secret_only_signed_fresh_sweeps_are_answered(tmp_path, caplog):
+    """The alert topic is writable by more than the worker: with the worker's secret the agent answers a
+    `collect_stacks` action only when its record carries a valid v1 signature, fresh and not seen before."""
+    import time
+    from types import SimpleNamespace
+
+    from gangwatch.schemas import encode
+    from gangwatch.schemas.signature import TopicSigner, TopicVerifier
+
+    def msg(a: Action, signer: TopicSigner | None = None, value: bytes | None = None) -> SimpleNamespace:
+        body = encode(a)
+        return SimpleNamespace(value=value or body, headers=signer.headers(body, a.id) if signer else [])
+
+    good, forger = TopicSigner("s3cret-Zq81"), TopicSigner("a guess")
+    old = TopicSigner("s3cret-Zq81", clock=lambda: time.time() - 3600)
+    signed = msg(action("a-ok"), good)
+    tampered = msg(action("a-t"), good, value=encode(action("a-t", job="other")))  # signed for j1, sent for other
+    batch = [msg(action("a-unsigned")), msg(action("a-forged"), forger), tampered, msg(action("a-stale"), old),
+             signed, signed]
+    sweeper = StackSweeper(py_spy=fake_py_spy(tmp_path), processes=lambda: RANKS)
+    listener = ActionListener("127.0.0.1:1", "gw.actions", "n1", sweeper,
+                              verify=TopicVerifier("s3cret-Zq81"))
+    listener._consumer = SimpleNamespace(poll=lambda timeout_ms: {"tp": batch})
+    with caplog.at_level(logging.WARNING, "gangwatch.agent"):
+        recs = listener.poll(100.0)
+    assert {r["snapshot"] for r in recs} == {"a-ok"} and len(recs) == 2  # the job's two ranks here, once
+    assert listener.refused == 5
+    said = [r.getMessage() for r in caplog.records]
+    assert [m.split(" refused: ")[0] for m in said] == [
+        "collect_stacks a-unsigned of job j1", "collect_stacks a-forged of job j1", "collect_stacks a-t of job other",
+        "collect_stacks a-stale of job j1", "collect_stacks a-ok of job j1"]
+    assert "replayed" in said[-1] and "no signature" in said[0] and "bad signature" in said[1]
+    assert "s3cret-Zq81" not in caplog.text

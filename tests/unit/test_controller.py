@@ -14,7 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from gangwatch.schemas import Action, Finding, Incident, Outputs, decode, encode
-from gangwatch.sinks.controller import Delivery, WebhookSink, sign, verify_signature
+from gangwatch.schemas.signature import sign, verify_signature
+from gangwatch.sinks.controller import Delivery, WebhookSink
 
 pytestmark = pytest.mark.unit
 

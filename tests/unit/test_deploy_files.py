@@ -21,8 +21,8 @@ import pytest
 
 yaml = pytest.importorskip("yaml")
 
+from gangwatch.schemas.signature import SECRET_ENV  # noqa: E402
 from gangwatch.sinks.alertmanager import REPORT_URL_ENV  # noqa: E402 - after the skip
-from gangwatch.sinks.controller import SECRET_ENV  # noqa: E402
 
 from gangwatch.cli import build_parser  # noqa: E402
 

@@ -12,7 +12,8 @@ import time
 
 import pytest
 from gangwatch.schemas import Action, Finding, Lifecycle, Recovery, decode, encode
-from gangwatch.sinks.controller import SECRET_ENV, WebhookSink, sign
+from gangwatch.schemas.signature import SECRET_ENV, sign
+from gangwatch.sinks.controller import WebhookSink
 from gangwatch.streams.controller import AppliedIds, Controller, Nodes, Publisher, WebhookSource, run
 from gangwatch.streams.launcher import JobSpec
 

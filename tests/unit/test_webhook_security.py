@@ -13,16 +13,16 @@ import urllib.request
 
 import pytest
 from gangwatch.schemas import Action, encode
-from gangwatch.sinks.controller import (
+from gangwatch.schemas.signature import (
     ReplayGuard,
     SignatureVerifier,
     TopicSigner,
     TopicVerifier,
-    WebhookSink,
     sign,
     signed_payload,
     verify_signature,
 )
+from gangwatch.sinks.controller import WebhookSink
 from gangwatch.streams.controller import WebhookSource
 
 pytestmark = pytest.mark.unit
