@@ -1,6 +1,6 @@
 """Following gangwatch's output topics from outside the worker: the job controller and the fencing adapters.
 
-    reader = TopicReader(bootstrap, [topics.actions], group="gangwatch-slurm")
+    reader = TopicReader(bootstrap, [topics.actions], group="gangwatch-slurm", verify=TopicVerifier(secret))
     reader.wait_assigned(30.0)          # before anything it must not miss is published
     while running:
         for rec in reader.poll(0.5):    # decoded records; what does not decode is logged and skipped
@@ -17,7 +17,9 @@ handlers skip what they applied by its id.
 Actions are acted on only when signed: with `verify` (a `schemas.signature.TopicVerifier`
 built from the worker's secret), an action whose record headers carry no valid v1
 signature, a stale one, or a copy of one already accepted, is refused: logged on one
-line (where it was, which action, why) and not handed out.
+line (where it was, which action, why) and not handed out. A reader without `verify`
+hands out no action at all (each refused the same way, "no secret to check its
+signature with"): whatever acts on actions must have the secret.
 
 Waiting for the assignment polls the group; whatever that poll returns is kept
 and handed out by the next `poll`, never dropped (a record published in the
@@ -88,14 +90,20 @@ class TopicReader:
                     if isinstance(rec, DecodeError):
                         log.warning("%s[%d]@%d: skipped, does not decode: %s", m.topic, m.partition, m.offset,
                                     rec.reason)
-                    elif rec.kind == "action" and self.verify is not None and \
-                            not (verdict := self.verify(m.value, m.headers, rec.id)):
+                    elif rec.kind == "action" and (why := self._refusal(m, rec)):
                         self.refused += 1
                         log.warning("%s[%d]@%d: refused action %s (%s %s of job %s): %s", m.topic, m.partition,
-                                    m.offset, rec.id, rec.type, ",".join(rec.nodes) or "-", rec.job, verdict.reason)
+                                    m.offset, rec.id, rec.type, ",".join(rec.nodes) or "-", rec.job, why)
                     else:
                         out.append((m.key, rec))
         return out
+
+    def _refusal(self, m: Any, action: Record) -> str:
+        """Why the action of message `m` is not handed out ('' when it is)."""
+        if self.verify is None:
+            return "no secret to check its signature with"
+        verdict = self.verify(m.value, m.headers, action.id)
+        return "" if verdict else verdict.reason
 
     def commit(self) -> None:
         """Commit what was read; a broker that cannot take the commit now (down, its coordinator moving) is

@@ -19,6 +19,7 @@ import pytest
 from gangwatch.schemas import Action, Finding, encode
 from gangwatch.schemas.signature import SIGNATURE_HEADER, TopicSigner, TopicVerifier
 from gangwatch.streams.fence import ActionTopic, FenceError, Fencer, Outcome, follow
+from gangwatch.streams.follow import TopicReader
 from kafka import KafkaProducer
 
 pytestmark = pytest.mark.integration
@@ -155,3 +156,22 @@ def test_only_actions_signed_with_the_secret_are_applied(kafka_bootstrap, topics
     assert why["a-unsigned"] == "no signature" and why["a-forged"] == why["a-tampered"] == "bad signature"
     assert "stale" in why["a-stale"] and "replayed" in why["a-good"]
     assert SIGNATURE_HEADER == "X-Gangwatch-Signature-V1"  # the header the docs name
+
+
+def test_a_reader_without_the_secret_hands_out_no_action(kafka_bootstrap, topics, unique, caplog):
+    """Whatever acts on actions must check them: a reader built without a verifier refuses even a signed one."""
+    good = act("a-signed", ["n1"])
+    value = encode(good)
+    publish(kafka_bootstrap, topics.actions, [(value, SIGNER.headers(value, good.id))], signer=None)
+    reader = TopicReader(kafka_bootstrap, [topics.actions], unique, from_beginning=True)
+    got = []
+    with caplog.at_level(logging.WARNING, logger="gangwatch.follow"):
+        try:
+            reader.wait_assigned(30)
+            deadline = time.monotonic() + 30
+            while reader.refused == 0 and time.monotonic() < deadline:
+                got += reader.poll(0.5)
+        finally:
+            reader.close()
+    assert got == [] and reader.refused == 1
+    assert "refused action a-signed (replace n1 of job j1): no secret to check its signature with" in caplog.text
