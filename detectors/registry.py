@@ -37,11 +37,12 @@ from typing import Any, TypeVar
 from gangwatch.detectors.base import finding
 from gangwatch.detectors.sweeps import SweepEvidence
 from gangwatch.schemas import Finding
+from gangwatch.schemas.classes import CLASSES
 from gangwatch.schemas.evidence import Evidence, EvidenceMismatch
 
 T = TypeVar("T")
 Rule = Any  # T | Callable[[Finding, Evidence], T]
-INCIDENT_CLASSES = ("fail_stop", "fail_slow", "hang", "sdc", "unknown")  # classes a finding may open ("planned": ops)
+INCIDENT_CLASSES = tuple(n for n, c in CLASSES.items() if c.opened_by_findings)  # classes a finding may open
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 

@@ -14,7 +14,8 @@ and benign ones (a rank steadily slower than its peers: a difference, not a
 fault): those must be reported (a `heterogeneous` finding per rank) and never
 evicted.
 
-Each class has a quality floor (`FLOORS`: recall, localization, innocent nodes
+Each class has a quality floor (`FLOORS`, declared with the class in
+schemas/classes.py: recall, localization, innocent nodes
 evicted per culprit, every fault detected and localized within its stage
 budget; no false eviction on healthy, planned and benign runs). `check` lists
 what falls below; `gangwatch eval` prints the table and then fails (exit 7) on
@@ -33,6 +34,7 @@ from typing import Any
 import orjson
 
 from gangwatch.schemas import EVICTING_ACTIONS as EVICTING
+from gangwatch.schemas.classes import CLASSES, Floor
 
 
 @dataclass
@@ -268,26 +270,8 @@ def to_json(scores: list[ScenarioScore]) -> bytes:
 # --- the quality floor -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Floor:
-    """The least one class must score over a suite run (each fault, not the median, within the budgets)."""
-
-    recall: float = 1.0  # faults detected as an incident of their class
-    localized: float = 1.0  # faults whose incident names their node
-    innocent_per_culprit: float = 0.0  # innocent nodes evicted per culprit node
-    detect_s: float = 60.0  # every fault detected within this of its onset (at most Budgets.detect) ...
-    localize_s: float = 300.0  # ... and localized within this (Budgets.localize)
-
-
-FLOORS: dict[str, Floor] = {
-    # a node that dies without a word (power, kernel panic) is found from silence: within two heartbeat periods
-    # (5 s in the suites) plus 1 s (slack and the timeout grid, detectors/failstop.py); an Xid speaks sooner
-    "fail_stop": Floor(detect_s=11.0),
-    "fail_slow": Floor(),
-    "hang": Floor(innocent_per_culprit=1.0),  # evicting the smallest group that surely holds it is by design
-    "sdc": Floor(),
-    "planned": Floor(),
-}
+# each class's floor is declared with the class (schemas/classes.py); classes without one are no fault classes
+FLOORS: dict[str, Floor] = {name: c.floor for name, c in CLASSES.items() if c.floor is not None}
 NO_EVICTION = ("healthy", "benign", "planned")  # runs where nobody may be evicted at all
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
+from gangwatch.schemas.classes import CLASSES
+
 VERSION = 1
 
 
@@ -49,7 +51,7 @@ ACTION_TYPES = (
 EVICTING_ACTIONS = frozenset({"replace", "evict_group", "isolate", "requeue"})
 # actions a controller carries out by stopping the job and starting it again (on other nodes, or from a checkpoint)
 RESTARTING_ACTIONS = EVICTING_ACTIONS | {"rollback", "restart_in_process"}
-INCIDENT_CLASSES = ("fail_stop", "fail_slow", "hang", "sdc", "planned", "unknown", "stall")
+INCIDENT_CLASSES = tuple(CLASSES)  # declared, with what each means to every part, in schemas/classes.py
 RECOVERY_PATHS = ("hot", "cold", "in_process", "non_stop", "manual")
 
 

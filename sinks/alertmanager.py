@@ -13,7 +13,7 @@ job. Labels (the alert's identity in Alertmanager):
 | `job` | the training job's id |
 | `incident` | the incident id (two incidents of one job stay two alerts) |
 | `class` | `fail_stop`, `hang`, `sdc`, `fail_slow`, `unknown` or `planned` |
-| `severity` | from the class, see `SEVERITY` |
+| `severity` | the class's (`schemas/classes.py`): critical pages, warning does not, info is a record |
 | `node` | one culprit node (absent until the incident is localized) |
 | `gpu` | that node's GPU indices named by the incident's findings, comma-separated (absent when none) |
 
@@ -74,6 +74,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gangwatch.schemas import Action, DeadLetter, Finding, Incident, Outputs, Record
+from gangwatch.schemas.classes import CLASSES
 from gangwatch.sinks.controller import retryable
 
 log = logging.getLogger(__name__)
@@ -82,12 +83,6 @@ API_PATH = "/api/v2/alerts"
 ALERTNAME = "GangwatchIncident"
 REPORT_URL_ENV = "GANGWATCH_ALERTMANAGER_REPORT_URL"
 
-# Severity by incident class. Critical: the job stopped, hangs, or computes wrong numbers (or nobody can tell
-# what happened: `unknown` goes to a human). Warning: a straggler slows the job but it keeps running.
-# Info: a planned stop, recorded for completeness and kept out of failure counts.
-# A job-wide stall with no culprit pages (critical) only once it outlasts its budget; until then it is a warning.
-SEVERITY = {"fail_stop": "critical", "hang": "critical", "sdc": "critical", "unknown": "critical",
-            "fail_slow": "warning", "stall": "warning", "planned": "info"}
 
 _KEEP_FINDINGS = 20_000  # recent findings remembered to describe incidents (GPU labels, evidence annotation)
 _TEXT_MAX = 1_000  # characters per annotation
@@ -312,7 +307,7 @@ class AlertmanagerSink:
 
     def _label_sets(self, inc: Incident) -> list[frozenset[tuple[str, str]]]:
         base = {**self.extra_labels, "alertname": ALERTNAME, "job": inc.job, "incident": inc.id, "class": inc.cls,
-                "severity": SEVERITY.get(inc.cls, "warning")}
+                "severity": CLASSES[inc.cls].severity}
         if not inc.culprit_nodes:
             return [frozenset(base.items())]
         gpus = self._gpus(inc)

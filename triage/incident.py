@@ -6,10 +6,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gangwatch.schemas import Incident
+from gangwatch.schemas.classes import rank
 from gangwatch.triage.config import Budgets
 
-# Class precedence when evidence of several kinds joins one incident.
-CLASS_RANK = {"sdc": 5, "fail_stop": 4, "hang": 3, "stall": 3, "fail_slow": 2, "unknown": 1, "planned": 6}
 _PHASE_FIELD = {"replaced": "replaced_ts", "ckpt_loaded": "ckpt_loaded_ts", "comm_ready": "comm_ready_ts",
                 "resumed": "recovered_ts"}
 
@@ -47,7 +46,7 @@ class Timeline:
 
     def promote(self, cls: str) -> bool:
         """Raise the class if `cls` explains more (a hang that turns out to be a dead node is fail_stop)."""
-        if self.cls != "planned" and CLASS_RANK.get(cls, 0) > CLASS_RANK.get(self.cls, 0):
+        if self.cls != "planned" and rank(cls) > rank(self.cls):  # precedence: schemas/classes.py
             self.cls = cls
             return True
         return False

@@ -61,6 +61,7 @@ from gangwatch.schemas import (
     decode_obj,
     to_dict,
 )
+from gangwatch.schemas.classes import CLASSES
 from gangwatch.triage.config import TriageConfig
 from gangwatch.triage.decide import Decision, Situation, decide, straggler_plan
 from gangwatch.triage.incident import Timeline
@@ -154,7 +155,7 @@ class Triage:
                 if inc and inc.decided_ts is not None and rec.step > inc.stall_step and rec.ts > inc.decided_ts:
                     inc.recovered_ts = rec.ts
                     self._close(rec.ts, out)
-                elif inc and inc.decided_ts is None and inc.cls in ("hang", "stall") and rec.step > inc.stall_step:
+                elif inc and inc.decided_ts is None and CLASSES[inc.cls].self_resolves and rec.step > inc.stall_step:
                     inc.recovered_ts, inc.resolution = rec.ts, "self_resolved"  # it went on by itself: no page
                     if not any(t.verdict for t in self.gathered):
                         inc.cls = "stall"  # the whole job stalled and went on, nobody to blame
@@ -375,7 +376,7 @@ class Triage:
             return
         software = tuple(t.finding.rank for t in self.gathered if t.software and t.finding.rank is not None)
         job_level = tuple(t.describe for t in self.gathered if t.policy.job_level)
-        if inc.cls in ("hang", "stall") and not (loc.culprits or loc.group or software or job_level) and \
+        if CLASSES[inc.cls].self_resolves and not (loc.culprits or loc.group or software or job_level) and \
                 not any(t.policy.suspects is not None for t in self.gathered):
             stall_ends = inc.onset_ts + self.config.stall_budget_s
             if now < stall_ends:  # every rank alike and nobody named: wait for progress, up to the budget
@@ -414,7 +415,7 @@ class Triage:
             self._close(now, out)
             return
         out.incidents.append(inc.record(now, self.config.budgets))
-        if first and inc.cls in ("sdc", "fail_slow"):
+        if first and CLASSES[inc.cls].keeps_training:
             # the job did not stop, so steps going on prove nothing: wait for the controller's word
             self.waiting = [*self.waiting[-(_KEEP_WAITING - 1):], inc]
             self.incident = None

@@ -26,8 +26,9 @@ from dataclasses import replace
 from typing import Any
 
 from gangwatch.schemas import EVICTING_ACTIONS, Action, Finding, Outputs, decode_obj, to_dict
+from gangwatch.schemas.classes import CLASSES
 
-STOPS_THE_JOB = frozenset({"fail_stop", "hang", "stall", "unknown"})  # classes whose job makes no progress
+STOPS_THE_JOB = frozenset(n for n, c in CLASSES.items() if c.stops_the_job)  # the job makes no progress
 SCORED = EVICTING_ACTIONS | {"escalate"}
 
 

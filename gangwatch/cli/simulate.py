@@ -135,7 +135,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         description="Generate each scenario, replay it, and score detection and localization "
                         "latency, recall, eviction precision, innocent nodes evicted per culprit and false "
                         "evictions on healthy, planned and benign runs. Prints a table, then checks every class "
-                        "against its quality floor (gangwatch/evaluate.py FLOORS).",
+                        "against its quality floor (declared with each class in schemas/classes.py).",
                         epilog="Exits 7 when a class falls below its floor (recall, localization, innocent "
                         "evictions, a fault detected or localized over its stage budget, a false eviction on a "
                         "healthy, planned or benign run, a heterogeneous rank not reported), naming the class and "
