@@ -5,7 +5,7 @@ The shared secret (`GANGWATCH_WEBHOOK_SECRET`) MACs, with HMAC-SHA256, the bytes
 action it is (its id) and the body, so a receiver can refuse a forged, tampered,
 stale (more than `tolerance_s` from its clock) or replayed action. The header is
 ``X-Gangwatch-Signature-V1: t=<t>,v1=<hex MAC>``. Here because the wire contract
-owns it: the sinks sign (`sinks.controller`), and every actuator verifies: the
+owns it: the sinks sign (`sinks.webhook`), and every actuator verifies: the
 reference controller, the fencing adapters, and the node agent before a stack
 sweep (producers may import only `schemas`). Pure but for the clock, which each
 signer and verifier takes as an argument (the wall clock by default).
@@ -25,6 +25,7 @@ from typing import NoReturn
 
 SECRET_ENV = "GANGWATCH_WEBHOOK_SECRET"
 SIGNATURE_HEADER = "X-Gangwatch-Signature-V1"  # scheme v1: timestamp, idempotency key and body
+IDEMPOTENCY_HEADER = "Idempotency-Key"  # the action's id: what the v1 signature binds the body to
 LEGACY_SIGNATURE_HEADER = "X-Gangwatch-Signature"  # before v1: the body only (replayable), kept for old receivers
 
 DEFAULT_TOLERANCE_S = 300.0  # how far a signature's timestamp may be from the receiver's clock

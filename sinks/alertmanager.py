@@ -75,7 +75,7 @@ from typing import Any
 
 from gangwatch.schemas import Action, DeadLetter, Finding, Incident, Outputs, Record
 from gangwatch.schemas.classes import CLASSES
-from gangwatch.sinks.controller import retryable
+from gangwatch.sinks.webhook import retryable
 
 log = logging.getLogger(__name__)
 

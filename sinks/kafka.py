@@ -6,7 +6,7 @@ rejected messages → `gw.dlq`. Each record is `schemas.encode(record)` keyed by
 its job id, so every record of a job lands in one partition, in order. A dead
 letter is `schemas.DeadLetter` (why, where it came from, its text), keyed by
 its source. With a `signer` each action carries the v1 signature in its record
-headers (sinks/controller.py): actuators on the topic refuse actions without it.
+headers (sinks/webhook.py): actuators on the topic refuse actions without it.
 
 Sends are asynchronous; `flush()` waits for every one to be acknowledged by all
 in-sync replicas (`acks='all'`, idempotent producer) and raises
@@ -60,7 +60,7 @@ class KafkaSink:
                  signer: TopicSigner | None = None, **config: Any) -> None:
         self.topics = {"finding": findings_topic, "action": actions_topic, "incident": incidents_topic}
         self.dlq_topic = dlq_topic
-        self.signer = signer  # signs each action (sinks/controller.py: what actuators on the topic check)
+        self.signer = signer  # signs each action (sinks/webhook.py: what actuators on the topic check)
         self.flush_timeout_s = flush_timeout_s
         self._producer = producer if producer is not None else KafkaProducer(
             bootstrap_servers=bootstrap_servers, client_id=client_id, acks="all", linger_ms=linger_ms,

@@ -350,7 +350,7 @@ def run(s: WorkerSettings, *, loglevel: str = "info", create: bool = True) -> No
 
         sinks.append(StoreSink(open_store(s.store), telemetry=s.telemetry, retries=0))  # the queue retries
     if s.webhook:
-        from gangwatch.sinks.controller import WebhookSink
+        from gangwatch.sinks.webhook import WebhookSink
 
         sinks.append(WebhookSink(s.webhook, s.webhook_secret,  # None: the secret is GANGWATCH_WEBHOOK_SECRET
                                  single_attempt=True))  # the queue retries, off the event loop

@@ -16,7 +16,7 @@ a `TrainerClient` after `init_process_group`, a `step_context` per step with
 `compute` and `comm_wait` sections, the loss, the gradient norm and, every few
 steps, a `replica_digest` of the parameters for the silent-data-corruption vote.
 
-Checkpoints and restarts follow the launcher's protocol (streams/launcher.py):
+Checkpoints and restarts follow the launcher's protocol (control/launcher.py):
 rank 0 writes `step-NNNNNNNN.pt` to `GANGWATCH_CKPT_DIR` every `--ckpt-every`
 steps (written to a temporary name, then renamed: a crash never leaves half a
 checkpoint), inside `client.pause("checkpoint")`: a synchronous save is a known

@@ -1,4 +1,4 @@
-"""`gangwatch controller`: the reference job controller (streams/controller.py) on a torchrun job."""
+"""`gangwatch controller`: the reference job controller (control/controller.py) on a torchrun job."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ def _names(raw: str) -> list[str]:
 
 
 def cmd_controller(args: argparse.Namespace) -> int:
+    from gangwatch.control.controller import Controller, RecoveryPublisher, TopicSource, WebhookSource, run
+    from gangwatch.control.launcher import JobSpec
     from gangwatch.schemas.signature import SECRET_ENV, TopicVerifier, topic_secret
-    from gangwatch.streams.controller import Controller, RecoveryPublisher, TopicSource, WebhookSource, run
-    from gangwatch.streams.launcher import JobSpec
     from gangwatch.streams.topics import TopicSettings
 
     command = args.script[1:] if args.script[:1] == ["--"] else args.script

@@ -50,7 +50,7 @@ EXIT_BREAKER = 1  # `apply`: the fleet breaker refused actions; `breaker`: it is
 
 
 def _breaker(args: argparse.Namespace) -> Any:
-    from gangwatch.streams.fence import Breaker, breaker_path
+    from gangwatch.control.fence import Breaker, breaker_path
 
     return Breaker(breaker_path(args.state), share=args.breaker_share, window_s=args.breaker_window,
                    min_nodes=args.breaker_min, fleet_nodes=args.fleet_nodes)
@@ -78,7 +78,7 @@ def topic_verifier(args: argparse.Namespace) -> Any:
 def apply(args: argparse.Namespace, backend: Any, verify: Any = None) -> int:
     """`... apply`: every action from the files, or from the alert topic (checked by `verify`, from
     `topic_verifier`) until TERM / --idle-timeout."""
-    from gangwatch.streams.fence import ActionTopic, AppliedLog, Fencer, follow, read_records
+    from gangwatch.control.fence import ActionTopic, AppliedLog, Fencer, follow, read_records
     from gangwatch.streams.topics import TopicSettings
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -134,7 +134,7 @@ def apply(args: argparse.Namespace, backend: Any, verify: Any = None) -> int:
 
 def resume(args: argparse.Namespace, backend: Any) -> int:
     """`... resume NODE... --repaired NOTE`: put repaired nodes back (only those gangwatch fenced)."""
-    from gangwatch.streams.fence import AppliedLog, Fencer
+    from gangwatch.control.fence import AppliedLog, Fencer
 
     if not (args.repaired or "").strip():
         raise UserError("say how the repair was confirmed: --repaired 'ticket 123: GPU replaced, dcgmi diag passed'")
@@ -151,7 +151,7 @@ def resume(args: argparse.Namespace, backend: Any) -> int:
 
 def breaker(args: argparse.Namespace, backend: Callable[[], Any]) -> int:
     """`... breaker`: the fleet breaker's state, the nodes that count against it now, and its limit."""
-    from gangwatch.streams.fence import AppliedLog, Fencer
+    from gangwatch.control.fence import AppliedLog, Fencer
 
     b = _breaker(args)
     st = b.state()
@@ -185,7 +185,7 @@ def breaker(args: argparse.Namespace, backend: Callable[[], Any]) -> int:
 
 def reset_breaker(args: argparse.Namespace) -> int:
     """`... reset-breaker --note NOTE`: close a tripped breaker (recorded in the state file and the log)."""
-    from gangwatch.streams.fence import AppliedLog, Breaker, breaker_path
+    from gangwatch.control.fence import AppliedLog, Breaker, breaker_path
 
     note = (args.note or "").strip()
     if not note:

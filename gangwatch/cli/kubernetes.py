@@ -10,7 +10,7 @@ from gangwatch.cli.options import UserError, at_least_zero, integer, opt
 
 
 def _backend(args: argparse.Namespace):
-    from gangwatch.streams.kubernetes import KubernetesBackend, connect
+    from gangwatch.control.kubernetes import KubernetesBackend, connect
 
     try:
         api = connect(args.kubeconfig, args.context)

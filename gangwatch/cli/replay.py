@@ -80,7 +80,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                                incidents_topic=t.incidents, dlq_topic=t.dlq,
                                signer=TopicSigner(secret) if secret else None))
     if args.webhook:
-        from gangwatch.sinks.controller import WebhookSink
+        from gangwatch.sinks.webhook import WebhookSink
 
         extra.append(WebhookSink(args.webhook, st.get("sinks.webhook_secret")))
     if args.alertmanager:

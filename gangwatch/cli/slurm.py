@@ -10,7 +10,7 @@ from gangwatch.cli.options import opt
 
 
 def _backend(args: argparse.Namespace):
-    from gangwatch.streams.slurm import SlurmBackend
+    from gangwatch.control.slurm import SlurmBackend
 
     return SlurmBackend(args.scontrol)
 

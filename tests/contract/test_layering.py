@@ -11,8 +11,10 @@ pure core (schemas, detectors, triage) does no I/O and reads no clock:
   clickhouse_driver, chdb, requests, socket, urllib, http, ...);
 - detectors and triage call no clock (time.time, time.monotonic, datetime.now, ...), and no
   builtin open / print / input;
-- producers import none of detectors, triage, streams, sinks; sinks import none of detectors, triage, streams
-  (what they store or send is the contract: `schemas`, the output envelope included).
+- producers import none of detectors, triage, streams, sinks, control; sinks import none of detectors, triage,
+  streams, control (what they store or send is the contract: `schemas`, the output envelope included);
+- control (the actuators: reference controller, fencing adapters) takes actions in the contract's terms and
+  imports none of detectors, triage, sinks; nothing but the command line imports control.
 
 Every import counts: top-level or inside a function, under `if TYPE_CHECKING:` too, and
 `importlib.import_module("x")` / `__import__("x")` with a literal name.
@@ -31,7 +33,7 @@ import pytest
 pytestmark = pytest.mark.contract
 
 REPO = Path(__file__).resolve().parents[2]
-LAYERS = frozenset({"schemas", "producers", "detectors", "triage", "streams", "sinks"})
+LAYERS = frozenset({"schemas", "producers", "detectors", "triage", "streams", "sinks", "control"})
 PROJECT = LAYERS | {"gangwatch"}
 STDLIB = frozenset(sys.stdlib_module_names)
 # brokers, stores and network clients; socket/urllib/http/ssl are stdlib but are I/O all the same
@@ -196,7 +198,15 @@ def test_project_imports_use_the_namespace():
 
 def test_producers_do_not_import_downstream():
     bad = [f"{i.file}:{i.line}: imports {i.module}" for i in package_imports("producers")
-           if i.top in {"detectors", "triage", "streams", "sinks"}]
+           if i.top in {"detectors", "triage", "streams", "sinks", "control"}]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_actuators_take_the_contract_and_nobody_but_the_command_line_imports_them():
+    bad = [f"{i.file}:{i.line}: imports {i.module}" for i in package_imports("control")
+           if i.top in {"detectors", "triage", "sinks"}]
+    bad += [f"{i.file}:{i.line}: imports {i.module}" for p in LAYERS - {"control"} for i in package_imports(p)
+            if i.top == "control"]
     assert not bad, "\n".join(bad)
 
 

@@ -252,7 +252,7 @@ class PrivateBroker:
     def __init__(self, workdir: Path, *, sasl_ssl: tuple[Pki, dict[str, str]] | None = None) -> None:
         """`sasl_ssl`: (certificates, SASL PLAIN users and passwords) for a second listener, SASL_SSL on
         `secure_port` (`secure_bootstrap`); the PLAINTEXT one stays for the broker's own readiness probe."""
-        from gangwatch.streams.launcher import free_port
+        from gangwatch.control.launcher import free_port
 
         self.port = free_port("127.0.0.1")
         self.dir = workdir / "kafka"

@@ -11,7 +11,7 @@ What runs, each a subprocess of its own (logs in `workdir`):
   heartbeating is noticed in wall-clock time;
 - `gangwatch agent` per node name (the job's two and the spare), answering
   `collect_stacks` with real py-spy dumps;
-- `gangwatch controller` (streams/controller.py) driving examples/tiny_job/train.py:
+- `gangwatch controller` (control/controller.py) driving examples/tiny_job/train.py:
   two simulated nodes of two ranks each (gloo on CPU), spare n3, checkpoints
   every 10 steps; the fault travels to the ranks in their environment. It reads
   actions from the alert topic, or with `webhook=True` receives them as signed
@@ -42,10 +42,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gangwatch.control.launcher import checkpoints, descendants, free_port, process_start
 from gangwatch.schemas import DecodeError, Job, RankInfo, decode, encode
 from gangwatch.schemas.signature import SECRET_ENV
 from gangwatch.sinks.store import ClickHouseStore
-from gangwatch.streams.launcher import checkpoints, descendants, free_port, process_start
 from gangwatch.streams.topics import TopicSettings
 
 from tests.integration.kafkakit import REPO, WorkerProc, caught_up, read_all, worker_args
@@ -181,7 +181,7 @@ class LiveJob:
     def torchrun(self, steps: int, *train_args: str, timeout: float = 400.0) -> float:
         """The job without the controller: one torchrun per node, started as a user would, run to its end (each
         exits 0); returns when it ended (epoch s)."""
-        from gangwatch.streams.launcher import Gang, JobSpec
+        from gangwatch.control.launcher import Gang, JobSpec
 
         spec = JobSpec(job=self.job, command=[str(TRAIN), "--steps", str(steps), "--ckpt-every", str(CKPT_EVERY),
                                               *train_args],

@@ -16,10 +16,10 @@ import threading
 import time
 
 import pytest
+from gangwatch.control.fence import ActionTopic, FenceError, Fencer, Outcome, follow
+from gangwatch.control.follow import TopicReader
 from gangwatch.schemas import Action, Finding, encode
 from gangwatch.schemas.signature import SIGNATURE_HEADER, TopicSigner, TopicVerifier
-from gangwatch.streams.fence import ActionTopic, FenceError, Fencer, Outcome, follow
-from gangwatch.streams.follow import TopicReader
 from kafka import KafkaProducer
 
 pytestmark = pytest.mark.integration

@@ -19,9 +19,9 @@ import socket
 import subprocess
 
 import pytest
+from gangwatch.control.fence import AppliedLog, Fencer
+from gangwatch.control.slurm import SlurmBackend
 from gangwatch.schemas import Action, Incident, encode
-from gangwatch.streams.fence import AppliedLog, Fencer
-from gangwatch.streams.slurm import SlurmBackend
 
 from gangwatch.cli import main
 from tests.integration.daemons import Daemon, free_port, free_port_range, require_program, wait_until

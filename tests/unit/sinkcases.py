@@ -15,11 +15,11 @@ import orjson
 from clickhouse_driver.errors import ErrorCodes, NetworkError, ServerException
 from gangwatch.schemas import Action, Finding, Incident, Outputs
 from gangwatch.sinks.alertmanager import AlertmanagerSink
-from gangwatch.sinks.controller import WebhookSink
 from gangwatch.sinks.files import JsonlSink
 from gangwatch.sinks.kafka import KafkaSink
 from gangwatch.sinks.queued import RetryPolicy, queued
 from gangwatch.sinks.storesink import StoreSink
+from gangwatch.sinks.webhook import WebhookSink
 from kafka.errors import KafkaTimeoutError
 
 SECRET = "contract-secret"

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from gangwatch.schemas import Action, Finding, Incident, Outputs, decode, encode
 from gangwatch.schemas.signature import sign, verify_signature
-from gangwatch.sinks.controller import Delivery, WebhookSink
+from gangwatch.sinks.webhook import Delivery, WebhookSink
 
 pytestmark = pytest.mark.unit
 
@@ -254,7 +254,7 @@ def test_secret_never_in_repr_or_logs(monkeypatch, caplog, fake_time):
     env_secret = "env-secret-value-1234567890"
     monkeypatch.setenv("GANGWATCH_WEBHOOK_SECRET", env_secret)
     url = _closed_port_url().replace("http://", "http://user:pw-in-url@") + "?token=tok-in-url"
-    with caplog.at_level(logging.DEBUG, logger="gangwatch.sinks.controller"):
+    with caplog.at_level(logging.DEBUG, logger="gangwatch.sinks.webhook"):
         sink = WebhookSink(url, rng=random.Random(1), clock=fake_time.clock, sleep=fake_time.sleep, max_attempts=3)
         sink.write(Outputs(actions=[_action()]))
         sink.close()

@@ -1,4 +1,4 @@
-"""The shared "apply actions once" loop (streams/fence.py) and the Slurm backend's reading of scontrol.
+"""The shared "apply actions once" loop (control/fence.py) and the Slurm backend's reading of scontrol.
 
 A scripted backend stands in for the cluster; the Slurm backend gets a fake
 `subprocess.run` answering what scontrol 22.05 prints. The real Slurm is in
@@ -13,8 +13,7 @@ import subprocess
 import threading
 
 import pytest
-from gangwatch.schemas import Action, Incident, encode
-from gangwatch.streams.fence import (
+from gangwatch.control.fence import (
     AppliedLog,
     Breaker,
     FenceError,
@@ -25,7 +24,8 @@ from gangwatch.streams.fence import (
     follow,
     read_records,
 )
-from gangwatch.streams.slurm import SlurmBackend
+from gangwatch.control.slurm import SlurmBackend
+from gangwatch.schemas import Action, Incident, encode
 
 pytestmark = pytest.mark.unit
 

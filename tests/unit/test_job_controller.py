@@ -11,11 +11,12 @@ import threading
 import time
 
 import pytest
+from gangwatch.control.controller import Controller, Nodes, Publisher, WebhookSource, run
+from gangwatch.control.journal import AppliedLog
+from gangwatch.control.launcher import JobSpec
 from gangwatch.schemas import Action, Finding, Lifecycle, Recovery, decode, encode
 from gangwatch.schemas.signature import SECRET_ENV, sign
-from gangwatch.sinks.controller import WebhookSink
-from gangwatch.streams.controller import AppliedIds, Controller, Nodes, Publisher, WebhookSource, run
-from gangwatch.streams.launcher import JobSpec
+from gangwatch.sinks.webhook import WebhookSink
 
 from gangwatch.cli import main
 
@@ -98,11 +99,13 @@ def test_nodes_without_puts_spares_in_the_places_of_the_evicted():
     assert nodes.without(["n1", "n2", "n3", "n4"]) is None  # three spares for four nodes
 
 
-def test_applied_ids_survive_a_restart(tmp_path):
-    ids = AppliedIds(tmp_path / "applied")
-    ids.add("a-1")
-    ids.add("a-2")
-    assert "a-1" in AppliedIds(tmp_path / "applied") and "a-3" not in AppliedIds(tmp_path / "applied")
+def test_applied_ids_survive_a_restart_and_the_older_journal_of_bare_ids_still_counts(tmp_path):
+    journal = tmp_path / "applied"
+    journal.write_text("a-old-1\na-old-2\n")  # what a controller wrote before the journal was the adapters' one
+    ids = AppliedLog(journal)
+    ids.add(Action(id="a-1", ts=1.0, job="j", incident="i", type="replace", nodes=["n1"]), (), ok=True, at=5.0)
+    again = AppliedLog(journal)
+    assert all(i in again for i in ("a-old-1", "a-old-2", "a-1")) and "a-3" not in again and len(again) == 3
 
 
 def test_replace_restarts_from_the_latest_checkpoint_with_a_spare_and_reports_the_job_s_own_times(setup):

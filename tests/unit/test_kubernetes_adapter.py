@@ -21,9 +21,8 @@ import pytest
 
 pytest.importorskip("kubernetes")
 
-from gangwatch.schemas import Action, Incident, encode  # noqa: E402
-from gangwatch.streams.fence import Fencer  # noqa: E402
-from gangwatch.streams.kubernetes import (  # noqa: E402
+from gangwatch.control.fence import Fencer  # noqa: E402
+from gangwatch.control.kubernetes import (  # noqa: E402
     CORDONED_ANNOTATION,
     REASON_ANNOTATION,
     TAINT_KEY,
@@ -31,6 +30,7 @@ from gangwatch.streams.kubernetes import (  # noqa: E402
     connect,
     taint_value,
 )
+from gangwatch.schemas import Action, Incident, encode  # noqa: E402
 
 from gangwatch.cli import main  # noqa: E402 - after the skip
 

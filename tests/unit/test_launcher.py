@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from gangwatch.streams.launcher import Gang, JobSpec, checkpoints, descendants, latest, newest_before
+from gangwatch.control.launcher import Gang, JobSpec, checkpoints, descendants, latest, newest_before
 
 pytestmark = pytest.mark.unit
 

@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from gangwatch.control.controller import WebhookSource
 from gangwatch.schemas import Action, encode
 from gangwatch.schemas.signature import (
     ReplayGuard,
@@ -22,8 +23,7 @@ from gangwatch.schemas.signature import (
     signed_payload,
     verify_signature,
 )
-from gangwatch.sinks.controller import WebhookSink
-from gangwatch.streams.controller import WebhookSource
+from gangwatch.sinks.webhook import WebhookSink
 
 pytestmark = pytest.mark.unit
 

@@ -24,8 +24,8 @@ import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from gangwatch.control.fence import REASON_PREFIX, Outcome, drain_reason
 from gangwatch.schemas import Action
-from gangwatch.streams.fence import REASON_PREFIX, Outcome, drain_reason
 
 Run = Callable[..., subprocess.CompletedProcess]
 

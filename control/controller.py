@@ -2,7 +2,7 @@
 
     gangwatch controller --job j1 --nodes n1,n2 --spares n3 --ckpt-dir ckpt/ -- examples/tiny_job/train.py
 
-For tests, drills and small clusters. It launches the job (streams/launcher.py:
+For tests, drills and small clusters. It launches the job (control/launcher.py:
 one torchrun per node), reads the job's actions from the alert topic
 (`gw.actions`) or from signed webhook POSTs, applies each action once, and
 reports every stage of the recovery back as `recovery` records on the topic
@@ -41,8 +41,9 @@ the restart. `failed` when it cannot be done: no spare left (the job is then
 left stopped: a human must add nodes), no checkpoint to roll back to, or the
 restarted job exits or has not resumed within `resume_timeout_s`.
 
-Once means once: an action's id is written to `<state dir>/applied` when it is
-accepted (before it is carried out), and ids found there are skipped, so a
+Once means once: an action is written to the journal `<state dir>/applied`
+(`control.journal.AppliedLog`, the fencing adapters' too) when it is accepted
+(before it is carried out), and ids found there are skipped, so a
 redelivered action, or a restarted controller reading the topic again, changes
 nothing. A controller that dies in the middle of an action does not retry it:
 the incident stays open past its budget, which is how a human notices. The
@@ -77,12 +78,18 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from gangwatch.control.follow import TopicReader
+from gangwatch.control.journal import AppliedLog
+from gangwatch.control.launcher import Gang, JobSpec, checkpoints, latest, newest_before
 from gangwatch.schemas import Action, DecodeError, Finding, Lifecycle, Record, Recovery, decode, encode
 from gangwatch.schemas.security import kafka_python_security
-from gangwatch.schemas.signature import DEFAULT_TOLERANCE_S, SIGNATURE_HEADER, SignatureVerifier, TopicVerifier
-from gangwatch.sinks.controller import IDEMPOTENCY_HEADER
-from gangwatch.streams.follow import TopicReader
-from gangwatch.streams.launcher import Gang, JobSpec, checkpoints, latest, newest_before
+from gangwatch.schemas.signature import (
+    DEFAULT_TOLERANCE_S,
+    IDEMPOTENCY_HEADER,
+    SIGNATURE_HEADER,
+    SignatureVerifier,
+    TopicVerifier,
+)
 from gangwatch.streams.topics import TopicSettings, topic_for
 
 log = logging.getLogger("gangwatch.controller")
@@ -94,27 +101,6 @@ MILESTONE_PHASE = {"ckpt_loaded": "ckpt_loaded", "comm_ready": "comm_ready", "st
 _FINDINGS_KEPT = 10_000
 
 Publish = Callable[[Record], None]  # sends one input record (recovery, lifecycle) to its topic
-
-
-class AppliedIds:
-    """Ids of the actions already taken, one per line in a file (in memory only when `path` is None)."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self.ids: set[str] = set()
-        if path is not None and path.exists():
-            self.ids = set(path.read_text().split())
-
-    def __contains__(self, action_id: str) -> bool:
-        return action_id in self.ids
-
-    def add(self, action_id: str) -> None:
-        self.ids.add(action_id)
-        if self.path is not None:
-            with open(self.path, "a") as fh:
-                fh.write(action_id + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
 
 
 @dataclass
@@ -169,7 +155,7 @@ class Controller:
         if state is not None:
             state.mkdir(parents=True, exist_ok=True)
         self._nodes_file = state / "nodes.json" if state is not None else None
-        self.applied = AppliedIds(state / "applied" if state is not None else None)
+        self.applied = AppliedLog(state / "applied" if state is not None else None)
         self.nodes = Nodes.load(self._nodes_file, nodes, spares)
         self.gang: Gang | None = None
         self.findings: OrderedDict[str, Finding] = OrderedDict()  # recent findings of the job, by id
@@ -230,7 +216,7 @@ class Controller:
         if a.id in self.applied:
             log.info("action %s (%s) was already applied: skipped", a.id, a.type)
             return
-        self.applied.add(a.id)
+        self.applied.add(a, (), ok=True, at=self.clock())  # accepted: never again, even if it fails midway
         log.info("action %s: %s %s: %s", a.id, a.type, ",".join(a.nodes) or "-", a.reason)
         if a.type in FOR_A_HUMAN:
             log.warning("%s is for a human; this controller does nothing about it", a.type)
@@ -391,7 +377,7 @@ RecoveryPublisher = Publisher  # its earlier name, when it sent recovery records
 
 class TopicSource(TopicReader):
     """One job's actions (unless `actions=False`) and findings from the output topics, through a consumer group
-    (`streams.follow`): a new group starts at the end, since actions published before the controller ever ran
+    (`control.follow`): a new group starts at the end, since actions published before the controller ever ran
     are not its to apply; offsets are committed after each poll's records were handled."""
 
     def __init__(self, bootstrap: str, topics: TopicSettings, job: str, group: str, *, actions: bool = True,
@@ -416,7 +402,7 @@ class WebhookSource:
 
     A request is answered 202 once queued (the controller applies it right after),
     401 when its signature does not verify or its timestamp is more than
-    `tolerance_s` from `clock` (sinks/controller.py: signature scheme v1), 409 when
+    `tolerance_s` from `clock` (sinks/webhook.py: signature scheme v1), 409 when
     it replays a request already accepted, 400 when the body is no action or the
     `Idempotency-Key` is not its id, 413 (unread, the connection closed) when its
     `Content-Length` passes `max_body` bytes, 411 when it has none.
@@ -480,7 +466,7 @@ class WebhookSource:
             return out
 
     def commit(self) -> None:
-        pass  # an action is taken when it is applied (AppliedIds)
+        pass  # an action is taken when it is applied (the journal)
 
     def close(self) -> None:
         self._server.shutdown()

@@ -64,6 +64,7 @@ from dataclasses import dataclass
 
 from gangwatch.schemas import Action, DeadLetter, Outputs, Record, encode
 from gangwatch.schemas.signature import (
+    IDEMPOTENCY_HEADER,
     LEGACY_SIGNATURE_HEADER,
     SECRET_ENV,
     SIGNATURE_HEADER,
@@ -77,7 +78,6 @@ from gangwatch.sinks.base import DeliveryError
 log = logging.getLogger(__name__)
 
 ACTION_HEADER = "X-Gangwatch-Action"
-IDEMPOTENCY_HEADER = "Idempotency-Key"
 _ERROR_BODY_KEEP = 200  # characters of a controller's error response kept in a failure
 _DELIVERED_KEEP = 100_000  # action ids remembered as delivered (single_attempt mode)
 

@@ -37,8 +37,8 @@ import re
 from dataclasses import replace
 from typing import Any
 
+from gangwatch.control.fence import Outcome, drain_reason
 from gangwatch.schemas import Action
-from gangwatch.streams.fence import Outcome, drain_reason
 
 TAINT_KEY = "gangwatch.io/fault"
 TAINT_EFFECT = "NoSchedule"
