@@ -9,7 +9,7 @@ from pathlib import Path
 
 from gangwatch.cli import report
 from gangwatch.cli.options import EXIT_CORRUPT, EXIT_INPUT, UserError, number, opt, positive, settings_opts
-from gangwatch.cli.services import wait_for_kafka, wait_for_store
+from gangwatch.cli.services import check_store_url, wait_for_kafka, wait_for_store
 
 
 def check_inputs(files: list[Path]) -> None:
@@ -63,6 +63,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     st = args.settings  # detectors' thresholds, triage, topics and sinks: flags > GANGWATCH_* > --config > defaults
     check_inputs(args.files)
+    if args.store and not args.no_store:
+        check_store_url(args.store)  # a mistyped URL writes nothing, not even --out
     out = args.out
     prepare_out(out, append=args.append)
     extra = []

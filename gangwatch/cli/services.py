@@ -97,15 +97,19 @@ def check_kafka_credentials(bootstrap: str, sec, timeout_s: float) -> None:
         raise UserError(refused, EXIT_SERVICE)
 
 
-def wait_for_store(url: str, timeout_s: float) -> None:
-    """A store URL that `open_store` takes (else a one-line UserError), and for `clickhouse://HOST:PORT/DB` the
-    wait; the embedded chDB store needs none."""
+def check_store_url(url: str) -> None:
+    """A store URL that `open_store` takes, else a one-line UserError (before anything is written or waited for)."""
     from gangwatch.sinks.store import check_url
 
     try:
         check_url(url)
     except ValueError as e:
         raise UserError(f"--store: {e}", EXIT_USAGE) from None
+
+
+def wait_for_store(url: str, timeout_s: float) -> None:
+    """`check_store_url`, and for `clickhouse://HOST:PORT/DB` the wait; the embedded chDB store needs none."""
+    check_store_url(url)
     if not url.startswith(("clickhouse://", "clickhouses://")):
         return
     parts = urlsplit(url)
