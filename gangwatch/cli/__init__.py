@@ -19,7 +19,7 @@ import os
 import sys
 
 from gangwatch import __version__
-from gangwatch.cli import agent, config, controller, ingest, kafka, kubernetes, replay, simulate, slurm
+from gangwatch.cli import agent, config, controller, ingest, kafka, kubernetes, replay, simulate, slurm, sql
 from gangwatch.cli.options import (
     EXIT_EXTRA,
     EXIT_INPUT,
@@ -30,7 +30,7 @@ from gangwatch.cli.options import (
     resolve,
 )
 
-COMMANDS = (replay, simulate, ingest, kafka, agent, controller, slurm, kubernetes, config)
+COMMANDS = (replay, simulate, ingest, kafka, agent, controller, slurm, kubernetes, config, sql)
 
 # The extra that brings each optional top-level module.
 EXTRAS = {

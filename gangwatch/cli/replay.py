@@ -118,8 +118,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_store_query(args: argparse.Namespace) -> int:
-    import orjson
+    print_rows(query_store(args, args.sql), args.format)
+    return 0
 
+
+def query_store(args: argparse.Namespace, sql: str) -> list[dict]:
+    """Run `sql` on the store of `--store`, else of `--out` (a replay's `store/`); only reads: a store that is not
+    there is a one-line error, never created; the store's own SQL error is one line too."""
     if args.store is None:
         path = args.out / "store"
         if not path.is_dir():
@@ -133,18 +138,36 @@ def cmd_store_query(args: argparse.Namespace) -> int:
     except NoSuchStore as e:
         raise UserError(str(e), EXIT_INPUT) from None
     try:
-        rows = store.query(args.sql)
+        return store.query(sql)
     except Exception as e:  # the store's own SQL error: its message says what is wrong
         raise UserError(f"the query failed: {error_line(e)}") from None
     finally:
         store.close()
-    if args.format == "jsonl":
+
+
+def print_rows(rows: list[dict], fmt: str) -> None:
+    """`table` (aligned columns and a row count), `jsonl` (one object a line), `json` (one array), `csv`."""
+    import orjson
+
+    if fmt == "jsonl":
         for r in rows:
             sys.stdout.buffer.write(orjson.dumps(r) + b"\n")
-        return 0
+        return
+    if fmt == "json":
+        sys.stdout.buffer.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2) + b"\n")
+        return
+    if fmt == "csv":
+        import csv
+
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        if rows:
+            writer.writerow(list(rows[0]))
+        for r in rows:
+            writer.writerow([orjson.dumps(v).decode() if isinstance(v, list | dict) else _cell(v) for v in r.values()])
+        return
     if not rows:
         print("(no rows)")
-        return 0
+        return
     cols = list(rows[0])
     cells = [[_cell(r.get(c)) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
@@ -152,7 +175,6 @@ def cmd_store_query(args: argparse.Namespace) -> int:
     for row in cells:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
     print(f"({len(rows)} rows)")
-    return 0
 
 
 SHADOW_SQL = """SELECT job, type, count() AS would, countIf(verdict = 'true') AS right,
