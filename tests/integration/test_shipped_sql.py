@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import random
 from collections import defaultdict
 
 import pytest
-from gangwatch.schemas import Incident
+from gangwatch.schemas import Finding, Incident
+from gangwatch.schemas.classes import CLASSES as INCIDENT_CLASSES
 from gangwatch.sinks.store import open_store
-from gangwatch.sinks.tables import incident_row
+from gangwatch.sinks.tables import incident_row, job_row
 
 from gangwatch.cli import main
 from gangwatch.queries import catalog
@@ -57,6 +59,42 @@ def month(seed: int = 7) -> list[Incident]:
 INCIDENTS = month()
 
 
+def lives(seed: int = 11) -> list[Finding]:
+    """Each job's life over the month, as the `job_state` findings the life detector emits (gw_jobs' rows):
+    starting, running, pauses, failures and restarts, and for most jobs a clean end."""
+    rng = random.Random(seed)
+    out = []
+    for j in range(32):
+        t = T0 + rng.uniform(0, 2 * DAY)
+        seq = [(t, "starting")]
+        t += rng.uniform(30, 300)
+        seq.append((t, "running"))
+        while t < T0 + 29 * DAY:
+            t += rng.uniform(0.2, 3) * DAY
+            if rng.random() < 0.5:
+                seq.append((t, "paused"))
+                t += rng.uniform(60, 900)
+            else:
+                seq.append((t, "failed"))
+                t += rng.uniform(5, 60)
+                seq.append((t, "restarting"))
+                t += rng.uniform(60, 600)
+                seq.append((t, "starting"))
+                t += rng.uniform(30, 300)
+            seq.append((t, "running"))
+        if rng.random() < 0.7:
+            seq.append((t + rng.uniform(0, DAY), "finished"))
+        out += [Finding(id=f"f-{j}-{k}", ts=ts, job=f"job{j:02d}", type="job_state", detector="life",
+                        evidence={"state": st, "previous": seq[k - 1][1] if k else None, "cause": "drawn",
+                                  "ended_ranks": 0, "job_ranks": 8})
+                for k, (ts, st) in enumerate(seq)]
+    return out
+
+
+LIVES = lives()
+STOPS = {"fail_stop", "hang", "stall", "unknown"}
+
+
 @pytest.fixture(params=["chdb", "server"])
 def store_url(request, tmp_path, unique):
     if request.param == "chdb":
@@ -71,6 +109,7 @@ def store_url(request, tmp_path, unique):
                for i in INCIDENTS]  # what the worker wrote when each was detected
     store.insert("gw_incidents", [incident_row(i) for i in earlier])
     store.insert("gw_incidents", [incident_row(i) for i in INCIDENTS])
+    store.insert("gw_jobs", [job_row(f) for f in LIVES])
     yield url
     if request.param == "server":
         store.query(f"DROP DATABASE IF EXISTS {unique}")
@@ -166,6 +205,43 @@ def test_top_offender_nodes(store_url, sql):
     assert [(r["node"], r["blamed"], r["evicted"]) for r in got] == [(n, blamed[n], evicted[n]) for n in nodes]
 
 
+def union(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of [start, end) spans (empty ones count nothing)."""
+    total, reach = 0.0, -math.inf
+    for a, b in sorted(x for x in spans if x[1] > x[0]):
+        total += max(0.0, b - max(a, reach))
+        reach = max(reach, b)
+    return total
+
+
+def ettr(job: str, until: float = 0.0) -> tuple[float, float, float, float]:
+    """(wall, running, lost, ettr) of `job` by the definition in ettr.sql, computed here."""
+    moves = sorted((f.ts, f.evidence["state"]) for f in LIVES if f.job == job and (not until or f.ts < until))
+    end = until or moves[-1][0]
+    ends = [ts for ts, _ in moves[1:]] + [end]
+    running = [(a, b) for (a, st), b in zip(moves, ends, strict=True) if st == "running"]
+    running_s = sum(max(0.0, min(b, end) - min(a, end)) for a, b in running)
+    incs = [(i.onset_ts, i.recovered_ts or 1e18) for i in INCIDENTS if i.job == job and not i.planned
+            and i.cls in STOPS]
+    lost = sum(union([(max(a, o), min(b, e, end)) for o, e in incs]) for a, b in running)
+    wall = end - moves[0][0]
+    return wall, running_s, lost, (running_s - lost) / wall
+
+
+@pytest.mark.parametrize("until", [0.0, T0 + 20 * DAY])
+def test_effective_training_time_ratio_per_job(store_url, sql, until):
+    assert STOPS == {n for n, c in INCIDENT_CLASSES.items() if c.stops_the_job}  # what ettr.sql names
+    got = sql(store_url, "ettr", **({"until": until} if until else {}))
+    jobs = sorted({f.job for f in LIVES if not until or f.ts < until})
+    assert [r["job"] for r in got] == jobs
+    for r in got:
+        wall, running, lost, ratio = ettr(r["job"], until)
+        assert close(r["wall_s"], wall) and close(r["running_s"], running) and close(r["lost_s"], lost), r
+        assert close(r["ettr"], ratio, 0.00006) and 0 <= r["ettr"] < 1
+    assert any(r["lost_s"] > 0 for r in got)  # incidents did cost some jobs training time
+
+
 def test_every_shipped_query_is_tested_here():
-    tested = {"open_incidents", "time_to_recover", "stages_vs_budget", "interruptions_by_class", "top_offender_nodes"}
+    tested = {"open_incidents", "time_to_recover", "stages_vs_budget", "interruptions_by_class", "top_offender_nodes",
+              "ettr"}
     assert set(catalog()) == tested
