@@ -63,7 +63,7 @@ class Glue:
                  job_topics: tuple[str, ...], node_topics: tuple[str, ...], sinks: list[Sink], telemetry: bool,
                  metrics: WorkerMetrics, save_every_s: float = 1.0, signer: TopicSigner | None = None) -> None:
         self.app = app
-        self.signer = signer  # signs the actions it publishes on the alert topic (sinks/webhook.py)
+        self.signer = signer  # signs the actions it publishes on the alert topic (schemas/signature.py)
         self.metrics = metrics
         self.runner = runner
         self.router = router
