@@ -108,6 +108,36 @@ def pytest_xdist_make_scheduler(config, log):
                 self._lanes = lanes_of(list(self.collection))
             return (self._lanes or {}).get(nodeid, nodeid)
 
+        # Two hangs of pytest-xdist 3.8's scheduler after a worker crashes (a segfault in a C extension),
+        # mended here until a release has the fixes: the session must fail with the crashed test, not hang.
+        def remove_node(self, node):
+            """Put back only what is left of the dead worker's work: 3.8 puts back its finished units too (they
+            become empty units nobody completes: the session waits forever at its end, pytest-xdist#1378) and
+            the test it crashed on (already reported failed, it would take its replacement down too, #1371)."""
+            workload = self.assigned_work.pop(node)
+            if not self._pending_of(workload):
+                return None
+            crashed = next(nid for unit in workload.values() for nid, done in unit.items() if not done)
+            for scope, unit in workload.items():
+                if crashed in unit:
+                    unit[crashed] = True
+                if not all(unit.values()):
+                    self.workqueue[scope] = unit
+            for other in self.assigned_work:
+                self._reschedule(other)
+            return crashed
+
+        def _reschedule(self, node):
+            """A worker runs a test only once it holds the next one or was told there is none: a replacement
+            given a unit of one test would wait forever (pytest-xdist#1327). Give it another, or the word."""
+            super()._reschedule(node)
+            if node.shutting_down or self._pending_of(self.assigned_work.get(node, {})) != 1:
+                return
+            if self.workqueue:
+                self._assign_work_unit(node)
+            else:
+                node.shutdown()
+
     return LaneScheduling(config, log)
 
 

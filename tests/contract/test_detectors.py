@@ -415,10 +415,21 @@ class _FakeClock:
         return out
 
 
+def _import_lazy_libraries() -> None:
+    """Import what detectors import on first use before any clock is faked: a C extension imported while
+    `datetime.datetime` is the fake's subclass takes that (larger) type for datetime's own (Cython only warns
+    when a type grew) and corrupts memory: pandas, imported by scikit-learn, segfaulted a CI worker that way."""
+    import scipy.cluster.hierarchy  # noqa: F401 - what AgglomerativeClustering.fit imports
+    import sklearn.cluster  # noqa: F401 - detectors/stacks.py, on first use
+    import sklearn.feature_extraction.text  # noqa: F401
+
+
 @pytest.mark.parametrize("sc_name", SC_IDS)
 @pytest.mark.parametrize("det_name", DET_IDS)
 def test_no_wall_clock(det_name, sc_name):
     recs = stream(sc_name)
+    _import_lazy_libraries()
+    loaded = set(sys.modules)
     patches = _FakeClock().patches()
     for p in patches:
         p.start()
@@ -427,12 +438,16 @@ def test_no_wall_clock(det_name, sc_name):
     finally:
         for p in reversed(patches):
             p.stop()
+    extensions = sorted(m for m in set(sys.modules) - loaded
+                        if str(getattr(sys.modules[m], "__file__", "") or "").endswith((".so", ".pyd")))
+    assert not extensions, f"imported under the fake clock (add them to _import_lazy_libraries): {extensions}"
     assert wire_list(findings) == wire_list(reference(det_name, sc_name))
 
 
 def test_fake_clock_raises_in_project_code():
     clock = _FakeClock()
     ns: dict[str, Any] = {}
+    _import_lazy_libraries()
     code = compile("import time, datetime\ndef now(): return time.monotonic()\n"
                    "def today(): return datetime.datetime.now()\n", str(REPO / "detectors" / "_probe.py"), "exec")
     exec(code, ns)  # noqa: S102 - a function whose frames look like detector code
