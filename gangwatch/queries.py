@@ -88,9 +88,10 @@ def literal(p: Param, value: str) -> str:
     try:
         number = int(value) if p.type == "Int64" else float(value)
     except ValueError:
-        raise ValueError(f"{p.name}={value!r}: want {'an integer' if p.type == 'Int64' else 'a number'}") from None
+        want = "an integer" if p.type == "Int64" else "a number"
+        raise ValueError(f"--param {p.name}={value!r}: want {want}") from None
     if isinstance(number, float) and not math.isfinite(number):
-        raise ValueError(f"{p.name}={value!r}: want a finite number")
+        raise ValueError(f"--param {p.name}={value!r}: want a finite number")
     return repr(number)
 
 
@@ -100,7 +101,7 @@ def render(q: Query, given: dict[str, str]) -> str:
     unknown = set(given) - set(q.params)
     if unknown:
         takes = ", ".join(q.params) or "none"
-        raise ValueError(f"{q.name} takes no parameter {', '.join(sorted(unknown))} (it takes: {takes})")
+        raise ValueError(f"{q.name} takes no --param {', '.join(sorted(unknown))} (it takes: {takes})")
     values = {}
     for name, p in q.params.items():
         raw = given[name] if name in given else (p.default.strip("'") if p.type == "String" else p.default)

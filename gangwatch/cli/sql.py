@@ -40,7 +40,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     try:
         sql = queries.render(q, given)
     except ValueError as e:
-        raise UserError(f"--param {e}", EXIT_USAGE) from None
+        raise UserError(str(e), EXIT_USAGE) from None
     if args.explain:
         print(textwrap.fill(q.doc, 100))
         for p in q.params.values():

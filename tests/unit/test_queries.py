@@ -28,7 +28,7 @@ def test_a_value_is_a_literal_of_its_type_and_cannot_change_the_query():
     assert render(q, {"job": "x' OR 1=1 --"}).endswith("WHERE job = 'x\\' OR 1=1 --' LIMIT 5")
     assert render(q, {"job": "a\\'b"}).endswith("WHERE job = 'a\\\\\\'b' LIMIT 5")
     for bad, says in (({"limit": "5; DROP TABLE gw_findings"}, "want an integer"), ({"limit": "1e3"}, "integer"),
-                      ({"nope": "1"}, "takes no parameter nope (it takes: job, limit)")):
+                      ({"nope": "1"}, "f takes no --param nope (it takes: job, limit)")):
         with pytest.raises(ValueError, match=said(says)):
             render(q, bad)
 
