@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from gangwatch.sinks.base import Sink
+from gangwatch.streams import faust_adapter
 from gangwatch.streams.checkpoint import Checkpoints
 from gangwatch.streams.router import NodeRouter
 from gangwatch.streams.runner import JobRunner, Msg, Result
@@ -90,14 +91,8 @@ class Glue:
         # mapping, which has no changelog to wait for)
         self._unconfirmed: list[tuple[str, bytes, asyncio.Future | None]] = []
         self._changelog_sent: Any = None
-        send = getattr(states, "send_changelog", None)
-        if send is not None:  # a Faust table: know when a state is on the broker, not just in the producer's buffer
-
-            def send_changelog(*args: Any, **kwargs: Any) -> Any:
-                self._changelog_sent = fut = send(*args, **kwargs)
-                return fut
-
-            states.send_changelog = send_changelog
+        # a Faust table: know when a state is on the broker, not just in the producer's buffer
+        faust_adapter.watch_changelog_sends(states, lambda fut: setattr(self, "_changelog_sent", fut))
         self.save_every_s = save_every_s
         self.clock = time.monotonic  # when states are due (wall time: saving is I/O, not event logic)
         self.touched: set[str] = set()  # jobs batches changed since their state was last taken
@@ -111,7 +106,7 @@ class Glue:
         self._last_stats = self._started
 
     def started(self, starts: Mapping[Any, int], assigned: Iterable[Any]) -> None:
-        """Faust sought the `assigned` partitions back to their committed offsets (`faustfix.seek_to_committed`):
+        """Faust sought the `assigned` partitions back to their committed offsets (`faust_adapter.seek_to_committed`):
         reading starts at `starts` (the committed offset, or the first record the log keeps), or for a partition
         not in it (never committed, reset policy `latest`) at its first message from here (`in_order`)."""
         for tp in assigned:
@@ -309,10 +304,8 @@ class Glue:
         left alone (its acknowledgement bookkeeping depends on it); only what reaches the broker
         is lowered, and `commit_read` commits the rest once the records are saved.
         """
-        consumer = self.app.consumer
         if self._commit is None:
-            self._commit = consumer._commit  # ThreadDelegateConsumer._commit (faust-streaming 0.15)
-            consumer._commit = self._commit_capped
+            self._commit = faust_adapter.wrap_commit(self.app, self._commit_capped)
 
     def resume_points(self) -> dict[tuple[str, int], int]:
         self._confirm_writes()
@@ -457,7 +450,7 @@ class Glue:
         since. True when it cannot tell (not started, nothing assigned, nothing fetched yet).
         """
         try:
-            consumer = self.app.consumer._thread._ensure_consumer()  # aiokafka's, under Faust 0.15's driver
+            consumer = faust_adapter.aiokafka_consumer(self.app)
             stamps = [consumer.last_poll_timestamp(tp) for tp in consumer.assignment()]
         except Exception:  # not started or mid-rebalance: no opinion
             return True
@@ -482,7 +475,7 @@ class Glue:
         committed; None for a partition neither has seen (a new group: where it starts is the reset policy's)."""
         pos = self.next_offset.get((topic, partition))
         if pos is None:  # nothing read since start: compare with where the group left off
-            committed = self.app.consumer._committed_offset.get(_tp(topic, partition))
+            committed = faust_adapter.committed_offset(self.app, _tp(topic, partition))
             if committed is None:
                 return 0 if self.app.conf.consumer_auto_offset_reset == "earliest" else None
             pos = committed  # Kafka's committed offset is the next one to read

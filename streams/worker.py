@@ -3,7 +3,7 @@
 `make_app(settings)` builds the app (there is no module-level app); `run(settings)`
 creates the topics and runs a Faust worker until TERM/INT. The logic lives in
 `streams.runner`; this module only wires it to Faust, with the I/O half in
-`streams.glue` (`Glue`) and the patches for Faust and aiokafka in `streams.faustfix`:
+`streams.glue` (`Glue`) and what reaches into Faust and aiokafka in `streams.faust_adapter`:
 
 - agent `gangwatch-jobs` reads every job-keyed input topic plus `by-job` (all
   with the same partition count, keyed by job: co-partitioned), in batches of
@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gangwatch.sinks.base import Sink
-from gangwatch.streams.faustfix import cap_fetch_wait, seek_uncommitted
+from gangwatch.streams import faust_adapter
 from gangwatch.streams.glue import Glue
 from gangwatch.streams.router import NodeRouter
 from gangwatch.streams.runner import JobRunner
@@ -169,7 +169,7 @@ async def _producer_knows(app: faust.App, tables: tuple[Any, ...]) -> None:
     fresh worker that metadata may not have the changelog topics yet, and the write
     would crash the agent. Cheap once known (aiokafka answers from its cache).
     """
-    producer = app.producer._ensure_producer()  # the aiokafka producer under faust-streaming 0.15's driver
+    producer = faust_adapter.aiokafka_producer(app)
     for table in tables:
         await producer.partitions_for(table.changelog_topic.get_topic_name())
     starting = getattr(app, "changelogs_not_yet", None)
@@ -200,8 +200,8 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     retry = RetryPolicy(give_up_s=s.sink_give_up_s)
     sinks = [queued(sink, capacity=s.sink_queue, retry=retry) for sink in sinks or []]  # off the loop, a thread each
 
-    cap_fetch_wait(s.fetch_wait_ms)
-    seek_uncommitted()
+    faust_adapter.cap_fetch_wait(s.fetch_wait_ms)
+    faust_adapter.seek_uncommitted()
     t = s.own_topics
     datadir = Path(s.datadir or Path(tempfile.gettempdir()) / "gangwatch-faust" / s.app_id)
     datadir.parent.mkdir(parents=True, exist_ok=True)  # Faust makes only the last level

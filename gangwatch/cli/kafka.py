@@ -10,6 +10,7 @@ from pathlib import Path
 from gangwatch.cli import report
 from gangwatch.cli.options import (
     EXIT_CORRUPT,
+    EXIT_EXTRA,
     UserError,
     at_least_zero,
     integer,
@@ -36,6 +37,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     from gangwatch.producers.metrics import MetricsUnavailable
     from gangwatch.streams import worker
+    from gangwatch.streams.faust_adapter import UntestedFramework, check_versions
+
+    try:
+        check_versions()  # the worker reaches into Faust's internals: only versions it was tested with
+    except UntestedFramework as e:
+        raise UserError(str(e), EXIT_EXTRA) from None
 
     st = args.settings  # every setting, from flags, GANGWATCH_* variables, --config and defaults
     settings = st.worker_settings()

@@ -8,7 +8,7 @@ from collections import namedtuple
 from types import SimpleNamespace
 
 import pytest
-from gangwatch.streams.faustfix import seek_to_committed
+from gangwatch.streams.faust_adapter import seek_to_committed
 from gangwatch.streams.glue import Glue
 from gangwatch.streams.runner import JobRunner
 from gangwatch.streams.topics import TopicSettings
@@ -359,3 +359,36 @@ def test_a_hole_is_sought_back_even_when_the_logs_start_cannot_be_asked() -> Non
     g.holes[("t", 0)] = g.next_offset[("t", 0)] = 5
     asyncio.run(g.rewind())
     assert sought == [("t", 0, 5)] and g.holes == {("t", 0): 5}
+
+
+def test_an_untested_faust_or_aiokafka_is_refused_in_one_line_unless_overridden() -> None:
+    from gangwatch.streams.faust_adapter import UntestedFramework, check_versions
+
+    installed = {"faust-streaming": "0.15.3", "aiokafka": "0.14.0"}
+    check_versions(installed.__getitem__, env={})  # the tested series
+    for dist, version in (("faust-streaming", "0.16.0"), ("aiokafka", "0.15.1"), ("faust-streaming", "0.150.0")):
+        newer = {**installed, dist: version}
+        with pytest.raises(UntestedFramework) as e:
+            check_versions(newer.__getitem__, env={})
+        said = str(e.value)
+        assert said.startswith(f"{dist} {version} is installed") and "GANGWATCH_UNTESTED_FRAMEWORK=1" in said
+        check_versions(newer.__getitem__, env={"GANGWATCH_UNTESTED_FRAMEWORK": "1"})  # at the user's risk
+
+
+def test_faust_and_aiokafka_internals_are_touched_in_the_adapter_only() -> None:
+    """Every private name of Faust, mode or aiokafka the worker uses is in streams/faust_adapter.py (issue 25)."""
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    internals = ("_ensure_consumer", "_ensure_producer", "_committed_offset", "_commit", "_create_worker_consumer",
+                 "_fetch_max_wait_ms", "send_changelog", "call_thread", "_thread")
+    pattern = re.compile(r"(?<!self)\.(" + "|".join(internals) + r")\b")  # another object's, not one's own
+    adapter = repo / "streams" / "faust_adapter.py"
+    assert pattern.search(adapter.read_text())  # the list names what the adapter really touches
+    files = [p for folder in ("streams", "sinks", "control", "gangwatch")
+             for p in sorted((repo / folder).rglob("*.py"))]
+    offenders = [f"{p.relative_to(repo)}:{n}: {line.strip()}"
+                 for p in files if p != adapter for n, line in enumerate(p.read_text().splitlines(), 1)
+                 if pattern.search(line) and not line.lstrip().startswith("#")]
+    assert not offenders, "\n".join(offenders)

@@ -1,0 +1,150 @@
+"""The one place gangwatch reaches into Faust's and aiokafka's internals, and the versions that was tested with.
+
+Faust (faust-streaming) is the worker's framework and is used through its public API everywhere else. A few
+needs have no public API in faust-streaming 0.15 and aiokafka 0.14; each is a function here that names the
+behaviour it works around, so that it goes when the library no longer needs it:
+
+- `cap_fetch_wait`: the consumer's fetch wait, fixed at 1.5 s by Faust, capped (a busy partition behind idle ones);
+- `seek_uncommitted` / `seek_to_committed`: the seek back to the committed offsets also for partitions committed
+  at 0 or never, and where each input's reading starts, told to the worker's I/O half;
+- `wrap_commit`: the commits capped at what saved states cover (`Glue.cap_commits`);
+- `watch_changelog_sends`: when a job's saved state is on the broker, not just in the producer's buffer;
+- `aiokafka_consumer`, `aiokafka_producer`, `committed_offset`: aiokafka's own objects under Faust's driver.
+
+`check_versions` runs when a worker starts: an untested Faust or aiokafka is refused in one line (the pins in
+pyproject.toml keep pip from installing one), unless GANGWATCH_UNTESTED_FRAMEWORK=1 says to run anyway.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable, Container, Mapping
+from importlib import metadata
+from typing import Any
+
+# distribution -> the release series tested with (the leading parts of a version)
+TESTED = {"faust-streaming": ("0.15",), "aiokafka": ("0.14",)}  # pyproject.toml pins the same
+OVERRIDE_ENV = "GANGWATCH_UNTESTED_FRAMEWORK"
+
+
+class UntestedFramework(RuntimeError):
+    """An installed Faust or aiokafka this adapter was not tested with."""
+
+
+def check_versions(version: Callable[[str], str] = metadata.version, env: Mapping[str, str] | None = None) -> None:
+    """Refuse, in one line, a Faust or aiokafka of a series not in `TESTED`; GANGWATCH_UNTESTED_FRAMEWORK=1 lets
+    it run (at the user's risk: these internals may have moved)."""
+    env = os.environ if env is None else env
+    for dist, series in TESTED.items():
+        got = version(dist)
+        if not any(got == s or got.startswith(s + ".") for s in series):
+            if env.get(OVERRIDE_ENV, "") in ("1", "true", "yes"):
+                continue
+            pins = " or ".join(f"{s}.x" for s in series)
+            raise UntestedFramework(f"{dist} {got} is installed, but the worker reaches into its internals and was "
+                                    f"tested with {pins} only: install that (pip install -e '.[worker]' keeps to "
+                                    f"the pins), or set {OVERRIDE_ENV}=1 to run it anyway")
+
+
+def aiokafka_consumer(app: Any) -> Any:
+    """The aiokafka consumer under Faust's consumer thread (created if not yet)."""
+    return app.consumer._thread._ensure_consumer()
+
+
+def aiokafka_producer(app: Any) -> Any:
+    """The aiokafka producer under Faust's producer (created if not yet)."""
+    return app.producer._ensure_producer()
+
+
+def committed_offset(app: Any, tp: Any) -> int | None:
+    """What Faust's consumer last read back as the group's committed offset of `tp` (None: none)."""
+    return app.consumer._committed_offset.get(tp)
+
+
+def wrap_commit(app: Any, capped: Callable[[Mapping[Any, int]], Awaitable[bool]]) -> Callable[..., Any]:
+    """Route Faust's commits through `capped`; returns Faust's own commit, which `capped` calls with what it
+    allows (ThreadDelegateConsumer._commit in faust-streaming 0.15)."""
+    consumer = app.consumer
+    own = consumer._commit
+    consumer._commit = capped
+    return own
+
+
+def watch_changelog_sends(table: Any, on_send: Callable[[Any], None]) -> bool:
+    """Call `on_send(future)` with the future of each changelog message `table` sends (resolved once the broker
+    has it); False for a plain mapping, which has no changelog."""
+    send = getattr(table, "send_changelog", None)
+    if send is None:
+        return False
+
+    def send_changelog(*args: Any, **kwargs: Any) -> Any:
+        fut = send(*args, **kwargs)
+        on_send(fut)
+        return fut
+
+    table.send_changelog = send_changelog
+    return True
+
+
+def cap_fetch_wait(ms: int) -> None:
+    """Cap the consumer's fetch wait (Faust 0.15 passes fetch_max_wait_ms=1500 to aiokafka, fixed).
+
+    aiokafka does not re-fetch a partition whose records are still buffered, so the next
+    fetch of a busy partition can sit behind a fetch of idle ones that the broker holds
+    for the whole wait: a worker busy on one hot partition then idles ~1.5 s per cycle
+    (measured: 1k messages/s instead of 3k). Patched on the consumer Faust creates.
+    """
+    from faust.transport.drivers import aiokafka as driver
+
+    cls = driver.AIOKafkaConsumerThread
+    orig = getattr(cls, "_gangwatch_orig_create", None) or cls._create_worker_consumer
+
+    def create(self: Any, transport: Any) -> Any:
+        consumer = orig(self, transport)
+        consumer._fetch_max_wait_ms = ms  # read when the consumer starts its fetcher
+        return consumer
+
+    cls._gangwatch_orig_create = orig
+    cls._create_worker_consumer = create
+
+
+def seek_uncommitted() -> None:
+    """Make Faust's seek back to the committed offsets reach every input partition (`seek_to_committed`), and tell
+    the worker's glue where each input's reading starts."""
+    from faust.transport.drivers import aiokafka as driver
+
+    async def seek_back(self: Any) -> Mapping[Any, int | None]:
+        app = self.consumer.app
+        committed, starts = await self.call_thread(seek_to_committed, self._ensure_consumer(),
+                                                   app.conf.consumer_auto_offset_reset, app.tables.changelog_topics)
+        glue = getattr(app, "gangwatch", None)  # the worker's I/O half: where each input's reading starts
+        if glue is not None:
+            glue.started(starts, committed)
+        return committed
+
+    driver.AIOKafkaConsumerThread.seek_to_committed = seek_back
+
+
+async def seek_to_committed(consumer: Any, reset: str,
+                            skip: Container[str]) -> tuple[dict[Any, int | None], dict[Any, int]]:
+    """aiokafka's `seek_to_committed`, also for the partitions committed at offset 0 or not at all; returns the
+    committed offsets (what Faust reads back) and where reading starts on each partition, where that is known.
+
+    aiokafka seeks only the partitions whose committed offset is above 0 and leaves the others where the fetcher
+    is. Faust drops what it fetched for a partition not active yet, or still queued for an agent when a rebalance
+    starts, and counts on this seek to read it again: a partition committed at 0 (commits capped at its first
+    record) or never (a new group) stayed past those records, which were never delivered; a restarted worker then
+    held its jobs forever, waiting for an input it could not read (the release point, `JobRunner`). Such a
+    partition goes back to the first record the log keeps (never committed: only under the earliest reset
+    policy; latest leaves it be, and where it starts is not known). `skip`: topics Faust positions itself (the
+    tables' changelogs)."""
+    committed = await consumer.seek_to_committed()
+    starts = {tp: offset for tp, offset in committed.items()
+              if tp.topic not in skip and offset is not None and offset > 0}
+    first = [tp for tp, offset in committed.items()
+             if tp.topic not in skip and tp not in starts and (offset == 0 or reset == "earliest")]
+    if first:
+        for tp, offset in (await consumer.beginning_offsets(first)).items():
+            consumer.seek(tp, offset)
+            starts[tp] = offset
+    return committed, starts
