@@ -41,6 +41,28 @@ class Detector(Protocol):
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> Detector: ...
 
+    def observe_run(self, run: Any) -> list[tuple[int, list[Finding]]]: ...
+
+    def finish(self) -> list[Finding]: ...
+
+
+class DetectorBase:
+    """The defaults every detector inherits (`Detector` is what they all implement).
+
+    `observe_run(run)`: the findings of a run of records (`steps.RecordRun`) as (position in the run, findings),
+    what `observe` on each of its records in turn gives; a detector with a faster way overrides it and falls
+    back to this whenever the shortcut could differ. `finish()`: what it makes of what it still holds when the
+    input ends (replay); nothing by default.
+    """
+
+    def observe_run(self, run: Any) -> list[tuple[int, list[Finding]]]:
+        from gangwatch.detectors.steps import observe_each
+
+        return observe_each(self, run)
+
+    def finish(self) -> list[Finding]:
+        return []
+
 
 def stable_id(prefix: str, *parts: object) -> str:
     """A short id that depends only on `parts` (same decision -> same id, across runs)."""

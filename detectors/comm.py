@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
+from gangwatch.detectors.base import DetectorBase
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Record
@@ -50,7 +51,7 @@ COMM_ERROR = FindingType("comm_error", CommStorm, Policy(
     describe=lambda f, ev: f"{ev.reports} collective timeouts from {ev.reporting_ranks} ranks"))
 
 
-class CommDetector:
+class CommDetector(DetectorBase):
     """Summarizes collective-timeout storms of one job."""
 
     name: ClassVar[str] = "comm"

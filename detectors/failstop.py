@@ -85,7 +85,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+from gangwatch.detectors.base import DetectorBase
 from gangwatch.detectors.registry import FindingType, Policy
+from gangwatch.detectors.steps import RecordRun, observe_each, ranks_and_times
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Framework, Record
 from gangwatch.schemas.evidence import Evidence
@@ -229,7 +231,7 @@ START_TIMEOUT = FindingType("start_timeout", StartTimeout, Policy(
     incident="unknown", job_level=True, risk=0.2, describe=_start_timeout_says))
 
 
-class FailStopDetector:
+class FailStopDetector(DetectorBase):
     """Start-up, missed heartbeats and crashed processes of one job."""
 
     name: ClassVar[str] = "failstop"
@@ -550,3 +552,33 @@ class FailStopDetector:
             det.late_s[int(r)] = s
         det.next_tick = math.inf if state["next_tick"] is None else state["next_tick"]
         return det
+
+    def observe_run(self, run: RecordRun) -> list[tuple[int, list[Finding]]]:
+        """Heartbeats and steps of ranks not exited nor silent, none of them due before the next tick: each only
+        makes its rank live and moves its last-seen time forward (`observe` gives no finding and schedules nothing
+        sooner for them). Otherwise `beat` on each in turn (what `observe` does with them); a run with a
+        framework or lifecycle record goes through `observe`, record by record."""
+        if "framework" in run.by_kind or "lifecycle" in run.by_kind:
+            return observe_each(self, run)
+        rank, ts = ranks_and_times(run, self.kinds)
+        ok = (rank < self.topo.size) & (ts >= self.topo.ts)
+        rank, ts = rank[ok], ts[ok]
+        if rank.size == 0:
+            return []
+        if not self.stepped:  # start-up lasts until a step of this run (or a heartbeat that names its rank's last one)
+            cols = run.steps() if "step" in run.by_kind else None
+            topo = self.topo
+            self.stepped = (cols is not None and bool(((cols.rank < topo.size) & (cols.ts >= topo.ts)).any())) \
+                or any(run.recs[i].step is not None and run.recs[i].ts >= topo.ts
+                       for i in run.by_kind.get("heartbeat", ()))
+        status = self.status[rank]
+        if (status == SILENT).any():  # a late record may withdraw a report of silence: record by record
+            return observe_each(self, run)
+        if not ((status == LIVE) | (status == NOT_STARTED)).all() or float((ts + self.timeout).min()) < self.next_tick:
+            beat = self.beat
+            for r, t in zip(rank.tolist(), ts.tolist(), strict=True):
+                beat(r, t)
+            return []
+        self.status[rank] = LIVE
+        np.maximum.at(self.last_seen, rank, ts)
+        return []

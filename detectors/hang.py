@@ -26,7 +26,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+from gangwatch.detectors.base import DetectorBase
 from gangwatch.detectors.registry import FindingType, Policy
+from gangwatch.detectors.steps import RecordRun, observe_each
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Record
 from gangwatch.schemas.evidence import Evidence
@@ -65,7 +67,7 @@ HANG = FindingType("hang", HangEvidence, Policy(
 _STOPS = frozenset({"exit", "exception", "oom"})  # framework records of a process that stopped
 
 
-class HangDetector:
+class HangDetector(DetectorBase):
     """Job-wide step progress of one job."""
 
     name: ClassVar[str] = "hang"
@@ -192,3 +194,21 @@ class HangDetector:
         det.paused = {int(r): (since, what) for r, since, what in state.get("paused", [])}
         det.longest = dict(state.get("longest", {}))
         return det
+
+    def observe_run(self, run: RecordRun) -> list[tuple[int, list[Finding]]]:
+        """Steps: each rank's last step is the largest it reported; only a step past the job's newest one (a
+        handful per run) moves the job's progress; a run with a framework or lifecycle record goes through
+        `observe`, record by record."""
+        if "framework" in run.by_kind or "lifecycle" in run.by_kind:
+            return observe_each(self, run)
+        cols = run.steps()
+        ok = cols.rank < self.topo.size
+        rank, step, ts = cols.rank[ok], cols.step[ok], cols.ts[ok]
+        if step.size == 0:
+            return []
+        np.maximum.at(self.last_step, rank, step)
+        before = np.maximum.accumulate(np.concatenate(([self.max_step], step[:-1])))
+        new = np.flatnonzero(step > before)
+        for s, t in zip(step[new].tolist(), ts[new].tolist(), strict=True):
+            self.progress(s, t)  # never a finding: hang finds only as time passes
+        return []

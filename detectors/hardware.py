@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
+from gangwatch.detectors.base import DetectorBase
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.topology import Topology
 from gangwatch.detectors.xid import is_verdict, lookup
@@ -158,7 +159,7 @@ def _rows(field: array, width: int) -> list[list[Any]]:
     return [field[i:i + width].tolist() for i in range(0, len(field), width)]
 
 
-class HardwareDetector:
+class HardwareDetector(DetectorBase):
     """Kernel-log events and NVML samples of the nodes of one job."""
 
     name: ClassVar[str] = "hardware"

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
+from gangwatch.detectors.base import DetectorBase
 from gangwatch.detectors.failstop import PEER_LOST, clean_exit
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.steps import RecordRun, observe_each
@@ -61,7 +62,7 @@ JOB_STATE = FindingType("job_state", JobState, Policy(
     describe=lambda f, ev: f"job {ev.state}: {ev.cause}"))
 
 
-class JobLifeDetector:
+class JobLifeDetector(DetectorBase):
     """The life of one job: where it is between start and end."""
 
     name: ClassVar[str] = "life"

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
+from gangwatch.detectors.base import DetectorBase
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Gpu, Record
@@ -128,7 +129,7 @@ class _NodeLinks:
         return node
 
 
-class LinkErrorDetector:
+class LinkErrorDetector(DetectorBase):
     """PCIe-replay and NVLink-CRC error rates of the GPUs of one job's nodes."""
 
     name: ClassVar[str] = "linkerrors"

@@ -14,18 +14,14 @@ saved state, so a redeploy with new thresholds reaches restored jobs.
 from __future__ import annotations
 
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict
 from functools import cache
-from operator import attrgetter
 from typing import Any
 
-import numpy as np
 from gangwatch.detectors.base import Detector
 from gangwatch.detectors.catalog import DEFAULT_DETECTORS  # the detectors every job gets, in emission order
-from gangwatch.detectors.failstop import LIVE, NOT_STARTED, SILENT, FailStopDetector
-from gangwatch.detectors.hang import HangDetector
-from gangwatch.detectors.steps import RecordRun, observe_each
+from gangwatch.detectors.steps import RecordRun
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Job, Record, to_dict
 from gangwatch.schemas.codec import decode_obj
@@ -62,85 +58,6 @@ def _checked(configs: Mapping[str, Any] | None, detectors: tuple[type, ...]) -> 
     return out
 
 
-# --- run paths of detectors that have none of their own -----------------------------------------
-# (they read the detector's state as its `observe` does; each falls back to `observe` record by record
-# whenever the shortcut could differ from it)
-
-_RANK, _TS = attrgetter("rank"), attrgetter("ts")
-RunPath = Callable[[Any, RecordRun], list[tuple[int, list[Finding]]]]
-
-
-def _ranks_and_times(run: RecordRun, kinds: frozenset[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(rank, ts) of the run's records of `kinds` (steps and heartbeats), in run order: steps from the run's
-    columns, other records from their attributes."""
-    parts = []  # (positions, ranks, times) per kind
-    for kind in kinds:
-        pos = run.by_kind.get(kind)
-        if not pos:
-            continue
-        if kind == "step":
-            cols = run.steps()
-            parts.append((pos, cols.rank, cols.ts))
-        else:
-            mine = list(map(run.recs.__getitem__, pos))
-            parts.append((pos, np.fromiter(map(_RANK, mine), dtype=np.int64, count=len(mine)),
-                          np.fromiter(map(_TS, mine), dtype=np.float64, count=len(mine))))
-    if len(parts) == 1:
-        return parts[0][1], parts[0][2]
-    order = np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")
-    return np.concatenate([p[1] for p in parts])[order], np.concatenate([p[2] for p in parts])[order]
-
-
-def _failstop_run(det: FailStopDetector, run: RecordRun) -> list[tuple[int, list[Finding]]]:
-    """Heartbeats and steps of ranks not exited nor silent, none of them due before the next tick: each only
-    makes its rank live and moves its last-seen time forward (`observe` gives no finding and schedules nothing
-    sooner for them). Otherwise `beat` on each in turn (what `observe` does with them); a run with a
-    framework or lifecycle record goes through `observe`, record by record."""
-    if "framework" in run.by_kind or "lifecycle" in run.by_kind:
-        return observe_each(det, run)
-    rank, ts = _ranks_and_times(run, det.kinds)
-    ok = (rank < det.topo.size) & (ts >= det.topo.ts)
-    rank, ts = rank[ok], ts[ok]
-    if rank.size == 0:
-        return []
-    if not det.stepped:  # start-up lasts until a step of this run (or a heartbeat that names its rank's last one)
-        cols = run.steps() if "step" in run.by_kind else None
-        det.stepped = (cols is not None and bool(((cols.rank < det.topo.size) & (cols.ts >= det.topo.ts)).any())) \
-            or any(run.recs[i].step is not None and run.recs[i].ts >= det.topo.ts
-                   for i in run.by_kind.get("heartbeat", ()))
-    status = det.status[rank]
-    if (status == SILENT).any():  # a late record may withdraw a report of silence: record by record
-        return observe_each(det, run)
-    if not ((status == LIVE) | (status == NOT_STARTED)).all() or float((ts + det.timeout).min()) < det.next_tick:
-        beat = det.beat
-        for r, t in zip(rank.tolist(), ts.tolist(), strict=True):
-            beat(r, t)
-        return []
-    det.status[rank] = LIVE
-    np.maximum.at(det.last_seen, rank, ts)
-    return []
-
-
-def _hang_run(det: HangDetector, run: RecordRun) -> list[tuple[int, list[Finding]]]:
-    """Steps: each rank's last step is the largest it reported; only a step past the job's newest one (a
-    handful per run) moves the job's progress; a run with a framework or lifecycle record goes through
-    `observe`, record by record."""
-    if "framework" in run.by_kind or "lifecycle" in run.by_kind:
-        return observe_each(det, run)
-    cols = run.steps()
-    ok = cols.rank < det.topo.size
-    rank, step, ts = cols.rank[ok], cols.step[ok], cols.ts[ok]
-    if step.size == 0:
-        return []
-    np.maximum.at(det.last_step, rank, step)
-    before = np.maximum.accumulate(np.concatenate(([det.max_step], step[:-1])))
-    new = np.flatnonzero(step > before)
-    for s, t in zip(step[new].tolist(), ts[new].tolist(), strict=True):
-        det.progress(s, t)  # never a finding: hang finds only as time passes
-    return []
-
-
-RUN_PATHS: dict[type, RunPath] = {FailStopDetector: _failstop_run, HangDetector: _hang_run}
 
 
 class JobMonitor:
@@ -178,18 +95,15 @@ class JobMonitor:
         """What `observe` on each record of `run` in turn gives (no time passes between them), as position in
         the run -> its findings, detectors in emission order; positions without findings are left out.
 
-        Each detector gets the records of its kinds at once: through its `observe_run` when it has one
-        (the step scorers, fail-stop, hang: vectorized), else record by record. Detectors share no state,
+        Each detector gets the records of its kinds at once, through its `observe_run` (vectorized for the
+        step scorers, fail-stop and hang; record by record by default: `base.DetectorBase`). Detectors share no state,
         so taking them one after the other gives each record's findings as taking the records in turn does.
         """
         found: dict[int, list[Finding]] = {}
         for det in self.detectors:
             if not any(k in run.by_kind for k in det.kinds):
                 continue
-            many = getattr(det, "observe_run", None)
-            path = RUN_PATHS.get(type(det))
-            pairs = many(run) if many is not None else path(det, run) if path is not None else observe_each(det, run)
-            for i, fs in pairs:
+            for i, fs in det.observe_run(run):
                 have = found.get(i)
                 if have is None:
                     found[i] = list(fs)
@@ -207,9 +121,7 @@ class JobMonitor:
         """The input ended (replay): what detectors still collecting (sweeps) make of what they have."""
         out: list[Finding] = []
         for det in self.detectors:
-            finish = getattr(det, "finish", None)
-            if finish is not None:
-                out += finish()
+            out += det.finish()
         return out
 
     def state(self) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from operator import attrgetter, itemgetter
 from typing import Any, ClassVar
 
 import numpy as np
+from gangwatch.detectors.base import DetectorBase
 from gangwatch.schemas import Finding, Record
 from gangwatch.schemas.columns import StepRows
 
@@ -215,6 +216,27 @@ class RecordRun:
             elif r.kind == "step":
                 out.append(getattr(r, name))
         return out
+
+
+def ranks_and_times(run: RecordRun, kinds: frozenset[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(rank, ts) of the run's records of `kinds` (steps and heartbeats), in run order: steps from the run's
+    columns, other records from their attributes."""
+    parts = []  # (positions, ranks, times) per kind
+    for kind in kinds:
+        pos = run.by_kind.get(kind)
+        if not pos:
+            continue
+        if kind == "step":
+            cols = run.steps()
+            parts.append((pos, cols.rank, cols.ts))
+        else:
+            mine = list(map(run.recs.__getitem__, pos))
+            parts.append((pos, np.fromiter(map(attrgetter("rank"), mine), dtype=np.int64, count=len(mine)),
+                          np.fromiter(map(attrgetter("ts"), mine), dtype=np.float64, count=len(mine))))
+    if len(parts) == 1:
+        return parts[0][1], parts[0][2]
+    order = np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")
+    return np.concatenate([p[1] for p in parts])[order], np.concatenate([p[2] for p in parts])[order]
 
 
 def observe_each(det: Any, run: RecordRun) -> list[tuple[int, list[Finding]]]:
@@ -521,7 +543,7 @@ class StepBuffer:
 # --- the job-slowdown detector ------------------------------------------------------------------
 
 
-class StepScorer:
+class StepScorer(DetectorBase):
     """Base of the detectors that score whole steps: records go into `buf`, closed steps to `_score`."""
 
     kinds: ClassVar[frozenset[str]] = frozenset({"step"})

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from gangwatch.detectors.base import DetectorBase
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Record
 from gangwatch.schemas.evidence import Evidence
@@ -38,7 +39,7 @@ class Sweep:
     items: dict[int, Any] = field(default_factory=dict)  # rank -> what the detector keeps of its record
 
 
-class SweepDetector:
+class SweepDetector(DetectorBase):
     """Base of the detectors that analyse whole sweeps (`stacks`, `flight`)."""
 
     kind: ClassVar[str]  # the record kind collected
