@@ -9,7 +9,9 @@ behaviour it works around, so that it goes when the library no longer needs it:
   at 0 or never, and where each input's reading starts, told to the worker's I/O half;
 - `wrap_commit`: the commits capped at what saved states cover (`Glue.cap_commits`);
 - `watch_changelog_sends`: when a job's saved state is on the broker, not just in the producer's buffer;
-- `aiokafka_consumer`, `aiokafka_producer`, `committed_offset`: aiokafka's own objects under Faust's driver.
+- `aiokafka_consumer`, `aiokafka_producer`, `committed_offset`: aiokafka's own objects under Faust's driver;
+- `ChangelogsNotYet`: aiokafka's start-up ERROR lines about the changelog topics Faust is still creating;
+- `partition_of`: the producers' partitioner (murmur2), for the jobs of our partitions.
 
 `check_versions` runs when a worker starts: an untested Faust or aiokafka is refused in one line (the pins in
 pyproject.toml keep pip from installing one), unless GANGWATCH_UNTESTED_FRAMEWORK=1 says to run anyway.
@@ -17,7 +19,9 @@ pyproject.toml keep pip from installing one), unless GANGWATCH_UNTESTED_FRAMEWOR
 
 from __future__ import annotations
 
+import logging
 import os
+import weakref
 from collections.abc import Awaitable, Callable, Container, Mapping
 from importlib import metadata
 from typing import Any
@@ -44,6 +48,59 @@ def check_versions(version: Callable[[str], str] = metadata.version, env: Mappin
             raise UntestedFramework(f"{dist} {got} is installed, but the worker reaches into its internals and was "
                                     f"tested with {pins} only: install that (pip install -e '.[worker]' keeps to "
                                     f"the pins), or set {OVERRIDE_ENV}=1 to run it anyway")
+
+
+# app -> the worker's I/O half (`Glue`): what the patched seek tells where each input's reading starts
+_GLUES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def attach(app: Any, glue: Any) -> None:
+    """Make `glue` the I/O half of `app`: the adapter's seek back (`seek_uncommitted`) reports to it."""
+    _GLUES[app] = glue
+
+
+def attached(app: Any) -> Any:
+    """The I/O half `attach` gave `app` (None: none)."""
+    return _GLUES.get(app)
+
+
+def partition_of(key: bytes, partitions: int) -> int:
+    """The partition Kafka's default partitioner (aiokafka's and the Java client's: murmur2) gives `key`."""
+    from aiokafka.partitioner import murmur2
+
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+class ChangelogsNotYet(logging.Filter):
+    """Start-up noise off: aiokafka's ERROR `Topic <app id>-...-changelog not found in cluster metadata`.
+
+    A new worker logs it 12-17 times while Faust creates its tables' changelog topics
+    (the clients ask for their metadata before the topics exist): nothing is wrong, so
+    until `done()` (the producer knows the changelog topics) that one message, for this
+    app's changelog topics only, is demoted to DEBUG (shown with `--loglevel debug`).
+    After `done()` the filter is gone: the same line later means a topic went missing.
+    """
+
+    MESSAGE = "Topic %s not found in cluster metadata"  # aiokafka/cluster.py, logger aiokafka.cluster
+
+    def __init__(self, app_id: str, logger: str = "aiokafka.cluster") -> None:
+        super().__init__()
+        self.prefix = f"{app_id}-"
+        self.logger = logging.getLogger(logger)
+        self.demoted = 0
+        self.logger.addFilter(self)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if not (record.msg == self.MESSAGE and record.levelno > logging.DEBUG and len(args) == 1
+                and str(args[0]).startswith(self.prefix) and str(args[0]).endswith("-changelog")):
+            return True
+        self.demoted += 1
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return self.logger.isEnabledFor(logging.DEBUG)
+
+    def done(self) -> None:
+        self.logger.removeFilter(self)  # (again: nothing)
 
 
 def aiokafka_consumer(app: Any) -> Any:
@@ -117,7 +174,7 @@ def seek_uncommitted() -> None:
         app = self.consumer.app
         committed, starts = await self.call_thread(seek_to_committed, self._ensure_consumer(),
                                                    app.conf.consumer_auto_offset_reset, app.tables.changelog_topics)
-        glue = getattr(app, "gangwatch", None)  # the worker's I/O half: where each input's reading starts
+        glue = attached(app)  # the worker's I/O half: where each input's reading starts
         if glue is not None:
             glue.started(starts, committed)
         return committed

@@ -86,7 +86,7 @@ class Glue:
         self._sought: dict[tuple[str, int], tuple[int, float]] = {}  # ... -> (offset, monotonic time) sought back to
         self.assigned: set[int] = set()
         self.committed: dict[TP, int] = {}  # what this worker last committed, per input
-        self._commit: Callable[[dict[TP, int]], Any] | None = None  # Faust's own commit, under the cap
+        self._faust_commit: Callable[[dict[TP, int]], Any] | None = None  # Faust's own commit, under the cap
         # states written to the table whose changelog message the broker has not confirmed yet (None: a plain
         # mapping, which has no changelog to wait for)
         self._unconfirmed: list[tuple[str, bytes, asyncio.Future | None]] = []
@@ -106,7 +106,7 @@ class Glue:
         self._last_stats = self._started
 
     def started(self, starts: Mapping[Any, int], assigned: Iterable[Any]) -> None:
-        """Faust sought the `assigned` partitions back to their committed offsets (`faust_adapter.seek_to_committed`):
+        """Faust sought the `assigned` partitions back to their committed offsets (the adapter's seek back):
         reading starts at `starts` (the committed offset, or the first record the log keeps), or for a partition
         not in it (never committed, reset policy `latest`) at its first message from here (`in_order`)."""
         for tp in assigned:
@@ -304,8 +304,8 @@ class Glue:
         left alone (its acknowledgement bookkeeping depends on it); only what reaches the broker
         is lowered, and `commit_read` commits the rest once the records are saved.
         """
-        if self._commit is None:
-            self._commit = faust_adapter.wrap_commit(self.app, self._commit_capped)
+        if self._faust_commit is None:
+            self._faust_commit = faust_adapter.wrap_commit(self.app, self._commit_capped)
 
     def resume_points(self) -> dict[tuple[str, int], int]:
         self._confirm_writes()
@@ -322,8 +322,8 @@ class Glue:
                   if (where := (tp.topic, tp.partition)) in read}
         if not capped:
             return True
-        assert self._commit is not None
-        done = await self._commit(capped)
+        assert self._faust_commit is not None
+        done = await self._faust_commit(capped)
         if done:
             self.committed.update(capped)
         return bool(done)
@@ -490,13 +490,11 @@ class Glue:
     def restore_assigned(self) -> None:
         """After a rebalance: bring every saved job of our partitions into memory (so silence is watched, and
         what it owes caps the commits)."""
-        from aiokafka.partitioner import murmur2
-
         n = self.app.conf.topic_partitions
         restored = 0
         for key in list(self.states.keys()):
             job = key.decode()
-            p = (murmur2(key) & 0x7FFFFFFF) % n
+            p = faust_adapter.partition_of(key, n)
             if p in self.assigned and job not in self.runner.jobs:
                 saved = self.states.get(key)
                 if saved:

@@ -130,39 +130,7 @@ class WorkerSettings:
         return replace(self.topics, app=self.app_id)
 
 
-class ChangelogsNotYet(logging.Filter):
-    """Start-up noise off: aiokafka's ERROR `Topic <app id>-...-changelog not found in cluster metadata`.
-
-    A new worker logs it 12-17 times while Faust creates its tables' changelog topics
-    (the clients ask for their metadata before the topics exist): nothing is wrong, so
-    until `done()` (the producer knows the changelog topics) that one message, for this
-    app's changelog topics only, is demoted to DEBUG (shown with `--loglevel debug`).
-    After `done()` the filter is gone: the same line later means a topic went missing.
-    """
-
-    MESSAGE = "Topic %s not found in cluster metadata"  # aiokafka/cluster.py, logger aiokafka.cluster
-
-    def __init__(self, app_id: str, logger: str = "aiokafka.cluster") -> None:
-        super().__init__()
-        self.prefix = f"{app_id}-"
-        self.logger = logging.getLogger(logger)
-        self.demoted = 0
-        self.logger.addFilter(self)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args if isinstance(record.args, tuple) else ()
-        if not (record.msg == self.MESSAGE and record.levelno > logging.DEBUG and len(args) == 1
-                and str(args[0]).startswith(self.prefix) and str(args[0]).endswith("-changelog")):
-            return True
-        self.demoted += 1
-        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-        return self.logger.isEnabledFor(logging.DEBUG)
-
-    def done(self) -> None:
-        self.logger.removeFilter(self)
-
-
-async def _producer_knows(app: faust.App, tables: tuple[Any, ...]) -> None:
+async def _producer_knows(app: faust.App, tables: tuple[Any, ...], quiet: faust_adapter.ChangelogsNotYet) -> None:
     """Wait until the producer has metadata for the tables' changelog topics.
 
     A table write picks its changelog partition from the producer's metadata; on a
@@ -172,10 +140,7 @@ async def _producer_knows(app: faust.App, tables: tuple[Any, ...]) -> None:
     producer = faust_adapter.aiokafka_producer(app)
     for table in tables:
         await producer.partitions_for(table.changelog_topic.get_topic_name())
-    starting = getattr(app, "changelogs_not_yet", None)
-    if starting is not None:  # the changelog topics exist: a missing one from now on is an error again
-        starting.done()
-        app.changelogs_not_yet = None
+    quiet.done()  # the changelog topics exist: a missing one from now on is an error again
 
 
 def action_signer(s: WorkerSettings, topic: str) -> TopicSigner | None:
@@ -227,7 +192,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         producer_max_request_size=STATE_MAX_BYTES,
         **faust_app_kwargs(),  # GANGWATCH_KAFKA_* SASL/SSL (streams/security.py); nothing for PLAINTEXT
     )
-    app.changelogs_not_yet = ChangelogsNotYet(s.app_id)  # type: ignore[attr-defined]  # until _producer_knows
+    quiet = faust_adapter.ChangelogsNotYet(s.app_id)  # until _producer_knows
     job_topics = (*t.job_inputs, t.by_job)
     job_src = app.topic(*job_topics, **_RAW)
     node_src = app.topic(t.node_events, t.node_jobs, **_RAW)
@@ -251,7 +216,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     instrument(app, metrics)  # Faust's own sensor, into the same registry
     glue = Glue(app, runner, router, states, job_topics, (t.node_events, t.node_jobs), sinks or [], s.telemetry,
                 metrics, s.save_every_s, signer=action_signer(s, t.actions))
-    app.gangwatch = glue  # type: ignore[attr-defined]  # for tests and introspection
+    faust_adapter.attach(app, glue)  # the adapter's seek tells it where reading starts; tests read it too
     pause = glue.pause = SinkPause(glue.sinks, s.sink_pause_s)
 
     # the jobs agent and the timer both move cores: one at a time from "process" to "state saved", so a
@@ -260,7 +225,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
 
     @app.agent(job_src, name="gangwatch-jobs")
     async def jobs(stream: faust.StreamT) -> None:
-        await _producer_knows(app, (states, nodemap))
+        await _producer_knows(app, (states, nodemap), quiet)
         async for events in stream.take_events(s.batch_max, within=s.batch_within_s):
             while pause.hold():  # a sink's queue is over its high-water mark: wait (bounded), not in the lock
                 await asyncio.sleep(0.05)
@@ -274,7 +239,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
 
     @app.agent(node_src, name="gangwatch-route")
     async def route(stream: faust.StreamT) -> None:
-        await _producer_knows(app, (states, nodemap))
+        await _producer_knows(app, (states, nodemap), quiet)
         async for events in stream.take_events(s.batch_max, within=s.batch_within_s):
             res = router.on_batch(glue.in_order(events))
             await glue.publish(res)
@@ -284,7 +249,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     async def tick() -> None:
         if app.rebalancing or app.in_recovery or glue.stopping:
             return
-        await _producer_knows(app, (states, nodemap))
+        await _producer_knows(app, (states, nodemap), quiet)
         async with busy:
             res = runner.on_tick(glue.caught_up, glue.lagging, glue.upstream)
             await glue.publish(res)
@@ -360,7 +325,7 @@ def run(s: WorkerSettings, *, loglevel: str = "info", create: bool = True) -> No
         sinks.append(AlertmanagerSink(s.alertmanager))
     app = make_app(s, sinks)
     if s.metrics_port:
-        endpoint = serve_metrics(app.gangwatch.metrics, s.metrics_port)  # raises MetricsUnavailable
+        endpoint = serve_metrics(faust_adapter.attached(app).metrics, s.metrics_port)  # raises MetricsUnavailable
         log.info("metrics on http://0.0.0.0:%d/metrics", endpoint.port)
     # Each record is a few short-lived objects. With the collector's defaults (a young pass every 700
     # allocations, older passes walking every long-lived object: modules, Faust, the jobs' state) collection

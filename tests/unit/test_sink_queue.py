@@ -125,7 +125,9 @@ def test_the_worker_sizes_its_queues_and_pause_from_its_settings(tmp_path: Path)
     app = make_app(WorkerSettings(app_id="t-queues", sink_queue=7, sink_pause_s=1.5, sink_give_up_s=30.0,
                                   datadir=str(tmp_path)),
                    [StoreSink(FakeStore(StoreHarness(tmp_path)), retries=0)])
-    glue = app.gangwatch
+    from gangwatch.streams import faust_adapter
+
+    glue = faust_adapter.attached(app)
     [sink] = glue.sinks
     assert (sink.capacity, sink.retry.give_up_s, glue.pause.max_pause_s) == (7, 30.0, 1.5)
     sink.close()

@@ -201,7 +201,7 @@ def test_commits_follow_what_was_read_under_the_cap_and_a_refused_one_is_retried
         calls.append(dict(offsets))
         return answers.pop(0)
 
-    g._commit = commit
+    g._faust_commit = commit
     g.next_offset[("t", 0)] = 40
     g.next_offset[("t", 1)] = 9  # not ours (any more): never committed
 
@@ -285,7 +285,7 @@ def test_reading_starts_at_the_committed_offset_and_commits_never_pass_what_was_
         calls.append(dict(offsets))
         return True
 
-    g._commit = commit
+    g._faust_commit = commit
     asyncio.run(g._commit_capped({TP("t", 0): 7001, TP("t", 1): 3}))  # nothing handed on from t:1: left alone
     assert calls == [{TP("t", 0): 152}]
 
@@ -382,7 +382,7 @@ def test_faust_and_aiokafka_internals_are_touched_in_the_adapter_only() -> None:
 
     repo = Path(__file__).resolve().parents[2]
     internals = ("_ensure_consumer", "_ensure_producer", "_committed_offset", "_commit", "_create_worker_consumer",
-                 "_fetch_max_wait_ms", "send_changelog", "call_thread", "_thread")
+                 "_fetch_max_wait_ms", "send_changelog", "call_thread", "_thread", "partitioner")
     pattern = re.compile(r"(?<!self)\.(" + "|".join(internals) + r")\b")  # another object's, not one's own
     adapter = repo / "streams" / "faust_adapter.py"
     assert pattern.search(adapter.read_text())  # the list names what the adapter really touches
@@ -391,4 +391,6 @@ def test_faust_and_aiokafka_internals_are_touched_in_the_adapter_only() -> None:
     offenders = [f"{p.relative_to(repo)}:{n}: {line.strip()}"
                  for p in files if p != adapter for n, line in enumerate(p.read_text().splitlines(), 1)
                  if pattern.search(line) and not line.lstrip().startswith("#")]
+    offenders += [f"{p.relative_to(repo)}: sets its own attribute on Faust's app" for p in files
+                  if re.search(r"\bapp\.\w+ = ", p.read_text())]  # the adapter's `attach` keeps what an app has
     assert not offenders, "\n".join(offenders)

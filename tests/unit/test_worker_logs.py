@@ -15,13 +15,14 @@ from gangwatch.streams.topics import TopicSettings
 pytestmark = pytest.mark.unit
 
 worker = pytest.importorskip("gangwatch.streams.worker")
+faust_adapter = pytest.importorskip("gangwatch.streams.faust_adapter")
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z, where the simulator starts
 
 
 def test_changelog_topics_not_found_at_start_are_debug_lines_until_the_topics_exist(caplog):
     aiokafka = logging.getLogger("test-aiokafka.cluster")  # a logger of its own: the real one stays untouched
     aiokafka.setLevel(logging.INFO)
-    noise = worker.ChangelogsNotYet("gw-app", logger=aiokafka.name)
+    noise = faust_adapter.ChangelogsNotYet("gw-app", logger=aiokafka.name)
     with caplog.at_level(logging.INFO, logger=aiokafka.name):
         for _ in range(15):  # what a new worker logs while Faust creates its tables' changelogs
             aiokafka.error("Topic %s not found in cluster metadata", "gw-app-core-state-changelog")
@@ -41,7 +42,7 @@ def test_changelog_topics_not_found_at_start_are_debug_lines_until_the_topics_ex
 def test_with_debug_logging_the_start_up_lines_are_shown_as_debug(caplog):
     aiokafka = logging.getLogger("test-aiokafka.debug")
     aiokafka.setLevel(logging.DEBUG)
-    noise = worker.ChangelogsNotYet("gw-app", logger=aiokafka.name)
+    noise = faust_adapter.ChangelogsNotYet("gw-app", logger=aiokafka.name)
     with caplog.at_level(logging.DEBUG, logger=aiokafka.name):
         aiokafka.error("Topic %s not found in cluster metadata", "gw-app-node-job-changelog")
     noise.done()
