@@ -1,0 +1,169 @@
+"""The ordinary life of a rank through the trainer client: known pauses (a checkpoint save) and stops on purpose
+(SIGTERM, SIGINT), in-process with a recording `send` and, for signals, in a real Python process."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from gangwatch.producers.trainer import TrainerClient
+from gangwatch.schemas import Lifecycle, decode
+
+from tests.unit.trainercases import Recorder, fake_clients  # noqa: F401 - fake_clients: the `fake` fixture
+
+pytestmark = pytest.mark.unit
+
+
+# --- the ordinary life of a rank: known pauses, stops on purpose ------------------------------------------
+
+
+def lifecycle(send: Recorder) -> list[tuple[str, int | None, str | None, str | None]]:
+    return [(r.event, r.rank, r.reason, r.source) for r in send.records() if r.kind == "lifecycle"]
+
+
+def test_a_pause_brackets_a_checkpoint_save_with_pause_and_resume(fake):
+    client, send, ft = fake(rank=3, world_size=4)
+    ft.advance(1.0)
+    client.step(0)
+    with client.pause("checkpoint"):
+        ft.advance(30.0)  # the save
+        client.heartbeat()  # (the heartbeat thread's beat, in a test without threads)
+    client.step(1)
+    client.flush()
+    assert lifecycle(send) == [("pause", 3, "checkpoint", "trainer"), ("resume", 3, "checkpoint", "trainer")]
+    recs = [r for r in send.records() if r.kind in ("lifecycle", "heartbeat")]
+    pause, resume = [r for r in recs if r.kind == "lifecycle"]
+    assert resume.ts - pause.ts == 30.0
+    assert [r.kind for r in recs if pause.ts <= r.ts <= resume.ts] == ["lifecycle", "heartbeat", "lifecycle"]
+
+
+def test_a_pause_whose_body_raises_still_resumes_and_a_pause_not_entered_sends_nothing(fake):
+    client, send, _ = fake()
+    client.pause("eval")  # not entered: nothing is said
+    with pytest.raises(OSError):
+        with client.pause("checkpoint"):
+            raise OSError("disk full")
+    client.flush()
+    assert [e for e, *_ in lifecycle(send)] == ["pause", "resume"]
+
+
+def test_heartbeats_go_on_from_their_thread_during_a_pause(tmp_path):
+    send = Recorder()
+    client = TrainerClient(job="j1", send=send, heartbeat_s=0.05, flush_s=0.02, spool_dir=tmp_path,
+                           exit_hooks=False)
+    try:
+        with client.pause("checkpoint"):
+            paused = time.time()
+            deadline = time.monotonic() + 10
+            while not [r for r in send.records() if r.kind == "heartbeat" and r.ts > paused]:
+                assert time.monotonic() < deadline, "no heartbeat while paused"
+                time.sleep(0.02)
+    finally:
+        client.close()
+    assert [e for e, *_ in lifecycle(send)] == ["pause", "resume"]
+
+
+STOPPED = (
+    "import os, sys, time\n"
+    "from gangwatch.producers.trainer import TrainerClient\n"
+    "out = open(sys.argv[1], 'ab')\n"
+    "def send(t, k, v):\n"
+    "    out.write(v + b'\\n'); out.flush()\n"
+    "client = TrainerClient(job='j9', rank=1, world_size=2, send=send, spool_dir=sys.argv[2])\n"
+    "client.step(0)\n"
+    "{body}"
+)
+READY = "print('ready', flush=True)\n"  # the body says it once the signal may come (inside its try, if any)
+
+
+def _stopped_by(tmp_path, sig: int, body: str = READY + "time.sleep(60)\n") -> tuple[subprocess.CompletedProcess, list]:
+    script = tmp_path / "train.py"
+    script.write_text(STOPPED.format(body=body))
+    sent = tmp_path / "sent.jsonl"
+    proc = subprocess.Popen([sys.executable, str(script), str(sent), str(tmp_path / "spool")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"  # the client and its hooks are in place
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    recs = [r for line in sent.read_bytes().splitlines() for r in decode(line)] if sent.exists() else []
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), recs
+
+
+def test_sigterm_sends_a_stop_then_the_process_still_dies_by_sigterm(tmp_path):
+    proc, recs = _stopped_by(tmp_path, signal.SIGTERM)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr
+    [stop] = [r for r in recs if isinstance(r, Lifecycle)]
+    assert (stop.event, stop.rank, stop.reason, stop.source, stop.job) == ("stop", 1, "SIGTERM", "trainer", "j9")
+    assert [r.type for r in recs if r.kind == "framework"] == []  # neither a crash nor a clean exit
+
+
+def test_sigint_sends_a_stop_and_still_raises_keyboard_interrupt(tmp_path):
+    body = (f"try:\n    {READY}    time.sleep(60)\n"  # ready inside the try: the signal may not come before it
+            "except KeyboardInterrupt:\n    print('interrupted', flush=True)\n    raise\n")
+    proc, recs = _stopped_by(tmp_path, signal.SIGINT, body)
+    assert "interrupted" in proc.stdout and "KeyboardInterrupt" in proc.stderr
+    assert proc.returncode != 0
+    assert [(r.event, r.reason) for r in recs if isinstance(r, Lifecycle)] == [("stop", "SIGINT")]
+    assert [r.type for r in recs if r.kind == "framework"] == []  # Ctrl-C is no exception to report
+
+
+def test_a_previous_sigterm_handler_is_still_called_after_the_stop(tmp_path):
+    body = READY + "time.sleep(60)\n"
+    script_head = ("import signal\n"
+                   "signal.signal(signal.SIGTERM, lambda s, f: (print('mine', flush=True), sys.exit(7)))\n")
+    script = tmp_path / "train.py"
+    head = "import os, sys, time\n"
+    script.write_text(STOPPED.format(body=body).replace(head, head + script_head))
+    sent = tmp_path / "sent.jsonl"
+    proc = subprocess.Popen([sys.executable, str(script), str(sent), str(tmp_path / "spool")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 7 and "mine" in out, err
+    recs = [r for line in sent.read_bytes().splitlines() for r in decode(line)]
+    assert [(r.event, r.reason) for r in recs if isinstance(r, Lifecycle)] == [("stop", "SIGTERM")]
+    assert [r.type for r in recs if r.kind == "framework"] == []  # the stop said it: no `exit` at close
+
+
+def test_a_forked_child_that_gets_sigterm_says_nothing_and_dies_by_it(tmp_path):
+    body = ("import signal\n"
+            "pid = os.fork()\n"
+            "if pid == 0:  # a DataLoader worker, say: it inherits the hooks, not the client\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    os._exit(3)\n"
+            "_, status = os.waitpid(pid, 0)\n"
+            "print('child', os.WIFSIGNALED(status) and os.WTERMSIG(status), flush=True)\n"
+            "client.close()\n")
+    script = tmp_path / "train.py"
+    script.write_text(STOPPED.format(body=body).replace("spool_dir=sys.argv[2])", "spool_dir=sys.argv[2], "
+                                                        "background=False)"))
+    sent = tmp_path / "sent.jsonl"
+    proc = subprocess.run([sys.executable, str(script), str(sent), str(tmp_path / "spool")], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and f"child {int(signal.SIGTERM)}" in proc.stdout, proc.stderr
+    recs = [r for line in sent.read_bytes().splitlines() for r in decode(line)]
+    assert [r for r in recs if isinstance(r, Lifecycle)] == []  # the parent was never stopped
+    assert [(r.type, r.extra.get("code")) for r in recs if r.kind == "framework"] == [("exit", 0)]
+
+
+def test_signal_hooks_can_be_turned_off_and_are_removed_at_close(tmp_path):
+    before = signal.getsignal(signal.SIGTERM)
+    client = TrainerClient(job="j1", send=Recorder(), background=False, spool_dir=tmp_path, signal_hooks=False)
+    assert signal.getsignal(signal.SIGTERM) is before
+    client.close()
+    client = TrainerClient(job="j1", send=Recorder(), background=False, spool_dir=tmp_path)
+    assert signal.getsignal(signal.SIGTERM) == client._on_signal
+    client.close()
+    assert signal.getsignal(signal.SIGTERM) is before
+    made = []
+    t = threading.Thread(target=lambda: made.append(TrainerClient(job="j1", send=Recorder(), background=False,
+                                                                  spool_dir=tmp_path)))
+    t.start()
+    t.join()
+    assert signal.getsignal(signal.SIGTERM) is before  # off the main thread: no hooks, and no error
+    made[0].close()
