@@ -42,10 +42,15 @@ FRAMEWORK_TYPES = ("nccl_timeout", "nccl_error", "barrier_timeout", "exception",
 STACK_FORMATS = ("py-spy", "frames")
 FLIGHT_STATES = ("scheduled", "started", "completed")
 LIFECYCLE_EVENTS = ("start", "pause", "resume", "stop", "end", "restart")
-RECOVERY_PHASES = ("accepted", "replaced", "ckpt_loaded", "comm_ready", "resumed", "failed")
+RECOVERY_PHASES = ("accepted", "replaced", "ckpt_loaded", "comm_ready", "resumed", "failed",
+                   # answers of active diagnosis: a `replay` action's groups passed or failed; a `dual_run`'s digests
+                   "replay_result", "dual_run_result")
+REPLAY_OUTCOMES = ("pass", "fail")
 ACTION_TYPES = (
     "replace", "evict_group", "rollback", "isolate", "dual_run", "degrade",
     "restart_in_process", "requeue", "collect_stacks", "escalate",
+    "replay",  # run the job's step from its last checkpoint on the machine groups in `extra.groups`
+    "readmit",  # a suspect cleared (a dual run found its digests equal): return the node to service
 )
 # the actions that take nodes out of the job (the blast-radius guard and the evaluator count these)
 EVICTING_ACTIONS = frozenset({"replace", "evict_group", "isolate", "requeue"})
@@ -278,6 +283,12 @@ class Recovery:
     job: ID
     action: ID
     phase: Annotated[str, Meta(enum=RECOVERY_PHASES)]
+    # `replay_result`: each group of the replay phase asked for (its `id`) -> "pass" or "fail"
+    results: dict[ID, ID] | None = None
+    # `dual_run_result`: node -> digest of the same step run on it (the suspects and the `reference` machine)
+    digests: dict[ID, ID] | None = None
+    reference: ID | None = None  # `dual_run_result`: the machine trusted as the reference
+    spares: Annotated[int, Meta(minimum=0)] | None = None  # warm spares the controller holds for the job now
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     kind: str = field(default="recovery", init=False)
 

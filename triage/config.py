@@ -47,10 +47,22 @@ class TriageConfig:
     corroborate_window_s: float = 300.0  # hardware evidence this long before a straggler's onset still explains it
     planned_window_s: float = 1800.0  # an `ops` planned record covers stops this long after it
     risk_half_life_s: float = 86400.0
+    dual_run_timeout_s: float = 900.0  # a dual run not answered within this goes to a human
+    replay_timeout_s: float = 1800.0  # ... and a replay phase not answered within this
+    # the escalation ladder when localization fails, in order (triage/diagnose.py); a human comes after it
+    ladder: tuple[str, ...] = ("group", "restart", "replay")
+    ladder_watch_s: float = 3600.0  # after a restart, the same fault back within this goes to the next rung
     shadow: bool = False  # record every action it would take, send none, and score them (triage/shadow.py)
     shadow_window_s: float = 600.0  # how long after a would-be action its verdict is waited for
+
+    def __post_init__(self) -> None:
+        unknown = [r for r in self.ladder if r not in ("group", "restart", "replay")]
+        if unknown:
+            raise ValueError(f"triage.ladder: no rung named {', '.join(unknown)} (rungs: group, restart, replay)")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TriageConfig:
         plain = {f.name: d[f.name] for f in fields(cls) if f.name in d and f.name not in ("budgets", "safety")}
+        if "ladder" in plain:
+            plain["ladder"] = tuple(plain["ladder"])
         return cls(budgets=Budgets(**d.get("budgets", {})), safety=Safety(**d.get("safety", {})), **plain)

@@ -43,6 +43,10 @@ class Timeline:
     signature: str | None = None  # the software failure it is about (a crash loop recurs with the same one)
     withdrawn: list[str] = field(default_factory=list)  # its findings a late record showed wrong
     shadow: bool = False  # its actions were only recorded (shadow mode): nothing was sent
+    # an answer it waits for from the controller (triage/diagnose.py): kind, action id, nodes, until when
+    awaiting: dict[str, Any] | None = None
+    proof: dict[str, str] | None = None  # a dual run's digests, node -> digest
+    rungs: list[dict[str, Any]] = field(default_factory=list)  # the escalation ladder's rungs tried
 
     def promote(self, cls: str) -> bool:
         """Raise the class if `cls` explains more (a hang that turns out to be a dead node is fail_stop)."""
@@ -85,7 +89,9 @@ class Timeline:
                    **({"resolution": self.resolution} if self.resolution else {}),
                    **({"attempts": self.attempts} if self.attempts else {}),
                    **({"withdrawn": list(self.withdrawn)} if self.withdrawn else {}),
-                   **({"shadow": True} if self.shadow else {})},
+                   **({"shadow": True} if self.shadow else {}),
+                   **({"proof": dict(self.proof)} if self.proof else {}),
+                   **({"rungs": [dict(r) for r in self.rungs]} if self.rungs else {})},
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -64,6 +64,7 @@ from gangwatch.schemas import (
 from gangwatch.schemas.classes import CLASSES
 from gangwatch.triage.config import TriageConfig
 from gangwatch.triage.decide import Decision, Situation, decide, straggler_plan
+from gangwatch.triage.diagnose import describe_dual_run, judge_dual_run
 from gangwatch.triage.incident import Timeline
 from gangwatch.triage.localize import Localization, localize
 from gangwatch.triage.profile import NodeProfile
@@ -205,6 +206,12 @@ class Triage:
         return self.topo is not None and len(self.finished) == self.topo.size
 
     def _on_recovery(self, rec: Record, out: Outputs) -> None:
+        if rec.phase in ("dual_run_result", "replay_result"):
+            for w in (self.incident, *self.waiting):
+                if w is not None and w.awaiting and w.awaiting["action"] == rec.action:
+                    self._on_answer(w, rec, out)
+                    return
+            return  # an answer nobody waits for (late, or asked before a restart): recorded, nothing more
         inc = self.incident
         if inc is not None and rec.action in inc.actions:
             if inc.on_phase(rec.phase, rec.ts):
@@ -248,6 +255,9 @@ class Triage:
         inc = self.incident
         if inc is not None and inc.decided_ts is None and now >= inc.decide_at:
             self._decide(inc.decide_at, out)
+        for w in (self.incident, *self.waiting):
+            if w is not None and w.awaiting and now >= w.awaiting["until"]:
+                self._unanswered(w, w.awaiting["until"], out)
         if self.shadow.watch:
             self.shadow.advance(now, out)
         return out
@@ -421,6 +431,42 @@ class Triage:
             self.incident = None
             self.gathered = []
 
+    # --- active diagnosis: answers the controller sends back (triage/diagnose.py) ----------------------
+
+    def _on_answer(self, w: Timeline, rec: Record, out: Outputs) -> None:
+        asked, w.awaiting = w.awaiting, None
+        if asked["kind"] == "dual_run":
+            self._on_dual_run(w, asked, rec, out)
+
+    def _on_dual_run(self, w: Timeline, asked: dict[str, Any], rec: Record, out: Outputs) -> None:
+        """Equal digests readmit a suspect; a different one confirms the SDC; a missing one goes to a human."""
+        v = judge_dual_run(asked["nodes"], rec)
+        w.proof = v.proof
+        said = describe_dual_run(v)
+        if v.cleared:
+            self.guards.give_back(list(v.cleared))
+            self._act(Decision("readmit", v.cleared, w.path or "hot",
+                               f"{said}: the same step gives the same result on {', '.join(v.cleared)}: "
+                               "not confirmed, return to service"), rec.ts, [], out, w)
+        if v.missing:
+            self._act(Decision("escalate", v.missing, "manual", f"{said}: the dual run did not say; a human must "
+                               "confirm or clear the suspect"), rec.ts, [], out, w)
+        w.resolution = "confirmed" if v.confirmed else "not_confirmed" if v.conclusive else "unconfirmed"
+        if v.confirmed:
+            w.culprit_nodes = sorted(v.confirmed)
+        if not v.confirmed and v.conclusive:  # nothing was wrong after all: the incident is over
+            w.culprit_nodes, w.recovered_ts = [], rec.ts
+            if w in self.waiting:
+                self.waiting.remove(w)
+        out.incidents.append(w.record(rec.ts, self.config.budgets))
+
+    def _unanswered(self, w: Timeline, now: float, out: Outputs) -> None:
+        asked, w.awaiting = w.awaiting, None
+        self._act(Decision("escalate", tuple(asked["nodes"]), "manual",
+                           f"{asked['kind'].replace('_', ' ')} asked at {asked['asked']:.0f} got no answer within "
+                           f"{now - asked['asked']:.0f} s: a human must finish the diagnosis"), now, [], out, w)
+        out.incidents.append(w.record(now, self.config.budgets))
+
     def _crash_loop(self, inc: Timeline, d: Decision) -> Decision:
         """Restarting again would fail again: a human, told the signature, the count and where."""
         cause, rank, message = inc.signature.split("|", 2)
@@ -517,6 +563,9 @@ class Triage:
             return
         if d.type in RESTARTING_ACTIONS:
             inc.restarts.append(a.id)
+        if d.type == "dual_run":
+            inc.awaiting = {"kind": "dual_run", "action": a.id, "nodes": list(d.nodes), "asked": a.ts,
+                            "until": a.ts + self.config.dual_run_timeout_s}
         out.actions.append(a)
         if d.type in EVICTING_ACTIONS:
             new = [n for n in d.nodes if n not in inc.evicted_nodes]
