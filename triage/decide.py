@@ -42,6 +42,7 @@ class Decision:
     nodes: tuple[str, ...]
     path: str
     reason: str
+    data: dict | None = None  # what the action carries beyond its nodes (a replay's groups), its `extra`
 
 
 @dataclass(frozen=True)

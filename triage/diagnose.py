@@ -13,6 +13,8 @@ Three answers come back as `recovery` records of the action that asked:
 - **The escalation ladder**, when localization fails: evict the smallest group holding every suspect (when the
   blast-radius guard allows), else restart the job and watch for the fault to come back, else replay, else a
   human. Each rung tried is recorded on the incident with when it was tried, against the localize budget.
+  A `stall` (every rank waited alike past its budget, nobody named) skips the restart: whatever the whole job
+  waits on (a filesystem, a long save) a restart would not cure, and it would lose the work since the last save.
 
 Pure: the records in, verdicts and decisions out; `triage.job` keeps the state.
 """

@@ -64,7 +64,7 @@ from gangwatch.schemas import (
 from gangwatch.schemas.classes import CLASSES
 from gangwatch.triage.config import TriageConfig
 from gangwatch.triage.decide import Decision, Situation, decide, straggler_plan
-from gangwatch.triage.diagnose import describe_dual_run, judge_dual_run
+from gangwatch.triage.diagnose import describe_dual_run, judge_dual_run, rungs_said
 from gangwatch.triage.incident import Timeline
 from gangwatch.triage.localize import Localization, localize
 from gangwatch.triage.profile import NodeProfile
@@ -103,6 +103,8 @@ class Triage:
         self.loops: dict[str, dict[str, Any]] = {}
         self.shadow = Shadow(config.shadow_window_s)  # would-be actions waiting for their verdict
         self.shadow_ops: bool | None = None  # an `ops` record's `shadow` / `act` for this job (None: the setting)
+        # after the ladder's restart rung: {"incident", "rungs", "until"}; the same fault back by then climbs on
+        self.watch: dict[str, Any] | None = None
 
     # --- inputs ---------------------------------------------------------------
 
@@ -325,6 +327,10 @@ class Triage:
         inc = Timeline(id=stable_id("i", self.job, f.id), job=self.job, cls="planned" if planned else cls,
                        onset_ts=onset, detected_ts=f.ts, planned=planned, decide_at=f.ts + wait, signature=sig,
                        stall_step=self.max_step)
+        if self.watch is not None and f.ts <= self.watch["until"] and not planned:  # back after a restart
+            inc.rungs = [*self.watch["rungs"][:-1], {**self.watch["rungs"][-1], "outcome":
+                         f"the fault came back ({self.watch['incident']})"}]
+            self.watch = None
         self.incident = inc
         self.gathered = []
         return inc
@@ -413,6 +419,9 @@ class Triage:
             decisions = [self._crash_loop(inc, d) for d in decisions if d.type in ("restart_in_process", "requeue")
                          and not paged] + [d for d in decisions if d.type not in ("restart_in_process", "requeue")]
         decisions = self.guards.review(decisions, now, len(topo.nodes))
+        if self.config.ladder and CLASSES[inc.cls].stops_the_job and not inc.planned and not software \
+                and not job_level and not (loc.culprits and loc.confidence >= self.config.confidence):
+            decisions = self._climb(inc, loc, decisions, now)
         first = inc.decided_ts is None
         if first:
             inc.decided_ts = now
@@ -459,6 +468,52 @@ class Triage:
             if w in self.waiting:
                 self.waiting.remove(w)
         out.incidents.append(w.record(rec.ts, self.config.budgets))
+
+    def _climb(self, inc: Timeline, loc: Localization, decisions: list[Decision], now: float) -> list[Decision]:
+        """Localization failed: the next rung of the escalation ladder (`triage.diagnose`), recorded on the
+        incident; a human once every rung configured was tried."""
+        tried = {r["rung"] for r in inc.rungs}
+
+        def rung(name: str, outcome: str) -> None:
+            inc.rungs.append({"rung": name, "outcome": outcome, "ts": round(now, 6),
+                              "after_s": round(now - inc.detected_ts, 3),
+                              "over_budget": now - inc.detected_ts > self.config.budgets.localize})
+
+        for name in self.config.ladder:
+            if name in tried:
+                continue
+            if name == "group":
+                if any(d.type == "evict_group" for d in decisions):
+                    rung("group", "evicted")
+                    return decisions
+                if loc.group:
+                    rung("group", "refused by the blast-radius guard")
+                continue  # no group holds the suspects: not a rung for this fault
+            if name == "restart":
+                if inc.cls == "stall":
+                    continue  # the whole job waits alike (a filesystem, a long save): a restart would only lose work
+                rung("restart", "restarted, watching")
+                return [Decision("requeue", (), "cold",
+                                 f"{self._summary()}; no culprit: restart the job and watch for the fault to come "
+                                 f"back within {self.config.ladder_watch_s:.0f} s (escalation ladder)")]
+            if name == "replay":
+                d = self._replay(inc, now, None)
+                if d is not None:
+                    rung("replay", f"phase {d.data['phase']} asked")
+                    return [d]
+                rung("replay", "not possible for this job's topology")
+        said = rungs_said(inc.rungs)
+        rung("human", "paged")
+        pages = [d for d in decisions if d.type == "escalate"] or [
+            Decision("escalate", tuple(loc.group_nodes), "manual", f"{self._summary()}; no culprit with confidence")]
+        if not said or said == "none":
+            return pages
+        return [Decision("escalate", d.nodes, "manual", f"{d.reason}; the escalation ladder tried: {said}")
+                for d in pages]
+
+    def _replay(self, inc: Timeline, now: float, results: dict[str, str] | None) -> Decision | None:
+        """The next replay phase to ask for (None: the plan cannot go on)."""
+        return None
 
     def _unanswered(self, w: Timeline, now: float, out: Outputs) -> None:
         asked, w.awaiting = w.awaiting, None
@@ -547,7 +602,8 @@ class Triage:
         inc = inc or self.incident
         again = (inc.attempts,) if inc.attempts else ()  # a crash loop's later restarts are actions of their own
         a = Action(id=stable_id("a", inc.id, d.type, *d.nodes, *again), ts=round(now, 6), job=self.job, incident=inc.id,
-                   type=d.type, nodes=list(d.nodes), reason=d.reason, evidence=sorted(evidence), path=d.path)
+                   type=d.type, nodes=list(d.nodes), reason=d.reason, evidence=sorted(evidence), path=d.path,
+                   extra=dict(d.data or {}))
         if a.id in inc.actions:
             return
         inc.actions.append(a.id)
@@ -588,6 +644,9 @@ class Triage:
     def _close(self, ts: float, out: Outputs) -> None:
         inc = self.incident
         out.incidents.append(inc.record(ts, self.config.budgets))
+        if inc.rungs and inc.rungs[-1]["rung"] == "restart" and inc.recovered_ts is not None:
+            # the restart got the job going: the same fault back soon goes on up the ladder
+            self.watch = {"incident": inc.id, "rungs": inc.rungs, "until": ts + self.config.ladder_watch_s}
         if inc.signature and inc.decided_ts is not None:  # it may come back after its restart: a crash loop
             self.loops = {**{k: v for k, v in self.loops.items() if k != inc.signature},
                           inc.signature: {"incident": inc.to_dict(), "step": inc.stall_step}}
@@ -620,7 +679,8 @@ class Triage:
                 "finished": sorted(self.finished),
                 "restarting": list(self.restarting) if self.restarting else None,
                 "life": self.life, "run_ts": None if self.run_ts == float("-inf") else self.run_ts,
-                "loops": self.loops, "shadow": self.shadow.state(), "shadow_ops": self.shadow_ops}
+                "loops": self.loops, "shadow": self.shadow.state(), "shadow_ops": self.shadow_ops,
+                "watch": self.watch}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], config: TriageConfig, topo: Topology) -> Triage:
@@ -642,5 +702,6 @@ class Triage:
         tri.loops = dict(state.get("loops", {}))
         tri.shadow = Shadow.from_state(state.get("shadow", []), config.shadow_window_s)
         tri.shadow_ops = state.get("shadow_ops")
+        tri.watch = state.get("watch")
         return tri
 

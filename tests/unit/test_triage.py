@@ -155,8 +155,16 @@ def test_outliers_without_a_small_common_group_evict_just_their_nodes(topo):
     assert (a.type, a.nodes) == ("evict_group", ["n000", "n002"])
 
 
-def test_group_eviction_over_the_blast_radius_escalates(topo):
+def test_group_eviction_over_the_blast_radius_climbs_the_ladder_to_a_restart(topo):
+    """The smallest group holding both suspects is over the blast radius: the ladder's next rung, a restart (with
+    no ladder configured: a human, told why)."""
     tri = Triage("j", TriageConfig(safety=Safety(max_evict_nodes=1)), topo)
+    [a] = [a for a in _outliers(tri, topo, (3, 11)).actions if a.type != "collect_stacks"]
+    assert (a.type, a.nodes, a.path) == ("requeue", [], "cold") and "escalation ladder" in a.reason
+    rungs = tri.incident.rungs
+    assert [(r["rung"], r["outcome"]) for r in rungs] == [("group", "refused by the blast-radius guard"),
+                                                           ("restart", "restarted, watching")]
+    tri = Triage("j", TriageConfig(safety=Safety(max_evict_nodes=1), ladder=()), topo)
     [a] = [a for a in _outliers(tri, topo, (3, 11)).actions if a.type != "collect_stacks"]
     assert a.type == "escalate" and "blast-radius" in a.reason
 
