@@ -23,16 +23,16 @@ import csv
 import io
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import orjson
 
 FIELDS = ("node", "start", "end", "class", "description")
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class NodeEvent:
-    """One event of a node's history; ordered by start time."""
+    """One event of a node's history (lists of them are kept sorted by `in_order`)."""
 
     start: float
     node: str
@@ -44,6 +44,11 @@ class NodeEvent:
     def down_s(self) -> float:
         """How long the machine was out (0 when the end is not known)."""
         return max(0.0, self.end - self.start) if self.end is not None else 0.0
+
+
+def in_order(e: NodeEvent) -> tuple[float, str, str]:
+    """The sort key of histories: by start, then node and class."""
+    return e.start, e.node, e.cls
 
 
 def parse_time(value: object, what: str) -> float | None:
@@ -63,7 +68,7 @@ def parse_time(value: object, what: str) -> float | None:
         raise ValueError(f"{what}: {text!r} is neither epoch seconds nor an ISO 8601 time "
                          "(e.g. 2026-11-02T08:15:00Z)") from None
     if t.tzinfo is None:
-        t = t.replace(tzinfo=timezone.utc)
+        t = t.replace(tzinfo=UTC)
     return t.timestamp()
 
 
@@ -109,7 +114,7 @@ def _rows(text: str, name: str) -> Iterator[tuple[str, Mapping[str, object]]]:
 
 def parse(text: str, name: str = "history") -> list[NodeEvent]:
     """Every event of a history file's text (CSV with a header, or JSON lines), sorted by start."""
-    return sorted(event(row, where) for where, row in _rows(text, name))
+    return sorted((event(row, where) for where, row in _rows(text, name)), key=in_order)
 
 
 def from_incidents(rows: Iterable[Mapping[str, object]]) -> list[NodeEvent]:
@@ -126,7 +131,7 @@ def from_incidents(rows: Iterable[Mapping[str, object]]) -> list[NodeEvent]:
             out.append(NodeEvent(start=float(start), node=str(node), cls=str(r.get("class")),
                                  end=float(end) if end is not None else None,
                                  description=f"incident {r.get('id')} job {r.get('job')}"))
-    return sorted(out)
+    return sorted(out, key=in_order)
 
 
 def to_csv(events: Iterable[NodeEvent]) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from gangwatch.schemas import DeadLetter, DecodeError, Outputs, Record, codec, decode
+from gangwatch.schemas import Action, DeadLetter, DecodeError, Outputs, Record, codec, decode
 from gangwatch.schemas.codec import oversized
 from gangwatch.schemas.columns import StepRows
 from gangwatch.sinks.base import Sink
@@ -204,13 +204,33 @@ class Summary:
         return None
 
 
-class Replay:
-    """Drives a `Core` over items and hands what it produces to the sinks."""
+Responder = Callable[[list[Action]], list[Record]]  # actions -> what a (simulated) controller answers, with times
 
-    def __init__(self, sinks: list[Sink], core: Core | None = None) -> None:
+
+class Replay:
+    """Drives a `Core` over items and hands what it produces to the sinks.
+
+    With a `responder` (a simulated controller), the records it answers the core's actions with join the input
+    at their event time, so that a diagnosis that asks (a replay, a dual run) gets its answer in replay too."""
+
+    def __init__(self, sinks: list[Sink], core: Core | None = None, responder: Responder | None = None) -> None:
         self.core = core or Core(CoreConfig())
         self.sinks = sinks
         self.summary = Summary()
+        self.responder = responder
+        self.answers: list[tuple[float, int, Record]] = []  # (ts, order, record): a heap
+        self._order = itertools.count()
+
+    def feed_answered(self, items: list[Item]) -> None:
+        """`feed` of each item, the responder's answers due by its time first (in time order)."""
+        for item in items:
+            self._answer_until(item.ts)
+            self.feed(item)
+
+    def _answer_until(self, ts: float) -> None:
+        while self.answers and self.answers[0][0] <= ts:
+            _, _, rec = heapq.heappop(self.answers)
+            self.feed(Item(rec.ts, "controller", None, rec))
 
     def feed(self, item: Item) -> None:
         s = self.summary
@@ -298,6 +318,9 @@ class Replay:
             sink.reject(dead)
 
     def _emit(self, out: Outputs, item: Item | None) -> None:
+        if self.responder is not None and out.actions:
+            for rec in self.responder(out.actions):
+                heapq.heappush(self.answers, (rec.ts, next(self._order), rec))
         s = self.summary
         for f in out.findings:
             s.by_type[f.type] = s.by_type.get(f.type, 0) + 1
@@ -313,6 +336,7 @@ class Replay:
                 self._reject(err, item.source, item.line, item.ts)
 
     def close(self) -> Summary:
+        self._answer_until(float("inf"))  # answers due after the input's end (and what they lead to)
         self._emit(self.core.finish(), None)
         for sink in self.sinks:
             sink.close()
@@ -324,24 +348,27 @@ Progress = Callable[[Summary, float], None]  # (summary so far, fraction of the 
 
 def run(paths: list[Path], out_dir: Path, store: Store | None, *, telemetry: bool = False,
         progress: Progress | None = None, core: Core | None = None, sinks: list[Sink] | None = None,
-        append: bool = False) -> Summary:
+        append: bool = False, responder: Responder | None = None) -> Summary:
     """Replay `paths` into `out_dir` (and `store`, and any further `sinks`); returns the summary.
 
     The JSONL outputs are replaced unless `append`. An input cut short keeps what was read
     before the cut in every output; `Summary.stopped` says where it stopped.
     """
-    inputs = [InputFile(p, columns=len(paths) == 1) for p in paths]
+    inputs = [InputFile(p, columns=len(paths) == 1 and responder is None) for p in paths]
     total = sum(i.size for i in inputs) or 1
     sinks = [JsonlSink(out_dir, append=append), *(sinks or [])]
     if store is not None:
         sinks.append(StoreSink(store, telemetry=telemetry, max_delay_s=float("inf")))
-    rep = Replay(sinks, core)
+    rep = Replay(sinks, core, responder)
     rep.summary.out_dir = str(out_dir)
     started = time.monotonic()
     next_print = started
     items = iter(inputs[0]) if len(inputs) == 1 else merged(inputs)
     while chunk := list(itertools.islice(items, _CHUNK)):
-        rep.feed_many(chunk)
+        if responder is None:
+            rep.feed_many(chunk)
+        else:
+            rep.feed_answered(chunk)
         if progress is not None and time.monotonic() >= next_print:
             next_print = time.monotonic() + 0.2
             progress(rep.summary, sum(i.read_bytes for i in inputs) / total)

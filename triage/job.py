@@ -62,12 +62,14 @@ from gangwatch.schemas import (
     to_dict,
 )
 from gangwatch.schemas.classes import CLASSES
+from gangwatch.triage import replayplan
 from gangwatch.triage.config import TriageConfig
 from gangwatch.triage.decide import Decision, Situation, decide, straggler_plan
 from gangwatch.triage.diagnose import describe_dual_run, judge_dual_run, rungs_said
 from gangwatch.triage.incident import Timeline
 from gangwatch.triage.localize import Localization, localize
 from gangwatch.triage.profile import NodeProfile
+from gangwatch.triage.replayplan import ReplayPlan
 from gangwatch.triage.safety import Guards
 from gangwatch.triage.shadow import Shadow
 
@@ -231,7 +233,7 @@ class Triage:
                 self.restarting = None
             if w.on_phase(rec.phase, rec.ts):
                 out.incidents.append(w.record(rec.ts, self.config.budgets))
-                if rec.phase == "resumed":
+                if rec.phase == "resumed" and not w.awaiting:  # (one still asking waits for its answer)
                     self.waiting.remove(w)
             return
 
@@ -259,7 +261,13 @@ class Triage:
             self._decide(inc.decide_at, out)
         for w in (self.incident, *self.waiting):
             if w is not None and w.awaiting and now >= w.awaiting["until"]:
-                self._unanswered(w, w.awaiting["until"], out)
+                if w.awaiting["kind"] == "ladder":  # the wait before the next rung is over
+                    until, w.awaiting = w.awaiting["until"], None
+                    for d in self._climb(w, localize(self.gathered, self.topo, self.config.confidence), [], until):
+                        self._act(d, until, list(w.findings[:16]), out, w)
+                    out.incidents.append(w.record(until, self.config.budgets))
+                else:
+                    self._unanswered(w, w.awaiting["until"], out)
         if self.shadow.watch:
             self.shadow.advance(now, out)
         return out
@@ -446,6 +454,46 @@ class Triage:
         asked, w.awaiting = w.awaiting, None
         if asked["kind"] == "dual_run":
             self._on_dual_run(w, asked, rec, out)
+        elif asked["kind"] == "replay":
+            self._on_replay(w, asked, rec, out)
+
+    def _on_replay(self, w: Timeline, asked: dict[str, Any], rec: Record, out: Outputs) -> None:
+        """A replay phase's results: the next phase, or the culprit its failing groups intersect into (replaced),
+        or a human when the fault did not reproduce or stays ambiguous."""
+        results = {**asked["results"], **{str(k): str(v) for k, v in (rec.results or {}).items()}}
+        plan = ReplayPlan.from_json(asked["plan"])
+        now = rec.ts
+        step = w.rungs[-1] if w.rungs and w.rungs[-1]["rung"] == "replay" else {}
+        d = self._replay(w, now, results, plan)
+        if d is not None:
+            step["outcome"] = f"phase {d.data['phase']} asked"
+            self._act(d, now, list(w.findings[:16]), out, w, results=results)
+            out.incidents.append(w.record(now, self.config.budgets))
+            return
+        v = replayplan.localize(plan, results)
+        cost = plan.cost
+        said = (f"replay: {v.reason} ({len(plan.phases)} phase{'s' if len(plan.phases) != 1 else ''}, "
+                f"{cost.total_runs} runs, {cost.total_machine_runs} machine-runs)")
+        step.update(outcome=v.outcome, runs=cost.total_runs, machine_runs=cost.total_machine_runs,
+                    after_s=round(now - w.detected_ts, 3))
+        if v.outcome == "localized":
+            culprits = tuple(sorted(v.culprits))
+            w.localized_ts = w.localized_ts or now
+            w.culprit_nodes = sorted(set(w.culprit_nodes) | set(culprits))
+            spares = self.config.spares is None or self.config.spares - self.spares_used >= len(culprits)
+            decisions = [Decision("replace", culprits, "hot", f"{self._summary()}; {said}: replace") if spares else
+                         Decision("requeue", culprits, "cold", f"{self._summary()}; {said}: no hot spare left, "
+                                  "full requeue without it")]
+        else:
+            w.rungs.append({"rung": "human", "outcome": "paged", "ts": round(now, 6),
+                            "after_s": round(now - w.detected_ts, 3),
+                            "over_budget": now - w.detected_ts > self.config.budgets.localize})
+            decisions = [Decision("escalate", tuple(sorted(v.candidates | v.culprits)), "manual",
+                                  f"{self._summary()}; {said}; the escalation ladder tried: "
+                                  f"{rungs_said(w.rungs[:-1])}: a human must look", {"rung": "human"})]
+        for d in self.guards.review(decisions, now, len(self.topo.nodes)):
+            self._act(d, now, list(w.findings[:16]), out, w)
+        out.incidents.append(w.record(now, self.config.budgets))
 
     def _on_dual_run(self, w: Timeline, asked: dict[str, Any], rec: Record, out: Outputs) -> None:
         """Equal digests readmit a suspect; a different one confirms the SDC; a missing one goes to a human."""
@@ -464,9 +512,9 @@ class Triage:
         if v.confirmed:
             w.culprit_nodes = sorted(v.confirmed)
         if not v.confirmed and v.conclusive:  # nothing was wrong after all: the incident is over
-            w.culprit_nodes, w.recovered_ts = [], rec.ts
-            if w in self.waiting:
-                self.waiting.remove(w)
+            w.culprit_nodes, w.recovered_ts = [], w.recovered_ts or rec.ts
+        if w.recovered_ts is not None and w in self.waiting:  # answered, and the job resumed already
+            self.waiting.remove(w)
         out.incidents.append(w.record(rec.ts, self.config.budgets))
 
     def _climb(self, inc: Timeline, loc: Localization, decisions: list[Decision], now: float) -> list[Decision]:
@@ -497,29 +545,61 @@ class Triage:
                                  f"{self._summary()}; no culprit: restart the job and watch for the fault to come "
                                  f"back within {self.config.ladder_watch_s:.0f} s (escalation ladder)")]
             if name == "replay":
+                if inc.cls == "stall" and not any(r["rung"] == "page" for r in inc.rungs):
+                    # a job-wide wait: a human first; a replay only if the job is still stalled a budget later
+                    rung("page", f"paged; replay at +{now - inc.detected_ts + self.config.stall_budget_s:.0f} s "
+                                 "if still stalled")
+                    inc.awaiting = {"kind": "ladder", "action": None, "nodes": [], "asked": now,
+                                    "until": now + self.config.stall_budget_s}
+                    return [d if d.type != "escalate" else
+                            Decision(d.type, d.nodes, d.path, f"{d.reason}; if it is still stalled in "
+                                     f"{self.config.stall_budget_s:.0f} s it will be replayed to find the machine")
+                            for d in decisions]
                 d = self._replay(inc, now, None)
                 if d is not None:
                     rung("replay", f"phase {d.data['phase']} asked")
                     return [d]
                 rung("replay", "not possible for this job's topology")
+        if not decisions and any(r["rung"] == "page" for r in inc.rungs):
+            return []  # paged already, and nothing left to try
         said = rungs_said(inc.rungs)
         rung("human", "paged")
         pages = [d for d in decisions if d.type == "escalate"] or [
             Decision("escalate", tuple(loc.group_nodes), "manual", f"{self._summary()}; no culprit with confidence")]
         if not said or said == "none":
             return pages
-        return [Decision("escalate", d.nodes, "manual", f"{d.reason}; the escalation ladder tried: {said}")
-                for d in pages]
+        return [Decision("escalate", d.nodes, "manual", f"{d.reason}; the escalation ladder tried: {said}",
+                         {"rung": "human"}) for d in pages]
 
-    def _replay(self, inc: Timeline, now: float, results: dict[str, str] | None) -> Decision | None:
-        """The next replay phase to ask for (None: the plan cannot go on)."""
-        return None
+    def _replay(self, inc: Timeline, now: float, results: dict[str, str] | None = None,
+                plan: ReplayPlan | None = None) -> Decision | None:
+        """The first replay phase of the job (`plan` None), or the one after `plan`'s last given every result so
+        far; None when there is none (a topology no group can run, or nothing left to tell apart)."""
+        if plan is None:
+            try:
+                plan = replayplan.plan(self.topo)
+            except ValueError:
+                return None
+        else:
+            nxt = replayplan.next_phase(plan, results or {})
+            if nxt is None:
+                return None
+            plan = plan.extend(nxt)
+        phase = plan.phases[-1]
+        nodes = tuple(sorted({n for g in phase.groups for n in g.nodes}))
+        return Decision("replay", nodes, "cold",
+                        f"{self._summary()}; no culprit: replay the step from the last checkpoint on {phase.runs} "
+                        f"group{'s' if phase.runs != 1 else ''} of machines at once ({phase.machine_runs} machines), "
+                        f"phase {phase.number}; the failing groups intersect into the culprit (escalation ladder)",
+                        data={**phase.to_json(), "plan": plan.to_json()})
 
     def _unanswered(self, w: Timeline, now: float, out: Outputs) -> None:
         asked, w.awaiting = w.awaiting, None
         self._act(Decision("escalate", tuple(asked["nodes"]), "manual",
                            f"{asked['kind'].replace('_', ' ')} asked at {asked['asked']:.0f} got no answer within "
                            f"{now - asked['asked']:.0f} s: a human must finish the diagnosis"), now, [], out, w)
+        if w.recovered_ts is not None and w in self.waiting:
+            self.waiting.remove(w)
         out.incidents.append(w.record(now, self.config.budgets))
 
     def _crash_loop(self, inc: Timeline, d: Decision) -> Decision:
@@ -598,12 +678,17 @@ class Triage:
                         onset_ts=min(t.onset_ts for t in mine), detected_ts=first.finding.ts, localized_ts=now,
                         decide_at=now, findings=list(dict.fromkeys([t.finding.id for t in mine] + hw)))
 
-    def _act(self, d: Decision, now: float, evidence: list[str], out: Outputs, inc: Timeline | None = None) -> None:
+    def _act(self, d: Decision, now: float, evidence: list[str], out: Outputs, inc: Timeline | None = None,
+             results: dict[str, str] | None = None) -> None:
         inc = inc or self.incident
         again = (inc.attempts,) if inc.attempts else ()  # a crash loop's later restarts are actions of their own
+        data = dict(d.data or {})
+        plan = data.pop("plan", None)  # a replay's plan stays with the incident; the action carries its phase
+        if "phase" in data or "rung" in data:  # a replay's phases, the ladder's rungs: actions of their own
+            again = (*again, f"phase {data.get('phase')} rung {data.get('rung')}")
         a = Action(id=stable_id("a", inc.id, d.type, *d.nodes, *again), ts=round(now, 6), job=self.job, incident=inc.id,
                    type=d.type, nodes=list(d.nodes), reason=d.reason, evidence=sorted(evidence), path=d.path,
-                   extra=dict(d.data or {}))
+                   extra=data)
         if a.id in inc.actions:
             return
         inc.actions.append(a.id)
@@ -622,6 +707,9 @@ class Triage:
         if d.type == "dual_run":
             inc.awaiting = {"kind": "dual_run", "action": a.id, "nodes": list(d.nodes), "asked": a.ts,
                             "until": a.ts + self.config.dual_run_timeout_s}
+        elif d.type == "replay":
+            inc.awaiting = {"kind": "replay", "action": a.id, "nodes": list(d.nodes), "asked": a.ts,
+                            "until": a.ts + self.config.replay_timeout_s, "plan": plan, "results": results or {}}
         out.actions.append(a)
         if d.type in EVICTING_ACTIONS:
             new = [n for n in d.nodes if n not in inc.evicted_nodes]

@@ -15,21 +15,24 @@ runnable (they hold that stage's layers only), so no group is a stage: every gro
 the groups of one phase share no node, so they run at once. A TP group that spans two nodes is rebuilt from any
 two nodes that ran its two halves (its traffic crosses the same network for every pair).
 
-**Phases.** Each phase packs the nodes still under suspicion into as many pipelines as there are nodes of a
-kind (D, fewer once confirmed culprits are out), spread evenly, and completes each pipeline with known-good
-nodes: nodes outside `suspects`, or nodes of a group that passed. With every node suspect, phase 1 replays
-the job's own D pipelines, one per data-parallel replica (or pair of replicas when a node hosts two); phase 2,
-built from phase 1's results, replays each node of the failing pipelines in a pipeline of its own, completed
-from the pipelines that passed. A failing group whose suspects all passed elsewhere but one names that one.
+**Phases.** Each phase packs the nodes still under suspicion into pipelines, spread evenly: as many pipelines
+as a kind has usable nodes (D, fewer once confirmed culprits are out), or as there are suspects if fewer; it
+completes each with known-good nodes (nodes outside `suspects`, or of a group that passed). With every node
+suspect, phase 1 replays the job's own D pipelines, one per data-parallel replica (or pair of replicas when a
+node hosts two); phase 2, built from phase 1's results, replays each node of the failing pipelines in a pipeline
+of its own, completed from the pipelines that passed. A failed group whose other suspects all passed elsewhere
+names its last one; a failed group whose suspects all passed elsewhere means the fault does not reproduce.
 
 **When two phases suffice.** With P kinds and D pipelines, a single faulty node leaves P suspects after
 phase 1 and a pair leaves P (one pipeline) or 2P (two): phase 2 tests each alone when they number at most D.
-So two phases pinpoint any single fault when D >= P and any pair when D >= 2P. No two-phase plan does better
-for a single fault, and for a pair none does better than D >= 2P - 1: in phase 2 a group may hold at most one
-suspect of each failing pipeline, and each group takes the P - 1 other kinds from the D - 2 that passed.
-Below the bound further phases follow, each packing the remaining suspects into the D pipelines, until each is
-tested alone (a third phase for PP 16 x DP 8). With PP 1 and one TP group per node, phase 1 replays each node
-alone. With D = 1 (DP 1) nothing can be split: `next_phase` gives none, and the verdict lists the candidates.
+So two phases pinpoint any single fault when D >= P and any pair when D >= 2P. No two-phase plan needs less
+for a single fault, and for a pair none needs less than D >= 2P - 1: phase 1 can do no better than whole
+pipelines; of the 2P suspects two failing ones leave, phase 2 must test each alone except at most one per
+pipeline left out, or two paired in one group, and either way some kind needs 2P - 3 known-good nodes from
+the D - 2 pipelines that passed. Below the bound further phases follow, each packing the remaining suspects
+into the D pipelines, until each is tested alone (3 phases for PP 16 x DP 8; 5 for a pair at PP 16 x DP 4).
+With PP 1 and one TP group per node, phase 1 replays each node alone. With D = 1 (DP 1) nothing can be split:
+`next_phase` gives none, and the verdict lists every node of the pipeline as a candidate.
 
 Nodes outside `suspects` are taken as good: a fault among them is blamed on the suspects they replay with.
 Pure: no I/O, no clock. Phases and plans are JSON-able (`to_json` / `from_json`) for action records and state;
@@ -46,7 +49,6 @@ from typing import Any
 from gangwatch.detectors.topology import Topology
 
 PASS, FAIL = "pass", "fail"
-OUTCOMES = ("localized", "ambiguous", "none_failed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +145,7 @@ class ReplayPlan:
         try:
             return cls(str(value["job"]), tuple(tuple(map(str, k)) for k in value["kinds"]), int(value["dp"]),
                        frozenset(map(str, value["suspects"])), tuple(Phase.from_json(p) for p in value["phases"]))
-        except (KeyError, TypeError) as e:
+        except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"not a replay plan ({type(e).__name__}: {e}); pass what ReplayPlan.to_json wrote") \
                 from None
 

@@ -19,7 +19,21 @@ import os
 import sys
 
 from gangwatch import __version__
-from gangwatch.cli import agent, config, controller, ingest, kafka, kubernetes, replay, simulate, slurm, sql
+from gangwatch.cli import (
+    agent,
+    config,
+    controller,
+    ingest,
+    kafka,
+    kubernetes,
+    postmortem,
+    replay,
+    rules,
+    simulate,
+    slurm,
+    spares,
+    sql,
+)
 from gangwatch.cli.options import (
     EXIT_EXTRA,
     EXIT_INPUT,
@@ -30,13 +44,15 @@ from gangwatch.cli.options import (
     resolve,
 )
 
-COMMANDS = (replay, simulate, ingest, kafka, agent, controller, slurm, kubernetes, config, sql)
+COMMANDS = (replay, simulate, ingest, kafka, agent, controller, slurm, kubernetes, config, sql, postmortem, rules,
+            spares)
 
 # The extra that brings each optional top-level module.
 EXTRAS = {
     "numpy": "replay", "chdb": "embedded", "clickhouse_driver": "store", "faust": "worker", "aiokafka": "worker",
     "mode": "worker", "prometheus_client": "worker", "sklearn": "stacks", "scipy": "stacks", "pynvml": "nvml",
     "torch": "torch", "pydantic": "replay", "pydantic_settings": "replay", "pydantic_core": "replay",
+    "matplotlib": "report",
 }
 
 

@@ -7,8 +7,19 @@ import shutil
 import sys
 from pathlib import Path
 
+import orjson
+
 from gangwatch.cli import report
-from gangwatch.cli.options import EXIT_CORRUPT, EXIT_INPUT, UserError, number, opt, positive, settings_opts
+from gangwatch.cli.options import (
+    EXIT_CORRUPT,
+    EXIT_INPUT,
+    EXIT_USAGE,
+    UserError,
+    number,
+    opt,
+    positive,
+    settings_opts,
+)
 from gangwatch.cli.services import check_store_url, wait_for_kafka, wait_for_store
 
 
@@ -89,12 +100,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
         from gangwatch.sinks.alertmanager import AlertmanagerSink
 
         extra.append(AlertmanagerSink(args.alertmanager))
+    responder = simulated_controller(args.simulate_controller) if args.simulate_controller else None
     store = open_store_for(args, out)
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     progress = report.ProgressLine() if show and not args.quiet else None
     try:
         summary = replay.run(args.files, out, store, telemetry=args.telemetry, progress=progress, sinks=extra,
-                             append=args.append, core=Core(st.core_config()))
+                             append=args.append, core=Core(st.core_config()), responder=responder)
     finally:
         if progress is not None:
             progress.done()
@@ -195,6 +207,29 @@ def _cell(v: object) -> str:
     return "" if v is None else str(v)  # a float in full (repr's shortest exact form): 1767225600.225973
 
 
+def simulated_controller(spec: str):
+    """`--simulate-controller`: a scenario's ground truth (a .json file) or the faulty nodes, comma-separated."""
+    from gangwatch.producers.simulate.controller import SimulatedController, answers
+
+    if spec.endswith(".json"):
+        path = Path(spec)
+        try:
+            truth = orjson.loads(path.read_bytes())
+        except orjson.JSONDecodeError as e:
+            raise UserError(f"--simulate-controller {spec}: not JSON ({e}); want a scenario's NAME.truth.json",
+                            EXIT_INPUT) from None
+        if not isinstance(truth, dict) or "faults" not in truth:
+            raise UserError(f"--simulate-controller {spec}: no `faults` in it; want the NAME.truth.json "
+                            "`gangwatch simulate` writes beside NAME.jsonl.gz", EXIT_INPUT)
+        controller = SimulatedController.of_truth(truth)
+    else:
+        nodes = frozenset(n.strip() for n in spec.split(",") if n.strip())
+        if not nodes:
+            raise UserError("--simulate-controller: name the faulty nodes (n003,n007) or a truth file", EXIT_USAGE)
+        controller = SimulatedController(faulty=nodes, corrupting=nodes)
+    return lambda actions: answers(controller, actions)
+
+
 def connect_timeout_opt(p: argparse.ArgumentParser) -> None:
     opt(p, "--connect-timeout", type=positive(number), default=15.0,
         help="seconds to wait for an unreachable Kafka or ClickHouse before giving up")
@@ -223,6 +258,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "with sinks.webhook_secret (GANGWATCH_WEBHOOK_SECRET)")
     opt(r, "--alertmanager", metavar="URL", type=http_url, setting="sinks.alertmanager",
         help="also push incidents as alerts to this Alertmanager (http://HOST:9093; its v2 API)")
+    opt(r, "--simulate-controller", metavar="TRUTH|NODES",
+        help="answer the actions as a job controller would (recovery phases, replay results, dual-run digests), "
+        "knowing the broken machines from a scenario's NAME.truth.json or from a list (n003,n007): the loop "
+        "of active diagnosis in replay (producers/simulate/controller.py)")
     connect_timeout_opt(r)
     settings_opts(r)
     r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,

@@ -7,7 +7,10 @@ from gangwatch.schemas import Recovery
 from gangwatch.triage.config import TriageConfig
 from gangwatch.triage.job import Triage
 
-from tests.unit.test_triage import T0, run, sdc_decided, topo  # noqa: F401  (topo: a fixture)
+from tests.unit import test_triage
+from tests.unit.test_triage import T0, run, sdc_decided
+
+topo = test_triage.topo  # the fixture: a 16-node job, 2 stages x 8 replicas
 
 pytestmark = pytest.mark.unit
 
@@ -67,3 +70,96 @@ def test_a_missing_digest_and_no_answer_go_to_a_human(topo):
         assert "no answer within 300 s" in out.actions[0].reason
     late = run(slow, [answer(action, asked + 1000, n005="x", n009="x")])
     assert late.actions == [] and late.incidents == []  # answered after a human took over: recorded, no action
+
+
+def climb(tri, items, controller, until, step=5.0):
+    """Feed `items`, then let event time run to `until` in `step`s as a worker's ticks would, feeding what
+    `controller` answers to every action at the answer's time."""
+    from gangwatch.producers.simulate.controller import answers
+    from gangwatch.schemas import Outputs
+
+    seen = run(tri, items)
+    pending = answers(controller, seen.actions)
+    now = max(x[1] if isinstance(x, tuple) else x.ts for x in items)
+    while now < until:
+        now = min(until, now + step)
+        due = [r for r in pending if r.ts <= now]
+        pending = [r for r in pending if r.ts > now]
+        out = Outputs()
+        for rec in due:
+            out.extend(run(tri, [("advance", rec.ts), rec]))
+        out.extend(run(tri, [("advance", now)]))
+        seen.extend(out)
+        pending = sorted(pending + answers(controller, out.actions), key=lambda r: r.ts)
+    return seen
+
+
+@pytest.mark.parametrize("faulty", ["n006", "n013"])
+def test_a_stall_nobody_explains_pages_then_is_replayed_to_the_machine(topo, faulty):
+    """Every rank alike and the sweep names nobody (a hang with identical stacks everywhere): a human is paged at
+    the stall budget; still stalled a budget later, the job is replayed in groups and the failing groups
+    intersect into the machine, which is replaced; the rungs and the replay's cost are on the incident."""
+    from gangwatch.producers.simulate.controller import SimulatedController
+
+    from tests.unit.test_triage import hang
+
+    tri = Triage("j", TriageConfig(), topo)
+    controller = SimulatedController(faulty=frozenset({faulty}))
+    out = climb(tri, [hang(T0 + 40), ("advance", T0 + 20 + 300)], controller, T0 + 20 + 1200)
+    types = [a.type for a in out.actions]
+    assert types[:2] == ["collect_stacks", "escalate"] and "replayed" in out.actions[1].reason
+    replays = [a for a in out.actions if a.type == "replay"]
+    assert replays[0].ts == T0 + 20 + 600 and [a.extra["phase"] for a in replays] == [1, 2]
+    assert all({"id", "nodes"} <= set(g) for a in replays for g in a.extra["groups"])
+    assert types[-1] == "replace" and out.actions[-1].nodes == [faulty]
+    assert "replay:" in out.actions[-1].reason and "failed where every other suspect passed" in out.actions[-1].reason
+    inc = out.incidents[-1]
+    assert inc.culprit_nodes == [faulty] and inc.localized_ts == out.actions[-1].ts
+    rungs = inc.extra["rungs"]
+    assert [r["rung"] for r in rungs] == ["page", "replay"] and rungs[-1]["outcome"] == "localized"
+    assert rungs[-1]["runs"] == sum(len(a.extra["groups"]) for a in replays)
+
+
+def test_a_fault_that_does_not_reproduce_in_replay_goes_to_a_human_and_silence_too(topo):
+    from gangwatch.producers.simulate.controller import SimulatedController
+
+    from tests.unit.test_triage import hang
+
+    tri = Triage("j", TriageConfig(), topo)
+    out = climb(tri, [hang(T0 + 40), ("advance", T0 + 20 + 300)], SimulatedController(), T0 + 20 + 1200)
+    last = out.actions[-1]
+    assert last.type == "escalate" and "did not reproduce" in last.reason and "replay" in last.reason
+    assert [r["rung"] for r in out.incidents[-1].extra["rungs"]] == ["page", "replay", "human"]
+
+    tri = Triage("j", TriageConfig(replay_timeout_s=600), topo)
+    silent = SimulatedController(faulty=frozenset({"n006"}), silent=frozenset({"replay"}))
+    out = climb(tri, [hang(T0 + 40), ("advance", T0 + 20 + 300)], silent, T0 + 20 + 600 + 700)
+    assert [a.type for a in out.actions][-2:] == ["replay", "escalate"]
+    assert "no answer within 600 s" in out.actions[-1].reason
+
+
+def test_a_restart_that_does_not_cure_climbs_to_replay_when_the_fault_comes_back(topo):
+    """Two suspects whose group is over the blast radius: a restart, watched; the job steps again (recovered),
+    then the same fault comes back within the watch: no second restart, the next rung (replay) finds the node."""
+    from gangwatch.producers.simulate.controller import SimulatedController
+    from gangwatch.schemas import Step
+    from gangwatch.triage.config import Safety
+
+    from tests.unit.test_triage import hang, outlier
+
+    tri = Triage("j", TriageConfig(safety=Safety(max_evict_nodes=1)), topo)
+    run(tri, [Step(ts=T0 + 10, job="j", rank=0, step=5, step_s=1.0)])
+    out = run(tri, [hang(T0 + 40), outlier(topo, T0 + 70, 3), outlier(topo, T0 + 70, 11), ("advance", T0 + 200)])
+    assert [a.type for a in out.actions] == ["collect_stacks", "requeue"]
+    out = run(tri, [Step(ts=T0 + 400, job="j", rank=0, step=6, step_s=1.0)])
+    assert out.incidents[-1].recovered_ts == T0 + 400 and tri.watch is not None
+    controller = SimulatedController(faulty=frozenset({"n000"}))
+    items = [hang(T0 + 900, key=2), outlier(topo, T0 + 930, 3, snapshot="s2"),
+             outlier(topo, T0 + 930, 11, snapshot="s2"), ("advance", T0 + 1100)]
+    out = climb(tri, items, controller, T0 + 3000)
+    types = [a.type for a in out.actions]
+    assert "requeue" not in types and types.count("replay") >= 1 and types[-1] == "replace"
+    assert out.actions[-1].nodes == ["n000"]
+    rungs = out.incidents[-1].extra["rungs"]
+    assert [r["rung"] for r in rungs] == ["group", "restart", "replay"] and rungs[-1]["outcome"] == "localized"
+    assert rungs[1]["outcome"].startswith("the fault came back")

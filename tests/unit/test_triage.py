@@ -226,7 +226,9 @@ def test_sdc_incident_waits_for_recovery_and_absorbs_later_numeric_corroboration
     assert numeric.id in out.incidents[-1].extra["findings"]
     out = run(tri, [Recovery(ts=T0 + 300, job="j", action=rollback.id, phase="ckpt_loaded"),
                     Recovery(ts=T0 + 400, job="j", action=rollback.id, phase="resumed")])
-    assert out.incidents[-1].recovered_ts == T0 + 400 and tri.waiting == []
+    assert out.incidents[-1].recovered_ts == T0 + 400 and tri.waiting[0].awaiting["kind"] == "dual_run"
+    out = run(tri, [("advance", T0 + 20 + 900)])  # the dual run it asked for never answered: a human, and done
+    assert [a.type for a in out.actions] == ["escalate"] and tri.waiting == []
 
 
 def monitoring_gap(topo, ts):

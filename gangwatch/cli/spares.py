@@ -1,0 +1,145 @@
+"""`gangwatch spares`: the warm-standby pool a job needs, sized from the fleet's failure history (gangwatch.fleet)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import orjson
+
+from gangwatch.cli.options import EXIT_INPUT, EXIT_USAGE, UserError, integer, number, opt, positive
+from gangwatch.cli.replay import connect_timeout_opt, query_store
+from gangwatch.fleet import spares
+from gangwatch.fleet.history import NodeEvent, from_incidents, in_order, parse
+
+DESCRIPTION = """\
+How many warm spare machines to hold for a job so that a failed machine is replaced in seconds: the number
+that covers the job's machines down at once (in repair) at a percentile (P99 by default), sized from the
+fleet's failure history. The history is files in the import format (CSV or JSON lines: node, start, end,
+class, description; an event without end takes --repair-hours), or, without --history, the store's unplanned
+incidents: one failure per culprit machine, whose repair time the store does not know (an incident's recovery
+is the job's, not the machine's), so each takes --repair-hours.
+
+A job of M machines in a fleet of F sees each down machine with probability M/F. Two estimates, the advice
+is the larger: a negative binomial of the failures in a repair-time window (the rate from the last
+--window-days, so a drift is followed; the dispersion from the whole history, so bursts that take several
+machines at once count), and the exact percentile of the machines down at once over the last --window-days.
+The output says which bound it. --backtest fits on the first --split of the history and reports the share
+of the rest the advice covered, to compare with the percentile. The fleet's size is --fleet, else the
+machines the history names (machines that never failed are not named: pass --fleet)."""
+
+
+def _events(args: argparse.Namespace) -> list[NodeEvent]:
+    """The failures of `--history`'s files, else of the store's unplanned incidents (each taking the horizon),
+    kept to `--class`."""
+    if args.history:
+        events: list[NodeEvent] = []
+        for path in args.history:
+            if not path.is_file():
+                raise UserError(f"no such file: {path}" if not path.exists() else f"{path} is not a file",
+                                EXIT_INPUT)
+            try:
+                events += parse(path.read_text(encoding="utf-8"), str(path))
+            except (ValueError, UnicodeDecodeError) as e:
+                raise UserError(str(e), EXIT_INPUT) from None
+    else:
+        rows = query_store(args, "SELECT id, job, class, planned, onset_ts, detected_ts, ts, recovered_ts, "
+                           "culprit_nodes FROM gw_incidents FINAL WHERE planned = 0")
+        events = [replace(e, end=None) for e in from_incidents(rows)]
+    if args.classes:
+        wanted = {c.strip().lower() for c in args.classes}
+        events = [e for e in events if e.cls in wanted]
+    return sorted(events, key=in_order)
+
+
+def job_machines(args: argparse.Namespace) -> int:
+    """The machines of job `args.job` from the store: its latest topology (a `job` record in gw_telemetry),
+    else the distinct nodes its telemetry names; UserError saying to pass --machines when neither is there."""
+    from gangwatch.queries import Param, literal
+
+    job = literal(Param("job", "String", "''", ""), args.job)
+    [row] = query_store(args, f"""
+        SELECT (SELECT argMax(arrayUniq(extractAll(payload, '"node":"([^"]*)"')), ts) FROM gw_telemetry
+                WHERE kind = 'job' AND job = {job}) AS topology,
+               (SELECT uniqExact(node) FROM gw_telemetry WHERE job = {job} AND node != '') AS nodes,
+               (SELECT max(job_ranks) FROM gw_jobs FINAL WHERE job = {job}) AS ranks""")
+    machines = int(row.get("topology") or 0) or int(row.get("nodes") or 0)
+    if machines:
+        return machines
+    ranks = int(row.get("ranks") or 0)
+    if ranks:
+        raise UserError(f"the store has job {args.job!r}'s {ranks} ranks but not the machines they run on (no "
+                        f"telemetry stored): pass --machines N (e.g. {-(-ranks // 8)} at 8 ranks a machine)")
+    raise UserError(f"the store has no job {args.job!r} (gw_jobs, gw_telemetry): pass --machines N, or a job "
+                    "`gangwatch sql ettr` lists")
+
+
+def cmd_spares(args: argparse.Namespace) -> int:
+    machines = args.machines if args.machines is not None else job_machines(args)
+    events = _events(args)
+    knobs = dict(fleet_machines=args.fleet, percentile=args.percentile, horizon_s=args.repair_hours * 3600,
+                 window_s=args.window_days * spares.DAY)
+    try:
+        advice = spares.advise(events, machines, **knobs)
+        test = None
+        if args.backtest:
+            refit_s = args.refit_days * spares.DAY if args.refit_days else None
+            test = spares.backtest(events, machines, split=args.split, refit_s=refit_s, **knobs)
+    except ValueError as e:
+        raise UserError(str(e), EXIT_USAGE) from None
+    if args.format == "json":
+        out = {**advice.to_dict(), **({"backtest": test.to_dict()} if test else {})}
+        sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
+        return 0
+    print("\n".join(advice.explain() + (test.explain() if test else [])))
+    return 0
+
+
+def fraction(raw: str) -> float:
+    """A share strictly between 0 and 1 (--percentile 0.99, --split 0.6)."""
+    try:
+        value = number(raw)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{e}: {raw!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"want a fraction between 0 and 1 (e.g. 0.99), got {raw}")
+    return value
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("spares", help="the warm-standby pool a job needs, sized from the fleet's failure history",
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n  gangwatch spares --machines 1024 --history fleet.csv --fleet 2000\n"
+                       "  gangwatch spares --machines 1024 --history fleet.csv --fleet 2000 --backtest --refit-days 1\n"
+                       "  gangwatch spares --job llm-70b --store clickhouse://ch1:9000/gangwatch --repair-hours 48\n"
+                       "  gangwatch spares --machines 64 --out gangwatch-demo --percentile 0.999 --format json")
+    size = s.add_mutually_exclusive_group(required=True)
+    size.add_argument("--job", metavar="J", help="the job to size for: its machines from the store's telemetry")
+    size.add_argument("--machines", type=positive(integer), metavar="N", help="the job's size in machines")
+    s.add_argument("--history", nargs="+", action="extend", type=Path, metavar="FILE",
+                   help="failure history files, CSV or JSON lines (node,start,end,class,description); "
+                   "default: the store's unplanned incidents")
+    s.add_argument("--class", dest="classes", action="append", default=[], metavar="C",
+                   help="count only events of this class as failures (repeat for more; default every event: "
+                   "leave precursors such as ecc_correctable out this way)")
+    s.add_argument("--fleet", type=positive(integer), metavar="N",
+                   help="the fleet's size in machines (default: the machines the history names)")
+    s.add_argument("--repair-hours", type=positive(number), default=24.0, metavar="H",
+                   help="repair time of a failure without an end: the replacement horizon (default 24)")
+    s.add_argument("--percentile", type=fraction, default=0.99, metavar="P",
+                   help="the share of time the spares must cover (default 0.99)")
+    s.add_argument("--window-days", type=positive(number), default=30.0, metavar="D",
+                   help="the trailing window the rate and the empirical percentile are read on (default 30)")
+    s.add_argument("--backtest", action="store_true", help="also score the advice out of sample")
+    s.add_argument("--split", type=fraction, default=0.6, metavar="F",
+                   help="--backtest: fit on this first share of the history, score on the rest (default 0.6)")
+    s.add_argument("--refit-days", type=positive(number), metavar="D",
+                   help="--backtest: refit every D days on what is known by then (default: one fit)")
+    opt(s, "--store", env="GANGWATCH_STORE",
+        help="chdb:PATH or clickhouse://HOST:PORT[/DB] (default: OUT/store, a replay's)")
+    opt(s, "--out", type=Path, default=Path("gangwatch-out"), help="a replay's output directory (its store/)")
+    s.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
+    connect_timeout_opt(s)
+    s.set_defaults(func=cmd_spares)

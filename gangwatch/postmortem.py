@@ -1,0 +1,652 @@
+"""Post-mortem reports over the store: one incident, one job, or a period, for the terminal.
+
+Two halves, kept apart. Gathering (`gather_incident`, `gather_job`, `gather_period`, `gather_latest`) runs SQL
+through a callable that returns rows (the command line passes the `query_store` of `gangwatch sql`, so the
+same stores, the same errors); the SQL keeps to ClickHouse 18.16: no JOINs, no lambdas that read columns,
+`FINAL` on the ReplacingMergeTrees, values put in as literals by `gangwatch.queries.literal`. The report
+model (`incident_report`, `job_report`, `period_report`) is pure functions of those rows: no I/O, no clock.
+`*_text` renders a model for the terminal; `gangwatch.htmlreport` renders the same model as HTML.
+
+Times are event-time floats (epoch s) in the model and ISO 8601 UTC in the text. A stage's budget is the
+`triage.budgets.*` setting the report runs with (a stage without one, `decide`, has none): a stage is over
+when its seconds exceed it, as triage judges it (`triage/incident.py`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import textwrap
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import orjson
+
+from gangwatch.queries import Param, catalog, literal, render
+
+Rows = list[dict[str, Any]]
+Run = Callable[[str], Rows]
+
+MILESTONES = ("onset", "detected", "localized", "decided", "recovered")
+ENDED = frozenset({"finished", "stopped", "failed"})  # a job whose last move is one of these is not running on
+STEP_ROWS_MAX = 1_000_000  # step records one report reads at most (a window of a very large job is cut there)
+LATEST = 20  # incidents `gather_latest` lists
+WIDTH = 100
+
+INCIDENT_COLUMNS = ("id, ts, job, class, planned, onset_ts, detected_ts, localized_ts, decided_ts, recovered_ts, "
+                    "culprit_nodes, evicted_nodes, path, stage_names, stage_seconds, over_budget")
+
+
+class EmptyStore(ValueError):
+    """The store holds no incidents and no job life: nothing was written to it yet."""
+
+
+class NotInStore(ValueError):
+    """The incident or job asked for is not in the store (which holds others)."""
+
+
+# --- the model ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of an incident: its seconds against its budget (None: the stage has no budget)."""
+
+    name: str
+    seconds: float
+    budget: float | None
+    over: bool
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A finding an incident's actions cite."""
+
+    id: str
+    ts: float
+    type: str
+    detector: str
+    rank: int | None
+    node: str
+    score: float | None
+    gist: str  # the evidence's telling fields, one line
+
+
+@dataclass(frozen=True)
+class ActionLine:
+    id: str
+    ts: float
+    type: str
+    nodes: tuple[str, ...]
+    reason: str
+    path: str
+    shadow: bool
+
+
+class Point(NamedTuple):
+    """One rank's step: when it finished, how long it took, and its compute part (None: not reported)."""
+
+    step: int
+    ts: float
+    step_s: float
+    compute_s: float | None
+
+
+@dataclass(frozen=True)
+class StepWindow:
+    """Step times of every rank in [start, end]: `series[rank]` is its points, by step.
+
+    `named_ranks`: ranks the cited findings name; `culprit_ranks`: ranks on the culprit nodes (the job's
+    topology). `truncated`: the window held more than `STEP_ROWS_MAX` records and was cut.
+    """
+
+    start: float
+    end: float
+    series: dict[int, tuple[Point, ...]]
+    named_ranks: frozenset[int] = frozenset()
+    culprit_ranks: frozenset[int] = frozenset()
+    truncated: bool = False
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.series)
+
+    @property
+    def steps(self) -> list[int]:
+        return sorted({p.step for points in self.series.values() for p in points})
+
+    @property
+    def has_compute(self) -> bool:
+        return any(p.compute_s is not None for points in self.series.values() for p in points)
+
+    def matrix(self, what: str = "step_s") -> list[list[float | None]]:
+        """`what` (step_s or compute_s) by rank (rows, in `ranks` order) and step (columns, in `steps` order);
+        None where missing."""
+        col = {s: i for i, s in enumerate(self.steps)}
+        out = []
+        for r in self.ranks:
+            row: list[float | None] = [None] * len(col)
+            for p in self.series[r]:
+                row[col[p.step]] = getattr(p, what)
+            out.append(row)
+        return out
+
+    def step_at(self, ts: float) -> int | None:
+        """The first step any rank finished at or after `ts` (the step a fault at `ts` lands in); None past the
+        window."""
+        done = [p.step for points in self.series.values() for p in points if p.ts >= ts]
+        return min(done) if done else None
+
+
+@dataclass(frozen=True)
+class IncidentReport:
+    id: str
+    job: str
+    cls: str
+    planned: bool
+    path: str
+    culprit_nodes: tuple[str, ...]
+    evicted_nodes: tuple[str, ...]
+    times: dict[str, float | None]  # MILESTONES -> event time (None: not reached)
+    stages: tuple[Stage, ...]
+    evidence: tuple[Evidence, ...]
+    actions: tuple[ActionLine, ...]
+    steps: StepWindow | None = None
+
+    @property
+    def decision(self) -> ActionLine | None:
+        """The action the incident was decided by: its first one carried out (else its first, in shadow mode)."""
+        done = [a for a in self.actions if not a.shadow]
+        return (done or list(self.actions) or [None])[0]
+
+    @property
+    def over_budget(self) -> list[str]:
+        return [s.name for s in self.stages if s.over]
+
+
+@dataclass(frozen=True)
+class IncidentLine:
+    """An incident in a list: what it was, when, and how long it took to recover (None: not recovered)."""
+
+    id: str
+    job: str
+    cls: str
+    planned: bool
+    onset_ts: float | None
+    recovered_ts: float | None
+    culprit_nodes: tuple[str, ...]
+    path: str
+    over_budget: tuple[str, ...]
+
+    @property
+    def recover_s(self) -> float | None:
+        if self.onset_ts is None or self.recovered_ts is None:
+            return None
+        return max(0.0, self.recovered_ts - self.onset_ts)
+
+
+@dataclass(frozen=True)
+class Move:
+    """A move in a job's life: from `ts` on, the job is `state`."""
+
+    ts: float
+    state: str
+    previous: str
+    cause: str
+
+
+@dataclass(frozen=True)
+class Ettr:
+    """A job's effective training time ratio, as `gangwatch/sql/ettr.sql` defines it (None: no wall time)."""
+
+    job: str
+    wall_s: float
+    running_s: float
+    lost_s: float
+    ettr: float | None
+
+
+@dataclass(frozen=True)
+class JobReport:
+    job: str
+    moves: tuple[Move, ...]
+    incidents: tuple[IncidentLine, ...]
+    ettr: Ettr | None
+    state_s: dict[str, float] = field(default_factory=dict)  # seconds spent in each state, first move to last
+    entered: dict[str, int] = field(default_factory=dict)  # how many times the job entered each state
+
+
+@dataclass(frozen=True)
+class PeriodReport:
+    since: float
+    until: float | None  # None: no end
+    incidents: tuple[IncidentLine, ...]
+    classes: tuple[dict[str, Any], ...]  # rows of `gangwatch sql interruptions_by_class` for the period
+    ettr: tuple[Ettr, ...]  # jobs alive in the period, from their first move to the period's end
+
+
+# --- rows -> model (pure) ----------------------------------------------------
+
+
+def _float(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def stages(row: Mapping[str, Any], budgets: Mapping[str, float]) -> tuple[Stage, ...]:
+    """An incident row's stages in stored (stage) order, each against `budgets[name]`; a stage without a budget
+    is over only where the row's `over_budget` says so."""
+    stored_over = set(row.get("over_budget") or ())
+    out = []
+    for name, seconds in zip(row.get("stage_names") or (), row.get("stage_seconds") or (), strict=True):
+        budget = _float(budgets.get(name))
+        over = seconds > budget if budget is not None else name in stored_over
+        out.append(Stage(name, float(seconds), budget, over))
+    return tuple(out)
+
+
+def gist(evidence: str | Mapping[str, Any] | None, limit: int = 140) -> str:
+    """A finding's evidence (its JSON text or dict) as one short line: name, cause, code, message where it has
+    them (and the cost share of a straggler), else its first few plain fields."""
+    if isinstance(evidence, str):
+        try:
+            evidence = orjson.loads(evidence) if evidence else {}
+        except orjson.JSONDecodeError:
+            return evidence.splitlines()[0][:limit] if evidence.strip() else ""
+    if not isinstance(evidence, Mapping):
+        return ""
+    plain = {k: _first_line(v) for k, v in evidence.items() if isinstance(v, str | int | float | bool)}
+    plain = {k: v for k, v in plain.items() if v}
+    keys = [k for k in ("name", "cause", "code", "message", "cost_frac") if k in plain] or list(plain)[:3]
+    text = "; ".join(f"{k} {plain[k]}" for k in keys)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _first_line(v: object) -> str:
+    text = str(v).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def evidence_chain(rows: Iterable[Mapping[str, Any]]) -> tuple[Evidence, ...]:
+    """Finding rows as the evidence chain: in event-time order (then id), each finding once."""
+    seen: dict[str, Evidence] = {}
+    for r in rows:
+        rank = r.get("rank")
+        seen[r["id"]] = Evidence(r["id"], float(r["ts"]), r["type"], r.get("detector") or "",
+                                 None if rank is None else int(rank), r.get("node") or "", _float(r.get("score")),
+                                 gist(r.get("evidence")))
+    return tuple(sorted(seen.values(), key=lambda e: (e.ts, e.id)))
+
+
+def actions(rows: Iterable[Mapping[str, Any]]) -> tuple[ActionLine, ...]:
+    out = {r["id"]: ActionLine(r["id"], float(r["ts"]), r["type"], tuple(r.get("nodes") or ()), r.get("reason") or "",
+                               r.get("path") or "", bool(r.get("shadow"))) for r in rows}
+    return tuple(sorted(out.values(), key=lambda a: (a.ts, a.id)))
+
+
+def topology(payload: str | None) -> dict[int, str]:
+    """rank -> node from a `job` record's JSON (its `gw_telemetry` payload); {} for none or a bad one."""
+    if not payload:
+        return {}
+    try:
+        rec = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return {}
+    ranks = rec.get("ranks") if isinstance(rec, dict) else None
+    return {int(r["rank"]): str(r["node"]) for r in ranks or () if isinstance(r, dict) and "rank" in r and "node" in r}
+
+
+def step_window(rows: Iterable[Mapping[str, Any]], start: float, end: float, *, named: Iterable[int] = (),
+                nodes_of: Mapping[int, str] | None = None, culprits: Iterable[str] = (),
+                truncated: bool = False) -> StepWindow:
+    """Step rows (rank, step, ts, step_s, compute_s) in [start, end] as a window; a (rank, step) stored twice
+    counts once (its latest record); rows without a finite step time are left out."""
+    latest: dict[tuple[int, int], Point] = {}
+    for r in rows:
+        ts, v = float(r["ts"]), _float(r.get("step_s"))
+        if r.get("rank") is None or r.get("step") is None or v is None or not math.isfinite(v):
+            continue
+        if not start <= ts <= end:
+            continue
+        key = (int(r["rank"]), int(r["step"]))
+        c = _float(r.get("compute_s"))
+        if key not in latest or ts >= latest[key].ts:
+            latest[key] = Point(key[1], ts, v, c if c is not None and math.isfinite(c) else None)
+    series: dict[int, list[Point]] = {}
+    for (rank, _), point in sorted(latest.items()):
+        series.setdefault(rank, []).append(point)
+    culprit_set = set(culprits)
+    on_culprits = frozenset(r for r, n in (nodes_of or {}).items() if n in culprit_set)
+    return StepWindow(start, end, {r: tuple(p) for r, p in series.items()}, frozenset(named), on_culprits, truncated)
+
+
+def incident_report(row: Mapping[str, Any], action_rows: Rows, finding_rows: Rows, budgets: Mapping[str, float],
+                    steps: StepWindow | None = None) -> IncidentReport:
+    """The report of one incident from its row (`gw_incidents FINAL`), its actions' rows and the rows of the
+    findings they cite."""
+    return IncidentReport(
+        id=row["id"], job=row["job"], cls=row["class"], planned=bool(row.get("planned")), path=row.get("path") or "",
+        culprit_nodes=tuple(row.get("culprit_nodes") or ()), evicted_nodes=tuple(row.get("evicted_nodes") or ()),
+        times={m: _float(row.get(f"{m}_ts")) for m in MILESTONES}, stages=stages(row, budgets),
+        evidence=evidence_chain(finding_rows), actions=actions(action_rows), steps=steps)
+
+
+def incident_line(row: Mapping[str, Any]) -> IncidentLine:
+    return IncidentLine(row["id"], row["job"], row["class"], bool(row.get("planned")), _float(row.get("onset_ts")),
+                        _float(row.get("recovered_ts")),
+                        tuple(row.get("culprit_nodes") or ()), row.get("path") or "",
+                        tuple(row.get("over_budget") or ()))
+
+
+def incident_lines(rows: Iterable[Mapping[str, Any]]) -> tuple[IncidentLine, ...]:
+    """Incidents by onset (an incident without one last), then id."""
+    lines = [incident_line(r) for r in rows]
+    return tuple(sorted(lines, key=lambda i: (i.onset_ts if i.onset_ts is not None else math.inf, i.id)))
+
+
+def moves(rows: Iterable[Mapping[str, Any]]) -> tuple[Move, ...]:
+    out = [Move(float(r["ts"]), r["state"], r.get("previous") or "", r.get("cause") or "") for r in rows]
+    return tuple(sorted(out, key=lambda m: m.ts))
+
+
+def time_in_states(life: Iterable[Move]) -> dict[str, float]:
+    """Seconds the job spent in each state: each move lasts until the next; the last move has no span (the
+    job's life, as far as the store knows, ends there)."""
+    seq = list(life)
+    out: dict[str, float] = {}
+    for a, b in zip(seq, seq[1:], strict=False):
+        out[a.state] = out.get(a.state, 0.0) + max(0.0, b.ts - a.ts)
+    return out
+
+
+def ettr_row(row: Mapping[str, Any]) -> Ettr:
+    return Ettr(row["job"], float(row["wall_s"]), float(row["running_s"]), float(row["lost_s"]),
+                _float(row.get("ettr")))
+
+
+def job_report(job: str, life_rows: Rows, incident_rows: Rows, ettr_rows: Rows) -> JobReport:
+    life = moves(life_rows)
+    entered: dict[str, int] = {}
+    for m in life:
+        entered[m.state] = entered.get(m.state, 0) + 1
+    mine = [r for r in ettr_rows if r["job"] == job]
+    return JobReport(job, life, incident_lines(incident_rows), ettr_row(mine[0]) if mine else None,
+                     time_in_states(life), entered)
+
+
+def alive(spans: Iterable[Mapping[str, Any]], since: float, until: float | None) -> set[str]:
+    """Jobs whose life overlaps [since, until): started before `until`, and still going at `since` (their last
+    move at or after it, or a last state that is not an end). `spans`: job, first_ts, last_ts, last_state."""
+    end = math.inf if until is None else until
+    return {s["job"] for s in spans
+            if float(s["first_ts"]) < end and (float(s["last_ts"]) >= since or s["last_state"] not in ENDED)}
+
+
+def period_ettr(spans: Rows, at_end: Rows, at_last: Rows, since: float, until: float | None) -> tuple[Ettr, ...]:
+    """ETTR per job alive in the period, from its first move to the period's end (`at_end`: ettr.sql with
+    until = the end), or to its own end for a job that ended before it (`at_last`: ettr.sql to each job's last
+    move)."""
+    keep = alive(spans, since, until)
+    ended_before = {s["job"] for s in spans
+                    if s["last_state"] in ENDED and (until is None or float(s["last_ts"]) < until)}
+    by_end = {r["job"]: r for r in at_end}
+    by_last = {r["job"]: r for r in at_last}
+    out = []
+    for job in sorted(keep):
+        row = by_last.get(job) if job in ended_before or until is None else by_end.get(job)
+        if row is not None:
+            out.append(ettr_row(row))
+    return tuple(out)
+
+
+def period_report(since: float, until: float | None, incident_rows: Rows, class_rows: Rows,
+                  ettr: tuple[Ettr, ...]) -> PeriodReport:
+    return PeriodReport(since, until, incident_lines(incident_rows), tuple(class_rows), ettr)
+
+
+# --- gathering: SQL through `run` ---------------------------------------------
+
+
+def _s(value: str) -> str:
+    return literal(Param("value", "String", "''", ""), value)
+
+
+def _f(value: float) -> str:
+    return literal(Param("value", "Float64", "0", ""), repr(float(value)))
+
+
+def _check_not_empty(run: Run) -> None:
+    """EmptyStore when the store holds no incident and no job move; else nothing (the lookup just missed)."""
+    counts = run("SELECT (SELECT count() FROM gw_incidents) AS incidents, (SELECT count() FROM gw_jobs) AS moves")
+    if not counts or not (int(counts[0]["incidents"]) or int(counts[0]["moves"])):
+        raise EmptyStore("the store holds no incidents and no job life: replay or run something into it "
+                         "first (`gangwatch replay FILE --out DIR`)")
+
+
+def gather_latest(run: Run, limit: int = LATEST) -> tuple[IncidentLine, ...]:
+    """The `limit` latest incidents (by onset), oldest first; EmptyStore for a store with nothing in it."""
+    rows = run(f"SELECT {INCIDENT_COLUMNS} FROM gw_incidents FINAL ORDER BY ifNull(onset_ts, ts) DESC, id "
+               f"LIMIT {int(limit)}")
+    if not rows:
+        _check_not_empty(run)
+    return incident_lines(rows)
+
+
+def gather_steps(run: Run, job: str, start: float, end: float, *, named: Iterable[int], culprits: Iterable[str],
+                 before: float) -> StepWindow | None:
+    """Step times of `job` in [start, end] from gw_telemetry (stored only by `--telemetry`), with the topology
+    of its latest `job` record at or before `before`; None when no step of the window was stored."""
+    rows = run(f"SELECT rank, step, ts, step_s, compute_s FROM gw_telemetry WHERE job = {_s(job)} AND kind = 'step' "
+               f"AND ts >= {_f(start)} AND ts <= {_f(end)} AND rank IS NOT NULL AND step IS NOT NULL "
+               f"AND step_s IS NOT NULL ORDER BY rank, step LIMIT {STEP_ROWS_MAX + 1}")
+    if not rows:
+        return None
+    topo = run(f"SELECT payload FROM gw_telemetry WHERE job = {_s(job)} AND kind = 'job' AND ts <= {_f(before)} "
+               "ORDER BY ts DESC LIMIT 1")
+    return step_window(rows[:STEP_ROWS_MAX], start, end, named=named,
+                       nodes_of=topology(topo[0]["payload"] if topo else None), culprits=culprits,
+                       truncated=len(rows) > STEP_ROWS_MAX)
+
+
+def gather_incident(run: Run, incident: str, budgets: Mapping[str, float], *, window_s: float = 60.0
+                    ) -> IncidentReport:
+    """One incident: its latest row, its actions, the findings they cite and the step times from `window_s`
+    before its onset to `window_s` after its detection. NotInStore for an id the store does not hold."""
+    rows = run(f"SELECT {INCIDENT_COLUMNS} FROM gw_incidents FINAL WHERE id = {_s(incident)}")
+    if not rows:
+        _check_not_empty(run)
+        raise NotInStore(f"no incident {incident!r} in the store: `gangwatch report` without --incident lists "
+                         "the latest ones")
+    row = rows[0]
+    acts = run("SELECT id, ts, type, nodes, reason, path, shadow FROM gw_actions FINAL "
+               f"WHERE incident = {_s(incident)} ORDER BY ts, id")
+    cited = run("SELECT id, ts, type, detector, rank, node, score, evidence FROM gw_findings FINAL "
+                f"WHERE job = {_s(row['job'])} AND id IN (SELECT arrayJoin(evidence) FROM gw_actions FINAL "
+                f"WHERE incident = {_s(incident)}) ORDER BY ts, id")
+    steps = None
+    onset = _float(row.get("onset_ts"))
+    if onset is not None:
+        detected = _float(row.get("detected_ts")) or onset
+        culprits = set(row.get("culprit_nodes") or ())
+        named = {int(f["rank"]) for f in cited
+                 if f.get("rank") is not None and (not culprits or f.get("node") in culprits)}
+        steps = gather_steps(run, row["job"], onset - window_s, detected + window_s, named=named, culprits=culprits,
+                             before=onset)
+    return incident_report(row, acts, cited, budgets, steps)
+
+
+def gather_job(run: Run, job: str) -> JobReport:
+    """One job: its life (gw_jobs), its incidents and its ETTR; NotInStore for a job the store does not know."""
+    life = run(f"SELECT ts, state, previous, cause FROM gw_jobs FINAL WHERE job = {_s(job)} ORDER BY ts, id")
+    incidents = run(f"SELECT {INCIDENT_COLUMNS} FROM gw_incidents FINAL WHERE job = {_s(job)} "
+                    "ORDER BY ifNull(onset_ts, ts), id")
+    if not life and not incidents:
+        _check_not_empty(run)
+        raise NotInStore(f"no job {job!r} in the store (no incident, no life): `gangwatch sql ettr` lists the jobs "
+                         "it knows")
+    ettr = run(render(catalog()["ettr"], {"job": job})) if life else []
+    return job_report(job, life, incidents, ettr)
+
+
+def gather_period(run: Run, since: float, until: float | None) -> PeriodReport:
+    """The incidents with an onset in [since, until) (an incident without one: its record time), the counts per
+    class of `gangwatch sql interruptions_by_class`, and the ETTR of every job alive in the period."""
+    end = f" AND ifNull(onset_ts, ts) < {_f(until)}" if until is not None else ""
+    incidents = run(f"SELECT {INCIDENT_COLUMNS} FROM gw_incidents FINAL WHERE ifNull(onset_ts, ts) >= {_f(since)}"
+                    f"{end} ORDER BY ifNull(onset_ts, ts), id")
+    params = {"since": repr(since), **({"until": repr(until)} if until is not None else {})}
+    classes = run(render(catalog()["interruptions_by_class"], params)) if incidents else []
+    spans = run("SELECT job, min(ts) AS first_ts, max(ts) AS last_ts, argMax(state, ts) AS last_state "
+                "FROM gw_jobs FINAL" + (f" WHERE ts < {_f(until)}" if until is not None else "") +
+                " GROUP BY job ORDER BY job")
+    if not incidents and not spans:
+        _check_not_empty(run)
+    at_last = run(render(catalog()["ettr"], {})) if spans else []
+    at_end = run(render(catalog()["ettr"], {"until": repr(until)})) if spans and until is not None else []
+    return period_report(since, until, incidents, classes, period_ettr(spans, at_end, at_last, since, until))
+
+
+# --- terminal text ----------------------------------------------------------
+
+
+def iso(ts: float | None, ms: bool = True) -> str:
+    """Event time as ISO 8601 UTC (to the millisecond unless `ms` is False); '-' for None."""
+    if ts is None:
+        return "-"
+    try:
+        t = dt.datetime.fromtimestamp(ts, dt.UTC)
+    except (OverflowError, OSError, ValueError):
+        return repr(ts)
+    return t.isoformat(timespec="milliseconds" if ms else "seconds").replace("+00:00", "Z")
+
+
+def seconds(s: float | None) -> str:
+    """A duration for a person: '-' for None, else seconds with one decimal below 10 min, minutes or hours above."""
+    if s is None:
+        return "-"
+    if s < 600:
+        return f"{s:.1f} s"
+    if s < 36000:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _wrap(text: str, indent: int) -> str:
+    pad = " " * indent
+    return textwrap.fill(text, width=WIDTH, initial_indent=pad, subsequent_indent=pad) if text else ""
+
+
+def _nodes(nodes: Iterable[str]) -> str:
+    return ",".join(nodes) or "-"
+
+
+def stage_lines(stages_: Iterable[Stage]) -> list[str]:
+    out = []
+    for s in stages_:
+        if s.budget is None:
+            budget, mark = "no budget", "OVER BUDGET" if s.over else ""
+        else:
+            budget, mark = seconds(s.budget), f"OVER BUDGET by {seconds(s.seconds - s.budget)}" if s.over else "ok"
+        out.append(f"  {s.name:<13}{seconds(s.seconds):>10}  of {budget:<10}  {mark}".rstrip())
+    return out
+
+
+def incident_text(r: IncidentReport) -> str:
+    """The terminal post-mortem of one incident: timeline, root cause, evidence chain, recovery path, stages."""
+    state = "recovered" if r.times.get("recovered") is not None else "OPEN (not recovered)"
+    lines = [f"incident {r.id}  job {r.job}  class {r.cls}{' (planned)' if r.planned else ''}  {state}", "",
+             "timeline (UTC)"]
+    onset = r.times.get("onset")
+    for m in MILESTONES:
+        ts = r.times.get(m)
+        since = f"  +{seconds(ts - onset)}" if ts is not None and onset is not None and m != "onset" else ""
+        lines.append(f"  {m:<11}{iso(ts):<26}{since}")
+    lines += ["", "root cause", f"  class {r.cls}; culprit nodes {_nodes(r.culprit_nodes)}"]
+    d = r.decision
+    if d is None:
+        lines.append("  decision: none recorded")
+    else:
+        lines.append(f"  decision: {d.type} {_nodes(d.nodes)}" + (f" (path {d.path})" if d.path else "")
+                     + (" [shadow: recorded, not sent]" if d.shadow else ""))
+        if d.reason:
+            lines.append(_wrap(d.reason, 4))
+    lines += ["", f"evidence chain ({len(r.evidence)} findings the actions cite, in event-time order)"]
+    if not r.evidence:
+        lines.append("  (none: no action of this incident cites a stored finding)")
+    for e in r.evidence:
+        where = " ".join(x for x in (f"rank {e.rank}" if e.rank is not None else "", e.node) if x) or "job-wide"
+        score = f"  score {e.score:.3g}" if e.score is not None else ""
+        lines.append(f"  {iso(e.ts)}  {e.type:<14} {e.detector:<18} {where}{score}")
+        if e.gist:
+            lines.append(_wrap(e.gist, 6))
+    lines += ["", "recovery path",
+              f"  path {r.path or '-'}; evicted {_nodes(r.evicted_nodes)}"]
+    for a in r.actions:
+        lines.append(f"  {iso(a.ts)}  {a.type} {_nodes(a.nodes)}" + (f" path {a.path}" if a.path else "")
+                     + (" [shadow]" if a.shadow else ""))
+    rec = r.times.get("recovered")
+    lines.append(f"  recovered {iso(rec)}, {seconds(rec - onset)} after onset" if rec is not None and onset is not None
+                 else "  not recovered (as far as the store knows)")
+    lines += ["", "stages against budget"] + (stage_lines(r.stages) or ["  (no stage completed yet)"])
+    over = r.over_budget
+    lines.append(f"  over budget: {', '.join(over)}" if over else "  every stage within its budget")
+    if r.steps is None:
+        lines += ["", "step times: none stored around the onset (replay with --telemetry to keep them)"]
+    else:
+        w = r.steps
+        lines += ["", f"step times: {len(w.ranks)} ranks, steps {w.steps[0]}..{w.steps[-1]} in "
+                      f"{iso(w.start)} .. {iso(w.end)}" + (" (cut: too many records)" if w.truncated else "")]
+    return "\n".join(lines)
+
+
+def incident_table(items: Iterable[IncidentLine]) -> list[str]:
+    out = []
+    for i in items:
+        rec = seconds(i.recover_s) if i.recovered_ts is not None else "open"
+        over = f"  over: {','.join(i.over_budget)}" if i.over_budget else ""
+        out.append(f"  {iso(i.onset_ts, ms=False):<21} {i.id:<20} {i.job:<12} {i.cls:<10}"
+                   f"{' planned' if i.planned else ''} culprit {_nodes(i.culprit_nodes):<8} path {i.path or '-':<7} "
+                   f"recovered {rec}{over}")
+    return out
+
+
+def ettr_lines(rows: Iterable[Ettr]) -> list[str]:
+    return [f"  {e.job:<16} ETTR {'-' if e.ettr is None else f'{e.ettr:.3f}'}  (running {seconds(e.running_s)}, "
+            f"lost to incidents {seconds(e.lost_s)}, wall {seconds(e.wall_s)})" for e in rows]
+
+
+def job_text(r: JobReport) -> str:
+    """The terminal report of one job: its life, state by state, its incidents and its ETTR."""
+    lines = [f"job {r.job}", "", "ETTR (gangwatch/sql/ettr.sql)"]
+    lines += ettr_lines([r.ettr]) if r.ettr else ["  - (no life stored for this job)"]
+    counts = ", ".join(f"{k} {r.entered.get(k, 0)}" for k in ("starting", "paused", "stopped", "finished", "failed",
+                                                            "restarting"))
+    lines += ["", f"life ({len(r.moves)} moves; entered: {counts})"]
+    for m in r.moves:
+        lines.append(f"  {iso(m.ts)}  {m.previous or '-':>10} -> {m.state:<10} {_first_line(m.cause)[:60]}")
+    if r.state_s:
+        lines.append("  time in state: " + ", ".join(f"{k} {seconds(v)}" for k, v in sorted(r.state_s.items())))
+    lines += ["", f"incidents ({len(r.incidents)})"] + (incident_table(r.incidents) or ["  (none)"])
+    return "\n".join(lines)
+
+
+def period_text(r: PeriodReport) -> str:
+    """The terminal report of a period: its incidents, counts per class, ETTR per job alive in it."""
+    lines = [f"period {iso(r.since, ms=False)} .. {iso(r.until, ms=False) if r.until is not None else '(no end)'}",
+             "", f"incidents ({len(r.incidents)}, by onset)"] + (incident_table(r.incidents) or ["  (none)"])
+    lines += ["", "per class (the platform's = unplanned; gangwatch sql interruptions_by_class)"]
+    for c in r.classes:
+        lines.append(f"  {c['class']:<10} platform {c['platform']:>4}  planned {c['planned_stops']:>4}  "
+                     f"recovered {c['recovered']:>4}  share {c['platform_share']}")
+    if not r.classes:
+        lines.append("  (none)")
+    lines += ["", "ETTR per job alive in the period (first move to the period's end, or to the job's)"]
+    lines += ettr_lines(r.ettr) or ["  (no job life stored)"]
+    return "\n".join(lines)
+
+
+def latest_text(items: tuple[IncidentLine, ...]) -> str:
+    if not items:
+        return "no incidents in the store"
+    return "\n".join([f"the {len(items)} latest incidents (by onset); `gangwatch report --incident ID` for one:",
+                      *incident_table(items)])

@@ -1,0 +1,157 @@
+"""`gangwatch report --html` opened in a real browser: headless Chromium renders every plot, logs no console
+error, and the screenshot is not blank.
+
+A simulated job (16 ranks, a thermal straggler on rank 5) is replayed with its raw telemetry into the embedded
+chDB store (no server needed), and its fail-slow incident is reported as a user types it. Chromium then:
+- dumps the DOM it built (`--dump-dom`): every plot's figure holds an <svg> with drawing in it;
+- logs the page's console to stderr (`--enable-logging=stderr --v=0`): no message from the page at all (the page
+  has no script, so any is an error: a broken SVG, a blocked load). The same capture is first shown to catch a
+  console.error and a broken SVG path on a probe page, so a Chromium that logs nothing cannot pass by silence;
+- screenshots the page, and each plot's SVG on its own: neither is blank (pixel spread).
+Nothing may be fetched: no script, stylesheet, font or image from elsewhere (checked on the file), and every
+host name resolves to nothing while Chromium runs.
+
+Needs Debian's `chromium` (CI: `apt-get install -y chromium fonts-liberation`); skipped, saying so, without it.
+GANGWATCH_REPORT_SHOT=FILE keeps a copy of the page's screenshot.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from gangwatch.cli import main
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = shutil.which("chromium")
+PLOTS = {"stages", "steps", "heatmap", "compute"}
+DRAWN = ("path", "rect", "image", "use", "line", "polyline", "polygon")
+CONSOLE = re.compile(r":CONSOLE(?:\(\d+\)|:\d+)?\]\s*(?P<msg>.*?),?\s*source:\s*(?P<src>\S+)")
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install -y chromium fonts-liberation)")
+    return CHROMIUM
+
+
+def browse(binary: str, profile: Path, url: str, *args: str) -> subprocess.CompletedProcess:
+    """Headless Chromium on `url` with the page's console on stderr; no host name resolves."""
+    cmd = [binary, "--headless", "--disable-gpu", "--no-sandbox", "--disable-dev-shm-usage", "--no-first-run",
+           "--disable-extensions", "--hide-scrollbars", f"--user-data-dir={profile}",
+           "--host-resolver-rules=MAP * ~NOTFOUND", "--enable-logging=stderr", "--v=0", *args, url]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+def console(done: subprocess.CompletedProcess, url: str) -> list[str]:
+    """The console messages the page at `url` logged."""
+    return [m["msg"] for m in CONSOLE.finditer(done.stderr) if m["src"].startswith(url)]
+
+
+def pixels_spread(png: Path) -> tuple[float, float]:
+    """(standard deviation of the grey levels, share of pixels that are not near-white) of a PNG."""
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(png)[..., :3].mean(axis=2)
+    return float(img.std()), float((img < 0.95).mean())
+
+
+class Dom(HTMLParser):
+    """Per `figure[data-plot]`: its <svg> elements, and per svg how many drawing elements it holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plots: dict[str, list[int]] = {}
+        self.figure: str | None = None
+        self.urls: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        self.urls += [v for k, v in attrs if k in ("src", "href", "xlink:href") and v]
+        if tag == "figure" and a.get("data-plot"):
+            self.figure = a["data-plot"]
+            self.plots[self.figure] = []
+        elif self.figure is not None and tag == "svg":
+            self.plots[self.figure].append(0)
+        elif self.figure is not None and tag in DRAWN and self.plots[self.figure]:
+            self.plots[self.figure][-1] += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "figure":
+            self.figure = None
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory) -> Path:
+    """The HTML report of the fail-slow incident of a replayed simulated job."""
+    work = tmp_path_factory.mktemp("report")
+    assert main(["simulate", "--tp", "4", "--pp", "2", "--dp", "2", "--duration", "200", "--name", "straggler",
+                 "--fault", "thermal_straggler:60:r5:0.3", "--out", str(work / "sim")]) == 0
+    assert main(["replay", str(work / "sim" / "straggler.jsonl.gz"), "--telemetry", "--out", str(work / "out"),
+                 "-q"]) == 0
+    from gangwatch.sinks.store import open_store
+
+    store = open_store(f"chdb:{work / 'out' / 'store'}", create=False)
+    try:
+        ids = [r["id"] for r in store.query("SELECT id FROM gw_incidents FINAL WHERE class = 'fail_slow'")]
+    finally:
+        store.close()
+    assert len(ids) == 1, ids
+    html = work / "incident.html"
+    assert main(["report", "--incident", ids[0], "--out", str(work / "out"), "--html", str(html)]) == 0
+    return html
+
+
+def test_the_console_capture_catches_an_error(chromium, tmp_path):
+    probe = tmp_path / "probe.html"
+    probe.write_text('<!DOCTYPE html><html><body><svg><path d="M0 0 L x"/></svg>'
+                     '<script>console.error("gw-probe")</script></body></html>', encoding="utf-8")
+    url = probe.as_uri()
+    got = console(browse(chromium, tmp_path / "profile", url, "--dump-dom"), url)
+    assert any("gw-probe" in m for m in got) and any("<path> attribute d" in m for m in got), got
+
+
+def test_every_plot_renders_in_chromium(chromium, page, tmp_path):
+    text = page.read_text(encoding="utf-8")
+    assert not re.search(r"<(script|link|iframe|object|embed)\b", text, re.I)
+    assert not re.search(r"url\(\s*['\"]?(?!#|data:)", text) and "@import" not in text
+
+    url = page.as_uri()
+    dumped = browse(chromium, tmp_path / "profile", url, "--dump-dom")
+    assert console(dumped, url) == []
+    dom = Dom()
+    dom.feed(dumped.stdout)
+    assert set(dom.plots) == PLOTS, dom.plots
+    for name, svgs in dom.plots.items():
+        assert len(svgs) == 1 and svgs[0] >= 10, (name, svgs)  # one svg each, with its axes, ticks and data
+    assert all(u.startswith(("#", "data:")) for u in dom.urls), [u for u in dom.urls if not u.startswith("#")][:5]
+
+    shot = tmp_path / "page.png"
+    done = browse(chromium, tmp_path / "profile", url, f"--screenshot={shot}", "--window-size=1400,3000")
+    assert console(done, url) == []
+    spread, inked = pixels_spread(shot)
+    assert spread > 0.05 and inked > 0.02, (spread, inked)
+    if os.environ.get("GANGWATCH_REPORT_SHOT"):
+        shutil.copyfile(shot, os.environ["GANGWATCH_REPORT_SHOT"])
+
+    svgs = re.findall(r"<svg\b.*?</svg>", dumped.stdout, re.S)
+    assert len(svgs) == len(PLOTS)
+    for k, svg in enumerate(svgs):
+        alone = tmp_path / f"plot{k}.svg"
+        alone.write_text(svg, encoding="utf-8")
+        png = tmp_path / f"plot{k}.png"
+        shown = browse(chromium, tmp_path / "profile", alone.as_uri(), f"--screenshot={png}", "--window-size=1100,900")
+        assert console(shown, alone.as_uri()) == []
+        spread, inked = pixels_spread(png)
+        assert spread > 0.05 and inked > 0.01, (k, spread, inked)
+
