@@ -9,6 +9,12 @@ Every table has `ts Float64` (event time, exact) and `event_time DateTime`
 ReplacingMergeTree keyed by the record id, so a retried insert of the same
 rows collapses to one row (`SELECT ... FINAL` to read the deduplicated view).
 
+`gw_node_days` is a rollup, not a record: records per node, day and kind, a
+SummingMergeTree that the materialized view `gw_node_days_mv` feeds from each
+insert into `gw_telemetry`. The DDL runs in its order, so the view comes after
+both its tables; on a store of an older release its `IF NOT EXISTS` creates
+them, and the rollup holds what is inserted from then on.
+
 A column added to a table after it was first released is also listed in
 `ADDED_COLUMNS`: a store made by an older release gets it with `ALTER TABLE ...
 ADD COLUMN` (18.16 has no `ADD COLUMN IF NOT EXISTS`, so the store asks
@@ -50,6 +56,17 @@ CREATE TABLE IF NOT EXISTS {db}gw_telemetry (
     comm_wait_s Nullable(Float64), data_wait_s Nullable(Float64), loss Nullable(Float64),
     grad_norm Nullable(Float64), payload String
 ) ENGINE = MergeTree PARTITION BY toYYYYMMDD(event_time) ORDER BY (job, kind, event_time)""",
+    # a rollup of gw_telemetry, fed by the view below: per node, day (UTC) and record kind, how many raw records named
+    # the node (step and heartbeat records name a rank, not a node, and are not in it). Rows of one key add up as
+    # parts merge: read it with sum(records) ... GROUP BY. Only what is inserted after the view exists is rolled up.
+    "gw_node_days": """
+CREATE TABLE IF NOT EXISTS {db}gw_node_days (
+    day Date, node String, kind String, job String, records UInt64
+) ENGINE = SummingMergeTree PARTITION BY toYYYYMM(day) ORDER BY (node, day, kind, job)""",
+    "gw_node_days_mv": """
+CREATE MATERIALIZED VIEW IF NOT EXISTS {db}gw_node_days_mv TO {db}gw_node_days AS
+SELECT toDate(toUInt16(intDiv(toUInt32(event_time), 86400))) AS day, node, kind, job, count() AS records
+FROM {db}gw_telemetry WHERE node != '' GROUP BY day, node, kind, job""",
     # each job's life: one row per move (detectors/life.py), the job's state from `ts` on
     "gw_jobs": """
 CREATE TABLE IF NOT EXISTS {db}gw_jobs (

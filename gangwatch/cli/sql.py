@@ -12,9 +12,12 @@ from gangwatch.cli.replay import connect_timeout_opt, print_rows, query_store
 DESCRIPTION = """\
 Run one of the queries gangwatch ships for analysts (one file each in gangwatch/sql/, the same SQL on a
 ClickHouse server and on the embedded chDB store): open incidents, time to recover per job and week, stage
-budgets against what was observed, interruptions by class (planned apart), top offender nodes, ETTR per job.
-`--list` names them; `gangwatch sql NAME --explain` prints what one answers, its parameters and its SQL (to
-copy and change). Parameters are put in as literals of their type (a string quoted, a number checked), never as SQL."""
+budgets against what was observed and the budgets to revise them to, interruptions by class (planned apart),
+planned against the platform's downtime per job, top offender nodes and GPUs, ETTR per job, what stragglers
+cost per job (seconds and GPU-hours), innocent evictions (nodes evicted that later ran clean), machines down
+per day. `--list` names them; `gangwatch sql NAME --explain` prints what one answers, its parameters and its
+SQL (to copy and change). Parameters are put in as literals of their type (a string quoted, a number checked),
+never as SQL."""
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
