@@ -51,6 +51,7 @@ class Situation:
     loc: Localization
     threshold: float
     spares_left: int | None  # None: unlimited
+    pool: str = ""  # the spare pool's state in words, said in the reasons of decisions that depend on it
     replace_cost_s: float = 120.0
     failslow_horizon_s: float = 1800.0
     slowdown_frac: float = 0.0  # fail-slow: how much longer the straggler makes each step (0.1 = 10 %)
@@ -73,6 +74,10 @@ def _spares_for(s: Situation, n: int) -> bool:
     return s.spares_left is None or s.spares_left >= n
 
 
+def _pool(s: Situation) -> str:
+    return f" (pool: {s.pool})" if s.pool else ""
+
+
 def decide(s: Situation) -> list[Decision]:
     """Actions for one incident, most urgent first."""
     loc = s.loc
@@ -84,6 +89,7 @@ def decide(s: Situation) -> list[Decision]:
         if culprits:
             path = "hot" if _spares_for(s, len(culprits)) else "cold"
             why = f"{s.summary}; suspected silent data corruption on {', '.join(culprits)} ({conf})"
+            why += _pool(s)
             return [Decision("rollback", culprits, path, why + ": roll back to the last trusted checkpoint"),
                     Decision("isolate", culprits, path, why + ": keep the node out of training"),
                     Decision("dual_run", culprits, path, why + ": confirm by running the same work twice")]
@@ -96,7 +102,7 @@ def decide(s: Situation) -> list[Decision]:
         return [Decision("evict_group", nodes, path,
                          f"{s.summary}; suspects span {len(nodes)} nodes of one {loc.group} group "
                          f"(ranks {list(loc.suspect_ranks)[:8]}); evicting the group costs "
-                         f"{loc.innocent_nodes} presumably healthy nodes")]
+                         f"{loc.innocent_nodes} presumably healthy nodes{_pool(s)}")]
     if s.software_ranks and not culprits:
         return _software(s)
     if s.cls == "stall" and not culprits:
@@ -114,8 +120,8 @@ def decide(s: Situation) -> list[Decision]:
         return _software(s)
     if not _spares_for(s, len(culprits)):
         return [Decision("requeue", culprits, "cold", f"{s.summary}; culprit {', '.join(culprits)} ({conf}) "
-                         "but no hot spare left: full requeue without it")]
-    return [Decision("replace", culprits, "hot", f"{s.summary}; culprit {', '.join(culprits)} ({conf})")]
+                         f"but no hot spare left{_pool(s)}: full requeue without it")]
+    return [Decision("replace", culprits, "hot", f"{s.summary}; culprit {', '.join(culprits)} ({conf}){_pool(s)}")]
 
 
 def _straggler(s: Situation, culprits: tuple[str, ...]) -> list[Decision]:
@@ -138,10 +144,10 @@ def _straggler(s: Situation, culprits: tuple[str, ...]) -> list[Decision]:
         return [Decision("degrade", culprits, "non_stop", f"{why}: keep running and watch")]
     if not _spares_for(s, len(culprits)):
         if dear:
-            return [Decision("escalate", culprits, "manual", f"{why}, but no spare left: the job loses "
+            return [Decision("escalate", culprits, "manual", f"{why}, but no spare left{_pool(s)}: the job loses "
                              f"{gain:.1%} of every step to it until a human adds one")]
-        return [Decision("degrade", culprits, "non_stop", f"{why}, but no spare left: keep running")]
-    return [Decision("replace", culprits, "hot", f"{why}: replace")]
+        return [Decision("degrade", culprits, "non_stop", f"{why}, but no spare left{_pool(s)}: keep running")]
+    return [Decision("replace", culprits, "hot", f"{why}: replace{_pool(s)}")]
 
 
 @dataclass(frozen=True)

@@ -91,7 +91,8 @@ class Triage:
         # still wait for the controller's recovery records; the newest few are kept
         self.waiting: list[Timeline] = []
         self.gathered: list[Typed] = []  # the findings of the open incident, typed
-        self.spares_used = 0
+        self.spares_used = 0  # hot replacements decided (against `config.spares`, or since the controller's count)
+        self.spares_reported: int | None = None  # warm spares the controller last said it holds for the job
         self.max_step = -1
         self.degraded: dict[str, float] = {}  # node -> when it was last left running as a straggler
         self.kept: dict[str, float] = {}  # node -> what its straggler costs (of each step) since it was kept
@@ -209,7 +210,24 @@ class Triage:
         """Every rank exited cleanly: the job finished, and the silence and stalled steps after it are no fault."""
         return self.topo is not None and len(self.finished) == self.topo.size
 
+    def spares_left(self) -> int | None:
+        """Warm spares left for hot replacements: the controller's last count less what was decided since, else
+        the configured pool less what was used (None: unlimited)."""
+        if self.spares_reported is not None:
+            return max(0, self.spares_reported - self.spares_used)
+        return None if self.config.spares is None else max(0, self.config.spares - self.spares_used)
+
+    def pool(self) -> str:
+        """The spare pool's state, for a decision's reason."""
+        left = self.spares_left()
+        if left is None:
+            return ""  # no count from the controller and no pool configured: nothing to say
+        whose = "by the controller's count" if self.spares_reported is not None else "of triage.spares"
+        return f"{left} warm spare{'s' if left != 1 else ''} left, {whose}"
+
     def _on_recovery(self, rec: Record, out: Outputs) -> None:
+        if rec.spares is not None:  # the controller's own count replaces what was decided against before it
+            self.spares_reported, self.spares_used = rec.spares, 0
         if rec.phase in ("dual_run_result", "replay_result"):
             for w in (self.incident, *self.waiting):
                 if w is not None and w.awaiting and w.awaiting["action"] == rec.action:
@@ -412,7 +430,7 @@ class Triage:
             inc.cls = "stall"
         situation = Situation(
             cls=inc.cls, loc=loc, threshold=self.config.confidence,
-            spares_left=None if self.config.spares is None else self.config.spares - self.spares_used,
+            spares_left=self.spares_left(), pool=self.pool(),
             replace_cost_s=self.config.replace_cost_s, failslow_horizon_s=self.config.failslow_horizon_s,
             slowdown_frac=max((s for t in self.gathered if t.finding.node in loc.culprits
                                and (s := t.slowdown_frac) is not None), default=0.0),
@@ -480,10 +498,12 @@ class Triage:
             culprits = tuple(sorted(v.culprits))
             w.localized_ts = w.localized_ts or now
             w.culprit_nodes = sorted(set(w.culprit_nodes) | set(culprits))
-            spares = self.config.spares is None or self.config.spares - self.spares_used >= len(culprits)
-            decisions = [Decision("replace", culprits, "hot", f"{self._summary()}; {said}: replace") if spares else
-                         Decision("requeue", culprits, "cold", f"{self._summary()}; {said}: no hot spare left, "
-                                  "full requeue without it")]
+            left = self.spares_left()
+            pool = f" (pool: {self.pool()})" if self.pool() else ""
+            decisions = [Decision("replace", culprits, "hot", f"{self._summary()}; {said}: replace{pool}")
+                         if left is None or left >= len(culprits) else
+                         Decision("requeue", culprits, "cold", f"{self._summary()}; {said}: no hot spare left"
+                                  f"{pool}, full requeue without it")]
         else:
             w.rungs.append({"rung": "human", "outcome": "paged", "ts": round(now, 6),
                             "after_s": round(now - w.detected_ts, 3),
@@ -647,7 +667,7 @@ class Triage:
             where = f" under switch {d}" if d not in nodes else ""
             situation = Situation(
                 cls="fail_slow", loc=sub, threshold=cfg.confidence,
-                spares_left=None if cfg.spares is None else cfg.spares - self.spares_used,
+                spares_left=self.spares_left(), pool=self.pool(),
                 replace_cost_s=cfg.replace_cost_s, failslow_horizon_s=cfg.failslow_horizon_s,
                 slowdown_frac=cost[d], remaining_frac=plan.remaining_frac, gain_frac=plan.gain_frac,
                 replacements=plan.replacements, replace=plan.replace, summary=self._summary(mine[d]), where=where,
@@ -763,6 +783,7 @@ class Triage:
                 "evidence": [to_dict(t.finding) for t in self.gathered],
                 "profiles": {n: p.to_dict() for n, p in sorted(self.profiles.items())},
                 "guards": self.guards.to_dict(), "spares_used": self.spares_used, "max_step": self.max_step,
+                "spares_reported": self.spares_reported,
                 "degraded": dict(self.degraded), "kept": dict(self.kept), "replacing": sorted(self.replacing),
                 "finished": sorted(self.finished),
                 "restarting": list(self.restarting) if self.restarting else None,
@@ -779,6 +800,7 @@ class Triage:
         tri.profiles = {n: NodeProfile.from_dict(p) for n, p in state["profiles"].items()}
         tri.guards = Guards.from_dict(state["guards"], config.safety)
         tri.spares_used = state["spares_used"]
+        tri.spares_reported = state.get("spares_reported")
         tri.max_step = state["max_step"]
         tri.degraded = dict(state["degraded"])
         tri.kept = dict(state.get("kept", {}))

@@ -6,10 +6,11 @@ pure core (schemas, detectors, triage) does no I/O and reads no clock:
 
 - schemas imports no other gangwatch package;
 - detectors: schemas, detectors, numpy, scikit-learn (scipy), the standard library;
-- triage: schemas, detectors, triage, numpy, the standard library;
+- triage: schemas, detectors, fleet, triage, numpy, the standard library;
+- fleet (what a fleet's history teaches): schemas, fleet, numpy, orjson, the standard library;
 - none of the three imports a broker, store or network client (faust, kafka, aiokafka,
   clickhouse_driver, chdb, requests, socket, urllib, http, ...);
-- detectors and triage call no clock (time.time, time.monotonic, datetime.now, ...), and no
+- detectors, triage and fleet call no clock (time.time, time.monotonic, datetime.now, ...), and no
   builtin open / print / input;
 - producers import none of detectors, triage, streams, sinks, control; sinks import none of detectors, triage,
   streams, control (what they store or send is the contract: `schemas`, the output envelope included);
@@ -33,7 +34,7 @@ import pytest
 pytestmark = pytest.mark.contract
 
 REPO = Path(__file__).resolve().parents[2]
-LAYERS = frozenset({"schemas", "producers", "detectors", "triage", "streams", "sinks", "control"})
+LAYERS = frozenset({"schemas", "producers", "detectors", "triage", "streams", "sinks", "control", "fleet"})
 PROJECT = LAYERS | {"gangwatch"}
 STDLIB = frozenset(sys.stdlib_module_names)
 # brokers, stores and network clients; socket/urllib/http/ssl are stdlib but are I/O all the same
@@ -152,8 +153,13 @@ def test_detectors_import_only_schemas_numpy_sklearn_and_stdlib():
     assert not bad, "\n".join(bad)
 
 
-def test_triage_imports_only_schemas_detectors_numpy_and_stdlib():
-    bad = violations("triage", frozenset({"schemas", "detectors", "triage", "numpy"}), stdlib=True)
+def test_triage_imports_only_schemas_detectors_fleet_numpy_and_stdlib():
+    bad = violations("triage", frozenset({"schemas", "detectors", "fleet", "triage", "numpy"}), stdlib=True)
+    assert not bad, "\n".join(bad)
+
+
+def test_fleet_imports_only_schemas_numpy_orjson_and_stdlib():
+    bad = violations("fleet", frozenset({"schemas", "fleet", "numpy", "orjson"}), stdlib=True)
     assert not bad, "\n".join(bad)
 
 
@@ -164,7 +170,7 @@ def test_known_departures_still_exist():
     assert not stale, f"fixed, remove from KNOWN: {stale}"
 
 
-@pytest.mark.parametrize("package", ["detectors", "triage"])
+@pytest.mark.parametrize("package", ["detectors", "triage", "fleet"])
 def test_no_clock_and_no_io_calls(package):
     bad = []
     for path in package_files(package):

@@ -163,3 +163,25 @@ def test_a_restart_that_does_not_cure_climbs_to_replay_when_the_fault_comes_back
     rungs = out.incidents[-1].extra["rungs"]
     assert [r["rung"] for r in rungs] == ["group", "restart", "replay"] and rungs[-1]["outcome"] == "localized"
     assert rungs[1]["outcome"].startswith("the fault came back")
+
+
+def test_the_controllers_spare_count_picks_hot_replacement_or_cold_restart_and_the_reason_says_so(topo):
+    """A fail-stop with a culprit: replaced hot while the controller reports a warm spare, requeued cold once it
+    reports none; the reason names the pool. Without any count, the configured pool (unlimited here) decides."""
+    from gangwatch.schemas import Step
+
+    from tests.unit.test_triage import lost
+
+    def fail_stop(tri, at):
+        run(tri, [Step(ts=at - 5, job="j", rank=0, step=int(at), step_s=1.0)])
+        return [a for a in run(tri, [lost(topo, "n003", at), ("advance", at + 30)]).actions]
+
+    tri = Triage("j", TriageConfig(), topo)
+    [a] = fail_stop(tri, T0 + 100)
+    assert (a.type, a.path) == ("replace", "hot") and "pool" not in a.reason
+    for count, want in ((1, ("replace", "hot")), (0, ("requeue", "cold"))):
+        tri = Triage("j", TriageConfig(), topo)
+        run(tri, [Recovery(ts=T0 + 50, job="j", action="a-earlier", phase="accepted", spares=count)])
+        [a] = fail_stop(tri, T0 + 100)
+        assert (a.type, a.path) == want and f"pool: {count} warm spare" in a.reason and "controller's count" in a.reason
+        assert Triage.from_state(tri.state(), TriageConfig(), topo).spares_left() == tri.spares_left()

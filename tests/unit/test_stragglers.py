@@ -109,7 +109,8 @@ def test_a_heterogeneous_rank_costing_the_job_more_than_a_tenth_is_replaced_when
 def test_a_costly_heterogeneous_rank_with_no_spare_left_goes_to_a_human_with_its_cost(topo):
     out = run(Triage("j", TriageConfig(spares=0), topo), [_het(topo, 0.55), ("advance", T0 + 200)])
     [a] = out.actions
-    assert (a.type, a.nodes) == ("escalate", ["n002"]) and "no spare left: the job loses 55.0%" in a.reason
+    assert (a.type, a.nodes) == ("escalate", ["n002"])
+    assert "no spare left (pool: 0 warm spares left, of triage.spares): the job loses 55.0%" in a.reason
 
 
 def test_a_heterogeneous_rank_is_reported_and_never_evicted(topo):
