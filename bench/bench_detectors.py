@@ -29,9 +29,10 @@ import time  # noqa: E402
 import tracemalloc  # noqa: E402
 
 import orjson  # noqa: E402
-from gangwatch.detectors.failslow import FailSlowConfig, FailSlowDetector  # noqa: E402
+from gangwatch.detectors.config import FailSlowConfig, SlowdownConfig  # noqa: E402
+from gangwatch.detectors.failslow import FailSlowDetector  # noqa: E402
 from gangwatch.detectors.sdc import SdcDetector  # noqa: E402
-from gangwatch.detectors.slowdown import JobSlowdownDetector, SlowdownConfig  # noqa: E402
+from gangwatch.detectors.slowdown import JobSlowdownDetector  # noqa: E402
 from gangwatch.detectors.steps import StepColumns  # noqa: E402
 from gangwatch.detectors.topology import Topology  # noqa: E402
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from gangwatch.detectors.base import DetectorBase
+from gangwatch.detectors.config import CommConfig
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Record
@@ -23,13 +24,6 @@ from gangwatch.schemas.evidence import Evidence
 
 _COMM_TYPES = frozenset({"nccl_timeout", "nccl_error", "barrier_timeout"})
 _GROUP_KINDS = frozenset({"tp", "pp", "dp"})
-
-
-@dataclass(frozen=True)
-class CommConfig:
-    window_s: float = 10.0  # collect reports this long after the first one
-    quiet_s: float = 60.0  # reports after a storm, closer than this to its last one, belong to it
-    max_suspects: int = 8
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

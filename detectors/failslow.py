@@ -65,6 +65,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
 import numpy as np
+from gangwatch.detectors.config import BufferConfig, FailSlowConfig
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.slowscore import (
     group_stats,
@@ -80,7 +81,7 @@ from gangwatch.detectors.slowscore import (
     step_costs,
     threshold,
 )
-from gangwatch.detectors.steps import BufferConfig, Closed, StepBuffer, StepScorer, decode_floats, encode_floats, median
+from gangwatch.detectors.steps import Closed, StepBuffer, StepScorer, decode_floats, encode_floats, median
 from gangwatch.detectors.steps import finite_or_none as _fin
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding
@@ -88,44 +89,6 @@ from gangwatch.schemas.evidence import Evidence
 
 _RING = 16  # steps of each stage's median work kept to tell what is typical
 _FIELDS = {"compute_s": "f", "comm_wait_s": "f", "step_s": "f"}
-
-
-@dataclass(frozen=True)
-class FailSlowConfig:
-    warmup_steps: int = 10  # closed steps after a (re)start or rewind that are not scored
-    calib_steps: int = 30  # scored steps after a (re)start that learn each rank's usual level (nobody flagged)
-    rel_threshold: float = 3.0  # relative robust z at which a step is a hit (with individual support) ...
-    ind_threshold: float = 3.0  # ... or individual robust z at which it is one (with relative support)
-    support_threshold: float = 2.0  # the other score must be at least this high
-    floor_frac: float = 0.02  # spread floor, as a fraction of the stage median (quiet jobs)
-    min_peers: int = 4  # fewest ranks with a value for a stage to be compared; smaller stages are pooled
-    hits: int = 3  # fewest hits in the last `window` scored steps that flag a rank ...
-    window: int = 10
-    long_hits: int = 4  # ... or in the last `long_window` (intermittent stragglers); both at most 32 steps
-    long_window: int = 30
-    false_alarm: float = 1e-9  # chance, per rank and step, that stray hits alone fill a window as needed
-    min_hit_rate: float = 1e-4  # the stray-hit rate assumed at least (a quiet job)
-    hit_rate_alpha: float = 0.02  # EWMA weight of each rank's stray-hit rate
-    rearm_steps: int = 50  # consecutive clean scored steps that end an episode (>= both windows)
-    alpha: float = 0.05  # EWMA weight of the individual baseline after calibration
-    learn_below: float = 1.0  # a step teaches the baseline while the rank is this close to its peers or itself
-    level_alpha: float = 0.05  # EWMA weight of each rank's recent slowness (what a rank's cost is computed from)
-    hit_alpha: float = 0.3  # ... and of a straggler's slowness in its hit steps (quick: a ramp keeps climbing)
-    het_min_frac: float = 0.02  # heterogeneous: steadily at least this much slower than the stage ...
-    het_z: float = 3.0  # ... and this many spreads of the stage's usual slownesses above their median (more in a
-    het_false_alarm: float = 0.01  # large stage: noise alone reports one of its ranks with at most this chance) ...
-    het_steady: float = 0.8  # ... and slower than the stage's median in at least this share of the steps
-    regrow: float = 1.25  # report an episode again when it is this much slower in its slow steps ...
-    regrow_min_slowness: float = 0.05  # ... and at least this much (0.05: 5 % of its stage's work) ...
-    regrow_min_frac: float = 0.01  # ... and its cost has grown by at least this much of the step ...
-    max_reports: int = 8  # ... at most this many times in all
-    het_incident_frac: float = 0.10  # a heterogeneous rank costing the job this share of its step is decided on
-    min_window_s: float = 8.0  # a straggler is judged over at least this much event time: where `window` steps are
-    # shorter (a job of 0.125 s steps: 1.25 s), it stays flagged that much longer before it is reported (a busy
-    # host's second of slowness is no straggler)
-    het_min_s: float = 60.0  # heterogeneity is judged over at least this much event time (and `calib_steps`): a
-    # few seconds of a busy host (a job of short steps calibrates in seconds) make no steady difference
-    buffer: BufferConfig = BufferConfig()
 
 
 # --- what it finds ------------------------------------------------------------------------------

@@ -86,6 +86,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from gangwatch.detectors.base import DetectorBase
+from gangwatch.detectors.config import FailStopConfig
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.steps import RecordRun, observe_each, ranks_and_times
 from gangwatch.detectors.topology import Topology
@@ -98,16 +99,6 @@ PEER_LOST = re.compile(
     r"closed by peer|remote worker crash|connection reset by peer|remote process exited|peer .{0,40}(?:died|exited)"
     r"|communicator was aborted|ncclRemoteError|remote end closed|broken pipe", re.IGNORECASE)
 NOT_STARTED, LIVE, SILENT, EXITED = 0, 1, 2, 3
-
-
-@dataclass(frozen=True)
-class FailStopConfig:
-    miss_factor: float = 2.0  # heartbeat periods of silence before a rank is missing ...
-    slack_s: float = 0.5  # ... plus this, for heartbeats sent or timestamped a little late
-    grace_factor: float = 1.0  # extra periods (+ slack) to wait for the rest of a node before reporting part of it
-    tick_s: float = 0.5  # the event-time grid timeouts are evaluated on
-    start_timeout_s: float = 600.0  # every rank must have been heard from this long after the job record
-    end_window_s: float = 30.0  # a clean exit with most ranks still running this long after it: that rank failed
 
 
 def clean_exit(rec: Framework) -> bool:

@@ -51,6 +51,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
+from gangwatch.detectors.config import FlightConfig
 from gangwatch.detectors.registry import FindingType, Policy, Typed
 from gangwatch.detectors.sweeps import Sweep, SweepDetector, SweepEvidence
 from gangwatch.detectors.topology import Topology
@@ -454,16 +455,6 @@ def _flight_specificity(sweep: Sequence[Typed]) -> list[float]:
 
 STACK_OUTLIER = FindingType("stack_outlier", (FlightBehind, FlightMismatch), Policy(
     incident="hang", weight=0.7, risk=0.3, sweep_result=True, specificity=_flight_specificity, root_cause=_root))
-
-
-@dataclass(frozen=True)
-class FlightConfig:
-    window_s: float = 30.0  # analyse a partial snapshot this long after its first record
-    max_suspect_fraction: float = 0.5  # more ranks behind than this share: no verdict for the group
-    min_ranks: int = 2  # fewer dumps than this: nothing to compare
-    entries_per_pg: int = 64  # recent collectives kept per rank and group
-    max_pending: int = 16  # snapshots collected at once; beyond, the oldest is analysed early
-    remember_done: int = 256  # analysed snapshot ids remembered, to drop their late records
 
 
 class FlightDetector(SweepDetector):

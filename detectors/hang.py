@@ -27,24 +27,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 from gangwatch.detectors.base import DetectorBase
+from gangwatch.detectors.config import HangConfig
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.steps import RecordRun, observe_each
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Record
 from gangwatch.schemas.evidence import Evidence
-
-
-@dataclass(frozen=True)
-class HangConfig:
-    min_stall_s: float = 20.0
-    stall_factor: float = 10.0  # x the median step interval
-    spike_factor: float = 1.5  # x the longest step interval in the recent window
-    window: int = 64  # recent step intervals kept
-    warmup_steps: int = 5  # first intervals are not part of the baseline
-    max_lagging_frac: float = 0.1  # lagging ranks are reported only when they are this small a minority
-    pause_limit_s: float = 600.0  # a known pause of a kind not seen before is a stall after this long ...
-    pause_factor: float = 3.0  # ... a later one after this many times the longest of its kind so far ...
-    pause_min_s: float = 120.0  # ... but never sooner than this (a few quick saves do not make a slow one a hang)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

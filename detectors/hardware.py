@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from gangwatch.detectors.base import DetectorBase
+from gangwatch.detectors.config import HardwareConfig
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.topology import Topology
 from gangwatch.detectors.xid import is_verdict, lookup
@@ -35,18 +36,6 @@ from gangwatch.schemas.evidence import Evidence
 _THROTTLE_DEGRADED = frozenset({"hw_thermal", "sw_thermal", "hw_slowdown", "hw_power_brake", "power_brake"})
 # the link-state words the kernel prints (same phrases as producers/kmsg.py recognises)
 _LINK_STATE = re.compile(r"\blink(?: is| status definitely| state changed to)? (up|down)\b", re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class HardwareConfig:
-    storm_window_s: float = 2.0  # collect copies of one event this long before reporting it
-    quiet_s: float = 60.0  # a storm ends after this much silence
-    nic_flap_s: float = 30.0  # a NIC link down that comes back within this is a flap, else fatal
-    temp_precursor_c: float = 87.0
-    sbe_burst: int = 100  # correctable ECC errors between two samples
-    pcie_replay_surge: int = 100
-    nvlink_crc_surge: int = 100
-    clean_samples: int = 3  # samples without the condition before a GPU condition re-arms
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from gangwatch.detectors.base import DetectorBase
+from gangwatch.detectors.config import LifeConfig
 from gangwatch.detectors.failstop import PEER_LOST, clean_exit
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.steps import RecordRun, observe_each
@@ -39,11 +40,6 @@ STATES = ("starting", "running", "paused", "stopping", "stopped", "finished", "f
 # siblings' stops (the launcher's teardown) must not hide it; a job stops once every rank has ended.
 QUIET = frozenset({"stopped", "finished", "restarting"})
 _CRASHES = frozenset({"exception", "oom", "exit"})
-
-
-@dataclass(frozen=True)
-class LifeConfig:
-    report_running: bool = True  # a finding for every move into `running` (the first step of each run, resumes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -29,19 +29,11 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from gangwatch.detectors.base import DetectorBase
+from gangwatch.detectors.config import LinkErrorConfig
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Gpu, Record
 from gangwatch.schemas.evidence import Evidence
-
-
-@dataclass(frozen=True)
-class LinkErrorConfig:
-    pcie_replay_per_s: float = 8 / 60  # PCIe replays per second that make an interval bad (8 a minute)
-    nvlink_crc_per_s: float = 100.0  # NVLink CRC errors per second, summed over the GPU's links
-    hits: int = 3  # bad intervals ...
-    window: int = 5  # ... among the last this many of the GPU's sample intervals
-    rearm_intervals: int = 10  # consecutive good intervals that end an episode
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

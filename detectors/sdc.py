@@ -25,8 +25,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+from gangwatch.detectors.config import BufferConfig, SdcConfig
 from gangwatch.detectors.registry import FindingType, Policy
-from gangwatch.detectors.steps import BufferConfig, Closed, StepBuffer, StepScorer, median
+from gangwatch.detectors.steps import Closed, StepBuffer, StepScorer, median
 from gangwatch.detectors.steps import finite_or_none as _fin
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding
@@ -36,21 +37,6 @@ _MAD_TO_SIGMA = 1.4826
 _METRICS = ("loss", "grad_norm")
 _FIELDS = {"replica_digest": "c", "loss": "nf", "grad_norm": "nf"}
 _MAX_LISTED = 16  # ranks listed in evidence
-
-
-@dataclass(frozen=True)
-class SdcConfig:
-    min_majority: int = 2  # fewest agreeing replicas that make a majority
-    rearm_steps: int = 100  # agreeing steps after which a flagged rank is watched again
-    widespread_frac: float = 0.5  # more shards than this fraction mismatching: job-wide, nobody blamed
-    jump_factor: float = 5.0  # job loss / grad_norm over baseline that counts as a jump ...
-    z_threshold: float = 6.0  # ... if it is also this many robust sigmas out
-    floor_frac: float = 0.01  # spread floor, as a fraction of the baseline
-    history: int = 100  # baseline: median of this many recent normal steps
-    min_history: int = 10  # normal steps needed before jumps are judged
-    numeric_rearm_steps: int = 20  # normal steps that end a numeric episode
-    warmup_steps: int = 10  # steps after a (re)start kept out of the numeric baseline and not judged for jumps
-    buffer: BufferConfig = BufferConfig()
 
 
 # --- digests --------------------------------------------------------------------------------------

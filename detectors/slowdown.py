@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+from gangwatch.detectors.config import BufferConfig, SlowdownConfig
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.steps import (
-    BufferConfig,
     Closed,
     StepBuffer,
     StepScorer,
@@ -27,18 +27,6 @@ from gangwatch.detectors.steps import (
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding
 from gangwatch.schemas.evidence import Evidence
-
-
-@dataclass(frozen=True)
-class SlowdownConfig:
-    factor: float = 1.5  # job step time / baseline at or above which a step is slow
-    min_steps: int = 3  # consecutive slow steps before a finding (one checkpoint step is not an episode)
-    rearm_steps: int = 5  # consecutive normal steps that end an episode
-    history: int = 50  # the baseline is the median of this many recent normal job step times
-    min_history: int = 5  # normal steps needed before there is a baseline
-    warmup_steps: int = 10  # steps after a (re)start that are ignored (compilation, cold caches)
-    rebaseline_steps: int = 300  # a slowdown this long is the new normal: the baseline restarts from it
-    buffer: BufferConfig = BufferConfig()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

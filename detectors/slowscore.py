@@ -14,7 +14,7 @@ import numpy as np
 from gangwatch.detectors.steps import median
 
 if TYPE_CHECKING:
-    from gangwatch.detectors.failslow import FailSlowConfig
+    from gangwatch.detectors.config import FailSlowConfig
 
 _MAD_TO_SIGMA = 1.4826
 

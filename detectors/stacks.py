@@ -27,6 +27,7 @@ from functools import cache
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
+from gangwatch.detectors.config import StackConfig
 from gangwatch.detectors.registry import FindingType, Policy, Typed
 from gangwatch.detectors.sweeps import Sweep, SweepDetector, SweepEvidence
 from gangwatch.detectors.topology import Topology
@@ -271,20 +272,6 @@ def distinguishing_frames(sig: Sequence[str], healthy: Sequence[str]) -> tuple[l
 
 
 # --- detector --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StackConfig:
-    window_s: float = 30.0  # analyse a partial snapshot this long after its first record
-    threads: str = "main"  # which threads make a signature: main | active | all
-    distance_threshold: float = 0.3  # cosine distance below which call paths cluster together
-    max_outlier_fraction: float = 0.25  # larger clusters are another phase, not suspects
-    min_dominant_fraction: float = 0.5  # the healthy cluster must hold at least this share
-    min_ranks: int = 3  # fewer dumps than this: nothing to compare
-    by_stage: bool = True  # compare ranks only with ranks of the same pipeline stage
-    max_distinct: int = 512  # distinct signatures clustered exactly (see `cluster_ranks`)
-    max_pending: int = 16  # snapshots collected at once; beyond, the oldest is analysed early
-    remember_done: int = 256  # analysed snapshot ids remembered, to drop their late records
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -25,20 +25,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 from gangwatch.detectors.base import DetectorBase
+from gangwatch.detectors.config import BufferConfig
 from gangwatch.schemas import Finding, Record
 from gangwatch.schemas.columns import StepRows
 
 _BATCH_MIN_RUN = 16  # shorter runs of one step go through the per-record path (cheaper, same result)
-
-
-@dataclass(frozen=True)
-class BufferConfig:
-    lag: int = 2  # close step s once most ranks have reported step s + lag
-    close_frac: float = 0.5  # "most ranks": this fraction of the job
-    max_open: int = 8  # steps buffered at once; opening one more closes the oldest (once `reorder_s` old) ...
-    lateness_s: float = 10.0  # event seconds after its first record that a step closes regardless
-    reorder_s: float = 3.0  # event seconds a step waits for ranks sending later (sidecars batch every second)
-    reorder_cells: int = 1 << 16  # ... and while steps wait, at most this many rank-values are open (and 64 steps)
 
 
 def finite_or_none(x: float) -> float | None:

@@ -66,16 +66,16 @@ class Section:
 
 
 SECTIONS = (
-    Section("worker", "gangwatch.streams.worker:WorkerSettings",
+    Section("worker", "gangwatch.streams.settings:WorkerSettings",
             exclude=("topics", "core", "lateness_s", *SINK_FIELDS)),
-    Section("sinks", "gangwatch.streams.worker:WorkerSettings", only=SINK_FIELDS),
+    Section("sinks", "gangwatch.streams.settings:WorkerSettings", only=SINK_FIELDS),
     Section("topics", "gangwatch.streams.topics:TopicSettings", exclude=("app",)),  # app: the worker's app id
-    Section("core", "gangwatch.triage.engine:CoreConfig", exclude=("triage", "detectors")),
+    Section("core", "gangwatch.triage.config:CoreConfig", exclude=("triage", "detectors")),
     Section("triage", "gangwatch.triage.config:TriageConfig"),
     Section("kafka_security", "gangwatch.schemas.security:KafkaSecurity"),  # SASL / SSL of every Kafka client
     # (not `kafka`: GANGWATCH_KAFKA, the tests' broker address, would be read as that whole section)
 )
-DETECTORS = "detectors"  # the last section: one table per detector, from detectors.monitor.detector_configs()
+DETECTORS = "detectors"  # the last section: one table per detector, from detectors.config.CONFIGS
 
 # Older flat variable names (one per option of `gangwatch worker`), still read, below the nested names.
 ALIASES = {
@@ -150,9 +150,9 @@ def _hints(dc: type) -> dict[str, Any]:
 
 
 def _detector_types() -> dict[str, type]:
-    from gangwatch.detectors.monitor import detector_configs
+    from gangwatch.detectors.config import CONFIGS  # (not the detectors: reading a setting loads none of them)
 
-    return detector_configs()
+    return CONFIGS
 
 
 def default(path: str) -> Any:
@@ -392,8 +392,7 @@ class Loaded:
         return _build(TopicSettings, self.values["topics"])
 
     def core_config(self):
-        from gangwatch.triage.config import TriageConfig
-        from gangwatch.triage.engine import CoreConfig
+        from gangwatch.triage.config import CoreConfig, TriageConfig
 
         types = _detector_types()
         return CoreConfig(**self.values["core"], triage=_build(TriageConfig, self.values["triage"]),
@@ -419,7 +418,7 @@ class Loaded:
                 environ[variable] = str(value).lower() if isinstance(value, bool) else str(value)
 
     def worker_settings(self):
-        from gangwatch.streams.worker import WorkerSettings
+        from gangwatch.streams.settings import WorkerSettings
 
         return WorkerSettings(**self.values["worker"], **self.values["sinks"], topics=self.topic_settings(),
                               lateness_s=self.values["core"]["lateness_s"], core=self.core_config())

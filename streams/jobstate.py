@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 import orjson
-from gangwatch.triage.engine import CoreConfig, JobCore
+from gangwatch.triage.config import CoreConfig
+from gangwatch.triage.engine import JobCore
 
 if TYPE_CHECKING:
     from gangwatch.streams.runner import _Item

@@ -34,7 +34,8 @@ import orjson
 from gangwatch.schemas import DeadLetter, DecodeError, Outputs, Record, decode, encode
 from gangwatch.streams.jobstate import JobState, cover_of, pack_state, unpack_state
 from gangwatch.streams.topics import TopicSettings
-from gangwatch.triage.engine import CoreConfig, JobCore
+from gangwatch.triage.config import CoreConfig
+from gangwatch.triage.engine import JobCore
 
 _NODE_KINDS = frozenset({"hw", "gpu"})
 MAX_PENDING = 200_000  # records held per job (or node) waiting for their job record (or mapping)

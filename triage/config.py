@@ -1,7 +1,10 @@
-"""Settings of triage: stage budgets, decision costs and safety limits (all in seconds unless named)."""
+"""Settings of triage (stage budgets, decision costs, safety limits: seconds unless named) and of the core.
+
+Plain dataclasses that import nothing heavy: `gangwatch config show` and `--help` read them without the core."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -66,3 +69,12 @@ class TriageConfig:
         if "ladder" in plain:
             plain["ladder"] = tuple(plain["ladder"])
         return cls(budgets=Budgets(**d.get("budgets", {})), safety=Safety(**d.get("safety", {})), **plain)
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    lateness_s: float = 1.0  # how far behind the newest event time timeouts are evaluated
+    tick_s: float = 0.5  # records advance event time in steps of at least this (timeouts carry their own ts)
+    triage: TriageConfig = field(default_factory=TriageConfig)
+    # detector name -> its config dataclass (detectors.monitor.config_type); a detector left out runs on defaults
+    detectors: Mapping[str, Any] = field(default_factory=dict)

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from gangwatch.detectors.monitor import JobMonitor, RecordRun
 from gangwatch.schemas import DecodeError, Job, Outputs, Record, encode
 from gangwatch.schemas.columns import StepRows
-from gangwatch.triage.config import TriageConfig
+from gangwatch.triage.config import CoreConfig
 from gangwatch.triage.job import Triage
 
 JOB_KEYED = frozenset({"step", "heartbeat", "framework", "lifecycle", "stack", "flight", "recovery"})
@@ -38,13 +37,6 @@ _TRIAGE_SKIPS = frozenset({"step", "heartbeat", "hw", "gpu"})  # kinds whose rec
 STATE_VERSION = 2
 
 
-@dataclass(frozen=True)
-class CoreConfig:
-    lateness_s: float = 1.0  # how far behind the newest event time timeouts are evaluated
-    tick_s: float = 0.5  # records advance event time in steps of at least this (timeouts carry their own ts)
-    triage: TriageConfig = field(default_factory=TriageConfig)
-    # detector name -> its config dataclass (detectors.monitor.config_type); a detector left out runs on defaults
-    detectors: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _until_due(ts: list[float], start: int, top: float, lateness: float, due: float) -> tuple[int, float]:

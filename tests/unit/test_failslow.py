@@ -7,7 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 from gangwatch.detectors.catalog import typed
-from gangwatch.detectors.failslow import FailSlowConfig, FailSlowDetector
+from gangwatch.detectors.config import FailSlowConfig
+from gangwatch.detectors.failslow import FailSlowDetector
 from gangwatch.detectors.slowscore import (
     individual_scores,
     needed_hits,

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-from gangwatch.detectors.flight import FlightConfig, FlightDetector, localize, rank_view
+from gangwatch.detectors.config import FlightConfig
+from gangwatch.detectors.flight import FlightDetector, localize, rank_view
 from gangwatch.detectors.topology import Topology
 from gangwatch.producers.flight import FlightDumpError, UnsafePickleError, load_dump, op_name, to_flight_record
 from gangwatch.schemas import Flight, Job, RankInfo, decode

@@ -6,7 +6,8 @@ from __future__ import annotations
 import orjson
 import pytest
 from gangwatch.detectors.catalog import typed
-from gangwatch.detectors.linkerrors import LinkErrorConfig, LinkErrorDetector, LinkErrorRate
+from gangwatch.detectors.config import LinkErrorConfig
+from gangwatch.detectors.linkerrors import LinkErrorDetector, LinkErrorRate
 from gangwatch.detectors.topology import Topology
 from gangwatch.producers.simulate import FAULT_CLASS, Fault, Scenario, generate, truth
 from gangwatch.schemas import Gpu, Job, RankInfo, decode_obj

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gangwatch.detectors.sdc import SdcConfig, SdcDetector, digest_vote, job_value, jump_score
+from gangwatch.detectors.config import SdcConfig
+from gangwatch.detectors.sdc import SdcDetector, digest_vote, job_value, jump_score
 from gangwatch.schemas import to_dict
 
 from tests.unit.stepgen import (

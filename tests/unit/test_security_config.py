@@ -208,7 +208,8 @@ def test_the_clickhouse_store_takes_credentials_from_the_url_and_masks_them(monk
 
 
 def test_a_worker_app_built_with_sasl_logs_no_secret(monkeypatch, caplog, tmp_path):
-    from gangwatch.streams.worker import WorkerSettings, make_app
+    from gangwatch.streams.settings import WorkerSettings
+    from gangwatch.streams.worker import make_app
 
     for k, v in _env(security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512", username="gw",
                      password=KAFKA_PW).items():

@@ -38,8 +38,8 @@ def gangwatch(*argv: str, env: dict[str, str] | None = None) -> subprocess.Compl
 
 def test_every_field_of_the_runtime_dataclasses_is_a_setting_with_its_default():
     from gangwatch.detectors.monitor import detector_configs
+    from gangwatch.streams.settings import WorkerSettings
     from gangwatch.streams.topics import TopicSettings
-    from gangwatch.streams.worker import WorkerSettings
     from gangwatch.triage.config import TriageConfig
 
     values = {r.setting: r.value for r in S.load(environ={}).rows()}
@@ -74,8 +74,7 @@ def test_every_field_of_the_runtime_dataclasses_is_a_setting_with_its_default():
 
 def test_default_settings_build_the_default_runtime_objects():
     from gangwatch.streams.topics import TopicSettings
-    from gangwatch.triage.config import TriageConfig
-    from gangwatch.triage.engine import CoreConfig
+    from gangwatch.triage.config import CoreConfig, TriageConfig
 
     loaded = S.load(environ={})
     core = loaded.core_config()
@@ -91,8 +90,8 @@ def test_each_app_id_reads_its_own_re_keyed_node_events_and_shares_the_rest():
     """Workers of another --app-id never read this app's node events re-keyed by job (issue 24: a second app id
     read the first's re-keyed GPU samples as well as its own)."""
     from gangwatch.streams.runner import JobRunner
+    from gangwatch.streams.settings import WorkerSettings
     from gangwatch.streams.topics import TopicSettings
-    from gangwatch.streams.worker import WorkerSettings
 
     a, b = WorkerSettings(app_id="a").own_topics, WorkerSettings(app_id="b").own_topics
     assert (a.by_job, b.by_job) == ("gw.a.by-job", "gw.b.by-job")
@@ -102,7 +101,7 @@ def test_each_app_id_reads_its_own_re_keyed_node_events_and_shares_the_rest():
 
 
 def test_help_shows_the_default_of_the_dataclass(capsys):
-    from gangwatch.streams.worker import WorkerSettings
+    from gangwatch.streams.settings import WorkerSettings
 
     with pytest.raises(SystemExit):
         main(["worker", "--help"])
@@ -266,7 +265,7 @@ def test_a_hang_threshold_from_the_environment_changes_when_the_hang_fires(hang_
 
 
 def test_a_failstop_miss_factor_reaches_the_detector_of_a_job():
-    from gangwatch.detectors.failstop import FailStopConfig
+    from gangwatch.detectors.config import FailStopConfig
     from gangwatch.schemas import Heartbeat, Job, RankInfo
     from gangwatch.triage.engine import JobCore
 
@@ -291,9 +290,10 @@ def test_a_failstop_miss_factor_reaches_the_detector_of_a_job():
 
 
 def test_a_restored_job_runs_with_todays_settings_not_the_saved_ones():
-    from gangwatch.detectors.hang import HangConfig
+    from gangwatch.detectors.config import HangConfig
     from gangwatch.schemas import Job, RankInfo, Step
-    from gangwatch.triage.engine import CoreConfig, JobCore
+    from gangwatch.triage.config import CoreConfig
+    from gangwatch.triage.engine import JobCore
 
     t0 = 1_700_000_000.0
     job = Job(ts=t0, job="j", ranks=[RankInfo(rank=r, node="n0", gpu=r) for r in range(2)])

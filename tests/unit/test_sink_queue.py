@@ -120,7 +120,8 @@ def test_the_worker_keeps_each_sinks_metric_name_and_leaves_async_sinks_alone(tm
 
 
 def test_the_worker_sizes_its_queues_and_pause_from_its_settings(tmp_path: Path) -> None:
-    from gangwatch.streams.worker import WorkerSettings, make_app
+    from gangwatch.streams.settings import WorkerSettings
+    from gangwatch.streams.worker import make_app
 
     app = make_app(WorkerSettings(app_id="t-queues", sink_queue=7, sink_pause_s=1.5, sink_give_up_s=30.0,
                                   datadir=str(tmp_path)),

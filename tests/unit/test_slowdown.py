@@ -7,9 +7,10 @@ import math
 import numpy as np
 import orjson
 import pytest
+from gangwatch.detectors.config import BufferConfig, SlowdownConfig
 from gangwatch.detectors.failslow import FailSlowDetector
-from gangwatch.detectors.slowdown import JobSlowdownDetector, SlowdownConfig
-from gangwatch.detectors.steps import BufferConfig, StepBuffer, StepColumns
+from gangwatch.detectors.slowdown import JobSlowdownDetector
+from gangwatch.detectors.steps import StepBuffer, StepColumns
 from gangwatch.schemas import Step, to_dict
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -103,7 +103,8 @@ def test_states_are_taken_on_the_tick_at_most_every_save_every_s_and_never_most_
 def test_the_state_changelog_takes_a_100k_rank_jobs_state(tmp_path) -> None:
     """A 100k-rank job's saved state is ~0.8 MB compressed (bench): its changelog topic is made for more than the
     broker's 1 MB default, and the producer may send it."""
-    from gangwatch.streams.worker import STATE_MAX_BYTES, WorkerSettings, make_app
+    from gangwatch.streams.settings import WorkerSettings
+    from gangwatch.streams.worker import STATE_MAX_BYTES, make_app
 
     app = make_app(WorkerSettings(bootstrap="127.0.0.1:1", datadir=str(tmp_path / "faust"), metrics_port=0))
     changelog = app.tables["core-state"].changelog_topic
