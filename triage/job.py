@@ -51,6 +51,7 @@ from gangwatch.detectors.failstop import clean_exit
 from gangwatch.detectors.life import QUIET
 from gangwatch.detectors.registry import Typed
 from gangwatch.detectors.topology import Topology
+from gangwatch.fleet import kb
 from gangwatch.schemas import (
     EVICTING_ACTIONS,
     RESTARTING_ACTIONS,
@@ -75,6 +76,7 @@ from gangwatch.triage.shadow import Shadow
 
 _CORROBORATE_S = 1800.0  # a numeric anomaly this soon after an SDC decision belongs to it
 _KEEP_WAITING = 16
+_KEEP_PRECEDENTS = 32
 
 
 class Triage:
@@ -108,6 +110,8 @@ class Triage:
         self.shadow_ops: bool | None = None  # an `ops` record's `shadow` / `act` for this job (None: the setting)
         # after the ladder's restart rung: {"incident", "rungs", "until"}; the same fault back by then climbs on
         self.watch: dict[str, Any] | None = None
+        self.precedents: list[kb.Entry] = []  # this job's closed incidents (newest last): a decision cites the closest
+        self.acted: list[dict[str, Any]] = []  # the open incident's actions, for its entry once it closes
 
     # --- inputs ---------------------------------------------------------------
 
@@ -359,6 +363,7 @@ class Triage:
             self.watch = None
         self.incident = inc
         self.gathered = []
+        self.acted = []
         return inc
 
     def _recur(self, inc: Timeline, t: Typed, out: Outputs | None) -> None:
@@ -449,12 +454,14 @@ class Triage:
                 and not job_level and not (loc.culprits and loc.confidence >= self.config.confidence):
             decisions = self._climb(inc, loc, decisions, now)
         first = inc.decided_ts is None
+        evidence = loc.evidence or [t.finding.id for t in self.gathered[:16]]
+        decisions = self._cite(decisions, evidence)
         if first:
             inc.decided_ts = now
             inc.stall_step = self.max_step
         inc.culprit_nodes = sorted(set(inc.culprit_nodes) | set(loc.culprits) | set(loc.group_nodes))
         for d in decisions:
-            self._act(d, now, loc.evidence or [t.finding.id for t in self.gathered[:16]], out)
+            self._act(d, now, evidence, out)
         if first and inc.path in ("non_stop", None) and not any(d.type == "escalate" for d in decisions):
             inc.recovered_ts = now  # kept running: nothing to recover from
             self._close(now, out)
@@ -622,6 +629,20 @@ class Triage:
             self.waiting.remove(w)
         out.incidents.append(w.record(now, self.config.budgets))
 
+    def _cite(self, decisions: list[Decision], evidence: list[str]) -> list[Decision]:
+        """The first decision's reason names the closest past incident of the job (`fleet.kb`), when one is alike."""
+        if not decisions or not self.precedents:
+            return decisions
+        cited = set(evidence)
+        sig = kb.Signature.of((t.finding.type, t.finding.detector, t.finding.node, t.finding.evidence)
+                              for t in self.gathered if t.finding.id in cited)
+        match = kb.closest(sig, self.precedents)
+        if match is None:
+            return decisions
+        first = decisions[0]
+        return [Decision(first.type, first.nodes, first.path, f"{first.reason}; {match.cite()}", first.data),
+                *decisions[1:]]
+
     def _crash_loop(self, inc: Timeline, d: Decision) -> Decision:
         """Restarting again would fail again: a human, told the signature, the count and where."""
         cause, rank, message = inc.signature.split("|", 2)
@@ -722,6 +743,8 @@ class Triage:
             if d.type == "degrade":
                 self.degraded.update({n: now for n in d.nodes})
             return
+        if inc is self.incident:
+            self.acted.append(to_dict(a))
         if d.type in RESTARTING_ACTIONS:
             inc.restarts.append(a.id)
         if d.type == "dual_run":
@@ -751,7 +774,12 @@ class Triage:
 
     def _close(self, ts: float, out: Outputs) -> None:
         inc = self.incident
-        out.incidents.append(inc.record(ts, self.config.budgets))
+        record = inc.record(ts, self.config.budgets)
+        out.incidents.append(record)
+        if inc.decided_ts is not None and not inc.planned and self.acted:  # a precedent for the job's next ones
+            entry = kb.entry(to_dict(record), self.acted, [to_dict(t.finding) for t in self.gathered])
+            self.precedents = [*self.precedents[-(_KEEP_PRECEDENTS - 1):], entry]
+        self.acted = []
         if inc.rungs and inc.rungs[-1]["rung"] == "restart" and inc.recovered_ts is not None:
             # the restart got the job going: the same fault back soon goes on up the ladder
             self.watch = {"incident": inc.id, "rungs": inc.rungs, "until": ts + self.config.ladder_watch_s}
@@ -789,7 +817,7 @@ class Triage:
                 "restarting": list(self.restarting) if self.restarting else None,
                 "life": self.life, "run_ts": None if self.run_ts == float("-inf") else self.run_ts,
                 "loops": self.loops, "shadow": self.shadow.state(), "shadow_ops": self.shadow_ops,
-                "watch": self.watch}
+                "watch": self.watch, "precedents": [e.to_dict() for e in self.precedents], "acted": self.acted}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], config: TriageConfig, topo: Topology) -> Triage:
@@ -813,5 +841,7 @@ class Triage:
         tri.shadow = Shadow.from_state(state.get("shadow", []), config.shadow_window_s)
         tri.shadow_ops = state.get("shadow_ops")
         tri.watch = state.get("watch")
+        tri.precedents = [kb.Entry.from_dict(e) for e in state.get("precedents", ())]
+        tri.acted = list(state.get("acted", ()))
         return tri
 

@@ -25,6 +25,7 @@ from gangwatch.cli import (
     controller,
     ingest,
     kafka,
+    kb,
     kubernetes,
     postmortem,
     replay,
@@ -44,8 +45,8 @@ from gangwatch.cli.options import (
     resolve,
 )
 
-COMMANDS = (replay, simulate, ingest, kafka, agent, controller, slurm, kubernetes, config, sql, postmortem, rules,
-            spares)
+COMMANDS = (replay, simulate, ingest, kafka, agent, controller, slurm, kubernetes, config, sql, postmortem, kb,
+            rules, spares)
 
 # The extra that brings each optional top-level module.
 EXTRAS = {

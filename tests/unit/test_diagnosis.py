@@ -185,3 +185,31 @@ def test_the_controllers_spare_count_picks_hot_replacement_or_cold_restart_and_t
         [a] = fail_stop(tri, T0 + 100)
         assert (a.type, a.path) == want and f"pool: {count} warm spare" in a.reason and "controller's count" in a.reason
         assert Triage.from_state(tri.state(), TriageConfig(), topo).spares_left() == tri.spares_left()
+
+
+def test_a_decision_cites_the_closest_past_incident_of_the_job_and_what_fixed_it(topo):
+    """Two whole nodes lost a while apart: the second replacement's reason names the first incident, how it was
+    fixed and how long recovery took; a kept state cites the same; a different kind of fault cites nothing."""
+    from gangwatch.schemas import Step
+
+    from tests.unit.test_triage import lost
+
+    tri = Triage("j", TriageConfig(), topo)
+    run(tri, [Step(ts=T0 + 95, job="j", rank=0, step=1, step_s=1.0)])
+    [first] = run(tri, [lost(topo, "n003", T0 + 100), ("advance", T0 + 130)]).actions
+    assert "like incident" not in first.reason
+    out = run(tri, [Recovery(ts=T0 + 200, job="j", action=first.id, phase="resumed")])
+    assert out.incidents[-1].recovered_ts == T0 + 200 and len(tri.precedents) == 1
+    saved = Triage.from_state(tri.state(), TriageConfig(), topo)
+    for t in (tri, saved):
+        run(t, [Step(ts=T0 + 995, job="j", rank=0, step=50, step_s=1.0)])
+        [second] = run(t, [lost(topo, "n007", T0 + 1000), ("advance", T0 + 1030)]).actions
+        assert (second.type, second.nodes) == ("replace", ["n007"])
+        assert f"like incident {first.incident}" in second.reason and "fail_stop on n003" in second.reason
+        assert "fixed by replace n003" in second.reason
+    from tests.unit.test_triage import hang
+
+    other = Triage("j", TriageConfig(), topo)
+    other.precedents = list(tri.precedents)
+    out = run(other, [hang(T0 + 2000), ("advance", T0 + 2000 + 400)])
+    assert all("like incident" not in a.reason for a in out.actions)

@@ -1,0 +1,108 @@
+"""`gangwatch kb search`: the knowledge base of closed incidents (`gangwatch.fleet.kb`) over the store: past
+incidents of a node, of a class, with words in their root cause, or most like one incident, with what fixed each.
+The SQL goes through `query_store`, as `gangwatch sql`'s and `gangwatch report`'s does."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gangwatch.cli.options import EXIT_USAGE, UserError, integer, opt, positive, settings_opts
+from gangwatch.cli.replay import connect_timeout_opt, print_rows, query_store
+from gangwatch.fleet import kb
+
+DESCRIPTION = """\
+Search the closed incidents of the store (recovered ones: the store keeps no other resolution) as a knowledge
+base. Each has its timeline, root cause (class, culprit nodes, the decision's reason), evidence signature (what
+its cited findings were, without nodes, ranks or times), the actions it took, what ended it and how long it took
+to recover, and its stages against their budgets (triage.budgets.*: --set, GANGWATCH_* or --config).
+--like ID ranks them by how alike their evidence is to incident ID's (weighted Jaccard of the signatures; ID
+may still be open); --node, --class and --cause (every word in the root cause, any case) filter. Without
+--like, the most recent come first. docs/knowledge-base.md says how signatures are made."""
+
+ACTION_COLUMNS = "id, ts, incident, type, nodes, reason, evidence, path, shadow"
+FINDING_COLUMNS = "id, ts, job, type, detector, rank, node, score, evidence"
+REASON_WIDTH = 60  # characters of the decision's reason in the table
+
+
+def gather(run: Callable[[str], list[dict]]) -> tuple[list[dict], list[dict], list[dict]]:
+    """Every incident (latest version), every action of an incident, and every finding an action cites."""
+    from gangwatch.postmortem import INCIDENT_COLUMNS
+
+    incidents = run(f"SELECT {INCIDENT_COLUMNS} FROM gw_incidents FINAL ORDER BY ifNull(onset_ts, ts), id")
+    if not incidents:
+        return [], [], []
+    actions = run(f"SELECT {ACTION_COLUMNS} FROM gw_actions FINAL WHERE incident != '' ORDER BY ts, id")
+    findings = run(f"SELECT {FINDING_COLUMNS} FROM gw_findings FINAL WHERE id IN "
+                   "(SELECT arrayJoin(evidence) FROM gw_actions FINAL WHERE incident != '') ORDER BY ts, id")
+    return incidents, actions, findings
+
+
+def _like(like: str, incidents: list[dict], actions: list[dict], findings: list[dict],
+          budgets: dict[str, float]) -> kb.Entry:
+    """Incident `like`'s entry (closed or still open); UserError for an id the store does not hold."""
+    rows = [r for r in incidents if r["id"] == like]
+    if not rows:
+        where = "the store holds no incidents" if not incidents else "`gangwatch kb search` lists the closed ones"
+        raise UserError(f"--like {like}: no incident {like!r} in the store ({where})", EXIT_USAGE)
+    return kb.entry(kb.latest(rows)[0], [a for a in actions if a["incident"] == like], findings, budgets)
+
+
+def _table_row(m: kb.Match, like: bool) -> dict[str, Any]:
+    from gangwatch.postmortem import iso, seconds
+
+    e = m.entry
+    reason = e.reason if len(e.reason) <= REASON_WIDTH else e.reason[:REASON_WIDTH - 3] + "..."
+    return {**({"similarity": f"{m.similarity:.2f}"} if like else {}), "onset": iso(e.times.get("onset"), ms=False),
+            "incident": e.id, "job": e.job, "class": e.cls, "culprit": ",".join(e.culprit_nodes) or "-",
+            "cause": reason or "-", "fixed_by": e.fix, "recovered_in": seconds(e.recover_s),
+            "over_budget": ",".join(e.over_budget) or "-"}
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from gangwatch.schemas.classes import CLASSES
+
+    if args.cls is not None and args.cls not in CLASSES:
+        raise UserError(f"--class {args.cls}: not an incident class (one of {', '.join(CLASSES)})", EXIT_USAGE)
+    budgets = dict(args.settings.get("triage.budgets"))
+    incidents, actions, findings = gather(lambda sql: query_store(args, sql))
+    like = _like(args.like, incidents, actions, findings, budgets) if args.like is not None else None
+    found = kb.search(kb.entries(incidents, actions, findings, budgets), node=args.node, cls=args.cls,
+                      cause=args.cause, like=like, limit=args.limit)
+    if args.format == "json":
+        print_rows([{**({"similarity": m.similarity} if like is not None else {}), **m.entry.to_dict()}
+                    for m in found], "json")
+        return 0
+    if like is not None:
+        print(f"closed incidents like {like.id} ({like.root_cause}), most alike first:")
+    print_rows([_table_row(m, like is not None) for m in found], "table")
+    if not incidents:
+        print("the store holds no incidents yet: replay or run something into it first", file=sys.stderr)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    k = sub.add_parser("kb", help="knowledge base of closed incidents: search by node, class, cause or likeness",
+                       description="The store's closed incidents as a knowledge base: `gangwatch kb search --help`.")
+    ksub = k.add_subparsers(dest="kb_command", metavar="SUBCOMMAND", required=True)
+    s = ksub.add_parser("search", help="past incidents like one, or of a node, class or cause, with what fixed them",
+                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog="examples:\n  gangwatch kb search --out gangwatch-demo\n"
+                        "  gangwatch kb search --like i-0123456789abcdef --out gangwatch-demo\n"
+                        "  gangwatch kb search --node n017 --class fail_stop --store clickhouse://ch1:9000/gangwatch\n"
+                        "  gangwatch kb search --cause 'fallen off the bus' --format json")
+    s.add_argument("--node", metavar="N", help="only incidents that blamed or evicted node N")
+    s.add_argument("--class", dest="cls", metavar="C", help="only incidents of class C (fail_stop, hang, ...)")
+    s.add_argument("--cause", metavar="TEXT", help="only incidents whose root cause has every word of TEXT")
+    s.add_argument("--like", metavar="ID", help="rank by how alike their evidence is to incident ID's")
+    s.add_argument("--limit", type=positive(integer), default=10, metavar="N", help="at most N (default 10)")
+    s.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
+    opt(s, "--store", env="GANGWATCH_STORE",
+        help="chdb:PATH or clickhouse://HOST:PORT[/DB] (default: OUT/store, a replay's)")
+    opt(s, "--out", type=Path, default=Path("gangwatch-out"), help="a replay's output directory (its store/)")
+    connect_timeout_opt(s)
+    settings_opts(s)
+    s.set_defaults(func=cmd_search)
