@@ -3,7 +3,7 @@
 The worker's batch path without Kafka: `JobRunner.on_batch` over the messages of
 `--jobs` synchronous jobs (each loses a node mid-run and gets a `replace`
 action), `--batch` messages per batch, then the sinks exactly as
-`streams.glue.Glue.publish` feeds them (reject, write, flush). The one sink
+`streams.workerio.WorkerIO.publish` feeds them (reject, write, flush). The one sink
 is the signed webhook; its receiver (a local http.server) sleeps `--sleep` s
 (default 5) before answering each POST.
 

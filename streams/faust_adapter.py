@@ -7,7 +7,7 @@ behaviour it works around, so that it goes when the library no longer needs it:
 - `cap_fetch_wait`: the consumer's fetch wait, fixed at 1.5 s by Faust, capped (a busy partition behind idle ones);
 - `seek_uncommitted` / `seek_to_committed`: the seek back to the committed offsets also for partitions committed
   at 0 or never, and where each input's reading starts, told to the worker's I/O half;
-- `wrap_commit`: the commits capped at what saved states cover (`Glue.cap_commits`);
+- `wrap_commit`: the commits capped at what saved states cover (`WorkerIO.cap_commits`);
 - `watch_changelog_sends`: when a job's saved state is on the broker, not just in the producer's buffer;
 - `aiokafka_consumer`, `aiokafka_producer`, `committed_offset`: aiokafka's own objects under Faust's driver;
 - `ChangelogsNotYet`: aiokafka's start-up ERROR lines about the changelog topics Faust is still creating;
@@ -50,18 +50,18 @@ def check_versions(version: Callable[[str], str] = metadata.version, env: Mappin
                                     f"the pins), or set {OVERRIDE_ENV}=1 to run it anyway")
 
 
-# app -> the worker's I/O half (`Glue`): what the patched seek tells where each input's reading starts
-_GLUES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+# app -> the worker's I/O half (`WorkerIO`): what the patched seek tells where each input's reading starts
+_WORKERIO: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
-def attach(app: Any, glue: Any) -> None:
-    """Make `glue` the I/O half of `app`: the adapter's seek back (`seek_uncommitted`) reports to it."""
-    _GLUES[app] = glue
+def attach(app: Any, workerio: Any) -> None:
+    """Make `workerio` the I/O half of `app`: the adapter's seek back (`seek_uncommitted`) reports to it."""
+    _WORKERIO[app] = workerio
 
 
 def attached(app: Any) -> Any:
     """The I/O half `attach` gave `app` (None: none)."""
-    return _GLUES.get(app)
+    return _WORKERIO.get(app)
 
 
 def partition_of(key: bytes, partitions: int) -> int:
@@ -167,16 +167,16 @@ def cap_fetch_wait(ms: int) -> None:
 
 def seek_uncommitted() -> None:
     """Make Faust's seek back to the committed offsets reach every input partition (`seek_to_committed`), and tell
-    the worker's glue where each input's reading starts."""
+    the worker's workerio where each input's reading starts."""
     from faust.transport.drivers import aiokafka as driver
 
     async def seek_back(self: Any) -> Mapping[Any, int | None]:
         app = self.consumer.app
         committed, starts = await self.call_thread(seek_to_committed, self._ensure_consumer(),
                                                    app.conf.consumer_auto_offset_reset, app.tables.changelog_topics)
-        glue = attached(app)  # the worker's I/O half: where each input's reading starts
-        if glue is not None:
-            glue.started(starts, committed)
+        workerio = attached(app)  # the worker's I/O half: where each input's reading starts
+        if workerio is not None:
+            workerio.started(starts, committed)
         return committed
 
     driver.AIOKafkaConsumerThread.seek_to_committed = seek_back

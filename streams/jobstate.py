@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from gangwatch.streams.runner import _Item
 
 
-class Cover(NamedTuple):
+class Coverage(NamedTuple):
     """What one saved state of a job covers, per input ("topic:partition"): every record of the job below
     `next` except those at or above `low` that the state lists as not processed yet (held, or waiting for the
     job record). Small, and readable without unpacking the state (`cover_of`)."""
@@ -30,7 +30,7 @@ class Cover(NamedTuple):
     low: dict[str, int]
 
 
-NOTHING_SAVED = Cover({}, {})
+NOTHING_SAVED = Coverage({}, {})
 
 
 @dataclass
@@ -56,7 +56,7 @@ class JobState:
     offsets: dict[str, int] = field(default_factory=dict)
     seen: dict[str, float] = field(default_factory=dict)
     owed: dict[str, set[tuple[int, int]]] = field(default_factory=dict)
-    written: Cover = NOTHING_SAVED
+    written: Coverage = NOTHING_SAVED
     first: dict[str, int] = field(default_factory=dict)
     partition: int = -1  # the job's partition number (the same on every job-keyed topic)
     arrived: float | None = None  # wall clock of the newest batch processed
@@ -84,7 +84,7 @@ class JobState:
 
 
 def pack_state(st: JobState) -> bytes:
-    """A job's saved state as a table value: its `Cover` as one line of JSON, then the state as JSON,
+    """A job's saved state as a table value: its `Coverage` as one line of JSON, then the state as JSON,
     zlib-compressed (a 2,048-rank job: ~150 KB -> ~15 KB). A job whose `job` record has not been processed
     yet has no core: its state is only what it read and owes.
 
@@ -93,7 +93,7 @@ def pack_state(st: JobState) -> bytes:
     them again, and skips a copy the router re-published meanwhile.
     """
     owed = st.unprocessed()
-    cover = Cover(st.offsets, {where: min(pos)[0] for where, pos in owed.items() if pos})
+    cover = Coverage(st.offsets, {where: min(pos)[0] for where, pos in owed.items() if pos})
     by_offset = {where: _group(pos) for where, pos in owed.items() if pos}
     body = {"core": None if st.core is None else st.core.state(), "offsets": st.offsets, "owed": by_offset,
             "seen": st.seen}
@@ -108,10 +108,10 @@ def _group(positions: set[tuple[int, int]]) -> list[list[int]]:
     return [[offset, *idx] for offset, idx in places.items()]
 
 
-def cover_of(value: bytes) -> Cover:
+def cover_of(value: bytes) -> Coverage:
     """What a saved state covers, read from its first line only."""
     head = orjson.loads(value[:value.index(b"\n")])
-    return Cover(head["next"], head["low"])
+    return Coverage(head["next"], head["low"])
 
 
 def unpack_state(value: bytes, config: CoreConfig) -> JobState:

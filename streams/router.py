@@ -54,7 +54,7 @@ class NodeRouter:
         self.inflight: dict[str, deque[tuple[float, float]]] = {}  # job -> (event time, wall) published, unread
         self.published: Counter[str] = Counter()  # events published onto by-job, per job
 
-    def upstream(self, inputs: Iterable[tuple[str, int]], lagging: Lagging,
+    def node_events_pending_from(self, inputs: Iterable[tuple[str, int]], lagging: Lagging,
                  read: Mapping[str, int] | None = None, nodes: Iterable[str] = (),
                  mine: Container[str] | None = None) -> float:
         """Event time from which node events may still reach by-job: the oldest frontier among this router's

@@ -1,6 +1,6 @@
 """The Faust worker's logic without Faust: batches of Kafka messages in, messages to publish out.
 
-`streams.worker` is thin glue around `JobRunner` here and `NodeRouter`
+`streams.worker` only connects Faust to `JobRunner` here and `NodeRouter`
 (streams/router.py), so everything that decides what happens to a record can be
 tested as plain functions (Faust's `take()` cannot be exercised through its
 test context).
@@ -117,9 +117,9 @@ def _from_the_future(rec: Record, now: float, limit: float) -> DecodeError:
 
 
 Lagging = Callable[[str, int], bool]  # (topic, partition) -> data is left to read there
-Upstream = Callable[[], float]  # event time from which the router may still publish onto by-job (inf: nothing)
+PendingFrom = Callable[[], float]  # event time from which the router may still publish onto by-job (inf: nothing)
 NEVER_LAGGING: Lagging = lambda topic, partition: False  # noqa: E731
-NOTHING_UPSTREAM: Upstream = lambda: float("inf")  # noqa: E731
+NOTHING_PENDING: PendingFrom = lambda: float("inf")  # noqa: E731
 
 
 class JobRunner:
@@ -131,7 +131,7 @@ class JobRunner:
     every input that still has data to read has reached their time: a job's release
     point is the minimum, over its inputs with data left to read (`lagging`), of the
     newest event time read from each, and of the time from which the node router may
-    still publish onto `by-job` (`upstream`). An input with nothing left to read holds
+    still publish onto `by-job` (`pending_from`). An input with nothing left to read holds
     no one back. Live, inputs are read up between batches and records pass at once; as
     a backlog, the same records reach the core in the same order as live.
 
@@ -192,7 +192,7 @@ class JobRunner:
     # --- batches --------------------------------------------------------------------
 
     def on_batch(self, msgs: list[Msg], lagging: Lagging = NEVER_LAGGING,
-                 upstream: Upstream = NOTHING_UPSTREAM) -> Result:
+                 pending_from: PendingFrom = NOTHING_PENDING) -> Result:
         res = Result()
         by_job: dict[str, list[_Item]] = {}
         frontier = self.frontier
@@ -237,7 +237,7 @@ class JobRunner:
             self._state(job).partition = partition
         now = self.clock()
         for job in sorted(set(by_job) | {j for j, st in self.jobs.items() if st.held}):
-            self._run_job(job, by_job.get(job, []), now, lagging, upstream, res)
+            self._run_job(job, by_job.get(job, []), now, lagging, pending_from, res)
         return res
 
     def _job_of(self, rec: Record, msg: Msg) -> str | None:
@@ -248,9 +248,9 @@ class JobRunner:
             return msg.key.decode() if msg.topic == self.topics.by_job and msg.key else None
         return None
 
-    def release_point(self, partition: int, lagging: Lagging, upstream: Upstream) -> float:
+    def release_point(self, partition: int, lagging: Lagging, pending_from: PendingFrom) -> float:
         """Event time up to which a job of `partition` has all its inputs (see the class docstring)."""
-        point = upstream()
+        point = pending_from()
         for topic in self.inputs:
             if lagging(topic, partition):
                 point = min(point, self.frontier.get((topic, partition), float("-inf")))
@@ -294,7 +294,7 @@ class JobRunner:
         self.duplicates += len(items) - len(fresh)
         return fresh
 
-    def _run_job(self, job: str, items: list[_Item], now: float, lagging: Lagging, upstream: Upstream,
+    def _run_job(self, job: str, items: list[_Item], now: float, lagging: Lagging, pending_from: PendingFrom,
                  res: Result) -> None:
         st = self._state(job)
         if items:
@@ -318,7 +318,7 @@ class JobRunner:
                 heapq.heappush(held, it)
         else:
             held = st.held = items  # sorted: a heap already
-        point = self.release_point(st.partition, lagging, upstream)
+        point = self.release_point(st.partition, lagging, pending_from)
         if self.outage is not None:  # every producer's backlog first
             point = min(point, self.outage.get(job, -math.inf))
         if len(held) > MAX_PENDING:  # memory bound: past it, the oldest go ahead of their inputs
@@ -414,7 +414,7 @@ class JobRunner:
     # --- time -----------------------------------------------------------------------
 
     def on_tick(self, caught_up: Callable[[str], bool] = lambda job: True, lagging: Lagging = NEVER_LAGGING,
-                upstream: Upstream = NOTHING_UPSTREAM) -> Result:
+                pending_from: PendingFrom = NOTHING_PENDING) -> Result:
         """Release held records whose inputs caught up; advance silent jobs through wall-clock time; give up on
         records that waited too long for a job.
 
@@ -430,7 +430,7 @@ class JobRunner:
         for job in sorted(self.jobs):
             st = self.jobs[job]
             if st.held:
-                self._run_job(job, [], now, lagging, upstream, res)
+                self._run_job(job, [], now, lagging, pending_from, res)
             if st.pending_since is not None and now - st.pending_since >= self.hold_s:
                 for it in st.pending:
                     self._no_job(job, it, res)
@@ -449,15 +449,18 @@ class JobRunner:
                 res.dirty.add(job)
         return res
 
-    def path(self, answering: bool) -> None:
-        """Whether the input path answers now (the consumer's fetches come back); see the class docstring."""
-        if not answering:
-            if self.outage is None:
-                self.outages += 1
-                self.outage = {job: max((self.frontier.get((t, st.partition), -math.inf) for t in self.inputs),
-                                        default=-math.inf) for job, st in self.jobs.items()}
-            self.trust_from = math.inf
-        elif self.outage is not None and math.isinf(self.trust_from):
+    def input_down(self) -> None:
+        """The input path stopped answering (no fetch comes back): silence is no news until it is back and every
+        producer had `reconnect_s` to resend (see the class docstring)."""
+        if self.outage is None:
+            self.outages += 1
+            self.outage = {job: max((self.frontier.get((t, st.partition), -math.inf) for t in self.inputs),
+                                    default=-math.inf) for job, st in self.jobs.items()}
+        self.trust_from = math.inf
+
+    def input_up(self) -> None:
+        """The input path answers (again): after an outage, silence is judged once `reconnect_s` has passed."""
+        if self.outage is not None and math.isinf(self.trust_from):
             self.trust_from = self.clock() + self.reconnect_s
 
     # --- rebalances -----------------------------------------------------------------

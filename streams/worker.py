@@ -3,7 +3,7 @@
 `make_app(settings)` builds the app (there is no module-level app); `run(settings)`
 creates the topics and runs a Faust worker until TERM/INT. The logic lives in
 `streams.runner`; this module only wires it to Faust, with the I/O half in
-`streams.glue` (`Glue`) and what reaches into Faust and aiokafka in `streams.faust_adapter`:
+`streams.workerio` (`WorkerIO`) and what reaches into Faust and aiokafka in `streams.faust_adapter`:
 
 - agent `gangwatch-jobs` reads every job-keyed input topic plus `by-job` (all
   with the same partition count, keyed by job: co-partitioned), in batches of
@@ -15,7 +15,7 @@ creates the topics and runs a Faust worker until TERM/INT. The logic lives in
   re-publishes node events keyed by their job onto `by-job` (`NodeRouter`).
 - State: each job's `Core.state()` (zlib'd JSON) is saved in table
   `core-state` (changelog topic `<app id>-core-state-changelog`) on the timer,
-  at most every `save_every_s` per job that batches touched (`Glue.save`: packing
+  at most every `save_every_s` per job that batches touched (`WorkerIO.save`: packing
   a big job's state is not paid per batch); the router's node -> job map is table
   `node-job`. Both use `use_partitioner=True`: a table key is a job (or node)
   id hashed by the same murmur2 partitioner as the producers' keys, so the
@@ -28,7 +28,7 @@ creates the topics and runs a Faust worker until TERM/INT. The logic lives in
 - Commits: no input offset is committed past a record that no written state has
   processed (`JobRunner.resume_points`: records a job holds for a slower input or
   for its job record, and records read since its newest written state) nor past a
-  node event the router still holds (`NodeRouter.resume_points`): `Glue.cap_commits`
+  node event the router still holds (`NodeRouter.resume_points`): `WorkerIO.cap_commits`
   lowers what Faust commits, and the timer commits what the cap held back once it
   is saved. A replacement worker (after a crash or a rebalance) starts there, and
   the restored states tell the records they processed (skipped) from those they
@@ -38,7 +38,7 @@ creates the topics and runs a Faust worker until TERM/INT. The logic lives in
   while the job's partitions are caught up and no rebalance is running, so a
   missed heartbeat fires when nothing arrives and a lagging consumer is never
   mistaken for silence. Nor is a broker outage: when no fetch has been answered
-  for `fresh_s` the runner is told (`JobRunner.path`), and once fetches come back
+  for `fresh_s` the runner is told (`JobRunner.input_down`), and once fetches come back
   it waits `reconnect_s` for every producer's spooled backlog before going on.
 - Sinks: each is wrapped in `sinks.queued.queued` (a bounded queue and a delivery thread of its own; the
   Alertmanager sink has its own), so the batch lock only ever enqueues; what a sink can never deliver comes
@@ -63,11 +63,11 @@ from typing import TYPE_CHECKING, Any
 
 from gangwatch.sinks.base import Sink
 from gangwatch.streams import faust_adapter
-from gangwatch.streams.glue import Glue
 from gangwatch.streams.router import NodeRouter
 from gangwatch.streams.runner import JobRunner
 from gangwatch.streams.settings import WorkerSettings
 from gangwatch.streams.topics import create_topics
+from gangwatch.streams.workerio import WorkerIO
 from gangwatch.triage.config import CoreConfig
 
 if TYPE_CHECKING:  # Faust, aiokafka and prometheus-client are imported where a worker starts, so that
@@ -165,10 +165,10 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     router = NodeRouter(t, nodemap, hold_s=s.hold_s)
     metrics = WorkerMetrics()
     instrument(app, metrics)  # Faust's own sensor, into the same registry
-    glue = Glue(app, runner, router, states, job_topics, (t.node_events, t.node_jobs), sinks or [], s.telemetry,
+    wio = WorkerIO(app, runner, router, states, job_topics, (t.node_events, t.node_jobs), sinks or [], s.telemetry,
                 metrics, s.save_every_s, signer=action_signer(s, t.actions))
-    faust_adapter.attach(app, glue)  # the adapter's seek tells it where reading starts; tests read it too
-    pause = glue.pause = SinkPause(glue.sinks, s.sink_pause_s)
+    faust_adapter.attach(app, wio)  # the adapter's seek tells it where reading starts; tests read it too
+    pause = wio.pause = SinkPause(wio.sinks, s.sink_pause_s)
 
     # the jobs agent and the timer both move cores: one at a time from "process" to "state saved", so a
     # saved state never covers outputs that are still on their way
@@ -183,35 +183,35 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
             async with busy:
                 start = time.monotonic()
                 # no await between: what `in_order` counts as read is what the runner has (the commits follow it)
-                res = runner.on_batch(glue.in_order(events), glue.lagging, glue.upstream)
-                await glue.publish(res)  # delivered before the state that says "done" is written
-                glue.save(res, take=False)  # the timer takes states
-            glue.batch_done(res, time.monotonic() - start)
+                res = runner.on_batch(wio.in_order(events), wio.lagging, wio.node_events_pending_from)
+                await wio.publish(res)  # delivered before the state that says "done" is written
+                wio.save(res, take=False)  # the timer takes states
+            wio.batch_done(res, time.monotonic() - start)
 
     @app.agent(node_src, name="gangwatch-route")
     async def route(stream: faust.StreamT) -> None:
         await _producer_knows(app, (states, nodemap), quiet)
         async for events in stream.take_events(s.batch_max, within=s.batch_within_s):
-            res = router.on_batch(glue.in_order(events))
-            await glue.publish(res)
+            res = router.on_batch(wio.in_order(events))
+            await wio.publish(res)
             metrics.count(res)
 
     @app.timer(s.tick_s)
     async def tick() -> None:
-        if app.rebalancing or app.in_recovery or glue.stopping:
+        if app.rebalancing or app.in_recovery or wio.stopping:
             return
         await _producer_knows(app, (states, nodemap), quiet)
         async with busy:
-            res = runner.on_tick(glue.caught_up, glue.lagging, glue.upstream)
-            await glue.publish(res)
-            glue.save(res, take=True)
-        await glue.commit_read()
-        glue.find_skipped()
-        await glue.rewind()
+            res = runner.on_tick(wio.caught_up, wio.lagging, wio.node_events_pending_from)
+            await wio.publish(res)
+            wio.save(res, take=True)
+        await wio.commit_read()
+        wio.find_skipped()
+        await wio.rewind()
         metrics.count(res)
         router.on_tick()
-        glue.sample_metrics()
-        glue.stats(router, s.stats_every_s)
+        wio.sample_metrics()
+        wio.stats(router, s.stats_every_s)
 
     @app.timer(s.tick_s)
     async def watch_path() -> None:
@@ -219,33 +219,33 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         # until the broker is back (measured: 48 s of a 45 s outage), and an outage never seen would let the
         # first producers to resend make the others look silent
         if not (app.rebalancing or app.in_recovery):
-            glue.watch_path(s.fresh_s)
+            wio.watch_path(s.fresh_s)
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
         lost = {tp.partition for tp in revoked if tp.topic in job_topics}
         gone = runner.drop_partitions(lost)
-        glue.forget(gone)
-        glue.revoked(revoked)
+        wio.forget(gone)
+        wio.revoked(revoked)
         if gone:
             log.info("revoked partitions %s: dropped %d jobs from memory", sorted(lost), len(gone))
 
     @app.on_partitions_assigned.connect
     async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
         runner.resume()
-        glue.assigned = {tp.partition for tp in assigned if tp.topic in job_topics}
-        glue.cap_commits()
+        wio.assigned = {tp.partition for tp in assigned if tp.topic in job_topics}
+        wio.cap_commits()
 
     @app.on_rebalance_complete.connect
     async def on_recovered(sender: Any, **kwargs: Any) -> None:
         # the tables are recovered and no input is read yet: every job of our partitions in memory before its
         # first record, so what they owe caps the commits from the start
         async with busy:
-            glue.restore_assigned()
+            wio.restore_assigned()
 
     @app.on_before_shutdown.connect
     def on_shutdown(sender: Any, **kwargs: Any) -> None:
-        glue.stop(in_flight=busy.locked())
+        wio.stop(in_flight=busy.locked())
 
     return app
 

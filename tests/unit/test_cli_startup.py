@@ -14,7 +14,7 @@ from gangwatch.detectors.monitor import detector_configs
 pytestmark = pytest.mark.unit
 
 HEAVY = ("numpy", "faust", "aiokafka", "chdb", "sklearn", "matplotlib", "gangwatch.triage.engine",
-         "gangwatch.detectors.monitor", "gangwatch.streams.worker", "gangwatch.streams.glue")
+         "gangwatch.detectors.monitor", "gangwatch.streams.worker", "gangwatch.streams.workerio")
 PROBE = """
 import sys
 from gangwatch.cli import main

@@ -197,18 +197,18 @@ def _outage_run(signal_outage: bool) -> list:
     for _ in range(60):  # 30 s of outage, ticked every 0.5 s
         clock.now += 0.5
         if signal_outage:
-            runner.path(False)
+            runner.input_down()
         out += emitted(runner.on_tick())
-    runner.path(True)
+    runner.input_up()
     out += emitted(runner.on_batch(as_msgs(messages(early, T), start=10_000)))
     for _ in range(16):
         clock.now += 0.5
-        runner.path(True)
+        runner.input_up()
         out += emitted(runner.on_tick())
     out += emitted(runner.on_batch(as_msgs(messages(late, T), start=20_000)))
     for _ in range(20):
         clock.now += 0.5
-        runner.path(True)
+        runner.input_up()
         out += emitted(runner.on_tick())
     return out
 
@@ -227,14 +227,14 @@ def test_a_node_that_died_during_the_outage_is_found_once_the_grace_ends():
     recs = scenario(seconds=60, silent="n003", silent_at=30.0, xid_node=None)
     runner = JobRunner(T, clock=clock, reconnect_s=15.0)
     runner.on_batch(as_msgs(messages([r for r in recs if r.ts <= T0 + 20], T)))
-    runner.path(False)
+    runner.input_down()
     clock.now += 30.0
-    runner.path(True)
+    runner.input_up()
     out = emitted(runner.on_batch(as_msgs(messages([r for r in recs if r.ts > T0 + 20], T), start=10_000)))
     assert out == []  # held: others may still be resending
     for _ in range(40):
         clock.now += 0.5
-        runner.path(True)
+        runner.input_up()
         out += emitted(runner.on_tick())
     assert [(f.type, f.node) for f in out if f.kind == "finding" and f.type == "fail_stop"] == [("fail_stop", "n003")]
 
@@ -266,12 +266,12 @@ def _worker_loop(msgs, *, read_back: bool) -> list:
     node_q = [Msg(t, 0, i, k, v) for i, (t, k, v) in enumerate(msgs) if t == T.node_events]
     job_q = [Msg(t, 0, i, k, v) for i, (t, k, v) in enumerate(msgs) if t != T.node_events]
     lagging = lambda topic, p: topic == T.node_events and any(m.topic == T.node_events for m in node_q)  # noqa: E731
-    upstream = lambda: router.upstream([(T.node_events, 0)], lagging,  # noqa: E731
-                                       *((runner.by_job_read, runner.job_nodes, runner.jobs) if read_back else ()))
+    pending_from = lambda: router.node_events_pending_from(  # noqa: E731
+        [(T.node_events, 0)], lagging, *((runner.by_job_read, runner.job_nodes, runner.jobs) if read_back else ()))
     out, offset = [], 10**6
     for rnd in range(20):
         batch, job_q = job_q, []
-        res = runner.on_batch(batch, upstream=upstream) if batch else runner.on_tick(upstream=upstream)
+        res = runner.on_batch(batch, pending_from=pending_from) if batch else runner.on_tick(pending_from=pending_from)
         for s in res.sends:
             offset += 1
             if s.topic in (T.node_jobs, T.node_events):
@@ -414,9 +414,10 @@ def test_the_router_frontier_holds_back_by_job_until_the_router_has_read_its_inp
     router = NodeRouter(T, {})
     router.on_batch([Msg(T.node_events, 2, 0, b"n002", encode(xid("n002", T0 + 5)))])
     inputs = [(T.node_events, 2), (T.node_events, 3)]
-    assert router.upstream(inputs, lambda topic, p: p == 2) == T0 + 5
-    assert router.upstream(inputs, lambda topic, p: True) == float("-inf")  # partition 3: nothing read yet
-    assert router.upstream(inputs, lambda topic, p: False) == float("inf")
+    assert router.node_events_pending_from(inputs, lambda topic, p: p == 2) == T0 + 5
+    # partition 3: nothing read yet
+    assert router.node_events_pending_from(inputs, lambda topic, p: True) == float("-inf")
+    assert router.node_events_pending_from(inputs, lambda topic, p: False) == float("inf")
 
 
 # --- router -------------------------------------------------------------------------------

@@ -128,9 +128,9 @@ def test_the_worker_sizes_its_queues_and_pause_from_its_settings(tmp_path: Path)
                    [StoreSink(FakeStore(StoreHarness(tmp_path)), retries=0)])
     from gangwatch.streams import faust_adapter
 
-    glue = faust_adapter.attached(app)
-    [sink] = glue.sinks
-    assert (sink.capacity, sink.retry.give_up_s, glue.pause.max_pause_s) == (7, 30.0, 1.5)
+    wio = faust_adapter.attached(app)
+    [sink] = wio.sinks
+    assert (sink.capacity, sink.retry.give_up_s, wio.pause.max_pause_s) == (7, 30.0, 1.5)
     sink.close()
 
 
@@ -170,14 +170,14 @@ def test_a_queue_holds_only_what_its_sink_takes(tmp_path: Path) -> None:
 
 
 def test_the_worker_only_enqueues_and_publishes_sinks_dead_letters_on_the_dlq_topic(tmp_path: Path) -> None:
-    """`Glue.publish` as the jobs agent runs it: with the controller stuck it returns at once; a refused action
+    """`WorkerIO.publish` as the jobs agent runs it: with the controller stuck it returns at once; a refused action
     comes back as a dead letter on the DLQ topic at a later publish (the next batch or tick)."""
     import asyncio
     from types import SimpleNamespace
 
-    from gangwatch.streams.glue import Glue
     from gangwatch.streams.runner import JobRunner, Result
     from gangwatch.streams.topics import TopicSettings
+    from gangwatch.streams.workerio import WorkerIO
 
     sent: list[tuple[str, bytes, bytes]] = []
 
@@ -191,13 +191,13 @@ def test_the_worker_only_enqueues_and_publishes_sinks_dead_letters_on_the_dlq_to
     topics = TopicSettings()
     h = WebhookHarness(tmp_path)
     sink = h.make()
-    glue = Glue(SimpleNamespace(producer=Producer()), JobRunner(topics), None, {}, (), (), [sink], False, None)
-    glue.pause = SinkPause(glue.sinks)
+    wio = WorkerIO(SimpleNamespace(producer=Producer()), JobRunner(topics), None, {}, (), (), [sink], False, None)
+    wio.pause = SinkPause(wio.sinks)
     h.gate.close()
 
     async def batch(out: Outputs) -> float:
         t = time.perf_counter()
-        await glue.publish(Result(outputs=out))
+        await wio.publish(Result(outputs=out))
         return time.perf_counter() - t
 
     took = asyncio.run(batch(Outputs(actions=[action("poison"), action("ok")])))
@@ -376,7 +376,7 @@ def test_records_written_after_the_sink_closed_are_dead_letters_and_said_in_the_
 @pytest.mark.parametrize("in_flight", [True, False])
 def test_a_worker_stopping_mid_batch_feeds_no_closed_sink_and_saves_no_state_over_it(tmp_path: Path, caplog,
                                                                                      in_flight: bool) -> None:
-    """SIGINT while the worker catches up (issue 24). `Glue.stop` closes the sinks, each delivering its queue within
+    """SIGINT while the worker catches up (issue 24). `WorkerIO.stop` closes the sinks, each delivering its queue within
     its close timeout. A batch still under way then feeds no sink (no dead letters "the sink is closed") and no
     state is saved, so the next worker reads its records again and delivers their outputs; the log says so.
     Stopped between batches, with everything delivered, the touched jobs' states are saved."""
@@ -384,27 +384,27 @@ def test_a_worker_stopping_mid_batch_feeds_no_closed_sink_and_saves_no_state_ove
     import logging
     from types import SimpleNamespace
 
-    from gangwatch.streams.glue import Glue
     from gangwatch.streams.runner import JobRunner, Result
     from gangwatch.streams.topics import TopicSettings
+    from gangwatch.streams.workerio import WorkerIO
 
     h = StoreHarness(tmp_path)
     sink = queued(h.inner())
-    glue = Glue(SimpleNamespace(producer=SimpleNamespace(send=None)), JobRunner(TopicSettings()), None, {}, (), (),
+    wio = WorkerIO(SimpleNamespace(producer=SimpleNamespace(send=None)), JobRunner(TopicSettings()), None, {}, (), (),
                 [sink], False, None)
-    glue.pause = SinkPause(glue.sinks)
+    wio.pause = SinkPause(wio.sinks)
     written: list[str] = []
-    glue.checkpoints._write = lambda job, blob: written.append(job)
-    glue.runner.jobs["j1"] = None
-    glue.runner.state_of = lambda job: b"state"
+    wio.checkpoints._write = lambda job, blob: written.append(job)
+    wio.runner.jobs["j1"] = None
+    wio.runner.state_of = lambda job: b"state"
 
-    asyncio.run(glue.publish(Result(outputs=Outputs(actions=[action("1")]), dirty={"j1"})))
-    glue.save(Result(dirty={"j1"}), take=False)
+    asyncio.run(wio.publish(Result(outputs=Outputs(actions=[action("1")]), dirty={"j1"})))
+    wio.save(Result(dirty={"j1"}), take=False)
     with caplog.at_level(logging.INFO, logger="gangwatch"):
-        glue.stop(in_flight=in_flight)
+        wio.stop(in_flight=in_flight)
         # the batch under way goes on: its outputs and its state go nowhere
-        asyncio.run(glue.publish(Result(outputs=Outputs(actions=[action("2")]), dirty={"j1"})))
-        glue.save(Result(dirty={"j1"}), take=True)
+        asyncio.run(wio.publish(Result(outputs=Outputs(actions=[action("2")]), dirty={"j1"})))
+        wio.save(Result(dirty={"j1"}), take=True)
     said = [r.getMessage() for r in caplog.records]
     assert set(h.state()) == {"a-1"} and sink.take_dead() == []
     assert not [m for m in said if "came after it closed" in m]

@@ -8,9 +8,9 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from gangwatch.streams.glue import Glue, event_time_text
 from gangwatch.streams.runner import JobRunner
 from gangwatch.streams.topics import TopicSettings
+from gangwatch.streams.workerio import WorkerIO, event_time_text
 
 pytestmark = pytest.mark.unit
 
@@ -59,7 +59,7 @@ def test_event_time_is_shown_as_a_time_with_its_distance_from_the_clock_not_as_l
 
 def test_the_progress_line_of_a_simulated_stream_says_event_time_not_lag(caplog):
     router = SimpleNamespace(resume_points=lambda: {}, routed=0, dropped=0)
-    g = Glue(SimpleNamespace(), JobRunner(TopicSettings()), router, {}, (), (), [], False, None)
+    g = WorkerIO(SimpleNamespace(), JobRunner(TopicSettings()), router, {}, (), (), [], False, None)
     g.newest_ts, g.lag_s = T0 + 180, time.time() - (T0 + 180)
     with caplog.at_level(logging.INFO, logger="gangwatch.worker"):
         g.stats(router, every_s=1e-9)

@@ -1,4 +1,5 @@
-"""The worker's I/O half (`streams.glue.Glue`) on fakes of Faust's consumer: when it calls the input path down."""
+"""The worker's I/O half (`streams.workerio.WorkerIO`) on fakes of Faust's consumer: when it calls the input path
+down."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 from gangwatch.streams.faust_adapter import seek_to_committed
-from gangwatch.streams.glue import Glue
 from gangwatch.streams.runner import JobRunner
 from gangwatch.streams.topics import TopicSettings
+from gangwatch.streams.workerio import WorkerIO
 
 pytestmark = pytest.mark.unit
 
@@ -29,17 +30,17 @@ class Consumer:
         return self.stamps_ms[tp]
 
 
-def glue(consumer: Consumer) -> Glue:
+def wio(consumer: Consumer) -> WorkerIO:
     thread = SimpleNamespace(_ensure_consumer=lambda: consumer)
     app = SimpleNamespace(consumer=SimpleNamespace(_thread=thread))
-    return Glue(app, JobRunner(TopicSettings()), None, {}, (), (), [], False, None)
+    return WorkerIO(app, JobRunner(TopicSettings()), None, {}, (), (), [], False, None)
 
 
 def test_a_fresh_fetch_answer_means_the_broker_answers() -> None:
     now_ms = time.time() * 1000
-    assert glue(Consumer({"a": now_ms - 10_000, "b": now_ms - 200})).answering(1.5)
-    assert not glue(Consumer({"a": now_ms - 10_000, "b": now_ms - 3_000})).answering(1.5)
-    assert glue(Consumer({"a": None})).answering(1.5)  # nothing fetched yet: no opinion
+    assert wio(Consumer({"a": now_ms - 10_000, "b": now_ms - 200})).answering(1.5)
+    assert not wio(Consumer({"a": now_ms - 10_000, "b": now_ms - 3_000})).answering(1.5)
+    assert wio(Consumer({"a": None})).answering(1.5)  # nothing fetched yet: no opinion
 
 
 class Packing:
@@ -63,7 +64,7 @@ def test_states_are_taken_on_the_tick_at_most_every_save_every_s_and_never_most_
     from gangwatch.streams.jobstate import JobState
     from gangwatch.streams.runner import Result
 
-    g = glue(Consumer({}))
+    g = wio(Consumer({}))
     g.save_every_s = 1.0
     pack = Packing({"small": 0.001, "big": 0.5})  # packing the big job's state takes half a second
     g.clock, g.runner.state_of = pack.clock, pack.state_of
@@ -155,8 +156,8 @@ class Offsets:
         return self.hw[tp]
 
 
-def lagging_glue(hw: dict, committed: dict) -> Glue:
-    g = glue(Consumer({}))
+def lagging_glue(hw: dict, committed: dict) -> WorkerIO:
+    g = wio(Consumer({}))
     g.app.consumer = Offsets(hw, committed)
     g.app.conf = SimpleNamespace(consumer_auto_offset_reset="earliest")
     return g
@@ -165,7 +166,7 @@ def lagging_glue(hw: dict, committed: dict) -> Glue:
 def test_an_input_is_lagging_until_its_last_record_is_read(monkeypatch) -> None:
     """Nothing read since start: the committed offset is where reading resumes (Kafka's next offset to read), so
     one record at it is still to read; read past the end, or committed at the end, it is not."""
-    monkeypatch.setattr("gangwatch.streams.glue._tp", lambda topic, partition: (topic, partition))
+    monkeypatch.setattr("gangwatch.streams.workerio._tp", lambda topic, partition: (topic, partition))
     g = lagging_glue({("t", 0): 8, ("t", 1): 7, ("t", 2): None, ("t", 3): 3}, {("t", 0): 7, ("t", 1): 7})
     assert g.lagging("t", 0)  # committed 7, end 8: offset 7 is unread
     assert not g.lagging("t", 1)  # committed at the end
@@ -179,7 +180,7 @@ def test_an_input_is_lagging_until_its_last_record_is_read(monkeypatch) -> None:
 def test_the_input_path_watch_marks_an_outage_and_its_grace() -> None:
     now_ms = time.time() * 1000
     consumer = Consumer({"a": now_ms - 10_000})
-    g = glue(consumer)
+    g = wio(consumer)
     g.watch_path(1.5)
     assert g.runner.outages == 1 and g.runner.outage is not None and g.runner.trust_from == float("inf")
     consumer.stamps_ms["a"] = time.time() * 1000
@@ -189,10 +190,10 @@ def test_the_input_path_watch_marks_an_outage_and_its_grace() -> None:
 
 def test_commits_follow_what_was_read_under_the_cap_and_a_refused_one_is_retried(monkeypatch) -> None:
     """Faust takes a refused commit (a rebalance under way) as done and commits again only when its acks move: at
-    the end of the input nothing moves. The glue commits what it handed to the runner, as far as the cap allows."""
+    the end of the input nothing moves. The wio commits what it handed to the runner, as far as the cap allows."""
     TP = namedtuple("TP", "topic partition")
-    monkeypatch.setattr("gangwatch.streams.glue._tp", TP)
-    g = glue(Consumer({}))
+    monkeypatch.setattr("gangwatch.streams.workerio._tp", TP)
+    g = wio(Consumer({}))
     points = {("t", 0): 30}
     g.router = SimpleNamespace(resume_points=lambda: dict(points))
     g.app.consumer.assignment = lambda: {TP("t", 0)}
@@ -221,7 +222,7 @@ def test_commits_follow_what_was_read_under_the_cap_and_a_refused_one_is_retried
 def test_messages_after_a_hole_are_held_back_until_the_hole_is_read_again() -> None:
     """Faust dropped offsets 3-4 of a partition and handed over 5: the runner must not see 5 before 3 (its offsets
     would pass records it never read), the partition is sought back to 3, and commits stay at 3 meanwhile."""
-    g = glue(Consumer({}))
+    g = wio(Consumer({}))
     g.router = SimpleNamespace(resume_points=lambda: {})
     sought = []
 
@@ -258,7 +259,7 @@ def test_owed_records_the_read_position_passed_are_read_again() -> None:
     got to 9 without them: t:0 is read again from 5, and nothing past 5 is handed on until 5 comes."""
     from gangwatch.streams.jobstate import JobState
 
-    g = glue(Consumer({}))
+    g = wio(Consumer({}))
     g.runner.jobs["j"] = JobState(owed={"t:0": {(5, 0), (6, 0)}, "t:1": {(2, 0)}})
     g.next_offset.update({("t", 0): 9, ("t", 1): 2})  # t:1 is not past its owed record yet
     g.find_skipped()
@@ -272,8 +273,8 @@ def test_reading_starts_at_the_committed_offset_and_commits_never_pass_what_was_
     """The group committed 152; the first message handed over is 7000 (152-6999 dropped by Faust): it waits, and
     a commit Faust asks for (it counts what it dropped as read) stays at 152."""
     TP = namedtuple("TP", "topic partition")
-    monkeypatch.setattr("gangwatch.streams.glue._tp", TP)
-    g = Glue(SimpleNamespace(), JobRunner(TopicSettings()), SimpleNamespace(resume_points=lambda: {}), {},
+    monkeypatch.setattr("gangwatch.streams.workerio._tp", TP)
+    g = WorkerIO(SimpleNamespace(), JobRunner(TopicSettings()), SimpleNamespace(resume_points=lambda: {}), {},
              ("t",), (), [], False, None)
     g.started({TP("t", 0): 152, TP("other", 0): 5}, [TP("t", 0), TP("t", 1), TP("other", 0)])
     assert g.next_offset == {("t", 0): 152}  # t:1: start not known (policy latest, never committed); not an input
@@ -297,8 +298,8 @@ def test_nothing_is_handed_on_before_the_seek_back_to_the_committed_offsets(monk
     is left for the seek to read again; after the seek, reading starts at the committed offset, and a partition
     the group never committed starts at its first message."""
     TP = namedtuple("TP", "topic partition")
-    monkeypatch.setattr("gangwatch.streams.glue._tp", TP)
-    g = Glue(SimpleNamespace(), JobRunner(TopicSettings()), SimpleNamespace(resume_points=lambda: {}), {},
+    monkeypatch.setattr("gangwatch.streams.workerio._tp", TP)
+    g = WorkerIO(SimpleNamespace(), JobRunner(TopicSettings()), SimpleNamespace(resume_points=lambda: {}), {},
              ("t",), (), [], False, None)
 
     def ev(offset: int, partition: int = 0, topic: str = "t") -> SimpleNamespace:
@@ -324,7 +325,7 @@ def test_a_hole_retention_deleted_moves_to_the_first_record_kept_and_is_owed_no_
     is given up (said in the log), 12 is still owed."""
     from gangwatch.streams.jobstate import JobState
 
-    g = glue(Consumer({}))
+    g = wio(Consumer({}))
     sought = []
 
     async def seek(tp, offset: int) -> None:
@@ -347,7 +348,7 @@ def test_a_hole_retention_deleted_moves_to_the_first_record_kept_and_is_owed_no_
 
 def test_a_hole_is_sought_back_even_when_the_logs_start_cannot_be_asked() -> None:
     """Asking where the log starts fails (the broker away, a rebalance): the partition is sought back anyway."""
-    g = glue(Consumer({}))
+    g = wio(Consumer({}))
     sought = []
 
     async def seek(tp, offset: int) -> None:

@@ -1,8 +1,8 @@
-"""The I/O half of the Faust worker (`Glue`): Faust events in, the runner's results out to Kafka, the state
+"""The I/O half of the Faust worker (`WorkerIO`): Faust events in, the runner's results out to Kafka, the state
 table and the sinks.
 
 `make_app` (streams/worker.py) builds the app and its agents and timers; each of them hands its work to the one
-`Glue` of the app, which turns Faust events into `Msg`, publishes a `Result`'s sends, saves job states to the
+`WorkerIO` of the app, which turns Faust events into `Msg`, publishes a `Result`'s sends, saves job states to the
 table once their outputs are delivered, caps the commits at what the saved states cover, and tells the runner
 where its inputs stand (caught up, lagging, the broker answering). Apart from the worker so that it can be
 tested on fakes of Faust's app and consumer, without building one.
@@ -57,7 +57,7 @@ def event_time_text(newest: float | None, now: float) -> str:
     return f"newest event time {when} ({span} {'ahead of' if ahead else 'behind'} the clock)"
 
 
-class Glue:
+class WorkerIO:
     """The I/O half of the worker: Faust events -> `Msg`, `Result` -> sends, table writes, sinks."""
 
     def __init__(self, app: faust.App, runner: JobRunner, router: NodeRouter, states: Any,
@@ -431,10 +431,14 @@ class Glue:
         return True
 
     def watch_path(self, fresh_s: float) -> None:
-        """Tell the runner whether the input path answers (`JobRunner.path`); log when that changes."""
+        """Tell the runner whether the input path answers (`JobRunner.input_up` / `input_down`); log when that
+        changes."""
         runner = self.runner
         outages, no_grace = runner.outages, math.isinf(runner.trust_from)
-        runner.path(self.answering(fresh_s))
+        if self.answering(fresh_s):
+            runner.input_up()
+        else:
+            runner.input_down()
         if runner.outages > outages:
             log.warning("no fetch answered for %.1f s: the broker is unreachable; silence is not judged until it "
                         "is back and every producer had %.0f s to resend its spool", fresh_s, runner.reconnect_s)
@@ -481,11 +485,12 @@ class Glue:
             pos = committed  # Kafka's committed offset is the next one to read
         return pos
 
-    def upstream(self) -> float:
+    def node_events_pending_from(self) -> float:
         """Event time from which the router (ours) may still publish node events onto by-job."""
         inputs = [(tp.topic, tp.partition) for tp in self.app.consumer.assignment() if tp.topic in self.node_topics]
         runner = self.runner
-        return self.router.upstream(inputs, self.lagging, runner.by_job_read, runner.job_nodes, runner.jobs)
+        return self.router.node_events_pending_from(inputs, self.lagging, runner.by_job_read, runner.job_nodes,
+                                                    runner.jobs)
 
     def restore_assigned(self) -> None:
         """After a rebalance: bring every saved job of our partitions into memory (so silence is watched, and
@@ -539,7 +544,7 @@ class Glue:
                     behind.append(f"{topic}:{st.partition} (next {self._position(topic, st.partition)}, end {hw}, "
                                   f"read to event time {r.frontier.get((topic, st.partition), -math.inf):.3f})")
             lines.append(f"job {job} holds {len(st.held)} records from event time {st.held[0].ts:.3f}: waiting for "
-                         f"{', '.join(behind) or 'no input'}; node events up to {self.upstream():.3f}")
+                         f"{', '.join(behind) or 'no input'}; node events up to {self.node_events_pending_from():.3f}")
         for (topic, partition), offset in sorted(self.capped().items()):
             where = f"{topic}:{partition}"
             tp = _tp(topic, partition)
