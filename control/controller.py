@@ -21,8 +21,24 @@ What each action does:
 | naming no node                       |                                                                 |
 | `isolate` of nodes already out (or   | nothing more: accepted                                          |
 | leaving with a rollback), `degrade`  |                                                                 |
-| `escalate`, `dual_run`               | logged for a human (this controller cannot run work twice)      |
+| `replay`                             | stop the job; run its step from the latest checkpoint on each   |
+|                                      | group's nodes, all groups at once (control/trials.py); one      |
+|                                      | `replay_result`, `results` {group id: pass/fail}; then wait     |
+| `dual_run`                           | once its evidence is in (as a rollback's), one step from the    |
+|                                      | checkpoint a rollback would choose on each suspect and on a     |
+|                                      | reference (a spare, else a node of the job that is no suspect), |
+|                                      | each alone, while the job runs on; one `dual_run_result`,       |
+|                                      | `digests` {node: sha256 hex}, `reference`                       |
+| `readmit`                            | the named nodes taken out become spares again                   |
+| `escalate`                           | logged for a human                                              |
 | `collect_stacks`                     | nothing: the node agents answer it                              |
+
+A replay group that exits non-zero, or runs past `replay_timeout_s` (killed),
+fails; a dual run's node that does either gives no digest (triage then asks a
+human). A replay stops the job first (a `restart` lifecycle record, reason
+`replay <id>`, said before): the job is stuck anyway, and stays stopped after
+the answer until the next action (another phase, or the `replace` of the
+culprit) restarts it.
 
 The job's ordinary life goes out too, as job-level `lifecycle` records (source
 `controller`, on `gw.telemetry` keyed by job), each stamped with when it
@@ -33,8 +49,11 @@ controller itself is stopped (TERM, INT, `close()`) while the job still runs,
 and `end` once every torchrun exited 0. So gangwatch knows the silence that
 follows each is no fault.
 
-Phases reported for an action that restarts the job: `accepted` when the
-controller takes it, `replaced` when the new gang with the spares is started
+Every action but `escalate` and `collect_stacks` is answered `accepted` when
+the controller takes it, with `spares`: how many spare names it still holds
+then (before carrying the action out). Phases reported for an action that
+restarts the job: that `accepted`, `replaced` (with `spares` left after the
+swap) when the new gang with the spares is started
 (only when nodes were swapped), then from the job's own progress file
 `ckpt_loaded`, `comm_ready`, and `resumed` at the end of the first step after
 the restart. `failed` when it cannot be done: no spare left (the job is then
@@ -81,6 +100,7 @@ from pathlib import Path
 from gangwatch.control.follow import TopicReader
 from gangwatch.control.journal import AppliedLog
 from gangwatch.control.launcher import Gang, JobSpec, checkpoints, latest, newest_before
+from gangwatch.control.trials import Trial
 from gangwatch.schemas import Action, DecodeError, Finding, Lifecycle, Record, Recovery, decode, encode
 from gangwatch.schemas.security import kafka_python_security
 from gangwatch.schemas.signature import (
@@ -96,7 +116,8 @@ log = logging.getLogger("gangwatch.controller")
 
 TAKE_OUT = frozenset({"replace", "evict_group", "isolate", "requeue"})  # the named nodes leave the job
 IN_PLACE = frozenset({"restart_in_process", "requeue"})  # no node named: restart on the same nodes
-FOR_A_HUMAN = frozenset({"escalate", "dual_run"})
+FOR_A_HUMAN = frozenset({"escalate"})
+NEEDS_EVIDENCE = frozenset({"rollback", "dual_run"})  # they wait for the findings naming the first corrupt step
 MILESTONE_PHASE = {"ckpt_loaded": "ckpt_loaded", "comm_ready": "comm_ready", "step": "resumed"}
 _FINDINGS_KEPT = 10_000
 
@@ -147,10 +168,12 @@ class Controller:
 
     def __init__(self, spec: JobSpec, nodes: Sequence[str], spares: Sequence[str], publish: Publish, *,
                  state_dir: Path | None = None, dry_run: bool = False, resume_timeout_s: float = 300.0,
-                 evidence_wait_s: float = 10.0, stop_grace_s: float = 20.0,
-                 clock: Callable[[], float] = time.time, gang: Callable[..., Gang] = Gang) -> None:
+                 evidence_wait_s: float = 10.0, stop_grace_s: float = 20.0, replay_timeout_s: float = 300.0,
+                 replay_steps: int = 1, clock: Callable[[], float] = time.time,
+                 gang: Callable[..., Gang] = Gang) -> None:
         self.spec, self.publish, self.dry_run, self.clock, self._new_gang = spec, publish, dry_run, clock, gang
         self.resume_timeout_s, self.evidence_wait_s, self.stop_grace_s = resume_timeout_s, evidence_wait_s, stop_grace_s
+        self.replay_timeout_s, self.replay_steps = replay_timeout_s, replay_steps
         state = None if dry_run else state_dir
         if state is not None:
             state.mkdir(parents=True, exist_ok=True)
@@ -159,7 +182,8 @@ class Controller:
         self.nodes = Nodes.load(self._nodes_file, nodes, spares)
         self.gang: Gang | None = None
         self.findings: OrderedDict[str, Finding] = OrderedDict()  # recent findings of the job, by id
-        self._deferred: list[tuple[Action, float]] = []  # rollbacks waiting for their evidence, with a deadline
+        self._deferred: list[tuple[Action, float]] = []  # rollbacks, dual runs waiting for their evidence, by when
+        self._trials: list[Trial] = []  # replays and dual runs under way
         self._pending: list[Action] = []  # actions whose restart has not resumed yet
         self._phases: dict[str, set[str]] = {}  # action id -> phases reported
         self._resume_by = 0.0
@@ -177,7 +201,7 @@ class Controller:
 
     def finished(self) -> bool:
         """The job ran to its end: every torchrun exited with 0 and no recovery is under way."""
-        if self.gang is None or self._pending or self._deferred:
+        if self.gang is None or self._pending or self._deferred or self._trials:
             return False
         codes = self.gang.returncodes().values()
         return all(code == 0 for code in codes)
@@ -185,6 +209,8 @@ class Controller:
     def close(self) -> None:
         """Stop the job (the controller owns it: nothing it launched outlives it): a job still running is
         stopped on purpose (`stop`, reason `user`); a job that finished has its `end` said."""
+        for trial in self._trials:
+            trial.stop()
         if self.gang is None:
             return
         if self.gang.running():
@@ -221,12 +247,16 @@ class Controller:
         if a.type in FOR_A_HUMAN:
             log.warning("%s is for a human; this controller does nothing about it", a.type)
             return
-        self._report(a, "accepted", self.clock())
-        if a.type == "rollback":
+        self._report(a, "accepted", self.clock(), spares=len(self.nodes.spares))
+        if a.type in NEEDS_EVIDENCE:
             self._deferred.append((a, time.monotonic() + self.evidence_wait_s))
             self._apply_rollbacks()
+        elif a.type == "replay":
+            self._replay(a)
+        elif a.type == "readmit":
+            self._readmit(a)
         elif a.type in TAKE_OUT and a.nodes:
-            leaving = {*self.nodes.out, *(n for r, _ in self._deferred for n in r.nodes)}
+            leaving = {*self.nodes.out, *(n for r, _ in self._deferred if r.type == "rollback" for n in r.nodes)}
             if set(a.nodes) <= leaving:
                 log.info("%s: %s already out of the job, or on the way out", a.type, ", ".join(a.nodes))
             else:
@@ -236,8 +266,9 @@ class Controller:
         # degrade: the job keeps running; nothing to do
 
     def tick(self) -> None:
-        """Follow what is under way: deferred rollbacks, and the restarted job's progress."""
+        """Follow what is under way: deferred rollbacks and dual runs, replays, and the restarted job's progress."""
         self._apply_rollbacks()
+        self._follow_trials()
         if not self._pending or self.gang is None:
             return
         for m in self.gang.milestones():
@@ -265,9 +296,12 @@ class Controller:
             if first_bad is None:
                 kept = checkpoints(self.spec.ckpt_dir)
                 target = kept[0][1] if kept else None
-                log.warning("rollback %s: no step in its evidence; using the oldest checkpoint kept", a.id)
+                log.warning("%s %s: no step in its evidence; using the oldest checkpoint kept", a.type, a.id)
             else:
                 target = newest_before(self.spec.ckpt_dir, first_bad)
+            if a.type == "dual_run":
+                self._dual_run(a, target)  # no checkpoint that old: from the start, which is trusted too
+                continue
             if target is None:
                 self._report(a, "failed", self.clock())
                 log.error("rollback %s: no checkpoint older than step %s", a.id, first_bad)
@@ -309,9 +343,62 @@ class Controller:
         self.nodes.save(self._nodes_file)
         self._launch(resume_from)
         if swapped:
-            self._report(a, "replaced", self.clock())
+            self._report(a, "replaced", self.clock(), spares=len(self.nodes.spares))
         self._pending = [*(p for p in self._pending if p.id != a.id), a]
         self._resume_by = time.monotonic() + self.resume_timeout_s
+
+    def _replay(self, a: Action) -> None:
+        """Stop the job and start every group of the replay from the latest checkpoint."""
+        if self.dry_run:
+            log.info("dry run: would stop %s and replay %d step(s) from %s on groups %s", self.spec.job,
+                     self.replay_steps, latest(self.spec.ckpt_dir) or "scratch", a.extra.get("groups"))
+            return
+        if self.gang is not None and self.gang.running():
+            self._say("restart", f"replay {a.id}")  # stopped for the replay; the next action restarts it
+            self.gang.stop(self.stop_grace_s)
+        try:
+            trial = Trial.replay(self.spec, a, latest(self.spec.ckpt_dir), self.replay_steps, self.replay_timeout_s,
+                                 time.monotonic(), self._new_gang)
+        except ValueError as e:
+            log.error("%s", e)
+            self._report(a, "failed", self.clock())
+            return
+        self._trials.append(trial)
+
+    def _dual_run(self, a: Action, resume_from: Path | None) -> None:
+        """One step from `resume_from` on each suspect and on a reference machine, each alone."""
+        reference = next((n for n in (*self.nodes.spares, *self.nodes.active) if n not in a.nodes), None)
+        if self.dry_run:
+            log.info("dry run: would run one step from %s on %s and on reference %s", resume_from or "scratch",
+                     ", ".join(a.nodes), reference)
+            return
+        if reference is None or not a.nodes:
+            log.error("dual run %s: no machine to trust as the reference (spares %s, nodes %s) or no suspect",
+                      a.id, self.nodes.spares, self.nodes.active)
+            self._report(a, "dual_run_result", self.clock(), digests={})
+            return
+        self._trials.append(Trial.dual_run(self.spec, a, a.nodes, reference, resume_from, self.replay_timeout_s,
+                                           time.monotonic(), self._new_gang))
+
+    def _follow_trials(self) -> None:
+        """Answer each replay or dual run whose runs are all over."""
+        for trial in [t for t in self._trials if t.poll(time.monotonic())]:
+            self._trials.remove(trial)
+            if trial.kind == "replay":
+                self._report(trial.action, "replay_result", self.clock(), results=trial.results())
+            else:
+                self._report(trial.action, "dual_run_result", self.clock(), digests=trial.digests(),
+                             reference=trial.reference)
+
+    def _readmit(self, a: Action) -> None:
+        """Cleared nodes that were taken out become spares again."""
+        back = [n for n in a.nodes if n in self.nodes.out]
+        if not back or self.dry_run:
+            log.info("readmit %s: %s", a.id, f"would make {back} spares again" if back else "none of them is out")
+            return
+        self.nodes = Nodes(self.nodes.active, [*self.nodes.spares, *back], [n for n in self.nodes.out if n not in back])
+        self.nodes.save(self._nodes_file)
+        log.info("readmitted %s: spares now %s", ", ".join(back), ", ".join(self.nodes.spares))
 
     def _fail_pending(self, why: str) -> None:
         log.error("%s: recovery failed", why)
@@ -333,14 +420,16 @@ class Controller:
             log.error("the %s record of job %s could not be published: %s: %s", event, self.spec.job,
                       type(e).__name__, e)
 
-    def _report(self, a: Action, phase: str, ts: float) -> None:
+    def _report(self, a: Action, phase: str, ts: float, **answer: object) -> None:
+        """One `recovery` record of `a` (once per phase); `answer`: its `results`, `digests`, `reference`,
+        `spares`."""
         seen = self._phases.setdefault(a.id, set())
         if phase in seen:
             return
         seen.add(phase)
-        log.info("recovery %s: %s", a.id, phase)
+        log.info("recovery %s: %s%s", a.id, phase, f" {answer}" if answer else "")
         if not self.dry_run:
-            self.publish(Recovery(ts=round(ts, 6), job=a.job, action=a.id, phase=phase))
+            self.publish(Recovery(ts=round(ts, 6), job=a.job, action=a.id, phase=phase, **answer))
 
 
 # --- where actions come from, where recovery records go ------------------------------------------

@@ -35,6 +35,10 @@ follows it):
 | `GANGWATCH_CKPT_DIR`    | where rank 0 writes checkpoints, named `step-<step>.pt`                     |
 | `GANGWATCH_RESUME_FROM` | the checkpoint to load before training, unset for a fresh start             |
 | `GANGWATCH_PROGRESS`    | a file rank 0 appends milestones to, one JSON object per line (below)      |
+| `GANGWATCH_REPLAY_STEPS`| a replay (control/trials.py): run this many steps from the checkpoint, then |
+|                         | exit 0, writing no checkpoint and sending no telemetry; unset in training   |
+| `GANGWATCH_DIGEST_OUT`  | with it (a dual run), rank 0 then writes there the sha256 (hex) of every    |
+|                         | rank's parameters                                                           |
 
 Milestones: `{"ts": <epoch seconds>, "event": E, ...}` with E `ckpt_loaded` (the
 checkpoint is in memory), `comm_ready` (the first collective went through) and

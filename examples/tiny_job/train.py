@@ -25,6 +25,16 @@ rank 0 appends one JSON line per milestone (`ckpt_loaded`, `comm_ready`, then
 `step` for the first step done) to `GANGWATCH_PROGRESS`, which is how the
 controller learns, with real timestamps, how far a restart has come.
 
+Replays (the controller's active diagnosis, control/trials.py): with
+`GANGWATCH_REPLAY_STEPS` (or `--replay-steps`) set to N, the ranks run N steps
+from `GANGWATCH_RESUME_FROM` and exit 0: no checkpoint written, no telemetry
+sent (the replay is no run of the job). With `GANGWATCH_DIGEST_OUT` (or
+`--one-step-digest OUT`) it is one step (unless N says more), on one thread,
+after which rank 0 writes to OUT the sha256 (hex) of every rank's parameters,
+in rank order: the batches are a pure function of (rank, step), so the same
+checkpoint run on two healthy machines of the same rank count gives the same
+digest, bit for bit.
+
 Faults, injected for tests through the environment on the process whose node
 (`GANGWATCH_NODE`) and local rank match `FAULT_NODE` (a name, or several
 separated by commas) / `FAULT_LOCAL_RANK` (0), from step `FAULT_STEP` on. A
@@ -32,7 +42,9 @@ fault belongs to the node: once the controller has replaced the node, the job
 runs clean. Two kinds are not the node's: a code bug (`raise`) follows the
 rank, whatever node it runs on (the process whose global `RANK` is
 `FAULT_RANK`), in every attempt; a pause (`pause`, `pause_announced`) is the
-whole job's: every rank takes it.
+whole job's: every rank takes it. In a replay the node is tested after it
+broke: its fault is there from the first step replayed, except the one-off
+`sdc`, which does not recur; a job's pause is no machine's and is not replayed.
 
 | `FAULT`           | what happens                                                                 |
 |-------------------|------------------------------------------------------------------------------|
@@ -40,6 +52,11 @@ whole job's: every rank takes it.
 | `slow`            | the rank's compute takes `FAULT_SLOW` (1.3) times as long: it sleeps the difference |
 | `kill`            | the rank sends itself SIGKILL at the start of that step                      |
 | `sdc`             | one weight of the rank's replica is changed after that step's update (silently) |
+| `sdc_load`        | the same after every step's update from then on: a machine that corrupts under load |
+| `hang_comm`       | the rank's gradient `all_reduce` never completes while its peers wait in the same |
+|                   | one: every rank shows the same stack (it runs in a group with one peer that never |
+|                   | joins it; every rank takes part in making that group at start-up, and a rank  |
+|                   | alone has no peer to wait for, so it does nothing there)                      |
 | `exit0`           | the rank calls `sys.exit(0)` at the start of that step: a clean exit, alone  |
 | `raise`           | rank `FAULT_RANK` raises the same RuntimeError at that step, in every attempt |
 | `pause`           | every rank sleeps `FAULT_PAUSE_S` (45) s before step `FAULT_STEP`, unannounced |
@@ -55,6 +72,7 @@ after that, so the job's first step waits for it.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import signal
@@ -83,18 +101,28 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--keep", type=int, default=100, help="checkpoints kept (the oldest are deleted)")
     p.add_argument("--digest-every", type=int, default=5, help="steps between replica digests")
     p.add_argument("--heartbeat", type=float, default=2.0, help="gangwatch heartbeat period, seconds")
-    return p.parse_args()
+    p.add_argument("--replay-steps", type=int, default=int(os.environ.get("GANGWATCH_REPLAY_STEPS") or 0),
+                   help="a replay: run this many steps from GANGWATCH_RESUME_FROM, then exit 0 "
+                   "(no checkpoint, no telemetry; default GANGWATCH_REPLAY_STEPS, 0: no replay)")
+    p.add_argument("--one-step-digest", metavar="OUT", default=os.environ.get("GANGWATCH_DIGEST_OUT") or None,
+                   help="a replay of one step (unless --replay-steps says more) after which rank 0 writes the "
+                   "sha256 of every rank's parameters to OUT (default GANGWATCH_DIGEST_OUT)")
+    args = p.parse_args()
+    if args.one_step_digest and not args.replay_steps:
+        args.replay_steps = 1
+    return args
 
 
 JOB_FAULTS = frozenset({"pause", "pause_announced"})  # every rank takes them
 RANK_FAULTS = frozenset({"raise"})  # a code bug: the rank's, on whatever node it runs
+ONE_OFF = frozenset({"sdc"})  # a node's fault that happens once: a replay does not see it again
 
 
 class Fault:
     """The fault this process injects, read from the environment (none unless its node and local rank match, or
-    its rank for a code bug; every process for a pause)."""
+    its rank for a code bug; every process for a pause). In a `replay` a node's fault is there from the start."""
 
-    def __init__(self, node: str, local_rank: int, rank: int) -> None:
+    def __init__(self, node: str, local_rank: int, rank: int, replay: bool = False) -> None:
         env = os.environ
         kind = env.get("FAULT", "")
         if kind in JOB_FAULTS:
@@ -103,11 +131,11 @@ class Fault:
             mine = int(env.get("FAULT_RANK", "-1")) == rank
         else:
             mine = node in env.get("FAULT_NODE", "").split(",") and int(env.get("FAULT_LOCAL_RANK", "0")) == local_rank
-        self.kind = kind if mine else ""
+        self.kind = kind if mine and not (replay and kind in JOB_FAULTS | ONE_OFF) else ""
         first = not env.get("GANGWATCH_RESUME_FROM")
-        self.late_s = float(env.get("FAULT_LATE_S", "12")) if first and local_rank == 0 and \
+        self.late_s = float(env.get("FAULT_LATE_S", "12")) if first and not replay and local_rank == 0 and \
             node == env.get("FAULT_LATE_NODE") else 0.0
-        self.step = int(env.get("FAULT_STEP", "0"))
+        self.step = 0 if replay and kind not in RANK_FAULTS else int(env.get("FAULT_STEP", "0"))
         self.slow = float(env.get("FAULT_SLOW", "1.3"))
         self.pause_s = float(env.get("FAULT_PAUSE_S", "45"))
 
@@ -206,10 +234,11 @@ class Progress:
                 fh.write(json.dumps({"ts": time.time(), "event": event, **fields}) + "\n")
 
 
-def all_reduce_mean(params: list[torch.Tensor], world: int) -> None:
-    """Average the gradients over all ranks in one collective (one flat buffer)."""
+def all_reduce_mean(params: list[torch.Tensor], world: int, group: dist.ProcessGroup | None = None) -> None:
+    """Average the gradients over all ranks in one collective (one flat buffer); `group` other than the whole job
+    only for the `hang_comm` fault."""
     flat = torch.cat([p.grad.reshape(-1) for p in params])
-    dist.all_reduce(flat)
+    dist.all_reduce(flat, group=group)
     flat /= world
     offset = 0
     for p in params:
@@ -218,16 +247,61 @@ def all_reduce_mean(params: list[torch.Tensor], world: int) -> None:
         offset += n
 
 
+def stuck_group(fault: Fault, rank: int, world: int) -> dist.ProcessGroup | None:
+    """For `hang_comm`: a group of each faulty rank and one peer (a healthy one if any) that never calls a
+    collective on it, so the faulty rank's all_reduce there never completes. Every rank must call this (making a
+    group is collective); the faulty rank gets its group, the others None."""
+    faulty: list[bool] = [False] * world
+    dist.all_gather_object(faulty, fault.kind == "hang_comm")
+    mine = None
+    for bad in (r for r in range(world) if faulty[r]):
+        peers = [r for r in range(world) if not faulty[r]] or [r for r in range(world) if r != bad]
+        if peers:
+            group = dist.new_group(sorted({bad, peers[0]}))
+            mine = group if rank == bad else mine
+    return mine
+
+
+def params_digest(params: list[torch.Tensor]) -> str:
+    """sha256 (hex) of the parameters' bytes, in order."""
+    h = hashlib.sha256()
+    for p in params:
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def write_digest(path: str, params: list[torch.Tensor], rank: int, world: int) -> None:
+    """Rank 0 writes the sha256 (hex) of every rank's parameter digest in rank order (one corrupt replica changes
+    it), atomically. Every rank must call this (a collective)."""
+    each: list[str | None] = [None] * world
+    dist.all_gather_object(each, params_digest(params))
+    if rank == 0:
+        out = Path(path)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(hashlib.sha256("".join(map(str, each)).encode()).hexdigest() + "\n")
+        os.replace(tmp, out)
+
+
+def quiet_client(heartbeat_s: float) -> TrainerClient:
+    """A replay's client: the loop's calls as in training, nothing sent (a replay is no run of the job)."""
+    return TrainerClient(gpus=False, heartbeat_s=heartbeat_s, send=lambda topic, key, value: None, announce=False,
+                         background=False, exit_hooks=False, metrics_port=0)
+
+
 def main() -> None:
     args = parse_args()
+    replay = args.replay_steps > 0
+    if args.one_step_digest:
+        torch.set_num_threads(1)  # the same reduction order on any machine: digests compare bit for bit
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     node, local_rank = os.environ.get("GANGWATCH_NODE", ""), int(os.environ.get("LOCAL_RANK", "0"))
-    fault = Fault(node, local_rank, rank)
+    fault = Fault(node, local_rank, rank, replay=replay)
     progress = Progress(rank)
     send = LateSend(fault.late_s) if fault.late_s else None  # (a fault: this rank's telemetry comes late)
     # gangwatch: rank 0 announces the topology (`send`: Kafka, unless the fault holds it back)
-    client = TrainerClient(gpus=False, heartbeat_s=args.heartbeat, send=send)
+    client = quiet_client(args.heartbeat) if replay else TrainerClient(gpus=False, heartbeat_s=args.heartbeat,
+                                                                       send=send)
 
     model = mlp(args.hidden)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -242,14 +316,16 @@ def main() -> None:
         time.sleep(1.0)
     for p in model.parameters():  # every replica starts from rank 0's weights
         dist.broadcast(p.data, src=0)
+    stuck = stuck_group(fault, rank, world) if os.environ.get("FAULT") == "hang_comm" else None
     progress.mark("comm_ready", world=world)
 
     params = list(model.parameters())
     data = Batches(rank, step, args.batch, hang_at=fault.step if fault.kind == "hang" else None)
     loader = DataLoader(data, batch_size=None, num_workers=1, prefetch_factor=2)
     first = True
+    last = step + args.replay_steps - 1 if replay else args.steps or None  # None: until stopped
     for step, x, y in loader:
-        if args.steps and step > args.steps:
+        if last is not None and step > last:
             break
         if fault.at("kill", step):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -272,10 +348,10 @@ def main() -> None:
                 if fault.at("slow", step):
                     time.sleep((fault.slow - 1.0) * (time.perf_counter() - t0))
             with client.section("comm_wait"):  # gangwatch
-                all_reduce_mean(params, world)
+                all_reduce_mean(params, world, stuck if fault.at("hang_comm", step) else None)
             s.grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])  # gangwatch
             opt.step()
-            if fault.kind == "sdc" and step == fault.step:
+            if (fault.kind == "sdc" and step == fault.step) or fault.at("sdc_load", step):
                 with torch.no_grad():
                     params[0][0, 0] += 1e-3
             s.loss = loss  # gangwatch
@@ -284,9 +360,11 @@ def main() -> None:
         if first:
             progress.mark("step", step=step)
             first = False
-        if rank == 0 and step % args.ckpt_every == 0:
+        if rank == 0 and step % args.ckpt_every == 0 and not replay:
             with client.pause("checkpoint"):  # gangwatch: a synchronous save is a known pause, not a hang
                 ckpts.save(step, model, opt)
+    if args.one_step_digest:
+        write_digest(args.one_step_digest, params, rank, world)
     client.close()
     dist.destroy_process_group()
 

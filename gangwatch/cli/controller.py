@@ -61,7 +61,8 @@ def cmd_controller(args: argparse.Namespace) -> int:
         topic.wait_assigned(args.connect_timeout)
         controller = Controller(spec, args.nodes, args.spares, publisher, state_dir=args.state_dir,
                                 dry_run=args.dry_run, resume_timeout_s=args.resume_timeout,
-                                evidence_wait_s=args.evidence_wait, stop_grace_s=args.stop_grace)
+                                evidence_wait_s=args.evidence_wait, stop_grace_s=args.stop_grace,
+                                replay_timeout_s=args.replay_timeout)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
@@ -110,6 +111,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="seconds a rollback waits for its findings (they name the first corrupt step)")
     opt(c, "--stop-grace", type=positive(number), default=20.0,
         help="seconds between TERM and KILL when stopping the job")
+    opt(c, "--replay-timeout", type=positive(number), default=300.0,
+        help="seconds a replay group or a dual run's node has to run its step; past it, it is killed and fails")
     c.add_argument("--dry-run", action="store_true",
                    help="launch nothing and touch nothing: log what each action would do")
     opt(c, "--bootstrap", default="127.0.0.1:9092", help="Kafka bootstrap servers, comma-separated")

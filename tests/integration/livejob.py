@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gangwatch.control.launcher import checkpoints, descendants, free_port, process_start
-from gangwatch.schemas import DecodeError, Job, RankInfo, decode, encode
+from gangwatch.producers.simulate.controller import SimulatedController, answers
+from gangwatch.schemas import Action, DecodeError, Incident, Job, RankInfo, decode, encode
 from gangwatch.schemas.signature import SECRET_ENV
 from gangwatch.sinks.store import ClickHouseStore
 from gangwatch.streams.topics import TopicSettings
@@ -115,11 +116,14 @@ class LiveJob:
     def __init__(self, bootstrap: str, topics: TopicSettings, clickhouse: tuple[str, int], workdir: Path, *,
                  job: str, fault: Fault | None = None, webhook: bool = False,
                  worker_extra: tuple[str, ...] = (), nodes: tuple[str, ...] = NODES,
-                 spares: tuple[str, ...] = SPARES, nproc: int = 2, fault_env: dict[str, str] | None = None) -> None:
+                 spares: tuple[str, ...] = SPARES, nproc: int = 2, fault_env: dict[str, str] | None = None,
+                 controller_extra: tuple[str, ...] = ()) -> None:
         """`nodes` the job runs on, `nproc` ranks each, `spares` for the controller; `fault_env`: more of
-        train.py's fault variables (FAULT_LATE_NODE, ...) beside `fault`'s."""
+        train.py's fault variables (FAULT_LATE_NODE, ...) beside `fault`'s; `controller_extra`: more options of
+        `gangwatch controller` (--replay-timeout, ...)."""
         self.bootstrap, self.topics, self.workdir, self.job, self.fault = bootstrap, topics, workdir, job, fault
         self.job_nodes, self.spare_nodes, self.nproc, self.fault_env = nodes, spares, nproc, fault_env or {}
+        self.controller_extra = controller_extra
         self.webhook, self.worker_extra = webhook, worker_extra
         self.host, self.port = clickhouse
         self.store = ClickHouseStore(self.host, self.port, database=job)  # creates the database
@@ -160,7 +164,8 @@ class LiveJob:
             "controller", "--job", self.job, "--nodes", ",".join(self.job_nodes),
             "--spares", ",".join(self.spare_nodes), "--nproc-per-node", str(self.nproc),
             "--ckpt-dir", str(self.ckpt), "--state-dir", str(self.state), *(("--listen", listen) if listen else ()),
-            "--", str(TRAIN), "--steps", str(steps), "--ckpt-every", str(CKPT_EVERY), *train_args),
+            *self.controller_extra, "--", str(TRAIN), "--steps", str(steps), "--ckpt-every", str(CKPT_EVERY),
+            *train_args),
             env={**self._fault_env(), **self._secret})
 
     def _fault_env(self) -> dict[str, str]:
@@ -321,16 +326,35 @@ class LiveJob:
         """The uncaught exceptions `rank` reported so far (framework records of type `exception`)."""
         return [r for r in self.inputs() if r.kind == "framework" and r.type == "exception" and r.rank == rank]
 
-    def replayed(self) -> Outcome:
-        """The run's inputs replayed (see the module's docstring), up to now."""
+    def action_records(self) -> list[Action]:
+        """Every action on the alert topic (with its `extra`: a replay's groups, ...), in time order."""
+        recs = [r for _, value in read_all(self.bootstrap, [self.topics.actions])[self.topics.actions]
+                for r in decode(value) if isinstance(r, Action) and r.job == self.job]
+        return sorted({r.id: r for r in recs}.values(), key=lambda a: a.ts)
+
+    def incident_records(self) -> list[Incident]:
+        """The newest record of each incident on the incidents topic (with its `extra`: rungs, proof, ...)."""
+        newest: dict[str, Incident] = {}
+        for _, value in read_all(self.bootstrap, [self.topics.incidents])[self.topics.incidents]:
+            for r in decode(value):
+                if isinstance(r, Incident) and r.job == self.job:
+                    newest[r.id] = r
+        return sorted(newest.values(), key=lambda i: i.onset_ts or 0.0)
+
+    def replayed(self, controller: SimulatedController | None = None) -> Outcome:
+        """The run's inputs replayed (see the module's docstring), up to now. With a simulated `controller`, the
+        answers of active diagnosis (replay and dual-run results) are its own instead of the recorded ones."""
         from gangwatch.streams import replay
         from gangwatch.triage.engine import Core
 
         src = self.workdir / "replay-input.jsonl"
         now = Job(ts=time.time(), job=f"{self.job}-clock", ranks=[RankInfo(rank=0, node="clock")])
-        src.write_bytes(b"".join(encode(r) + b"\n" for r in [*self.inputs(), now]))
+        recs = [r for r in self.inputs() if controller is None or
+                not (r.kind == "recovery" and r.phase in ("replay_result", "dual_run_result"))]
+        src.write_bytes(b"".join(encode(r) + b"\n" for r in [*recs, now]))
         out = self.workdir / "replay"
-        replay.run([src], out, None, progress=None, core=Core(self._settings().core_config()))
+        replay.run([src], out, None, progress=None, core=Core(self._settings().core_config()),
+                   responder=None if controller is None else lambda actions: answers(controller, actions))
 
         return outcome(self._replay_rows("actions"), self._replay_rows("incidents"))
 

@@ -5,7 +5,9 @@ each, spare n3) under `gangwatch controller`, with the worker on the real
 broker writing to the ClickHouse server and one `gangwatch agent` per node
 (tests/integration/livejob.py). A faulty run must be detected, localized to
 n2 and decided; the controller must carry the decision out and the job train
-on without n2 (the SDC run takes its actions through the signed webhook, the
+on without n2 (the SDC run, a replica corrupting every update from step 45 on,
+is also confirmed by the controller's dual run: n2's digest differs from the
+reference's; it takes its actions through the signed webhook, the
 others from the alert topic); the incident (gw_incidents FINAL) must show every stage within
 its budget: detect < 60 s, localize < 5 min, replace and rollback < 2 min each,
 total < 10 min. The five durations are printed (pytest -s shows them).
@@ -145,8 +147,12 @@ def test_a_rank_made_30_percent_slower_is_a_straggler_on_its_node_and_nothing_el
     nothing_else(job, inc)
 
 
-def test_a_replica_with_perturbed_weights_is_rolled_back_before_the_corruption_and_its_node_isolated(live):
-    job = live(Fault("sdc", step=45), webhook=True)  # a digest step (every 5): the corrupt update is voted on at once
+def test_a_replica_with_perturbed_weights_is_rolled_back_before_the_corruption_and_its_node_isolated(live,
+                                                                                                      fault_figures):
+    started = time.monotonic()
+    # corrupting under load from a digest step (every 5) on: the corrupt update is voted on at once (a one-off
+    # corruption, which the dual run clears, is tests/integration/test_active_diagnosis.py's)
+    job = live(Fault("sdc_load", step=45), webhook=True)
     inc = decided(job, "sdc")
     assert inc["culprit_nodes"] == ["n2"], job.findings()
     suspects = [(f["rank"], f["node"]) for f in job.findings() if f["type"] == "sdc_suspect"]
@@ -156,6 +162,16 @@ def test_a_replica_with_perturbed_weights_is_rolled_back_before_the_corruption_a
     [loaded] = [m for m in job.milestones(1) if m["event"] == "ckpt_loaded"]
     assert loaded["step"] < 45  # the checkpoint it went back to was written before the corrupt update
     nothing_else(job, inc)
+    job.wait(lambda: any(i.extra.get("resolution") == "confirmed" for i in job.incident_records()), 120.0,
+             "the dual run's confirmation on the incident")
+    [result] = [r for r in job.inputs() if r.kind == "recovery" and r.phase == "dual_run_result"]
+    assert result.reference == "n1" and set(result.digests) == {"n1", "n2"}  # the spare runs the job: n1 is trusted
+    assert result.digests["n1"] != result.digests["n2"]
+    [record] = job.incident_records()
+    assert record.culprit_nodes == ["n2"] and record.extra["proof"] == result.digests
+    assert "readmit" not in {a["type"] for a in job.actions()} and job.nodes()["out"] == ["n2"]
+    job.caught_up()
+    same_when_replayed(job, job.outcome(), fault_figures, started)
 
 
 # --- the healthy run: one job, two tests (while it trains; after its clean end) ----------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from gangwatch.control.controller import Controller, Nodes, Publisher, WebhookSource, run
@@ -31,7 +32,7 @@ class FakeGang:
     made: list[FakeGang] = []
 
     def __init__(self, spec, nodes, resume_from, attempt) -> None:
-        self.nodes, self.resume_from, self.attempt = list(nodes), resume_from, attempt
+        self.spec, self.nodes, self.resume_from, self.attempt = spec, list(nodes), resume_from, attempt
         self.dir = spec.run_dir / f"attempt-{attempt}"
         self.started = self.stopped = False
         self.marks: list[dict] = []
@@ -161,7 +162,6 @@ def test_rollback_goes_back_before_the_first_corrupt_step_and_isolate_then_chang
     rollback = action("rollback", ["n2"], evidence=["f-sdc"])
     c.handle(rollback)  # the finding is not there yet: the rollback waits for it
     c.handle(action("isolate", ["n2"]))
-    c.handle(action("dual_run", ["n2"]))
     assert len(FakeGang.made) == 1
 
     c.remember(suspect)
@@ -388,3 +388,140 @@ def test_the_publisher_sends_each_record_to_its_topic_keyed_by_job(monkeypatch):
     pub(Recovery(ts=2.0, job=JOB, action="a-1", phase="accepted"))
     assert [(t, k) for t, k, _ in got] == [("x.telemetry", b"j1"), ("x.ops", b"j1")]
     assert decode(got[0][2])[0].event == "restart"
+
+
+# --- active diagnosis: replay and dual run (control/trials.py), readmit, spares -----------------------------
+
+
+def replay_action(*groups: tuple[str, list[str]]) -> Action:
+    return Action(id="a-replay-1", ts=100.0, job=JOB, incident="i-1", type="replay",
+                  nodes=sorted({n for _, nodes in groups for n in nodes}),
+                  extra={"phase": 1, "groups": [{"id": g, "nodes": nodes, "suspects": nodes, "dp": 2}
+                                                for g, nodes in groups]})
+
+
+def runs_of(kind: str) -> list[FakeGang]:
+    return [g for g in FakeGang.made if g.spec.job.startswith(f"{JOB}-{kind}-")]
+
+
+def test_a_replay_stops_the_job_runs_each_group_on_its_nodes_from_the_latest_checkpoint_and_answers_once(setup):
+    spec, sent, make = setup
+    checkpoint(spec, 10)
+    checkpoint(spec, 20)
+    c = make(replay_timeout_s=3600.0)
+    c.start()
+    job = FakeGang.made[0]
+    a = replay_action(("p1-0", ["n1"]), ("p1-1", ["n2"]), ("p1-2", ["n3", "n4"]))
+    c.handle(a)
+    assert job.stopped and said(sent) == [("start", None), ("restart", f"replay {a.id}")]
+    runs = {tuple(g.nodes): g for g in runs_of("replay")}
+    assert set(runs) == {("n1",), ("n2",), ("n3", "n4")} and len(FakeGang.made) == 4  # no relaunch of the job
+    for g in runs.values():
+        assert g.started and g.resume_from == spec.ckpt_dir / "step-00000020.pt"
+        assert g.spec.env["GANGWATCH_REPLAY_STEPS"] == "1" and "GANGWATCH_DIGEST_OUT" not in g.spec.env
+        assert g.spec.ckpt_dir != spec.ckpt_dir and spec.run_dir in g.spec.run_dir.parents  # nothing of the job's
+    assert not list(spec.run_dir.glob("attempt-1"))
+    runs[("n1",)].codes = {"n1": 0}
+    runs[("n2",)].codes = {"n2": 1}
+    runs[("n3", "n4")].codes = {"n3": 0, "n4": None}  # still running
+    c.tick()
+    assert [r for r in recoveries(sent) if r.phase == "replay_result"] == []
+    assert not c.finished()
+    runs[("n3", "n4")].codes = {"n3": 0, "n4": 0}
+    c.tick()
+    c.tick()
+    [answer] = [r for r in recoveries(sent) if r.phase == "replay_result"]
+    assert answer.action == a.id and answer.results == {"p1-0": "pass", "p1-1": "fail", "p1-2": "pass"}
+    assert runs[("n2",)].stopped  # what was left of the failed group is stopped
+    assert len(FakeGang.made) == 4 and not c.finished()  # the job stays stopped, waiting for the next action
+
+    culprit = action("replace", ["n2"])
+    c.handle(culprit)
+    assert FakeGang.made[-1].nodes == ["n1", "n3"] and FakeGang.made[-1].resume_from == spec.ckpt_dir / \
+        "step-00000020.pt"
+    replaced = [r for r in recoveries(sent) if r.action == culprit.id]
+    assert [(r.phase, r.spares) for r in replaced] == [("accepted", 1), ("replaced", 0)]
+
+
+def test_a_replay_group_still_running_at_the_timeout_is_killed_and_fails(setup):
+    spec, sent, make = setup
+    c = make(replay_timeout_s=0.0)
+    c.start()
+    a = replay_action(("p2-0", ["n1"]), ("p2-1", ["n2"]))
+    c.handle(a)
+    done, hung = runs_of("replay")
+    done.codes = {"n1": 0}
+    c.tick()
+    [answer] = [r for r in recoveries(sent) if r.phase == "replay_result"]
+    assert answer.results == {"p2-0": "pass", "p2-1": "fail"} and hung.stopped
+    assert done.resume_from is None  # no checkpoint yet: from the start
+
+
+def test_a_replay_without_groups_fails_and_runs_nothing(setup):
+    spec, sent, make = setup
+    c = make()
+    c.start()
+    bad = Action(id="a-r", ts=1.0, job=JOB, incident="i", type="replay", nodes=["n1"], extra={"phase": 1})
+    c.handle(bad)
+    assert runs_of("replay") == [] and phases(sent) == [("a-r", "accepted"), ("a-r", "failed")]
+
+
+def dual_finding(step: int) -> Finding:
+    return Finding(id="f-sdc", ts=99.0, job=JOB, type="sdc_suspect", detector="sdc.digest", rank=2, node="n2",
+                   evidence={"step": step})
+
+
+def test_a_dual_run_runs_one_step_on_each_suspect_and_a_spare_alone_and_reports_their_digests(setup):
+    spec, sent, make = setup
+    for step in (30, 40, 50):
+        checkpoint(spec, step)
+    c = make(evidence_wait_s=30, replay_timeout_s=3600.0)
+    c.start()
+    dual = action("dual_run", ["n2"], evidence=["f-sdc"])
+    c.handle(dual)
+    assert runs_of("dual_run") == []  # it waits for the evidence naming the first corrupt step, as a rollback does
+    c.remember(dual_finding(45))
+    c.tick()
+    runs = {tuple(g.nodes): g for g in runs_of("dual_run")}
+    assert set(runs) == {("n2",), ("n3",)}  # the suspect, and the spare as the reference; each alone
+    assert not FakeGang.made[0].stopped  # the job trains on meanwhile
+    c.handle(action("isolate", ["n2"]))  # a dual run takes nobody out: an isolation still does
+    assert FakeGang.made[-1].nodes == ["n1", "n3"] and FakeGang.made[0].stopped
+    for (node,), g in runs.items():
+        assert g.resume_from == spec.ckpt_dir / "step-00000040.pt" and g.spec.env["GANGWATCH_REPLAY_STEPS"] == "1"
+        Path(g.spec.env["GANGWATCH_DIGEST_OUT"]).write_text(f"digest-of-{node}\n")
+        g.codes = {node: 0}
+    c.tick()
+    [answer] = [r for r in recoveries(sent) if r.phase == "dual_run_result"]
+    assert answer.digests == {"n2": "digest-of-n2", "n3": "digest-of-n3"} and answer.reference == "n3"
+    assert decode(encode(answer)) == [answer]
+
+
+def test_without_a_spare_the_reference_is_a_node_that_is_no_suspect_and_a_failed_run_gives_no_digest(setup):
+    spec, sent, make = setup
+    c = make(evidence_wait_s=0.0, replay_timeout_s=3600.0)
+    c.start()
+    c.handle(action("replace", ["n1"]))  # the one spare is used: n3 runs in n1's place
+    c.handle(action("dual_run", ["n2"]))
+    runs = {tuple(g.nodes): g for g in runs_of("dual_run")}
+    assert set(runs) == {("n2",), ("n3",)}
+    runs[("n2",)].codes = {"n2": -9}
+    Path(runs[("n3",)].spec.env["GANGWATCH_DIGEST_OUT"]).write_text("ref\n")
+    runs[("n3",)].codes = {"n3": 0}
+    c.tick()
+    [answer] = [r for r in recoveries(sent) if r.phase == "dual_run_result"]
+    assert answer.digests == {"n3": "ref"} and answer.reference == "n3"
+
+
+def test_readmit_makes_a_cleared_node_a_spare_again_and_every_acceptance_says_the_spares_left(setup, tmp_path):
+    spec, sent, make = setup
+    c = make()
+    c.start()
+    c.handle(action("isolate", ["n2"]))
+    c.handle(action("readmit", ["n2", "n1"]))  # n1 never left: only n2 comes back
+    c.handle(action("degrade", ["n1"]))
+    assert c.nodes == Nodes(["n1", "n3"], ["n2"], [])
+    assert make().nodes == c.nodes  # kept in the state dir
+    assert [(r.action, r.phase, r.spares) for r in recoveries(sent)] == [
+        ("a-isolate-n2", "accepted", 1), ("a-isolate-n2", "replaced", 0), ("a-readmit-n2-n1", "accepted", 0),
+        ("a-degrade-n1", "accepted", 1)]
