@@ -48,7 +48,8 @@ def _gpu_missing() -> str | None:
 
 # Files whose tests each run a real torchrun job (4 ranks on CPU, a worker, agents, the controller): at most
 # len(LANES) of them at once on a 2-core machine.
-LIVE_JOB_FILES = ("tests/integration/test_real_job.py", "tests/integration/test_broker_outage.py")
+LIVE_JOB_FILES = ("tests/integration/test_real_job.py", "tests/integration/test_broker_outage.py",
+                  "tests/integration/test_active_diagnosis.py")
 LANES = ("live-1", "live-2")
 # Tests (by the start of their name) that share one job (a module-scoped fixture): they share a lane; a test
 # renamed out of this list still passes, its job is only started a second time.
