@@ -277,6 +277,14 @@ def test_stages_against_their_budgets(store_url, sql):
     hangs = sql(store_url, "stages_vs_budget", **{"class": "hang"})
     assert sum(r["incidents"] for r in hangs if r["stage"] == "total") == \
         sum("total" in i.stage_s for i in unplanned() if i.cls == "hang")
+    week = (T0 + 7 * DAY, T0 + 14 * DAY)  # one job's second week
+    job = next(i.job for i in unplanned(*week) if "detect" in i.stage_s)
+    mine = [i for i in unplanned(*week) if i.job == job]
+    got = {r["stage"]: r for r in sql(store_url, "stages_vs_budget", job=job, since=week[0], until=week[1])}
+    for stage in STAGES:
+        xs = sorted(i.stage_s[stage] for i in mine if stage in i.stage_s)
+        assert (got[stage]["incidents"], got[stage]["max_s"]) == (len(xs), round(xs[-1], 1)) if xs else \
+            stage not in got
 
 
 def test_interruptions_by_class_keep_planned_apart(store_url, sql):
