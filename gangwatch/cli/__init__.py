@@ -23,6 +23,7 @@ from gangwatch.cli import (
     agent,
     config,
     controller,
+    drill,
     ingest,
     kafka,
     kb,
@@ -46,7 +47,7 @@ from gangwatch.cli.options import (
 )
 
 COMMANDS = (replay, simulate, ingest, kafka, agent, controller, slurm, kubernetes, config, sql, postmortem, kb,
-            rules, spares)
+            rules, spares, drill)
 
 # The extra that brings each optional top-level module.
 EXTRAS = {
@@ -63,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Watch large GPU training jobs as a stream: what broke, where, and what to do.",
         epilog="Start with `gangwatch demo`. Exit codes: 2 bad option or environment value, 3 bad path or input, "
         "4 input cut short (what was read is kept), 5 service unreachable, 6 optional dependency missing, "
-        "7 `eval`: a class scored below its quality floor. Docs: README.md and docs/.",
+        "7 `eval`: a class scored below its quality floor, 8 `drill`: a fault missed its budget or an action was "
+        "wrong. Docs: README.md and docs/.",
     )
     p.add_argument("--version", action="version", version=f"gangwatch {__version__}")
     p.add_argument("--debug", action="store_true", help="show tracebacks (env GANGWATCH_DEBUG=1)")

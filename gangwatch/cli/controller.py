@@ -11,6 +11,7 @@ from pathlib import Path
 from gangwatch.cli.options import UserError, integer, number, opt, positive
 from gangwatch.cli.replay import connect_timeout_opt
 from gangwatch.cli.services import hostports, wait_for_kafka
+from gangwatch.cli.simcontroller import cmd_simulated, simulated_opts
 
 
 def _names(raw: str) -> list[str]:
@@ -26,6 +27,8 @@ def cmd_controller(args: argparse.Namespace) -> int:
     from gangwatch.schemas.signature import SECRET_ENV, TopicVerifier, topic_secret
     from gangwatch.streams.topics import TopicSettings
 
+    if args.simulate:
+        return cmd_simulated(args)
     command = args.script[1:] if args.script[:1] == ["--"] else args.script
     if not command and not args.dry_run:
         raise UserError("name the training script after --, e.g. -- examples/tiny_job/train.py --steps 500")
@@ -118,4 +121,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     opt(c, "--bootstrap", default="127.0.0.1:9092", help="Kafka bootstrap servers, comma-separated")
     opt(c, "--prefix", env="GANGWATCH_TOPIC_PREFIX", help="topic name prefix", shown_default="gw.")
     connect_timeout_opt(c)
+    simulated_opts(c)
     c.set_defaults(func=cmd_controller)

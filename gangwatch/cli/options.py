@@ -33,6 +33,7 @@ EXIT_CORRUPT = 4  # an input cut short or corrupt: what was read is kept, the me
 EXIT_SERVICE = 5  # Kafka or ClickHouse unreachable within the wait
 EXIT_EXTRA = 6  # an optional dependency (an extra) is not installed
 EXIT_FLOOR = 7  # `gangwatch eval`: a class scored below its quality floor (what fails CI)
+EXIT_DRILL = 8  # `gangwatch drill`: an injection missed its budget, or an action should not have happened
 EXIT_INTERNAL = 70  # a bug: rerun with --debug for the traceback
 
 
