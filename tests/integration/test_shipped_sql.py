@@ -22,7 +22,6 @@ import json
 import math
 import random
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 from gangwatch.detectors.catalog import REGISTRY
@@ -539,15 +538,33 @@ def test_top_offender_gpus(store_url, sql, given):
     assert any(r["gpu"] is None for r in want) or given  # node-level findings have a row of their own
 
 
-TESTED_HERE = {"open_incidents", "time_to_recover", "stages_vs_budget", "interruptions_by_class", "top_offender_nodes",
-               "ettr", "planned_vs_platform", "failslow_cost", "innocent_evictions", "stage_budget_revision",
-               "top_offender_gpus"}
+def test_machines_down_per_day(store_url, sql):
+    """What the spare-pool advisor reads (`gangwatch spares`): per UTC day of onset, the unplanned incidents that
+    took machines, their failures (culprits), distinct machines, the largest burst, recovered and open ones."""
+    days: dict[str, list[Incident]] = defaultdict(list)
+    for i in INCIDENTS:
+        if not i.planned and i.culprit_nodes:
+            days[dt.datetime.fromtimestamp(i.onset_ts, dt.UTC).date().isoformat()].append(i)
+    got = sql(store_url, "machines_down")
+    assert [r["day"] for r in got] == sorted(days) and got
+    for r in got:
+        incs = days[r["day"]]
+        n = sum(len(i.culprit_nodes) for i in incs)
+        back = [i.recovered_ts - i.onset_ts for i in incs if i.recovered_ts is not None]
+        assert (r["incidents"], r["failures"], r["largest"]) == (len(incs), n, max(len(i.culprit_nodes) for i in incs))
+        assert r["machines"] == len({x for i in incs for x in i.culprit_nodes})
+        assert (r["recovered"], r["open"]) == (sum(len(i.culprit_nodes) for i in incs if i.recovered_ts), n -
+                                               sum(len(i.culprit_nodes) for i in incs if i.recovered_ts))
+        assert close(r["mean_recover_s"], sum(back) / len(back) if back else None)
+    job = INCIDENTS[0].job
+    mine = sql(store_url, "machines_down", job=job, since=T0 + 5 * DAY)
+    assert sum(r["failures"] for r in mine) == sum(len(i.culprit_nodes) for i in INCIDENTS if i.job == job
+                                                   and not i.planned and i.onset_ts >= T0 + 5 * DAY)
 
 
-def test_every_shipped_query_is_tested_here_or_named_by_another_test():
-    """A shipped query not tested here is named (as the string "NAME") by another test module under tests/."""
-    assert TESTED_HERE <= set(catalog())
-    here = Path(__file__).resolve()
-    others = [p.read_text(encoding="utf-8") for p in here.parents[1].rglob("test_*.py") if p.resolve() != here]
-    untested = [n for n in set(catalog()) - TESTED_HERE if not any(f'"{n}"' in text for text in others)]
-    assert not untested, f"shipped queries no test runs: {sorted(untested)} (in {FOLDER})"
+def test_every_shipped_query_is_tested_here():
+    """Every query shipped in gangwatch/sql/ runs here, on chDB and on the ClickHouse server."""
+    tested = {"open_incidents", "time_to_recover", "stages_vs_budget", "interruptions_by_class", "top_offender_nodes",
+              "ettr", "planned_vs_platform", "failslow_cost", "innocent_evictions", "stage_budget_revision",
+              "top_offender_gpus", "machines_down"}
+    assert set(catalog()) == tested, f"untested or gone: {sorted(set(catalog()) ^ tested)} (in {FOLDER})"
