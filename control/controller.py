@@ -96,10 +96,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from gangwatch.control.follow import TopicReader
 from gangwatch.control.journal import AppliedLog
-from gangwatch.control.launcher import Gang, JobSpec, checkpoints, latest, newest_before
+from gangwatch.control.launcher import CKPT_NAME, Gang, JobSpec, checkpoints, latest, newest_before
 from gangwatch.control.trials import Trial
 from gangwatch.schemas import Action, DecodeError, Finding, Lifecycle, Record, Recovery, decode, encode
 from gangwatch.schemas.security import kafka_python_security
@@ -186,6 +187,7 @@ class Controller:
         self._trials: list[Trial] = []  # replays and dual runs under way
         self._pending: list[Action] = []  # actions whose restart has not resumed yet
         self._phases: dict[str, set[str]] = {}  # action id -> phases reported
+        self._restored: dict[str, Path | None] = {}  # action id -> the checkpoint its restart loaded
         self._resume_by = 0.0
         self._ended = False  # `end` was said
 
@@ -275,7 +277,7 @@ class Controller:
             phase = MILESTONE_PHASE.get(m.get("event"))
             if phase is not None:
                 for a in self._pending:
-                    self._report(a, phase, float(m["ts"]))
+                    self._report(a, phase, float(m["ts"]), **self._checkpoint_named(a, phase))
         done = [a for a in self._pending if "resumed" in self._phases.get(a.id, ())]
         if done:
             log.info("job %s resumed", self.spec.job)
@@ -342,6 +344,7 @@ class Controller:
         self.nodes = nodes
         self.nodes.save(self._nodes_file)
         self._launch(resume_from)
+        self._restored[a.id] = resume_from
         if swapped:
             self._report(a, "replaced", self.clock(), spares=len(self.nodes.spares))
         self._pending = [*(p for p in self._pending if p.id != a.id), a]
@@ -419,6 +422,13 @@ class Controller:
         except Exception as e:
             log.error("the %s record of job %s could not be published: %s: %s", event, self.spec.job,
                       type(e).__name__, e)
+
+    def _checkpoint_named(self, a: Action, phase: str) -> dict[str, Any]:
+        """`ckpt_loaded` says which checkpoint the restart loaded (`extra.checkpoint` "step-<N>", `extra.step`):
+        what a drill's restore check reads."""
+        path = self._restored.get(a.id) if phase == "ckpt_loaded" else None
+        m = CKPT_NAME.match(path.name) if path is not None else None
+        return {"extra": {"checkpoint": f"step-{int(m.group(1))}", "step": int(m.group(1))}} if m else {}
 
     def _report(self, a: Action, phase: str, ts: float, **answer: object) -> None:
         """One `recovery` record of `a` (once per phase); `answer`: its `results`, `digests`, `reference`,

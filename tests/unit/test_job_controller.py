@@ -133,6 +133,7 @@ def test_replace_restarts_from_the_latest_checkpoint_with_a_spare_and_reports_th
     c.tick()
     assert phases(sent)[2:] == [(a.id, "ckpt_loaded"), (a.id, "comm_ready"), (a.id, "resumed")]
     assert [r.ts for r in recoveries(sent)[2:]] == [500.0, 501.5, 502.25]  # when it happened, not when noticed
+    assert recoveries(sent)[2].extra == {"checkpoint": "step-30", "step": 30}  # what a drill's restore check reads
 
 
 def test_an_action_is_applied_once_even_by_a_restarted_controller(setup):
