@@ -75,6 +75,7 @@ class HangDetector(DetectorBase):
         self.intervals: list[float] = []
         self.seen_intervals = 0
         self.reported = False
+        self.reports = 0  # hangs reported in this run: with the run's job record and the step, a finding's id
         self.stopped_ts = -np.inf  # the latest exit, exception or OOM of any rank
         self.paused: dict[int, tuple[float, str]] = {}  # rank (-1: the job) -> (since, what) of known pauses
         self._threshold: tuple[object, float] = (None, 0.0)  # cache: (intervals version, threshold)
@@ -149,11 +150,15 @@ class HangDetector(DetectorBase):
         if now < self.progress_ts + threshold:
             return []
         self.reported = True
+        self.reports += 1
         lagging = np.flatnonzero(self.last_step < self.max_step)
         hint = lagging.tolist() if 0 < len(lagging) <= self.config.max_lagging_frac * self.topo.size else []
         return [HANG.finding(
             ts=self.progress_ts + threshold, job=self.topo.job, detector="hang.progress",
-            key=(self.max_step, self.progress_ts), score=1.0,
+            # the id may not depend on progress_ts: the step's first record to *arrive* sets it, which differs
+            # between a live worker and a replay of what it read by a few ms (and the incident's id, and the ids of
+            # the actions a controller answers, follow from this one)
+            key=(self.max_step, self.topo.ts, self.reports), score=1.0,
             evidence=HangEvidence(
                 last_step=int(self.max_step), last_progress_ts=round(self.progress_ts, 6),
                 threshold_s=round(threshold, 3),
@@ -164,7 +169,7 @@ class HangDetector(DetectorBase):
     def state(self) -> dict[str, Any]:
         return {"config": asdict(self.config), "last_step": self.last_step.tolist(), "max_step": self.max_step,
                 "progress_ts": self.progress_ts, "intervals": list(self.intervals),
-                "seen_intervals": self.seen_intervals, "reported": self.reported,
+                "seen_intervals": self.seen_intervals, "reported": self.reported, "reports": self.reports,
                 "stopped_ts": None if np.isinf(self.stopped_ts) else self.stopped_ts,
                 "paused": [[r, since, what] for r, (since, what) in sorted(self.paused.items())],
                 "longest": dict(self.longest)}
@@ -178,6 +183,7 @@ class HangDetector(DetectorBase):
         det.intervals = list(state["intervals"])
         det.seen_intervals = state["seen_intervals"]
         det.reported = state["reported"]
+        det.reports = state.get("reports", int(det.reported))
         det.stopped_ts = -np.inf if state.get("stopped_ts") is None else state["stopped_ts"]
         det.paused = {int(r): (since, what) for r, since, what in state.get("paused", [])}
         det.longest = dict(state.get("longest", {}))

@@ -299,7 +299,7 @@ class LiveJob:
         return outcome(self.query("SELECT type, nodes FROM gw_actions FINAL"),
                        self.query("SELECT class, culprit_nodes FROM gw_incidents FINAL"))
 
-    def caught_up(self, timeout: float = 90.0) -> None:
+    def caught_up(self, timeout: float = 180.0) -> None:
         """Wait for the worker to have read (and committed) every input now on the topics."""
         self.wait(lambda: caught_up(self.bootstrap, self.job, self.topics.job_inputs), timeout,
                   "the worker to read every input")
@@ -347,12 +347,13 @@ class LiveJob:
         from gangwatch.streams import replay
         from gangwatch.triage.engine import Core
 
-        src = self.workdir / "replay-input.jsonl"
+        name = "replay" if controller is None else "replay-simulated"  # both kept, to compare when they differ
+        src = self.workdir / f"{name}-input.jsonl"
         now = Job(ts=time.time(), job=f"{self.job}-clock", ranks=[RankInfo(rank=0, node="clock")])
         recs = [r for r in self.inputs() if controller is None or
                 not (r.kind == "recovery" and r.phase in ("replay_result", "dual_run_result"))]
         src.write_bytes(b"".join(encode(r) + b"\n" for r in [*recs, now]))
-        out = self.workdir / "replay"
+        out = self._replay_dir = self.workdir / name
         replay.run([src], out, None, progress=None, core=Core(self._settings().core_config()),
                    responder=None if controller is None else lambda actions: answers(controller, actions))
 
@@ -373,7 +374,7 @@ class LiveJob:
 
     def _replay_rows(self, name: str) -> list[dict]:
         """The latest of each id in the last replay's `name`.jsonl, for this job."""
-        path = self.workdir / "replay" / f"{name}.jsonl"
+        path = getattr(self, "_replay_dir", self.workdir / "replay") / f"{name}.jsonl"
         rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
         return list({r["id"]: r for r in rows if r["job"] == self.job}.values())
 
