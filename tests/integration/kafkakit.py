@@ -24,7 +24,7 @@ from gangwatch.streams.topics import TopicSettings, topic_for
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient
 
-from tests.integration.daemons import Pki
+from tests.integration.daemons import Pki, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000.0
@@ -252,11 +252,9 @@ class PrivateBroker:
     def __init__(self, workdir: Path, *, sasl_ssl: tuple[Pki, dict[str, str]] | None = None) -> None:
         """`sasl_ssl`: (certificates, SASL PLAIN users and passwords) for a second listener, SASL_SSL on
         `secure_port` (`secure_bootstrap`); the PLAINTEXT one stays for the broker's own readiness probe."""
-        from gangwatch.control.launcher import free_port
-
-        self.port = free_port("127.0.0.1")
+        self.port = free_port()
         self.dir = workdir / "kafka"
-        controller = free_port("127.0.0.1")
+        controller = free_port()
         self.env = {**os.environ, "GANGWATCH_KAFKA_PORT": str(self.port),
                     "GANGWATCH_KAFKA_CONTROLLER_PORT": str(controller),
                     "GANGWATCH_KAFKA_DIR": str(self.dir), "GANGWATCH_KAFKA_HEAP_OPTS": "-Xms128m -Xmx512m",
@@ -264,7 +262,7 @@ class PrivateBroker:
         self.secure_port: int | None = None
         if sasl_ssl is not None:
             pki, users = sasl_ssl
-            self.secure_port = free_port("127.0.0.1")
+            self.secure_port = free_port()
             ports = f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{controller}," \
                     f"SASL_SSL://127.0.0.1:{self.secure_port}"
             plain = " ".join(f'user_{u}="{pw}"' for u, pw in users.items())
