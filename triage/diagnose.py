@@ -16,14 +16,22 @@ Three answers come back as `recovery` records of the action that asked:
   A `stall` (every rank waited alike past its budget, nobody named) skips the restart: whatever the whole job
   waits on (a filesystem, a long save) a restart would not cure, and it would lose the work since the last save.
 
-Pure: the records in, verdicts and decisions out; `triage.job` keeps the state.
+Pure: the records in, verdicts and decisions out. `ActiveDiagnosis` is the part of `triage.job.Triage` that
+asks and reads the answers (a mixin: the job's state stays in `Triage`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from gangwatch.schemas import Recovery
+from gangwatch.fleet import kb
+from gangwatch.schemas import Outputs, Recovery
+from gangwatch.triage import replayplan
+from gangwatch.triage.decide import Decision
+from gangwatch.triage.incident import Timeline
+from gangwatch.triage.localize import Localization
+from gangwatch.triage.replayplan import ReplayPlan
 
 RUNGS = ("group", "restart", "replay", "human")
 
@@ -75,3 +83,176 @@ def describe_dual_run(v: DualRunVerdict) -> str:
 def rungs_said(rungs: list[dict]) -> str:
     """The rungs tried so far, for a human's page: `group refused (blast radius) at +12 s; restart at +15 s`."""
     return "; ".join(f"{r['rung']} {r.get('outcome', 'tried')} at +{r['after_s']:.0f} s" for r in rungs) or "none"
+
+
+class ActiveDiagnosis:
+    """`Triage`'s active diagnosis: the ladder's rungs, replay phases and dual runs asked for, and their answers.
+    Uses `Triage`'s state and its `_act`, `_summary`, `spares_left` and `pool`."""
+
+    def _on_answer(self, w: Timeline, rec: Recovery, out: Outputs) -> None:
+        asked, w.awaiting = w.awaiting, None
+        if asked["kind"] == "dual_run":
+            self._on_dual_run(w, asked, rec, out)
+        elif asked["kind"] == "replay":
+            self._on_replay(w, asked, rec, out)
+
+    def _on_replay(self, w: Timeline, asked: dict[str, Any], rec: Recovery, out: Outputs) -> None:
+        """A replay phase's results: the next phase, or the culprit its failing groups intersect into (replaced),
+        or a human when the fault did not reproduce or stays ambiguous."""
+        results = {**asked["results"], **{str(k): str(v) for k, v in (rec.results or {}).items()}}
+        plan = ReplayPlan.from_json(asked["plan"])
+        now = rec.ts
+        step = w.rungs[-1] if w.rungs and w.rungs[-1]["rung"] == "replay" else {}
+        d = self._replay(w, now, results, plan)
+        if d is not None:
+            step["outcome"] = f"phase {d.data['phase']} asked"
+            self._act(d, now, list(w.findings[:16]), out, w, results=results)
+            out.incidents.append(w.record(now, self.config.budgets))
+            return
+        v = replayplan.localize(plan, results)
+        cost = plan.cost
+        said = (f"replay: {v.reason} ({len(plan.phases)} phase{'s' if len(plan.phases) != 1 else ''}, "
+                f"{cost.total_runs} runs, {cost.total_machine_runs} machine-runs)")
+        step.update(outcome=v.outcome, runs=cost.total_runs, machine_runs=cost.total_machine_runs,
+                    after_s=round(now - w.detected_ts, 3))
+        if v.outcome == "localized":
+            culprits = tuple(sorted(v.culprits))
+            w.localized_ts = w.localized_ts or now
+            w.culprit_nodes = sorted(set(w.culprit_nodes) | set(culprits))
+            left = self.spares_left()
+            pool = f" (pool: {self.pool()})" if self.pool() else ""
+            decisions = [Decision("replace", culprits, "hot", f"{self._summary()}; {said}: replace{pool}")
+                         if left is None or left >= len(culprits) else
+                         Decision("requeue", culprits, "cold", f"{self._summary()}; {said}: no hot spare left"
+                                  f"{pool}, full requeue without it")]
+        else:
+            w.rungs.append({"rung": "human", "outcome": "paged", "ts": round(now, 6),
+                            "after_s": round(now - w.detected_ts, 3),
+                            "over_budget": now - w.detected_ts > self.config.budgets.localize})
+            decisions = [Decision("escalate", tuple(sorted(v.candidates | v.culprits)), "manual",
+                                  f"{self._summary()}; {said}; the escalation ladder tried: "
+                                  f"{rungs_said(w.rungs[:-1])}: a human must look", {"rung": "human"})]
+        for d in self.guards.review(decisions, now, len(self.topo.nodes)):
+            self._act(d, now, list(w.findings[:16]), out, w)
+        out.incidents.append(w.record(now, self.config.budgets))
+
+    def _on_dual_run(self, w: Timeline, asked: dict[str, Any], rec: Recovery, out: Outputs) -> None:
+        """Equal digests readmit a suspect; a different one confirms the SDC; a missing one goes to a human."""
+        v = judge_dual_run(asked["nodes"], rec)
+        w.proof = v.proof
+        said = describe_dual_run(v)
+        if v.cleared:
+            self.guards.give_back(list(v.cleared))
+            self._act(Decision("readmit", v.cleared, w.path or "hot",
+                               f"{said}: the same step gives the same result on {', '.join(v.cleared)}: "
+                               "not confirmed, return to service"), rec.ts, [], out, w)
+        if v.missing:
+            self._act(Decision("escalate", v.missing, "manual", f"{said}: the dual run did not say; a human must "
+                               "confirm or clear the suspect"), rec.ts, [], out, w)
+        w.resolution = "confirmed" if v.confirmed else "not_confirmed" if v.conclusive else "unconfirmed"
+        if v.confirmed:
+            w.culprit_nodes = sorted(v.confirmed)
+        if not v.confirmed and v.conclusive:  # nothing was wrong after all: the incident is over
+            w.culprit_nodes, w.recovered_ts = [], w.recovered_ts or rec.ts
+        if w.recovered_ts is not None and w in self.waiting:  # answered, and the job resumed already
+            self.waiting.remove(w)
+        out.incidents.append(w.record(rec.ts, self.config.budgets))
+
+    def _climb(self, inc: Timeline, loc: Localization, decisions: list[Decision], now: float) -> list[Decision]:
+        """Localization failed: the next rung of the escalation ladder (`triage.diagnose`), recorded on the
+        incident; a human once every rung configured was tried."""
+        tried = {r["rung"] for r in inc.rungs}
+
+        def rung(name: str, outcome: str) -> None:
+            inc.rungs.append({"rung": name, "outcome": outcome, "ts": round(now, 6),
+                              "after_s": round(now - inc.detected_ts, 3),
+                              "over_budget": now - inc.detected_ts > self.config.budgets.localize})
+
+        for name in self.config.ladder:
+            if name in tried:
+                continue
+            if name == "group":
+                if any(d.type == "evict_group" for d in decisions):
+                    rung("group", "evicted")
+                    return decisions
+                if loc.group:
+                    rung("group", "refused by the blast-radius guard")
+                continue  # no group holds the suspects: not a rung for this fault
+            if name == "restart":
+                if inc.cls == "stall":
+                    continue  # the whole job waits alike (a filesystem, a long save): a restart would only lose work
+                rung("restart", "restarted, watching")
+                return [Decision("requeue", (), "cold",
+                                 f"{self._summary()}; no culprit: restart the job and watch for the fault to come "
+                                 f"back within {self.config.ladder_watch_s:.0f} s (escalation ladder)")]
+            if name == "replay":
+                if inc.cls == "stall" and not any(r["rung"] == "page" for r in inc.rungs):
+                    # a job-wide wait: a human first; a replay only if the job is still stalled a budget later
+                    rung("page", f"paged; replay at +{now - inc.detected_ts + self.config.stall_budget_s:.0f} s "
+                                 "if still stalled")
+                    inc.awaiting = {"kind": "ladder", "action": None, "nodes": [], "asked": now,
+                                    "until": now + self.config.stall_budget_s}
+                    return [d if d.type != "escalate" else
+                            Decision(d.type, d.nodes, d.path, f"{d.reason}; if it is still stalled in "
+                                     f"{self.config.stall_budget_s:.0f} s it will be replayed to find the machine")
+                            for d in decisions]
+                d = self._replay(inc, now, None)
+                if d is not None:
+                    rung("replay", f"phase {d.data['phase']} asked")
+                    return [d]
+                rung("replay", "not possible for this job's topology")
+        if not decisions and any(r["rung"] == "page" for r in inc.rungs):
+            return []  # paged already, and nothing left to try
+        said = rungs_said(inc.rungs)
+        rung("human", "paged")
+        pages = [d for d in decisions if d.type == "escalate"] or [
+            Decision("escalate", tuple(loc.group_nodes), "manual", f"{self._summary()}; no culprit with confidence")]
+        if not said or said == "none":
+            return pages
+        return [Decision("escalate", d.nodes, "manual", f"{d.reason}; the escalation ladder tried: {said}",
+                         {"rung": "human"}) for d in pages]
+
+    def _replay(self, inc: Timeline, now: float, results: dict[str, str] | None = None,
+                plan: ReplayPlan | None = None) -> Decision | None:
+        """The first replay phase of the job (`plan` None), or the one after `plan`'s last given every result so
+        far; None when there is none (a topology no group can run, or nothing left to tell apart)."""
+        if plan is None:
+            try:
+                plan = replayplan.plan(self.topo)
+            except ValueError:
+                return None
+        else:
+            nxt = replayplan.next_phase(plan, results or {})
+            if nxt is None:
+                return None
+            plan = plan.extend(nxt)
+        phase = plan.phases[-1]
+        nodes = tuple(sorted({n for g in phase.groups for n in g.nodes}))
+        return Decision("replay", nodes, "cold",
+                        f"{self._summary()}; no culprit: replay the step from the last checkpoint on {phase.runs} "
+                        f"group{'s' if phase.runs != 1 else ''} of machines at once ({phase.machine_runs} machines), "
+                        f"phase {phase.number}; the failing groups intersect into the culprit (escalation ladder)",
+                        data={**phase.to_json(), "plan": plan.to_json()})
+
+    def _unanswered(self, w: Timeline, now: float, out: Outputs) -> None:
+        asked, w.awaiting = w.awaiting, None
+        self._act(Decision("escalate", tuple(asked["nodes"]), "manual",
+                           f"{asked['kind'].replace('_', ' ')} asked at {asked['asked']:.0f} got no answer within "
+                           f"{now - asked['asked']:.0f} s: a human must finish the diagnosis"), now, [], out, w)
+        if w.recovered_ts is not None and w in self.waiting:
+            self.waiting.remove(w)
+        out.incidents.append(w.record(now, self.config.budgets))
+
+    def _cite(self, decisions: list[Decision], evidence: list[str]) -> list[Decision]:
+        """The first decision's reason names the closest past incident of the job (`fleet.kb`), when one is alike."""
+        if not decisions or not self.precedents:
+            return decisions
+        cited = set(evidence)
+        sig = kb.Signature.of((t.finding.type, t.finding.detector, t.finding.node, t.finding.evidence)
+                              for t in self.gathered if t.finding.id in cited)
+        match = kb.closest(sig, self.precedents)
+        if match is None:
+            return decisions
+        first = decisions[0]
+        return [Decision(first.type, first.nodes, first.path, f"{first.reason}; {match.cite()}", first.data),
+                *decisions[1:]]

@@ -9,6 +9,8 @@ from gangwatch.schemas import Incident
 from gangwatch.schemas.classes import rank
 from gangwatch.triage.config import Budgets
 
+KEEP_WAITING = 16  # incidents of jobs that kept running, waiting for the controller's word, kept per job
+
 _PHASE_FIELD = {"replaced": "replaced_ts", "ckpt_loaded": "ckpt_loaded_ts", "comm_ready": "comm_ready_ts",
                 "resumed": "recovered_ts"}
 

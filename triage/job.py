@@ -63,23 +63,21 @@ from gangwatch.schemas import (
     to_dict,
 )
 from gangwatch.schemas.classes import CLASSES
-from gangwatch.triage import replayplan
 from gangwatch.triage.config import TriageConfig
-from gangwatch.triage.decide import Decision, Situation, decide, straggler_plan
-from gangwatch.triage.diagnose import describe_dual_run, judge_dual_run, rungs_said
-from gangwatch.triage.incident import Timeline
-from gangwatch.triage.localize import Localization, localize
+from gangwatch.triage.decide import Decision, Situation, decide
+from gangwatch.triage.diagnose import ActiveDiagnosis
+from gangwatch.triage.incident import KEEP_WAITING, Timeline
+from gangwatch.triage.localize import localize
 from gangwatch.triage.profile import NodeProfile
-from gangwatch.triage.replayplan import ReplayPlan
 from gangwatch.triage.safety import Guards
 from gangwatch.triage.shadow import Shadow
+from gangwatch.triage.stragglers import Stragglers
 
 _CORROBORATE_S = 1800.0  # a numeric anomaly this soon after an SDC decision belongs to it
-_KEEP_WAITING = 16
 _KEEP_PRECEDENTS = 32
 
 
-class Triage:
+class Triage(ActiveDiagnosis, Stragglers):
     """Incidents and decisions of one job."""
 
     def __init__(self, job: str, config: TriageConfig, topo: Topology | None = None) -> None:
@@ -378,30 +376,6 @@ class Triage:
             inc.findings.append(f.id)
             self.gathered = [t]
 
-    def _worse(self, t: Typed) -> bool:
-        """A straggler kept running now costs `failslow_regrow` times what it did when it was kept."""
-        kept, now = self.kept.get(t.finding.node), t.slowdown_frac
-        return kept is not None and now is not None and now >= max(self.config.safety.failslow_regrow * kept,
-                                                                    kept + 0.02)
-
-    def _corroborate(self, inc: Timeline, t: Typed) -> None:
-        """A straggler whose own node's hardware explains it (throttling, a degrading link) in the same window
-        is decided after a short hold, not the full hysteresis."""
-        f = t.finding
-        window = self.config.corroborate_window_s
-        if t.slowdown_frac is not None:  # a straggler: was its node's hardware already telling?
-            prof = self.profiles.get(f.node)
-            ids = prof.explains_slow(t.onset_ts - window, f.ts) if prof is not None and f.node else []
-        elif t.explains_slow and f.node is not None:  # hardware news: is there a straggler on that node?
-            onset = min((g.onset_ts for g in self.gathered if g.slowdown_frac is not None and g.finding.node == f.node),
-                        default=None)
-            ids = [f.id] if onset is not None and f.ts >= onset - window else []
-        else:
-            ids = []
-        if ids:
-            inc.findings += [i for i in ids if i not in inc.findings]
-            inc.decide_at = min(inc.decide_at, f.ts + self.config.safety.failslow_corroborated_hold_s)
-
     def _collect_stacks(self, t: Typed, out: Outputs) -> None:
         inc, f = self.incident, t.finding
         a = Action(id=stable_id("a", inc.id, "collect_stacks"), ts=f.ts, job=self.job, incident=inc.id,
@@ -469,179 +443,9 @@ class Triage:
         out.incidents.append(inc.record(now, self.config.budgets))
         if first and CLASSES[inc.cls].keeps_training:
             # the job did not stop, so steps going on prove nothing: wait for the controller's word
-            self.waiting = [*self.waiting[-(_KEEP_WAITING - 1):], inc]
+            self.waiting = [*self.waiting[-(KEEP_WAITING - 1):], inc]
             self.incident = None
             self.gathered = []
-
-    # --- active diagnosis: answers the controller sends back (triage/diagnose.py) ----------------------
-
-    def _on_answer(self, w: Timeline, rec: Record, out: Outputs) -> None:
-        asked, w.awaiting = w.awaiting, None
-        if asked["kind"] == "dual_run":
-            self._on_dual_run(w, asked, rec, out)
-        elif asked["kind"] == "replay":
-            self._on_replay(w, asked, rec, out)
-
-    def _on_replay(self, w: Timeline, asked: dict[str, Any], rec: Record, out: Outputs) -> None:
-        """A replay phase's results: the next phase, or the culprit its failing groups intersect into (replaced),
-        or a human when the fault did not reproduce or stays ambiguous."""
-        results = {**asked["results"], **{str(k): str(v) for k, v in (rec.results or {}).items()}}
-        plan = ReplayPlan.from_json(asked["plan"])
-        now = rec.ts
-        step = w.rungs[-1] if w.rungs and w.rungs[-1]["rung"] == "replay" else {}
-        d = self._replay(w, now, results, plan)
-        if d is not None:
-            step["outcome"] = f"phase {d.data['phase']} asked"
-            self._act(d, now, list(w.findings[:16]), out, w, results=results)
-            out.incidents.append(w.record(now, self.config.budgets))
-            return
-        v = replayplan.localize(plan, results)
-        cost = plan.cost
-        said = (f"replay: {v.reason} ({len(plan.phases)} phase{'s' if len(plan.phases) != 1 else ''}, "
-                f"{cost.total_runs} runs, {cost.total_machine_runs} machine-runs)")
-        step.update(outcome=v.outcome, runs=cost.total_runs, machine_runs=cost.total_machine_runs,
-                    after_s=round(now - w.detected_ts, 3))
-        if v.outcome == "localized":
-            culprits = tuple(sorted(v.culprits))
-            w.localized_ts = w.localized_ts or now
-            w.culprit_nodes = sorted(set(w.culprit_nodes) | set(culprits))
-            left = self.spares_left()
-            pool = f" (pool: {self.pool()})" if self.pool() else ""
-            decisions = [Decision("replace", culprits, "hot", f"{self._summary()}; {said}: replace{pool}")
-                         if left is None or left >= len(culprits) else
-                         Decision("requeue", culprits, "cold", f"{self._summary()}; {said}: no hot spare left"
-                                  f"{pool}, full requeue without it")]
-        else:
-            w.rungs.append({"rung": "human", "outcome": "paged", "ts": round(now, 6),
-                            "after_s": round(now - w.detected_ts, 3),
-                            "over_budget": now - w.detected_ts > self.config.budgets.localize})
-            decisions = [Decision("escalate", tuple(sorted(v.candidates | v.culprits)), "manual",
-                                  f"{self._summary()}; {said}; the escalation ladder tried: "
-                                  f"{rungs_said(w.rungs[:-1])}: a human must look", {"rung": "human"})]
-        for d in self.guards.review(decisions, now, len(self.topo.nodes)):
-            self._act(d, now, list(w.findings[:16]), out, w)
-        out.incidents.append(w.record(now, self.config.budgets))
-
-    def _on_dual_run(self, w: Timeline, asked: dict[str, Any], rec: Record, out: Outputs) -> None:
-        """Equal digests readmit a suspect; a different one confirms the SDC; a missing one goes to a human."""
-        v = judge_dual_run(asked["nodes"], rec)
-        w.proof = v.proof
-        said = describe_dual_run(v)
-        if v.cleared:
-            self.guards.give_back(list(v.cleared))
-            self._act(Decision("readmit", v.cleared, w.path or "hot",
-                               f"{said}: the same step gives the same result on {', '.join(v.cleared)}: "
-                               "not confirmed, return to service"), rec.ts, [], out, w)
-        if v.missing:
-            self._act(Decision("escalate", v.missing, "manual", f"{said}: the dual run did not say; a human must "
-                               "confirm or clear the suspect"), rec.ts, [], out, w)
-        w.resolution = "confirmed" if v.confirmed else "not_confirmed" if v.conclusive else "unconfirmed"
-        if v.confirmed:
-            w.culprit_nodes = sorted(v.confirmed)
-        if not v.confirmed and v.conclusive:  # nothing was wrong after all: the incident is over
-            w.culprit_nodes, w.recovered_ts = [], w.recovered_ts or rec.ts
-        if w.recovered_ts is not None and w in self.waiting:  # answered, and the job resumed already
-            self.waiting.remove(w)
-        out.incidents.append(w.record(rec.ts, self.config.budgets))
-
-    def _climb(self, inc: Timeline, loc: Localization, decisions: list[Decision], now: float) -> list[Decision]:
-        """Localization failed: the next rung of the escalation ladder (`triage.diagnose`), recorded on the
-        incident; a human once every rung configured was tried."""
-        tried = {r["rung"] for r in inc.rungs}
-
-        def rung(name: str, outcome: str) -> None:
-            inc.rungs.append({"rung": name, "outcome": outcome, "ts": round(now, 6),
-                              "after_s": round(now - inc.detected_ts, 3),
-                              "over_budget": now - inc.detected_ts > self.config.budgets.localize})
-
-        for name in self.config.ladder:
-            if name in tried:
-                continue
-            if name == "group":
-                if any(d.type == "evict_group" for d in decisions):
-                    rung("group", "evicted")
-                    return decisions
-                if loc.group:
-                    rung("group", "refused by the blast-radius guard")
-                continue  # no group holds the suspects: not a rung for this fault
-            if name == "restart":
-                if inc.cls == "stall":
-                    continue  # the whole job waits alike (a filesystem, a long save): a restart would only lose work
-                rung("restart", "restarted, watching")
-                return [Decision("requeue", (), "cold",
-                                 f"{self._summary()}; no culprit: restart the job and watch for the fault to come "
-                                 f"back within {self.config.ladder_watch_s:.0f} s (escalation ladder)")]
-            if name == "replay":
-                if inc.cls == "stall" and not any(r["rung"] == "page" for r in inc.rungs):
-                    # a job-wide wait: a human first; a replay only if the job is still stalled a budget later
-                    rung("page", f"paged; replay at +{now - inc.detected_ts + self.config.stall_budget_s:.0f} s "
-                                 "if still stalled")
-                    inc.awaiting = {"kind": "ladder", "action": None, "nodes": [], "asked": now,
-                                    "until": now + self.config.stall_budget_s}
-                    return [d if d.type != "escalate" else
-                            Decision(d.type, d.nodes, d.path, f"{d.reason}; if it is still stalled in "
-                                     f"{self.config.stall_budget_s:.0f} s it will be replayed to find the machine")
-                            for d in decisions]
-                d = self._replay(inc, now, None)
-                if d is not None:
-                    rung("replay", f"phase {d.data['phase']} asked")
-                    return [d]
-                rung("replay", "not possible for this job's topology")
-        if not decisions and any(r["rung"] == "page" for r in inc.rungs):
-            return []  # paged already, and nothing left to try
-        said = rungs_said(inc.rungs)
-        rung("human", "paged")
-        pages = [d for d in decisions if d.type == "escalate"] or [
-            Decision("escalate", tuple(loc.group_nodes), "manual", f"{self._summary()}; no culprit with confidence")]
-        if not said or said == "none":
-            return pages
-        return [Decision("escalate", d.nodes, "manual", f"{d.reason}; the escalation ladder tried: {said}",
-                         {"rung": "human"}) for d in pages]
-
-    def _replay(self, inc: Timeline, now: float, results: dict[str, str] | None = None,
-                plan: ReplayPlan | None = None) -> Decision | None:
-        """The first replay phase of the job (`plan` None), or the one after `plan`'s last given every result so
-        far; None when there is none (a topology no group can run, or nothing left to tell apart)."""
-        if plan is None:
-            try:
-                plan = replayplan.plan(self.topo)
-            except ValueError:
-                return None
-        else:
-            nxt = replayplan.next_phase(plan, results or {})
-            if nxt is None:
-                return None
-            plan = plan.extend(nxt)
-        phase = plan.phases[-1]
-        nodes = tuple(sorted({n for g in phase.groups for n in g.nodes}))
-        return Decision("replay", nodes, "cold",
-                        f"{self._summary()}; no culprit: replay the step from the last checkpoint on {phase.runs} "
-                        f"group{'s' if phase.runs != 1 else ''} of machines at once ({phase.machine_runs} machines), "
-                        f"phase {phase.number}; the failing groups intersect into the culprit (escalation ladder)",
-                        data={**phase.to_json(), "plan": plan.to_json()})
-
-    def _unanswered(self, w: Timeline, now: float, out: Outputs) -> None:
-        asked, w.awaiting = w.awaiting, None
-        self._act(Decision("escalate", tuple(asked["nodes"]), "manual",
-                           f"{asked['kind'].replace('_', ' ')} asked at {asked['asked']:.0f} got no answer within "
-                           f"{now - asked['asked']:.0f} s: a human must finish the diagnosis"), now, [], out, w)
-        if w.recovered_ts is not None and w in self.waiting:
-            self.waiting.remove(w)
-        out.incidents.append(w.record(now, self.config.budgets))
-
-    def _cite(self, decisions: list[Decision], evidence: list[str]) -> list[Decision]:
-        """The first decision's reason names the closest past incident of the job (`fleet.kb`), when one is alike."""
-        if not decisions or not self.precedents:
-            return decisions
-        cited = set(evidence)
-        sig = kb.Signature.of((t.finding.type, t.finding.detector, t.finding.node, t.finding.evidence)
-                              for t in self.gathered if t.finding.id in cited)
-        match = kb.closest(sig, self.precedents)
-        if match is None:
-            return decisions
-        first = decisions[0]
-        return [Decision(first.type, first.nodes, first.path, f"{first.reason}; {match.cite()}", first.data),
-                *decisions[1:]]
 
     def _crash_loop(self, inc: Timeline, d: Decision) -> Decision:
         """Restarting again would fail again: a human, told the signature, the count and where."""
@@ -652,72 +456,6 @@ class Triage:
                         f"({cause}: {message}) after {inc.attempts} restart{'s' if inc.attempts != 1 else ''} with no "
                         f"progress past step {inc.stall_step}: no more restarts; a software failure evicts no "
                         "machine; a human must fix the code, the data or the configuration")
-
-    def _decide_stragglers(self, inc: Timeline, loc: Localization, now: float, out: Outputs) -> None:
-        """Several stragglers at once: each failure domain (a node, or the nodes under one switch) is decided as
-        one action, on what replacing it truly gains (down to the next-slowest) against what it costs, all of
-        them planned together; unrelated domains become incidents of their own. The incident keeps the domain
-        of the finding that opened it."""
-        topo, cfg = self.topo, self.config
-        domain = {n: topo.switch_of(n) or n for n in loc.culprits}
-        groups: dict[str, list[str]] = {}
-        for n in loc.culprits:
-            groups.setdefault(domain[n], []).append(n)
-        mine = {d: [t for t in self.gathered if domain.get(t.finding.node) == d] for d in groups}
-        cost = {d: max((t.slowdown_frac for t in mine[d] if t.slowdown_frac is not None), default=0.0) for d in groups}
-        floor = max([t.slow_floor for t in self.gathered if t.slowdown_frac is not None] +
-                    [c for n, c in self.kept.items() if n not in domain], default=0.0)
-        order = sorted(groups, key=lambda d: (-cost[d], d))
-        plans = straggler_plan([cost[d] for d in order], floor, cfg.failslow_horizon_s, cfg.replace_cost_s)
-        full_hold = inc.detected_ts + cfg.safety.failslow_hold_s
-        if now < full_hold and not any(p.replace for p in plans):
-            # decided early on its hardware's word, and not worth a replacement (yet: a throttling GPU's slowdown
-            # may still be growing): keeping it running can wait for the full hold and the rest of the evidence
-            inc.decide_at = full_hold
-            return
-        opener = next((domain[t.finding.node] for t in self.gathered if t.finding.node in domain), order[0])
-        for d, plan in zip(order, plans, strict=True):
-            nodes = sorted(groups[d])
-            ids = [t.finding.id for t in mine[d]]
-            target = inc if d == opener else self._split(inc, mine[d], nodes, now)
-            if target is inc:
-                inc.findings = [i for i in inc.findings if not any(i in [t.finding.id for t in mine[o]]
-                                                                   for o in groups if o != opener)]
-            sub = Localization(culprits=nodes, confidence=min(loc.per_node[n] for n in nodes),
-                               per_node={n: loc.per_node[n] for n in nodes}, evidence=sorted(ids))
-            where = f" under switch {d}" if d not in nodes else ""
-            situation = Situation(
-                cls="fail_slow", loc=sub, threshold=cfg.confidence,
-                spares_left=self.spares_left(), pool=self.pool(),
-                replace_cost_s=cfg.replace_cost_s, failslow_horizon_s=cfg.failslow_horizon_s,
-                slowdown_frac=cost[d], remaining_frac=plan.remaining_frac, gain_frac=plan.gain_frac,
-                replacements=plan.replacements, replace=plan.replace, summary=self._summary(mine[d]), where=where,
-                page_frac=cfg.straggler_page_frac)
-            decisions = self.guards.review(decide(situation), now, len(topo.nodes))
-            target.decided_ts, target.stall_step = now, self.max_step
-            target.localized_ts = target.localized_ts or now
-            target.culprit_nodes = sorted(set(target.culprit_nodes) | set(nodes))
-            for dd in decisions:
-                self._act(dd, now, sub.evidence, out, target)
-                if dd.type == "degrade":
-                    self.kept.update({n: cost[d] for n in dd.nodes})
-            if target.path in ("non_stop", None) and not any(dd.type == "escalate" for dd in decisions):
-                target.recovered_ts = now  # kept running: nothing to recover from
-                out.incidents.append(target.record(now, cfg.budgets))
-                continue
-            out.incidents.append(target.record(now, cfg.budgets))
-            self.waiting = [*self.waiting[-(_KEEP_WAITING - 1):], target]  # the controller reports its recovery
-        self.incident = None
-        self.gathered = []
-
-    def _split(self, inc: Timeline, mine: list[Typed], nodes: list[str], now: float) -> Timeline:
-        """An incident of its own for stragglers unrelated to the ones of `inc` (found in the same window)."""
-        first = min(mine, key=lambda t: (t.finding.ts, t.finding.id))
-        hw = [i for n in nodes if n in self.profiles
-              for i in self.profiles[n].explains_slow(first.onset_ts - self.config.corroborate_window_s, now)]
-        return Timeline(id=stable_id("i", self.job, first.finding.id), job=self.job, cls="fail_slow",
-                        onset_ts=min(t.onset_ts for t in mine), detected_ts=first.finding.ts, localized_ts=now,
-                        decide_at=now, findings=list(dict.fromkeys([t.finding.id for t in mine] + hw)))
 
     def _act(self, d: Decision, now: float, evidence: list[str], out: Outputs, inc: Timeline | None = None,
              results: dict[str, str] | None = None) -> None:
@@ -786,7 +524,7 @@ class Triage:
         if inc.signature and inc.decided_ts is not None:  # it may come back after its restart: a crash loop
             self.loops = {**{k: v for k, v in self.loops.items() if k != inc.signature},
                           inc.signature: {"incident": inc.to_dict(), "step": inc.stall_step}}
-            while len(self.loops) > _KEEP_WAITING:
+            while len(self.loops) > KEEP_WAITING:
                 del self.loops[next(iter(self.loops))]
         self.incident = None
         self.gathered = []
