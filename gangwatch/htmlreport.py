@@ -32,9 +32,8 @@ from gangwatch.postmortem import (
     Point,
     Stage,
     StepWindow,
-    iso,
-    seconds,
 )
+from gangwatch.reporttext import iso, seconds
 
 BAND_RANKS = 64  # above this many ranks, the step plot draws the spread of the others, not a line each
 HIGHLIGHT_MAX = 16  # ranks drawn as their own line at most (named ranks first)

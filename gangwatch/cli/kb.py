@@ -52,7 +52,7 @@ def _like(like: str, incidents: list[dict], actions: list[dict], findings: list[
 
 
 def _table_row(m: kb.Match, like: bool) -> dict[str, Any]:
-    from gangwatch.postmortem import iso, seconds
+    from gangwatch.reporttext import iso, seconds
 
     e = m.entry
     reason = e.reason if len(e.reason) <= REASON_WIDTH else e.reason[:REASON_WIDTH - 3] + "..."

@@ -60,6 +60,7 @@ def _period(args: argparse.Namespace) -> tuple[float, float | None]:
 def _report(args: argparse.Namespace) -> tuple[str, Callable[[], str] | None]:
     """The terminal text and, for --html, what writes the page."""
     from gangwatch import postmortem as pm
+    from gangwatch import reporttext as text
 
     def run(sql: str) -> list[dict]:
         return query_store(args, sql)
@@ -67,17 +68,17 @@ def _report(args: argparse.Namespace) -> tuple[str, Callable[[], str] | None]:
     budgets = dict(args.settings.get("triage.budgets"))
     if args.incident is not None:
         inc = pm.gather_incident(run, args.incident, budgets, window_s=args.window)
-        return pm.incident_text(inc), lambda: _html().incident_html(inc)
+        return text.incident_text(inc), lambda: _html().incident_html(inc)
     if args.job is not None:
         job = pm.gather_job(run, args.job)
-        return pm.job_text(job), lambda: _html().job_html(job, budgets.get("total"))
+        return text.job_text(job), lambda: _html().job_html(job, budgets.get("total"))
     if args.since is not None or args.until is not None:
         since, until = _period(args)
         period = pm.gather_period(run, since, until)
-        return pm.period_text(period), lambda: _html().period_html(period)
+        return text.period_text(period), lambda: _html().period_html(period)
     if args.html is not None:
         raise UserError("--html needs what to report: --incident ID, --job ID or --since T [--until T]")
-    return pm.latest_text(pm.gather_latest(run)), None
+    return text.latest_text(pm.gather_latest(run)), None
 
 
 def _html():

@@ -19,6 +19,7 @@ from gangwatch.sinks.store import open_store
 from gangwatch.sinks.tables import action_row, finding_row, incident_row, job_row, telemetry_row
 
 from gangwatch import postmortem as pm
+from gangwatch import reporttext
 from gangwatch.cli import main
 from gangwatch.cli.options import EXIT_EXTRA, EXIT_INPUT, EXIT_USAGE
 
@@ -197,7 +198,7 @@ def test_alive_jobs_overlap_the_period():
 
 
 def test_the_incident_text_has_the_timeline_cause_chain_path_and_stages():
-    text = pm.incident_text(_report())
+    text = reporttext.incident_text(_report())
     for m, ts in TIMES.items():
         line = next(ln for ln in text.splitlines() if ln.strip().startswith(m + " "))
         assert _iso_ms(ts) in line
@@ -217,7 +218,7 @@ def test_the_incident_text_has_the_timeline_cause_chain_path_and_stages():
 
 def test_an_open_incident_says_so():
     row = {**incident_row(INCIDENT), "recovered_ts": None, "stage_names": ["detect"], "stage_seconds": [2.5]}
-    text = pm.incident_text(pm.incident_report(row, [], [], BUDGETS))
+    text = reporttext.incident_text(pm.incident_report(row, [], [], BUDGETS))
     assert "OPEN (not recovered)" in text and "not recovered (as far as the store knows)" in text
     assert "decision: none recorded" in text and "(none: no action" in text
 
@@ -225,7 +226,7 @@ def test_an_open_incident_says_so():
 def test_the_job_text_counts_the_life_and_lists_incidents():
     ettr = [{"job": "j1", "wall_s": 405.0, "running_s": 370.0, "lost_s": 170.0, "ettr": 0.4938}]
     r = pm.job_report("j1", [job_row(f) for f in _life()], [incident_row(i) for i in (INCIDENT, PLANNED)], ettr)
-    text = pm.job_text(r)
+    text = reporttext.job_text(r)
     assert "ETTR 0.494" in text and "starting 1, paused 1" in text and "finished 1" in text
     assert text.index("i-slow") < text.index("i-maint") and f"recovered {_stage_s()['total']:.1f} s" in text
 
