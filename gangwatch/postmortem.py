@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from gangwatch.fleet.kb import ActionTaken
 from gangwatch.queries import Param, catalog, literal, render
 
 Rows = list[dict[str, Any]]
@@ -67,17 +68,6 @@ class Evidence:
     node: str
     score: float | None
     gist: str  # the evidence's telling fields, one line
-
-
-@dataclass(frozen=True)
-class ActionLine:
-    id: str
-    ts: float
-    type: str
-    nodes: tuple[str, ...]
-    reason: str
-    path: str
-    shadow: bool
 
 
 class Point(NamedTuple):
@@ -147,11 +137,11 @@ class IncidentReport:
     times: dict[str, float | None]  # MILESTONES -> event time (None: not reached)
     stages: tuple[Stage, ...]
     evidence: tuple[Evidence, ...]
-    actions: tuple[ActionLine, ...]
+    actions: tuple[ActionTaken, ...]
     steps: StepWindow | None = None
 
     @property
-    def decision(self) -> ActionLine | None:
+    def decision(self) -> ActionTaken | None:
         """The action the incident was decided by: its first one carried out (else its first, in shadow mode)."""
         done = [a for a in self.actions if not a.shadow]
         return (done or list(self.actions) or [None])[0]
@@ -274,9 +264,9 @@ def evidence_chain(rows: Iterable[Mapping[str, Any]]) -> tuple[Evidence, ...]:
     return tuple(sorted(seen.values(), key=lambda e: (e.ts, e.id)))
 
 
-def actions(rows: Iterable[Mapping[str, Any]]) -> tuple[ActionLine, ...]:
-    out = {r["id"]: ActionLine(r["id"], float(r["ts"]), r["type"], tuple(r.get("nodes") or ()), r.get("reason") or "",
-                               r.get("path") or "", bool(r.get("shadow"))) for r in rows}
+def actions(rows: Iterable[Mapping[str, Any]]) -> tuple[ActionTaken, ...]:
+    out = {r["id"]: ActionTaken(r["id"], float(r["ts"]), r["type"], tuple(r.get("nodes") or ()), r.get("path") or "",
+                                r.get("reason") or "", bool(r.get("shadow"))) for r in rows}
     return tuple(sorted(out.values(), key=lambda a: (a.ts, a.id)))
 
 
