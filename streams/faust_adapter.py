@@ -7,9 +7,10 @@ behaviour it works around, so that it goes when the library no longer needs it:
 - `cap_fetch_wait`: the consumer's fetch wait, fixed at 1.5 s by Faust, capped (a busy partition behind idle ones);
 - `seek_uncommitted` / `seek_to_committed`: the seek back to the committed offsets also for partitions committed
   at 0 or never, and where each input's reading starts, told to the worker's I/O half;
-- `wrap_commit`: the commits capped at what saved states cover (`WorkerIO.cap_commits`);
+- `wrap_commit`: the commits capped at what saved states cover (`streams.checkpoint.Checkpoint.install`);
 - `watch_changelog_sends`: when a job's saved state is on the broker, not just in the producer's buffer;
 - `aiokafka_consumer`, `aiokafka_producer`, `committed_offset`: aiokafka's own objects under Faust's driver;
+- `not_fetching`: the partitions Faust leaves unfetched on purpose (paused, or their buffer full);
 - `ChangelogsNotYet`: aiokafka's start-up ERROR lines about the changelog topics Faust is still creating;
 - `partition_of`: the producers' partitioner (murmur2), for the jobs of our partitions.
 
@@ -116,6 +117,13 @@ def aiokafka_producer(app: Any) -> Any:
 def committed_offset(app: Any, tp: Any) -> int | None:
     """What Faust's consumer last read back as the group's committed offset of `tp` (None: none)."""
     return app.consumer._committed_offset.get(tp)
+
+
+def not_fetching(app: Any) -> set[Any]:
+    """Input partitions Faust does not fetch now on purpose: paused, or their buffer full until the agents take
+    what is in it (faust-streaming 0.15: `Consumer._paused_partitions`, `_buffered_partitions`)."""
+    consumer = app.consumer
+    return set(getattr(consumer, "_paused_partitions", ())) | set(getattr(consumer, "_buffered_partitions", ()))
 
 
 def wrap_commit(app: Any, capped: Callable[[Mapping[Any, int]], Awaitable[bool]]) -> Callable[..., Any]:

@@ -46,6 +46,9 @@ Three sources end up on that one endpoint (one registry per worker app):
 - `gangwatch_jobs` (gauge): jobs held in memory
 - `gangwatch_node_events_routed_total`, `gangwatch_node_events_dropped_total` (counters): node
   events re-keyed to their job, and dropped because no job ran on their node within `--hold`
+- `gangwatch_input_messages_given_up_total{topic, cause}` (counter): input messages this worker
+  gave up, each also said in the log: `deleted` by the topic's retention before it read them, or
+  `unreadable` after every seek back to them
 - `gangwatch_sink_queue_depth{sink}` (gauge): records a sink holds, not delivered yet (each
   sink's delivery queue, `sinks/queued.py`; the Alertmanager sink's own outbox)
 - `gangwatch_sink_failures_total{sink}` (counter): records a sink could never deliver (its dead
@@ -135,6 +138,10 @@ class WorkerMetrics:
         self.lag_seconds = Gauge("gangwatch_event_time_lag_seconds", "Wall clock minus the newest event time "
                                  "processed, after the last batch that processed any.", registry=r)
         self.jobs = Gauge("gangwatch_jobs", "Jobs held in memory.", registry=r)
+        self.given_up_messages = Counter("gangwatch_input_messages_given_up", "Input messages this worker gave up: "
+                                         "deleted by retention before it read them, or unreadable after every seek "
+                                         "back (streams/workerio.py rewind), by topic and cause.",
+                                         ["topic", "cause"], registry=r)
         self.routed = Counter("gangwatch_node_events_routed", "Node events re-keyed to their job.", registry=r)
         self.dropped = Counter("gangwatch_node_events_dropped", "Node events dropped: no job on their node within "
                                "the hold time.", registry=r)
@@ -181,6 +188,9 @@ class WorkerMetrics:
         self.batch_seconds.observe(seconds)
         if lag_s is not None:
             self.lag_seconds.set(lag_s)
+
+    def given_up(self, topic: str, cause: str, messages: int) -> None:
+        self.given_up_messages.labels(topic, cause).inc(messages)
 
     def sink_failed(self, sink: Any) -> None:
         """A sink raised."""

@@ -32,7 +32,7 @@ class NodeRouter:
     changelog-backed Faust table).
 
     Until the jobs side has read back what was published onto by-job, those events
-    are still upstream of their job: `upstream` counts the events published per job
+    are still on their way to their job: `node_events_pending_from` counts the events published per job
     (`inflight`) against the by-job records the runner has read (`JobRunner.by_job_read`),
     so a backlog read at full speed cannot run a job's time past a node event on its way.
     Entries older than `hold_s` (wall) no longer hold anything (the job may be another

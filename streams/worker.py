@@ -28,11 +28,12 @@ creates the topics and runs a Faust worker until TERM/INT. The logic lives in
 - Commits: no input offset is committed past a record that no written state has
   processed (`JobRunner.resume_points`: records a job holds for a slower input or
   for its job record, and records read since its newest written state) nor past a
-  node event the router still holds (`NodeRouter.resume_points`): `WorkerIO.cap_commits`
-  lowers what Faust commits, and the timer commits what the cap held back once it
-  is saved. A replacement worker (after a crash or a rebalance) starts there, and
-  the restored states tell the records they processed (skipped) from those they
-  owe (processed now).
+  node event the router still holds (`NodeRouter.resume_points`), in one checkpoint
+  protocol (`streams.checkpoint.Checkpoint`: sinks settle, states are written and
+  confirmed, offsets are committed under that cap; Faust's own commits included).
+  A replacement worker (after a crash or a rebalance) starts there, and the
+  restored states tell the records they processed (skipped) from those they owe
+  (processed now).
 - Silence: a timer advances each job's event time by the wall time since its
   last batch arrived (watermark = max event time + elapsed - lateness), but only
   while the job's partitions are caught up and no rebalance is running, so a

@@ -20,17 +20,22 @@ from typing import TYPE_CHECKING, Any
 
 from gangwatch.sinks.base import Sink
 from gangwatch.streams import faust_adapter
-from gangwatch.streams.checkpoint import Checkpoints
+from gangwatch.streams.checkpoint import Checkpoint
+from gangwatch.streams.checkpoint import tp as _tp
 from gangwatch.streams.router import NodeRouter
 from gangwatch.streams.runner import JobRunner, Msg, Result
 
 if TYPE_CHECKING:  # as in streams/worker.py: Faust and prometheus-client load only where a worker starts
     import faust
-    from faust.types import TP
     from gangwatch.schemas.signature import TopicSigner
     from gangwatch.streams.metrics import WorkerMetrics
 
 log = logging.getLogger("gangwatch.worker")  # the worker's logger: its lines read as the worker's, as before
+
+# A hole (`WorkerIO.in_order`) is sought back to after RESEEK_FIRST_S, then again at doubling intervals up to
+# RESEEK_MAX_S, at most RESEEKS times; a hole still not read after that, with messages read past it, is given
+# up (said in the log, counted) and reading goes on after it (`WorkerIO.rewind`).
+RESEEK_FIRST_S, RESEEK_MAX_S, RESEEKS = 5.0, 60.0, 8
 
 
 def event_time_text(newest: float | None, now: float) -> str:
@@ -77,27 +82,21 @@ class WorkerIO:
         # the worker is stopping (`stop`): a batch still under way feeds no sink and saves no state, so the next
         # worker reads its records again and delivers their outputs
         self.stopping = False
-        self.checkpoints = Checkpoints(sinks, self._write_state)  # states wait for their outputs' delivery
         self.next_offset: dict[tuple[str, int], int] = {}  # (topic, partition) -> after the last message handed on
         self.inputs = frozenset((*job_topics, *node_topics))
         self.holes: dict[tuple[str, int], int] = {}  # (topic, partition) -> first offset not handed over (in_order)
+        # sinks settle -> states written -> offsets committed under the cap (streams/checkpoint.py)
+        self.checkpoint = Checkpoint(sinks, states, runner, router, self.next_offset, self.holes,
+                                     lambda: self.app.consumer.assignment(), faust_adapter.watch_changelog_sends)
         self.positioned: set[tuple[str, int]] = set()  # inputs sought back to their committed offsets (`started`)
         self.gated: set[tuple[str, int]] = set()  # inputs with messages left out before that seek
-        self._sought: dict[tuple[str, int], tuple[int, float]] = {}  # ... -> (offset, monotonic time) sought back to
+        self._sought: dict[tuple[str, int], tuple[int, float, int]] = {}  # ... -> (offset, monotonic time, seeks)
+        self.past_hole: dict[tuple[str, int], int] = {}  # (topic, partition) -> first offset read past its hole
         self.assigned: set[int] = set()
-        self.committed: dict[TP, int] = {}  # what this worker last committed, per input
-        self._faust_commit: Callable[[dict[TP, int]], Any] | None = None  # Faust's own commit, under the cap
-        # states written to the table whose changelog message the broker has not confirmed yet (None: a plain
-        # mapping, which has no changelog to wait for)
-        self._unconfirmed: list[tuple[str, bytes, asyncio.Future | None]] = []
-        self._changelog_sent: Any = None
-        # a Faust table: know when a state is on the broker, not just in the producer's buffer
-        faust_adapter.watch_changelog_sends(states, lambda fut: setattr(self, "_changelog_sent", fut))
         self.save_every_s = save_every_s
         self.clock = time.monotonic  # when states are due (wall time: saving is I/O, not event logic)
         self.touched: set[str] = set()  # jobs batches changed since their state was last taken
         self.next_take: dict[str, float] = {}  # job -> monotonic time its state may be taken again
-        self.saves = 0
         self.sent = 0
         self.batches = 0
         self.lag_s = 0.0  # wall clock - newest event time, after the last batch (live data: the pipeline's lag)
@@ -152,9 +151,13 @@ class WorkerIO:
                 continue
             want = read.get(tp)
             if want is not None and m.offset > want or tp in holes:
-                if holes.setdefault(tp, want) != m.offset:  # still past the hole: read again once the seek lands
+                hole = holes.setdefault(tp, want)
+                if hole != m.offset:  # still past the hole: read again once the seek lands
+                    if m.offset > hole and m.offset < self.past_hole.get(tp, m.offset + 1):
+                        self.past_hole[tp] = m.offset
                     continue
                 del holes[tp]  # the hole is read
+                self.past_hole.pop(tp, None)
             if want is None or m.offset >= want:  # a repeat leaves the next offset where it is
                 read[tp] = m.offset + 1
             ts = m.timestamp or 0.0
@@ -171,7 +174,8 @@ class WorkerIO:
             self.gated.discard(where)
             self.holes.pop(where, None)
             self._sought.pop(where, None)
-            self.committed.pop(tp, None)
+            self.past_hole.pop(where, None)
+        self.checkpoint.revoked(tps)
 
     def find_skipped(self) -> None:
         """Owed records (read by an earlier worker, not processed: `JobState`) behind what was read here were
@@ -190,15 +194,33 @@ class WorkerIO:
                     self.holes[tp] = low
                     self.next_offset[tp] = low
 
-    async def rewind(self, again_s: float = 5.0) -> None:
-        """Seek each partition with a hole back to it; again after `again_s` if the hole is still not read. A hole
-        the log no longer keeps (retention deleted it before it was read) moves to the first record kept: what
-        was deleted is gone, said once in the log, and reading goes on from there."""
-        now = time.monotonic()
+    async def rewind(self, now: float | None = None) -> None:
+        """Seek each partition with a hole back to it; again while the hole is not read, at doubling intervals
+        (RESEEK_FIRST_S to RESEEK_MAX_S), at most RESEEKS times.
+
+        A hole still not read after the last seek, with messages read past it, is given up: its messages up to
+        the first one read past it are lost to this worker, said in the log and counted
+        (`gangwatch_input_messages_given_up`), what restored jobs owed there is given up, and reading goes on
+        from there (a hole nothing was read past only holds the commit, which costs nothing: it stays until a
+        message comes). A hole the log no longer keeps (retention deleted it before it was read) moves to the
+        first record kept in the same way."""
+        now = time.monotonic() if now is None else now
         for tp in [tp for tp in self._sought if tp not in self.holes]:
             del self._sought[tp]
-        due = [tp for tp, offset in self.holes.items()
-               if (last := self._sought.get(tp)) is None or last[0] != offset or now - last[1] >= again_s]
+        due = []
+        for tp, offset in self.holes.items():
+            last = self._sought.get(tp)
+            if last is None or last[0] != offset:
+                due.append(tp)
+            elif now - last[1] >= min(RESEEK_FIRST_S * 2 ** (last[2] - 1), RESEEK_MAX_S):
+                if last[2] < RESEEKS:
+                    due.append(tp)
+                elif (past := self.past_hole.get(tp)) is not None:
+                    log.error("%s:%d: messages %d-%d could not be read after %d seeks back over %.0f s; giving them "
+                              "up and reading on from %d", tp[0], tp[1], offset, past - 1, RESEEKS,
+                              sum(min(RESEEK_FIRST_S * 2 ** k, RESEEK_MAX_S) for k in range(RESEEKS)), past)
+                    self._skip(tp, past, "unreadable")
+                    due.append(tp)
         if not due:
             return
         try:
@@ -212,12 +234,25 @@ class WorkerIO:
             if first is not None and first > offset:
                 log.warning("%s:%d: messages %d-%d were deleted by the topic's retention before this worker read "
                             "them; reading on from %d", tp[0], tp[1], offset, first - 1, first)
-                self.holes[tp] = self.next_offset[tp] = offset = first
-                self.touched.update(self.runner.deleted(*tp, first))  # their saved states still list them owed
-            self._sought[tp] = (offset, now)
+                self._skip(tp, first, "deleted")
+                offset = first
+            last = self._sought.get(tp)
+            seeks = last[2] + 1 if last is not None and last[0] == offset else 1
+            self._sought[tp] = (offset, now, seeks)
             log.warning("%s:%d: messages from offset %d were not handed over (dropped by Faust, or behind the "
-                        "group's offset); reading them again", tp[0], tp[1], offset)
+                        "group's offset); reading them again (seek %d of at most %d)", tp[0], tp[1], offset, seeks,
+                        RESEEKS)
             await self.app.consumer.seek(_tp(*tp), offset)
+
+    def _skip(self, tp: tuple[str, int], to: int, why: str) -> None:
+        """Give up the messages of `tp` from its hole up to `to`: reading goes on from `to`."""
+        given_up = to - self.holes[tp]
+        self.holes[tp] = self.next_offset[tp] = to
+        if self.past_hole.get(tp, to + 1) <= to:
+            del self.past_hole[tp]
+        self.touched.update(self.runner.deleted(*tp, to))  # their saved states still list them owed
+        if self.metrics is not None:
+            self.metrics.given_up(tp[0], why, given_up)
 
     def save(self, res: Result, take: bool) -> None:
         """Remember the jobs `res` touched; with `take` (the timer's tick), offer the states of those due; then
@@ -235,7 +270,7 @@ class WorkerIO:
         self.touched |= res.dirty
         if take:
             self.take_states(self.clock())
-        self.checkpoints.write_settled()
+        self.checkpoint.write_settled()
 
     def stop(self, in_flight: bool) -> None:
         """The worker is stopping: close the sinks (each delivers its queue within its close timeout), then save
@@ -248,8 +283,8 @@ class WorkerIO:
         undelivered = {name: n for name, n in left.items() if n}
         if not undelivered and not dead and not in_flight:
             self.take_states()
-            self.checkpoints.note_settled()
-            self.checkpoints.write_settled()
+            self.checkpoint.sinks_settled()
+            self.checkpoint.write_settled()
             log.info("stopped: every output delivered, the states of %d jobs saved", len(self.runner.jobs))
             return
         said = [f"{n} record(s) for sink {name}" for name, n in undelivered.items()]
@@ -269,86 +304,21 @@ class WorkerIO:
                 start = self.clock()
                 states[job] = self.runner.state_of(job)
                 self.next_take[job] = start + max(self.save_every_s, 10 * (self.clock() - start))
-        self.checkpoints.offer(states)
+        self.checkpoint.offer(states)
 
     def forget(self, jobs: list[str]) -> None:
         """Jobs this worker no longer has: nothing of theirs is saved from here."""
-        self.checkpoints.drop(jobs)
+        self.checkpoint.drop(jobs)
         self.touched.difference_update(jobs)
         for job in jobs:
             self.next_take.pop(job, None)
 
-    def _write_state(self, job: str, blob: bytes) -> None:
-        if self.runner.jobs.get(job) is not None:  # still ours
-            self._changelog_sent = None
-            self.states[job.encode()] = blob
-            self._unconfirmed.append((job, blob, self._changelog_sent))
-            self.saves += 1
-
-    def _confirm_writes(self) -> None:
-        """Tell the runner which written states the broker has (in the order they were written)."""
-        done = 0
-        for job, blob, fut in self._unconfirmed:
-            if fut is not None and not fut.done():
-                break
-            done += 1
-            if fut is None or not fut.cancelled() and fut.exception() is None:
-                self.runner.saved(job, blob)
-        del self._unconfirmed[:done]
-
     def cap_commits(self) -> None:
-        """Commit no input offset past a record no written state has processed (`resume_points`).
-
-        Faust commits the offset after the messages its streams acknowledged, and `take_events`
-        acknowledges a whole batch, held records included. Its own view of what is committed is
-        left alone (its acknowledgement bookkeeping depends on it); only what reaches the broker
-        is lowered, and `commit_read` commits the rest once the records are saved.
-        """
-        if self._faust_commit is None:
-            self._faust_commit = faust_adapter.wrap_commit(self.app, self._commit_capped)
-
-    def resume_points(self) -> dict[tuple[str, int], int]:
-        self._confirm_writes()
-        points = {**self.runner.resume_points(), **self.router.resume_points()}
-        for tp, offset in self.holes.items():  # not read yet: Faust may count the hole as read
-            points[tp] = min(points.get(tp, offset), offset)
-        return points
-
-    async def _commit_capped(self, offsets: dict[TP, int]) -> bool:
-        """Faust's commit, never past what was handed to the runner (Faust counts offsets it dropped as read) nor
-        past a record no written state covers; inputs nothing was handed from since the assignment are left."""
-        points, read = self.resume_points(), self.next_offset
-        capped = {tp: min(offset, read[where], points.get(where, offset)) for tp, offset in offsets.items()
-                  if (where := (tp.topic, tp.partition)) in read}
-        if not capped:
-            return True
-        assert self._faust_commit is not None
-        done = await self._faust_commit(capped)
-        if done:
-            self.committed.update(capped)
-        return bool(done)
-
-    def due_commits(self) -> dict[TP, int]:
-        """Per assigned input, what was handed to the runner, where this worker has not committed as far as the
-        cap allows: commits follow what was read, not Faust's acknowledgements (see `commit_read`)."""
-        points, assigned, due = self.resume_points(), self.app.consumer.assignment(), {}
-        for (topic, partition), read in self.next_offset.items():
-            tp = _tp(topic, partition)
-            if tp in assigned and min(read, points.get((topic, partition), read)) > self.committed.get(tp, -1):
-                due[tp] = read
-        return due
+        """Faust's own commits go through the checkpoint's cap from here (`Checkpoint.install`)."""
+        self.checkpoint.install(lambda capped: faust_adapter.wrap_commit(self.app, capped))
 
     async def commit_read(self) -> None:
-        """Commit, under the cap, what was handed to the runner and is not committed yet.
-
-        Faust commits only when its acknowledgements move: what the cap lowered, or a commit the broker refused
-        during a rebalance (which Faust takes as done), would stay behind at the end of the input, and its
-        acknowledgement bookkeeping can stall after a seek. Committing what was read, on the tick, keeps the group's
-        offsets with the worker whatever Faust's view.
-        """
-        due = self.due_commits()
-        if due and not await self._commit_capped(due):
-            log.info("a commit of %d inputs was refused (a rebalance?); again on the next tick", len(due))
+        await self.checkpoint.commit_read()
 
     async def publish(self, res: Result) -> None:
         """Send the outputs and wait until the broker has them; then feed the sinks."""
@@ -374,7 +344,7 @@ class WorkerIO:
             except Exception:
                 self.metrics.sink_failed(sink)
                 raise
-        self.checkpoints.note_settled()  # before their dead letters are taken: a state waits for its dead letters
+        self.checkpoint.sinks_settled()  # before their dead letters are taken: a state waits for its dead letters
         dead = self.pause.dead_letters() if self.pause is not None else []
         pending = [await send(self.runner.topics.dlq, d.source.encode(), d.encode(), partition=None, timestamp=None,
                               headers=None) for d in dead]  # what a sink can never deliver: on the DLQ topic
@@ -451,11 +421,16 @@ class WorkerIO:
         An idle partition is fetched every `fetch_wait_ms`; a busy one whose records wait in the
         consumer's buffer is not re-fetched meanwhile, so one fresh answer is enough. Records taken
         from the consumer's buffer prove nothing: they were fetched before, maybe from a broker gone
-        since. True when it cannot tell (not started, nothing assigned, nothing fetched yet).
+        since. Partitions Faust does not fetch on purpose (paused; their buffer full while the agents are busy; the
+        whole flow stopped for a rebalance) tell nothing either: a long pause is not an outage. True when it
+        cannot tell (not started, nothing assigned or fetched, nothing fetched on purpose).
         """
+        if not getattr(self.app.consumer, "flow_active", True):  # Faust stopped fetching (a rebalance): no opinion
+            return True
         try:
             consumer = faust_adapter.aiokafka_consumer(self.app)
-            stamps = [consumer.last_poll_timestamp(tp) for tp in consumer.assignment()]
+            idle = faust_adapter.not_fetching(self.app)  # paused, or a buffer full: nothing fetched by design
+            stamps = [consumer.last_poll_timestamp(tp) for tp in consumer.assignment() if tp not in idle]
         except Exception:  # not started or mid-rebalance: no opinion
             return True
         stamps = [t for t in stamps if t is not None]
@@ -514,19 +489,15 @@ class WorkerIO:
             return
         self._last_stats = now
         r = self.runner
+        cp = self.checkpoint
         log.info("processed %d records (%.0f/s since start) in %d batches, %d jobs, %d state saves (%d not yet on "
                  "the broker, %d waiting for sinks), %d messages sent, %d node events routed, %d dropped, %d replayed "
                  "records skipped; %s; commits held back on %d inputs",
-                 r.records, r.records / max(now - self._started, 1e-9), self.batches, len(r.cores), self.saves,
-                 len(self._unconfirmed), self.checkpoints.waiting(), self.sent, router.routed, router.dropped,
-                 r.duplicates, event_time_text(self.newest_ts, time.time()), len(self.capped()))
+                 r.records, r.records / max(now - self._started, 1e-9), self.batches, len(r.cores), cp.saves,
+                 len(cp.unconfirmed), cp.pending.waiting(), self.sent, router.routed, router.dropped,
+                 r.duplicates, event_time_text(self.newest_ts, time.time()), len(cp.capped()))
         for line in self.waiting():
             log.info("%s", line)
-
-    def capped(self) -> dict[tuple[str, int], int]:
-        """Inputs whose commit the cap holds below what was read: (topic, partition) -> read up to."""
-        points = self.resume_points()
-        return {tp: read for tp, read in self.next_offset.items() if points.get(tp, read) < read}
 
     def waiting(self) -> list[str]:
         """One line per job holding records: which of its inputs it waits for (read up to where, of how much)."""
@@ -545,17 +516,13 @@ class WorkerIO:
                                   f"read to event time {r.frontier.get((topic, st.partition), -math.inf):.3f})")
             lines.append(f"job {job} holds {len(st.held)} records from event time {st.held[0].ts:.3f}: waiting for "
                          f"{', '.join(behind) or 'no input'}; node events up to {self.node_events_pending_from():.3f}")
-        for (topic, partition), offset in sorted(self.capped().items()):
+        for (topic, partition), offset in sorted(self.checkpoint.capped().items()):
             where = f"{topic}:{partition}"
             tp = _tp(topic, partition)
             why = [f"job {job} from {at} (owed {sorted(st.owed.get(where, ()))[:3]}, written "
                    f"{st.written.next.get(where)}/{st.written.low.get(where)}, read to {st.offsets.get(where)})"
                    for job, st in sorted(r.jobs.items()) if (at := st.uncovered().get(where)) is not None]
-            lines.append(f"commit of {where} held at {self.committed.get(tp)} (read to {offset}): {'; '.join(why)}")
+            lines.append(f"commit of {where} held at {self.checkpoint.committed.get(tp)} (read to {offset}): "
+                         f"{'; '.join(why)}")
         return lines
 
-
-def _tp(topic: str, partition: int) -> TP:
-    from faust.types import TP
-
-    return TP(topic, partition)

@@ -249,11 +249,11 @@ class _Marked:
 
 
 def test_a_state_is_written_only_once_every_sink_settled_its_outputs() -> None:
-    from gangwatch.streams.checkpoint import Checkpoints
+    from gangwatch.streams.checkpoint import PendingStates
 
     a, b = _Marked(), _Marked()
     written: list[tuple[str, bytes]] = []
-    cps = Checkpoints([a, b, object()], lambda job, blob: written.append((job, blob)))  # object(): no marks
+    cps = PendingStates([a, b, object()], lambda job, blob: written.append((job, blob)))  # object(): no marks
     cps.offer({"j1": b"s0"})  # nothing on its way: written at once
     assert written == [("j1", b"s0")]
     a.m = b.m = 1  # a batch's outputs went into both sinks
@@ -278,10 +278,10 @@ def test_a_state_is_written_only_once_every_sink_settled_its_outputs() -> None:
 
 
 def test_without_queued_sinks_every_state_is_written_at_once() -> None:
-    from gangwatch.streams.checkpoint import Checkpoints
+    from gangwatch.streams.checkpoint import PendingStates
 
     written: list[str] = []
-    cps = Checkpoints([], lambda job, blob: written.append(job))
+    cps = PendingStates([], lambda job, blob: written.append(job))
     cps.offer({"j1": b"x", "j2": b"y"})
     assert written == ["j1", "j2"] and cps.waiting() == 0
 
@@ -394,7 +394,7 @@ def test_a_worker_stopping_mid_batch_feeds_no_closed_sink_and_saves_no_state_ove
                 [sink], False, None)
     wio.pause = SinkPause(wio.sinks)
     written: list[str] = []
-    wio.checkpoints._write = lambda job, blob: written.append(job)
+    wio.checkpoint.pending._write = lambda job, blob: written.append(job)
     wio.runner.jobs["j1"] = None
     wio.runner.state_of = lambda job: b"state"
 

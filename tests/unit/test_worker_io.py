@@ -9,10 +9,13 @@ from collections import namedtuple
 from types import SimpleNamespace
 
 import pytest
+from gangwatch.schemas import Heartbeat, encode
 from gangwatch.streams.faust_adapter import seek_to_committed
 from gangwatch.streams.runner import JobRunner
 from gangwatch.streams.topics import TopicSettings
 from gangwatch.streams.workerio import WorkerIO
+
+from tests.integration.kafkakit import T0, messages, scenario
 
 pytestmark = pytest.mark.unit
 
@@ -70,7 +73,7 @@ def test_states_are_taken_on_the_tick_at_most_every_save_every_s_and_never_most_
     g.clock, g.runner.state_of = pack.clock, pack.state_of
     g.runner.jobs.update(small=JobState(), big=JobState())
     written: list[str] = []
-    g.checkpoints._write = lambda job, blob: written.append(job)
+    g.checkpoint.pending._write = lambda job, blob: written.append(job)
 
     def batch(*jobs: str) -> None:
         g.save(Result(dirty=set(jobs)), take=False)
@@ -193,9 +196,10 @@ def test_commits_follow_what_was_read_under_the_cap_and_a_refused_one_is_retried
     the end of the input nothing moves. The wio commits what it handed to the runner, as far as the cap allows."""
     TP = namedtuple("TP", "topic partition")
     monkeypatch.setattr("gangwatch.streams.workerio._tp", TP)
+    monkeypatch.setattr("gangwatch.streams.checkpoint.tp", TP)
     g = wio(Consumer({}))
     points = {("t", 0): 30}
-    g.router = SimpleNamespace(resume_points=lambda: dict(points))
+    g.checkpoint.router = SimpleNamespace(resume_points=lambda: dict(points))
     g.app.consumer.assignment = lambda: {TP("t", 0)}
     answers, calls = [True, False, True], []
 
@@ -203,7 +207,7 @@ def test_commits_follow_what_was_read_under_the_cap_and_a_refused_one_is_retried
         calls.append(dict(offsets))
         return answers.pop(0)
 
-    g._faust_commit = commit
+    g.checkpoint._commit = commit
     g.next_offset[("t", 0)] = 40
     g.next_offset[("t", 1)] = 9  # not ours (any more): never committed
 
@@ -216,14 +220,15 @@ def test_commits_follow_what_was_read_under_the_cap_and_a_refused_one_is_retried
         await g.commit_read()  # committed: nothing left
 
     asyncio.run(run())
-    assert calls == [{TP("t", 0): 30}, {TP("t", 0): 40}, {TP("t", 0): 40}] and g.committed == {TP("t", 0): 40}
+    assert calls == [{TP("t", 0): 30}, {TP("t", 0): 40}, {TP("t", 0): 40}]
+    assert g.checkpoint.committed == {TP("t", 0): 40}
 
 
 def test_messages_after_a_hole_are_held_back_until_the_hole_is_read_again() -> None:
     """Faust dropped offsets 3-4 of a partition and handed over 5: the runner must not see 5 before 3 (its offsets
     would pass records it never read), the partition is sought back to 3, and commits stay at 3 meanwhile."""
     g = wio(Consumer({}))
-    g.router = SimpleNamespace(resume_points=lambda: {})
+    g.checkpoint.router = SimpleNamespace(resume_points=lambda: {})
     sought = []
 
     async def seek(tp, offset: int) -> None:
@@ -245,12 +250,12 @@ def test_messages_after_a_hole_are_held_back_until_the_hole_is_read_again() -> N
 
     assert offsets([ev(0), ev(1), ev(2), ev(7, 1)]) == [(0, 0), (0, 1), (0, 2), (1, 7)]  # 7: where partition 1 starts
     assert offsets([ev(5), ev(6), ev(8, 1)]) == [(1, 8)]  # 3 and 4 missing: 5 and 6 wait
-    assert g.holes == {("t", 0): 3} and g.resume_points() == {("t", 0): 3}
+    assert g.holes == {("t", 0): 3} and g.checkpoint.resume_points() == {("t", 0): 3}
     asyncio.run(g.rewind())
     asyncio.run(g.rewind())  # sought once, not on every tick
     assert sought == [("t", 0, 3)]
     assert offsets([ev(6), ev(3), ev(4), ev(5), ev(6)]) == [(0, 3), (0, 4), (0, 5), (0, 6)]
-    assert g.holes == {} and g.resume_points() == {}
+    assert g.holes == {} and g.checkpoint.resume_points() == {}
     assert offsets([ev(2), ev(7)]) == [(0, 2), (0, 7)]  # a repeat is handed on (the runner skips it)
 
 
@@ -274,6 +279,7 @@ def test_reading_starts_at_the_committed_offset_and_commits_never_pass_what_was_
     a commit Faust asks for (it counts what it dropped as read) stays at 152."""
     TP = namedtuple("TP", "topic partition")
     monkeypatch.setattr("gangwatch.streams.workerio._tp", TP)
+    monkeypatch.setattr("gangwatch.streams.checkpoint.tp", TP)
     g = WorkerIO(SimpleNamespace(), JobRunner(TopicSettings()), SimpleNamespace(resume_points=lambda: {}), {},
              ("t",), (), [], False, None)
     g.started({TP("t", 0): 152, TP("other", 0): 5}, [TP("t", 0), TP("t", 1), TP("other", 0)])
@@ -287,8 +293,8 @@ def test_reading_starts_at_the_committed_offset_and_commits_never_pass_what_was_
         calls.append(dict(offsets))
         return True
 
-    g._faust_commit = commit
-    asyncio.run(g._commit_capped({TP("t", 0): 7001, TP("t", 1): 3}))  # nothing handed on from t:1: left alone
+    g.checkpoint._commit = commit
+    asyncio.run(g.checkpoint.commit({TP("t", 0): 7001, TP("t", 1): 3}))  # nothing handed on from t:1: left alone
     assert calls == [{TP("t", 0): 152}]
 
 
@@ -299,6 +305,7 @@ def test_nothing_is_handed_on_before_the_seek_back_to_the_committed_offsets(monk
     the group never committed starts at its first message."""
     TP = namedtuple("TP", "topic partition")
     monkeypatch.setattr("gangwatch.streams.workerio._tp", TP)
+    monkeypatch.setattr("gangwatch.streams.checkpoint.tp", TP)
     g = WorkerIO(SimpleNamespace(), JobRunner(TopicSettings()), SimpleNamespace(resume_points=lambda: {}), {},
              ("t",), (), [], False, None)
 
@@ -361,6 +368,166 @@ def test_a_hole_is_sought_back_even_when_the_logs_start_cannot_be_asked() -> Non
     g.holes[("t", 0)] = g.next_offset[("t", 0)] = 5
     asyncio.run(g.rewind())
     assert sought == [("t", 0, 5)] and g.holes == {("t", 0): 5}
+
+
+def test_a_hole_is_sought_back_at_doubling_intervals_a_bounded_number_of_times_then_given_up() -> None:
+    """A hole that no seek back reads (the broker never delivers it again): seeks come at 5, 10, 20, 40, 60, 60,
+    ... s, RESEEKS of them; then, with messages read past it, the hole is given up: reading goes on from the
+    first message read past it, what a restored job owed in between is given up, and it is counted."""
+    from gangwatch.streams.jobstate import JobState
+    from gangwatch.streams.workerio import RESEEK_FIRST_S, RESEEK_MAX_S, RESEEKS
+
+    g = wio(Consumer({}))
+    given_up = []
+    g.metrics = SimpleNamespace(given_up=lambda topic, cause, n: given_up.append((topic, cause, n)))
+    sought: list[tuple[float, int]] = []
+    now = [1000.0]
+
+    async def seek(tp, offset: int) -> None:
+        sought.append((now[0], offset))
+
+    async def earliest_offsets(*tps) -> dict:
+        return {tp: 0 for tp in tps}
+
+    g.app.consumer.seek, g.app.consumer.earliest_offsets = seek, earliest_offsets
+    g.runner.jobs["j"] = st = JobState(owed={"t:0": {(4, 0), (9, 0)}})
+    g.holes[("t", 0)] = g.next_offset[("t", 0)] = 3
+    ev = SimpleNamespace(message=SimpleNamespace(topic="t", partition=0, offset=8, key=b"j", value=b"{}",
+                                                 timestamp=1.0))
+    assert g.in_order([ev]) == [] and g.past_hole == {("t", 0): 8}  # read past the hole: left out, remembered
+    for _ in range(400):  # 400 s of ticks, a second apart
+        asyncio.run(g.rewind(now[0]))
+        now[0] += 1.0
+    at = [t - 1000.0 for t, offset in sought if offset == 3]
+    assert len(at) == RESEEKS
+    gaps = [b - a for a, b in zip(at, at[1:], strict=False)]
+    assert gaps == [min(RESEEK_FIRST_S * 2 ** k, RESEEK_MAX_S) for k in range(RESEEKS - 1)]
+    given_at, offset = sought[RESEEKS]
+    assert offset == 8 and given_at - 1000.0 == at[-1] + RESEEK_MAX_S  # given up: sought to where reading goes on
+    assert g.holes == {("t", 0): 8} and g.next_offset[("t", 0)] == 8 and g.past_hole == {}
+    assert st.owed == {"t:0": {(9, 0)}} and "j" in g.touched  # 4 is given up, 9 is still owed
+    assert given_up == [("t", "unreadable", 5)]
+
+
+def test_a_hole_nothing_was_read_past_is_sought_a_bounded_number_of_times_and_only_holds_the_commit() -> None:
+    from gangwatch.streams.workerio import RESEEKS
+
+    g = wio(Consumer({}))
+    sought = []
+
+    async def seek(tp, offset: int) -> None:
+        sought.append(offset)
+
+    async def earliest_offsets(*tps) -> dict:
+        return {}
+
+    g.app.consumer.seek, g.app.consumer.earliest_offsets = seek, earliest_offsets
+    g.checkpoint.router = SimpleNamespace(resume_points=lambda: {})
+    g.holes[("t", 0)] = g.next_offset[("t", 0)] = 3
+    for k in range(3600):
+        asyncio.run(g.rewind(1000.0 + k))
+    assert sought == [3] * RESEEKS and g.holes == {("t", 0): 3}
+    assert g.checkpoint.resume_points() == {("t", 0): 3}  # the commit stays at the hole: nothing past it to lose
+
+
+class Fetching(Consumer):
+    """aiokafka's consumer with Faust's view of which partitions it fetches on purpose."""
+
+    def __init__(self, stamps_ms: dict[str, float | None], paused=(), buffered=(), flow_active=True) -> None:
+        super().__init__(stamps_ms)
+        self.faust = SimpleNamespace(_thread=SimpleNamespace(_ensure_consumer=lambda: self),
+                                     _paused_partitions=set(paused), _buffered_partitions=set(buffered),
+                                     flow_active=flow_active)
+
+
+def test_partitions_faust_does_not_fetch_on_purpose_are_no_sign_of_an_outage() -> None:
+    """A partition paused, or with its buffer full while the agents are busy, is not fetched: its last answer
+    grows old without the broker being away. Only the partitions Faust fetches tell."""
+    now_ms = time.time() * 1000
+
+    def answering(c: Fetching) -> bool:
+        app = SimpleNamespace(consumer=c.faust)
+        return WorkerIO(app, JobRunner(TopicSettings()), None, {}, (), (), [], False, None).answering(1.5)
+
+    stale, fresh = now_ms - 60_000, now_ms - 100
+    assert not answering(Fetching({"a": stale, "b": stale}))  # fetched, and no answer for a minute: an outage
+    assert answering(Fetching({"a": stale, "b": stale}, buffered={"a", "b"}))  # both full: nothing fetched
+    assert answering(Fetching({"a": stale, "b": fresh}, paused={"c"}))
+    assert not answering(Fetching({"a": stale, "b": stale}, paused={"a"}))  # b is fetched and unanswered
+    assert answering(Fetching({"a": stale}, flow_active=False))  # a rebalance stopped the flow
+
+
+class Changelog(dict):
+    """A state table whose writes send a changelog message, each confirmed when the test says."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sends: list[asyncio.Future] = []
+        self.on_send = None
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        fut = asyncio.get_event_loop().create_future()
+        self.sends.append(fut)
+        self.on_send(fut)
+
+
+class Marked:
+    """A queued sink's marks: outputs flushed (`mark`) and settled (`done`)."""
+
+    def __init__(self) -> None:
+        self.flushed = self.settled = 0
+
+    def mark(self) -> int:
+        return self.flushed
+
+    def done(self) -> int:
+        return self.settled
+
+
+def test_the_checkpoint_commits_only_what_a_state_the_broker_confirmed_covers(monkeypatch) -> None:
+    """The protocol's order: a job's records are read (offsets 0-2), its state is taken while a sink still holds
+    its outputs: nothing is written and the commit stays at 0; the sink settles: the state is written, but the
+    commit stays at 0 until the broker confirms the changelog message; then the commit reaches what was read."""
+    TP = namedtuple("TP", "topic partition")
+    monkeypatch.setattr("gangwatch.streams.checkpoint.tp", TP)
+    from gangwatch.streams.checkpoint import Checkpoint
+    from gangwatch.streams.runner import Msg
+
+    job = messages(scenario(nodes=1, seconds=0, silent=None, xid_node=None), TopicSettings())[0]
+    runner = JobRunner(TopicSettings())
+    t = TopicSettings()
+    runner.on_batch([Msg(t.jobs, 0, 0, job[1], job[2]),
+                     Msg(t.telemetry, 0, 0, b"j1", encode(Heartbeat(ts=T0 + 1.0, job="j1", rank=0))),
+                     Msg(t.telemetry, 0, 1, b"j1", encode(Heartbeat(ts=T0 + 2.0, job="j1", rank=1)))])
+    table, sink = Changelog(), Marked()
+    read = {(t.jobs, 0): 1, (t.telemetry, 0): 2}
+    cp = Checkpoint([sink], table, runner, SimpleNamespace(resume_points=lambda: {}), read, {},
+                    lambda: {TP(*w) for w in read}, lambda tbl, on: setattr(tbl, "on_send", on) or True)
+    commits = []
+
+    async def faust_commit(offsets: dict) -> bool:
+        commits.append({(k.topic, k.partition): v for k, v in offsets.items()})
+        return True
+
+    cp.install(lambda capped: faust_commit)
+
+    async def run() -> None:
+        sink.flushed = 1  # the batch's outputs are in the sink's queue
+        cp.offer({"j1": runner.state_of("j1")})
+        await cp.commit_read()
+        assert not table and all(v == 0 for c in commits for v in c.values())  # nothing covered: no further than 0
+        before = len(commits)
+        sink.settled = 1
+        cp.sinks_settled()
+        assert cp.write_settled() == 1 and list(table) == [b"j1"]
+        await cp.commit_read()
+        assert len(commits) == before  # written, not yet on the broker
+        table.sends[0].set_result(None)
+        await cp.commit_read()
+        assert commits[before:] == [{(t.jobs, 0): 1, (t.telemetry, 0): 2}]
+
+    asyncio.run(run())
 
 
 def test_an_untested_faust_or_aiokafka_is_refused_in_one_line_unless_overridden() -> None:
