@@ -161,7 +161,7 @@ async def raw_consume(bootstrap: str, topic: str, messages: int) -> tuple[int, f
     try:
         parts = consumer.partitions_for_topic(topic) or set()
         if not parts:
-            await consumer._client.force_metadata_update()  # noqa: SLF001 - first metadata fetch
+            await consumer.topics()  # asks the broker for fresh metadata
             parts = consumer.partitions_for_topic(topic) or set()
         tps = [ATP(topic, p) for p in sorted(parts)]
         consumer.assign(tps)
