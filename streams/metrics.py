@@ -18,10 +18,10 @@ Three sources end up on that one endpoint (one registry per worker app):
   the runner from the scrape thread, so no lock is needed.
 - **Faust's own Prometheus sensor** (`faust.sensors.prometheus`), under the
   fixed prefix `gangwatch_faust_` (not the app id, so dashboards work for every
-  deployment): messages received per topic, events, table operations, sends
-  and send errors, commit latency, rebalances, end and committed offsets per
-  partition. With `--web-port`, Faust's web server also serves the same
-  registry at `/metrics`.
+  deployment): messages received per topic (counted per batch: `instrument`),
+  table operations, sends and send errors, commit latency, rebalances, end and
+  committed offsets per partition. With `--web-port`, Faust's web server also
+  serves the same registry at `/metrics`.
 - prometheus-client's `process_*` and `python_*` series (CPU, memory, GC).
 
 - `gangwatch_records_total{kind}` (counter): input records handed to a job's core (job, step,
@@ -116,6 +116,7 @@ class WorkerMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else process_registry()
+        self.faust: Any = None  # Faust's own series (`instrument`), fed per batch by `messages_in`
         r = self.registry
         self.records = Counter("gangwatch_records", "Input records handed to a job's core, by kind.", ["kind"],
                                registry=r)
@@ -189,6 +190,22 @@ class WorkerMetrics:
         if lag_s is not None:
             self.lag_seconds.set(lag_s)
 
+    def messages_in(self, events: list[Any]) -> None:
+        """Faust's `messages_received` series for one batch of events (see `instrument`)."""
+        if self.faust is None or not events:
+            return
+        per_topic: dict[str, int] = {}
+        newest: dict[tuple[str, int], int] = {}
+        for e in events:
+            m = e.message
+            per_topic[m.topic] = per_topic.get(m.topic, 0) + 1
+            newest[(m.topic, m.partition)] = m.offset
+        self.faust.messages_received.inc(len(events))
+        for topic, n in per_topic.items():
+            self.faust.messages_received_per_topics.labels(topic=topic).inc(n)
+        for (topic, partition), offset in newest.items():
+            self.faust.messages_received_per_topics_partition.labels(topic=topic, partition=partition).set(offset)
+
     def given_up(self, topic: str, cause: str, messages: int) -> None:
         self.given_up_messages.labels(topic, cause).inc(messages)
 
@@ -230,15 +247,44 @@ class WorkerMetrics:
 
 
 def instrument(app: Any, metrics: WorkerMetrics) -> None:
-    """Install Faust's own Prometheus sensor on `app`, writing into the worker's registry.
+    """Install Faust's own Prometheus sensor on `app`, writing into the worker's registry, counting messages per
+    batch (`messages_in`) instead of per message.
 
-    `setup_prometheus_sensors` replaces the app's monitor (the sensor every Faust
-    event goes through) with its `PrometheusMonitor`, and adds a `/metrics` page to
-    Faust's web server, which serves only with `--web-port`.
+    Faust calls its monitor four times for every message (received, event in, event out, acknowledged); the
+    bookkeeping behind those calls halved what Faust alone delivers (measured: 2,548 messages/s with its
+    default monitor, 4,626 without, an agent doing nothing with its batches). The worker's monitor keeps
+    every other series of Faust's sensor (sends, commits, rebalances, tables, offsets) and counts the
+    messages received, per topic and with each partition's newest offset, once per batch from the agents
+    (`WorkerMetrics.messages_in`); the per-event series (events, their latency) are not kept. With
+    `--web-port`, Faust's web server also serves the registry at `/metrics`.
     """
-    from faust.sensors.prometheus import setup_prometheus_sensors
+    from faust.sensors.prometheus import FaustMetrics, PrometheusMonitor
+    from faust.web import Response
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    setup_prometheus_sensors(app, registry=metrics.registry, name_prefix=FAUST_PREFIX)
+    class BatchMonitor(PrometheusMonitor):
+        """Faust's Prometheus sensor without its per-message hooks (see `instrument`)."""
+
+        def on_message_in(self, tp: Any, offset: int, message: Any) -> None:
+            pass
+
+        def on_stream_event_in(self, tp: Any, offset: int, stream: Any, event: Any) -> None:
+            return None
+
+        def on_stream_event_out(self, tp: Any, offset: int, stream: Any, event: Any, state: Any = None) -> None:
+            pass
+
+        def on_message_out(self, tp: Any, offset: int, message: Any) -> None:
+            pass
+
+    faust_metrics = FaustMetrics.create(metrics.registry, FAUST_PREFIX)
+    app.monitor = BatchMonitor(metrics=faust_metrics)
+    metrics.faust = faust_metrics
+
+    @app.page("/metrics")
+    async def metrics_page(self: Any, request: Any) -> Any:
+        return Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST},
+                        status=200)
 
 
 def serve_metrics(metrics: WorkerMetrics, port: int) -> Endpoint:

@@ -179,6 +179,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     async def jobs(stream: faust.StreamT) -> None:
         await _producer_knows(app, (states, nodemap), quiet)
         async for events in stream.take_events(s.batch_max, within=s.batch_within_s):
+            metrics.messages_in(events)
             while pause.hold():  # a sink's queue is over its high-water mark: wait (bounded), not in the lock
                 await asyncio.sleep(0.05)
             async with busy:
@@ -193,6 +194,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     async def route(stream: faust.StreamT) -> None:
         await _producer_knows(app, (states, nodemap), quiet)
         async for events in stream.take_events(s.batch_max, within=s.batch_within_s):
+            metrics.messages_in(events)
             res = router.on_batch(wio.in_order(events))
             await wio.publish(res)
             metrics.count(res)
