@@ -339,7 +339,8 @@ class FailSlowDetector(StepScorer):
 
     def _judged(self, c: Closed, med_w: np.ndarray, typ_step: float) -> list[Finding]:
         """Heterogeneous ranks, once `het_min_s` of event time were gathered (else gather on: `het_wait`)."""
-        self.het_wait = bool(c.ts - self.calib_ts < self.config.het_min_s)  # (NaN: saved before it waited: judge now)
+        # (calib_ts is NaN in a state migrated from before it was kept: calibrated long ago, judge now)
+        self.het_wait = bool(c.ts - self.calib_ts < self.config.het_min_s)
         return [] if self.het_wait else self._heterogeneous(c, med_w, typ_step)
 
     def _heterogeneous(self, c: Closed, med_w: np.ndarray, typ_step: float) -> list[Finding]:
@@ -453,14 +454,11 @@ class FailSlowDetector(StepScorer):
         det.epoch, det.warm = state["epoch"], state["warm"]
         det.hist = np.asarray(state["hist"], dtype=np.uint32)
         det.in_episode = np.asarray(state["in_episode"], dtype=bool)
-        if "flag_ts" in state:  # (saved before it: runs of flagged steps start afresh)
-            det.flag_ts = decode_floats(state["flag_ts"])[0]
+        det.flag_ts = decode_floats(state["flag_ts"])[0]
         det.clean_run = np.asarray(state["clean_run"], dtype=np.int32)
-        if "calib" not in state:  # saved before calibration: baselines were of another kind; learn them again
-            return det
         det.calib, det.first_step = state["calib"], state["first_step"]
-        det.calib_ts = np.nan if state.get("calib_ts") is None else float(state["calib_ts"])  # (saved before it)
-        det.het_wait = bool(state.get("het_wait", False))
+        det.calib_ts = np.nan if state["calib_ts"] is None else float(state["calib_ts"])
+        det.het_wait = bool(state["het_wait"])
         det.base = decode_floats(state["base"])[0]
         det.nbase = np.asarray(state["nbase"], dtype=np.int32)
         det.level = decode_floats(state["level"])[0]

@@ -345,16 +345,14 @@ class HardwareDetector(DetectorBase):
         det = cls(topo, HardwareConfig(**state["config"]))
         det.storms = copy.deepcopy(state["storms"])
         det.nic_down = copy.deepcopy(state["nic_down"])
-        if "gpu_last" in state:  # saved before the GPUs were packed per node
-            det.gpus = _gpus_from_gpu_last(state["gpu_last"])
-        else:
-            det.gpus = {k: _NodeGpus.from_state(v) for k, v in state["gpus"].items()}
+        det.gpus = {k: _NodeGpus.from_state(v) for k, v in state["gpus"].items()}
         return det
 
 
-def _gpus_from_gpu_last(gpu_last: dict[str, dict[str, Any]]) -> dict[str, _NodeGpus]:
-    """The GPUs of a state saved before issue 11: a dict per "node|gpu" {"counters": {field: last value},
-    "active": {condition: samples without it}}."""
+def gpus_from_gpu_last(gpu_last: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The `gpus` of `state()` holding what `gpu_last`, the GPUs' shape in saved states up to version 2 (before
+    issue 11 packed them per node), holds: a dict per "node|gpu" {"counters": {field: last value},
+    "active": {condition: samples without it}}. For triage/migrate.py."""
     gpus: dict[str, _NodeGpus] = {}
     for key, last in gpu_last.items():
         name, gpu = key.rsplit("|", 1)
@@ -367,7 +365,7 @@ def _gpus_from_gpu_last(gpu_last: dict[str, dict[str, Any]]) -> dict[str, _NodeG
                 node.counters[i], node.known[i] = last["counters"][field], True
         for cond, clean in last["active"].items():
             node.active[r * len(_CONDITIONS) + _COLUMN[cond]] = clean
-    return gpus
+    return {name: node.state() for name, node in gpus.items()}
 
 
 def _iface(message: str) -> str:

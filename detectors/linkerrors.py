@@ -213,16 +213,14 @@ class LinkErrorDetector(DetectorBase):
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> LinkErrorDetector:
         det = cls(topo, LinkErrorConfig(**state["config"]))
-        if "links" in state:  # saved before the links were packed per node
-            det.nodes = _nodes_from_links(state["links"])
-        else:
-            det.nodes = {k: _NodeLinks.from_state(v) for k, v in state["nodes"].items()}
+        det.nodes = {k: _NodeLinks.from_state(v) for k, v in state["nodes"].items()}
         return det
 
 
-def _nodes_from_links(links: dict[str, dict[str, Any]]) -> dict[str, _NodeLinks]:
-    """The links of a state saved before issue 11: a dict per "node|gpu|counter" {ts, value, recent, clean,
-    episode}, `recent` holding the window's intervals as [start_ts, start_value, bad], oldest first."""
+def nodes_from_links(links: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The `nodes` of `state()` holding what `links`, the counters' shape in saved states up to version 2 (before
+    issue 11 packed them per node), holds: a dict per "node|gpu|counter" {ts, value, recent, clean, episode},
+    `recent` holding the window's intervals as [start_ts, start_value, bad], oldest first. For triage/migrate.py."""
     nodes: dict[str, _NodeLinks] = {}
     for key, s in links.items():
         name, gpu, counter = key.rsplit("|", 2)
@@ -235,4 +233,4 @@ def _nodes_from_links(links: dict[str, dict[str, Any]]) -> dict[str, _NodeLinks]
         bad = [(len(recent) - 1 - k, t, v) for k, (t, v, b) in enumerate(recent) if b]
         if bad:
             node.bad[i] = bad
-    return nodes
+    return {name: node.state() for name, node in nodes.items()}

@@ -28,15 +28,13 @@ from gangwatch.schemas import DecodeError, Job, Outputs, Record, encode
 from gangwatch.schemas.columns import StepRows
 from gangwatch.triage.config import CoreConfig
 from gangwatch.triage.job import Triage
+from gangwatch.triage.migrate import STATE_VERSION, migrate
 
 JOB_KEYED = frozenset({"step", "heartbeat", "framework", "lifecycle", "stack", "flight", "recovery"})
 NODE_KEYED = frozenset({"hw", "gpu"})
 RUN_KINDS = JOB_KEYED | NODE_KEYED  # what `process_many` takes together (job and ops records go one by one)
 _TRIAGE_SKIPS = frozenset({"step", "heartbeat", "hw", "gpu"})  # kinds whose record triage ignores (a step: but
 # one past the job's newest step)
-STATE_VERSION = 2
-
-
 
 
 def _until_due(ts: list[float], start: int, top: float, lateness: float, due: float) -> tuple[int, float]:
@@ -214,9 +212,9 @@ class JobCore:
 
     @classmethod
     def from_state(cls, state: dict[str, Any], config: CoreConfig | None = None) -> JobCore:
-        """A job restored from `state()`, running with `config` (today's settings, not the saved ones)."""
-        if state.get("v") != STATE_VERSION:
-            raise ValueError(f"job state version {state.get('v')!r} is not {STATE_VERSION}; it cannot be restored")
+        """A job restored from `state()`, of this version or an older one (triage/migrate.py), running with `config`
+        (today's settings, not the saved ones)."""
+        state = migrate(state)
         core = cls.__new__(cls)
         core.config = config or CoreConfig()
         core.monitor = JobMonitor.from_state(state["monitor"], configs=core.config.detectors)

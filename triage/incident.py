@@ -101,7 +101,7 @@ class Timeline:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Timeline:
-        return cls(**d)  # a state saved before `restarts`, `resolution` or `attempts` existed gets their defaults
+        return cls(**d)
 
 
 def _r(x: float | None) -> float | None:

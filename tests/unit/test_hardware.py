@@ -354,34 +354,6 @@ def test_state_snapshot_is_not_changed_by_later_records() -> None:
     assert json.dumps(snap, sort_keys=True) == frozen
 
 
-# A state the detector saved before its GPUs were packed per node (issue 11), after the 7 first samples of
-# `OLD_RECS`: GPU 3 throttled and hot until a sample ago, its SBE counter at 12; GPU 4's row remap pending.
-OLD_STATE = {
-    "config": {"storm_window_s": 2.0, "quiet_s": 60.0, "nic_flap_s": 30.0, "temp_precursor_c": 87.0,
-               "sbe_burst": 100, "pcie_replay_surge": 100, "nvlink_crc_surge": 100, "clean_samples": 3},
-    "storms": {}, "nic_down": {},
-    "gpu_last": {"n001|3": {"active": {"throttle": 1, "temp": 1}, "counters": {"ecc_dbe": 0, "ecc_sbe": 12}},
-                 "n001|4": {"active": {"remap": 0}, "counters": {"ecc_dbe": 0, "ecc_sbe": 0}}},
-}
-OLD_RECS = [gpu(T0, ecc_sbe=10), gpu(T0, g=4), gpu(T0 + 1, throttle=["hw_thermal"], ecc_sbe=10), gpu(T0 + 1, g=4),
-            gpu(T0 + 2, throttle=["hw_thermal"], temp_c=88.0, ecc_sbe=10), gpu(T0 + 2, g=4, remap_pending=True),
-            gpu(T0 + 3, ecc_sbe=12),
-            # after the save: GPU 3 throttles again before it re-armed, then after; its SBE counter jumps
-            gpu(T0 + 4, throttle=["hw_thermal"], ecc_sbe=112), gpu(T0 + 4, g=4, remap_pending=True),
-            *[gpu(T0 + 5 + i, ecc_sbe=112) for i in range(3)], gpu(T0 + 8, throttle=["hw_thermal"], ecc_sbe=112)]
-
-
-def test_a_state_saved_before_the_gpus_were_packed_restores_and_continues_the_same() -> None:
-    t = topo()
-    restored = HardwareDetector.from_state(OLD_STATE, t)
-    later = run(restored, OLD_RECS[7:])
-    assert later == run(HardwareDetector(t), OLD_RECS)[3:]  # as if it had never stopped
-    assert [(f.gpu, f.evidence["name"], f.ts) for f in later] == [
-        (3, "ECC_SBE_BURST", T0 + 4), (3, "THROTTLE:hw_thermal", T0 + 8)]
-    again = HardwareDetector.from_state(json.loads(json.dumps(restored.state())), t)  # saved in the new shape
-    assert again.state() == restored.state()
-
-
 def test_findings_are_deterministic() -> None:
     recs = mixed_stream()
     a = run(HardwareDetector(topo()), recs)

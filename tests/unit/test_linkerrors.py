@@ -3,7 +3,6 @@ the simulator fault that drives them, and what triage makes of the finding (its 
 
 from __future__ import annotations
 
-import orjson
 import pytest
 from gangwatch.detectors.catalog import typed
 from gangwatch.detectors.config import LinkErrorConfig
@@ -102,31 +101,6 @@ def test_nodes_that_leave_the_job_are_forgotten():
     drive(det, samples([0, 5], node="n000") + samples([0, 5], node="n001"))
     det.set_topology(Topology.from_job(Job(ts=T0 + 50, job="j", ranks=[RankInfo(rank=0, node="n001", gpu=3)])))
     assert list(det.nodes) == ["n001"]
-
-
-# A state the detector saved before its links were packed per node (issue 11), after the 6 first samples of
-# `OLD_RECS`: GPU 5 of n000 had two bad NVLink intervals of 2, GPU 3 of n001 one bad PCIe interval of 2.
-OLD_STATE = {
-    "config": {"pcie_replay_per_s": 8 / 60, "nvlink_crc_per_s": 100.0, "hits": 3, "window": 5,
-               "rearm_intervals": 10},
-    "links": {"n000|5|nvlink_crc": {"ts": 1020.0, "value": 10000, "recent": [[1000.0, 0, True], [1010.0, 5000, True]],
-                                    "clean": 0, "episode": False},
-              "n001|3|pcie_replay": {"ts": 1020.0, "value": 12, "recent": [[1000.0, 0, False], [1010.0, 0, True]],
-                                     "clean": 0, "episode": False}},
-}
-OLD_RECS = sorted(samples(cumulative([0, 12, 0, 12, 12, 12])) +
-                  samples(cumulative([5000] * 3), counter="nvlink_crc", gpu=5, node="n000"),
-                  key=lambda r: (r.ts, r.node))
-
-
-def test_a_state_saved_before_the_links_were_packed_restores_and_continues_the_same():
-    restored = LinkErrorDetector.from_state(OLD_STATE, TOPO)
-    later = drive(restored, OLD_RECS[6:])
-    assert later == drive(LinkErrorDetector(TOPO), OLD_RECS)  # as if it had never stopped
-    assert [(f.node, f.gpu, typed(f).evidence.onset_ts, typed(f).evidence.intervals_over) for f in later] == [
-        ("n000", 5, T0, 3), ("n001", 3, T0 + 10.0, 3)]
-    again = LinkErrorDetector.from_state(orjson.loads(orjson.dumps(restored.state())), TOPO)  # saved in the new shape
-    assert again.state() == restored.state()
 
 
 # --- the simulator's fault, end to end ----------------------------------------------------------------
