@@ -523,6 +523,6 @@ def _view_state(v: RankView) -> dict[str, Any]:
 def _view_from_state(s: dict[str, Any]) -> RankView:
     groups = {pg: GroupView(d, tuple(ranks), e, st, c) for pg, (d, ranks, e, st, c) in s["groups"].items()}
     entries = {pg: {seq: (op, size, dtype) for seq, op, size, dtype in ents} for pg, ents in s["entries"].items()}
-    collectives = {pg: (e, st, c) for pg, (e, st, c) in s.get("collectives", {}).items()}
-    return RankView(bool(s["has_groups"]), groups, entries, tuple(tuple(w) for w in s.get("waits_on", ())),
-                    frozenset(s.get("p2p", ())), collectives)
+    collectives = {pg: (e, st, c) for pg, (e, st, c) in s["collectives"].items()}
+    return RankView(bool(s["has_groups"]), groups, entries, tuple(tuple(w) for w in s["waits_on"]),
+                    frozenset(s["p2p"]), collectives)

@@ -183,10 +183,10 @@ class HangDetector(DetectorBase):
         det.intervals = list(state["intervals"])
         det.seen_intervals = state["seen_intervals"]
         det.reported = state["reported"]
-        det.reports = state.get("reports", int(det.reported))
-        det.stopped_ts = -np.inf if state.get("stopped_ts") is None else state["stopped_ts"]
-        det.paused = {int(r): (since, what) for r, since, what in state.get("paused", [])}
-        det.longest = dict(state.get("longest", {}))
+        det.reports = state["reports"]
+        det.stopped_ts = -np.inf if state["stopped_ts"] is None else state["stopped_ts"]
+        det.paused = {int(r): (since, what) for r, since, what in state["paused"]}
+        det.longest = dict(state["longest"])
         return det
 
     def observe_run(self, run: RecordRun) -> list[tuple[int, list[Finding]]]:

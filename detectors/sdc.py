@@ -319,7 +319,6 @@ class SdcDetector(StepScorer):
         det.epoch, det.warm = state["epoch"], state["warm"]
         det.flagged = np.asarray(state["flagged"], dtype=bool)
         det.agree_run = np.asarray(state["agree_run"], dtype=np.int32)
-        if "last_agree" in state:
-            det.last_agree = np.asarray(state["last_agree"], dtype=np.int64)
+        det.last_agree = np.asarray(state["last_agree"], dtype=np.int64)
         det.wide_episode, det.wide_clean = state["wide_episode"], state["wide_clean"]
         return det

@@ -566,20 +566,20 @@ class Triage(ActiveDiagnosis, Stragglers):
         tri.profiles = {n: NodeProfile.from_dict(p) for n, p in state["profiles"].items()}
         tri.guards = Guards.from_dict(state["guards"], config.safety)
         tri.spares_used = state["spares_used"]
-        tri.spares_reported = state.get("spares_reported")
+        tri.spares_reported = state["spares_reported"]
         tri.max_step = state["max_step"]
         tri.degraded = dict(state["degraded"])
-        tri.kept = dict(state.get("kept", {}))
-        tri.replacing = set(state.get("replacing", ()))
+        tri.kept = dict(state["kept"])
+        tri.replacing = set(state["replacing"])
         tri.finished = set(state["finished"])
-        tri.restarting = tuple(state["restarting"]) if state.get("restarting") else None
-        tri.life = state.get("life")
-        tri.run_ts = float("-inf") if state.get("run_ts") is None else state["run_ts"]
-        tri.loops = dict(state.get("loops", {}))
-        tri.shadow = Shadow.from_state(state.get("shadow", []), config.shadow_window_s)
-        tri.shadow_ops = state.get("shadow_ops")
-        tri.watch = state.get("watch")
-        tri.precedents = [kb.Entry.from_dict(e) for e in state.get("precedents", ())]
-        tri.acted = list(state.get("acted", ()))
+        tri.restarting = tuple(state["restarting"]) if state["restarting"] else None
+        tri.life = state["life"]
+        tri.run_ts = float("-inf") if state["run_ts"] is None else state["run_ts"]
+        tri.loops = dict(state["loops"])
+        tri.shadow = Shadow.from_state(state["shadow"], config.shadow_window_s)
+        tri.shadow_ops = state["shadow_ops"]
+        tri.watch = state["watch"]
+        tri.precedents = [kb.Entry.from_dict(e) for e in state["precedents"]]
+        tri.acted = list(state["acted"])
         return tri
 
