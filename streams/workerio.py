@@ -90,6 +90,7 @@ class WorkerIO:
                                      lambda: self.app.consumer.assignment(), faust_adapter.watch_changelog_sends)
         self.positioned: set[tuple[str, int]] = set()  # inputs sought back to their committed offsets (`started`)
         self.gated: set[tuple[str, int]] = set()  # inputs with messages left out before that seek
+        self.unknown_start: set[tuple[str, int]] = set()  # inputs the group has no committed offset for (`started`)
         self._sought: dict[tuple[str, int], tuple[int, float, int]] = {}  # ... -> (offset, monotonic time, seeks)
         self.past_hole: dict[tuple[str, int], int] = {}  # (topic, partition) -> first offset read past its hole
         self.assigned: set[int] = set()
@@ -107,16 +108,44 @@ class WorkerIO:
     def started(self, starts: Mapping[Any, int], assigned: Iterable[Any]) -> None:
         """Faust sought the `assigned` partitions back to their committed offsets (the adapter's seek back):
         reading starts at `starts` (the committed offset, or the first record the log keeps), or for a partition
-        not in it (never committed, reset policy `latest`) at its first message from here (`in_order`)."""
+        not in it (never committed, reset policy `latest`) where the saved states of its jobs say
+        (`resume_from_states`), else at its first message from here (`in_order`)."""
         for tp in assigned:
             where = (tp.topic, tp.partition)
             if tp.topic in self.inputs:
                 self.positioned.add(where)
                 if tp in starts and where not in self.next_offset:
                     self.next_offset[where] = starts[tp]
+                elif tp not in starts:
+                    self.unknown_start.add(where)
                 if where in self.gated and where in self.next_offset:  # see `in_order`: maybe never delivered again
                     self.holes.setdefault(where, self.next_offset[where])
         self.gated.clear()
+        self.resume_from_states()
+
+    def resume_from_states(self) -> None:
+        """An input the group has no committed offset for (its offsets expired, or were deleted; reset policy
+        `latest`) is read from the saved states of its jobs, not from the log's end: from the lowest offset one
+        of them has not processed there (what it read up to, and what it owes). It becomes a hole at that
+        offset, sought back to (`rewind`), and messages from the end wait for it. Reset policy `earliest`
+        reads such an input from the log's start: nothing to do."""
+        for where in sorted(self.unknown_start):
+            topic, partition = where
+            key = f"{topic}:{partition}"
+            points = [st.offsets[key] for st in self.runner.jobs.values()
+                      if st.partition == partition and key in st.offsets]
+            points += [min(st.owed[key])[0] for st in self.runner.jobs.values()
+                       if st.partition == partition and st.owed.get(key)]
+            if not points:
+                continue
+            self.unknown_start.discard(where)
+            point = min(points)
+            read = self.next_offset.get(where)
+            if read is None or read > point:
+                log.info("%s:%d has no committed offset: reading it from the saved states' own offsets, from %d",
+                         topic, partition, point)
+                self.next_offset[where] = point
+                self.holes[where] = min(self.holes.get(where, point), point)
 
     def in_order(self, events: list[Any]) -> list[Msg]:
         """The batch's messages, each partition's read in offset order with none missing; what comes after a hole
@@ -175,6 +204,7 @@ class WorkerIO:
             self.holes.pop(where, None)
             self._sought.pop(where, None)
             self.past_hole.pop(where, None)
+            self.unknown_start.discard(where)
         self.checkpoint.revoked(tps)
 
     def find_skipped(self) -> None:
@@ -482,6 +512,7 @@ class WorkerIO:
                     restored += 1
         if restored:
             log.info("restored %d jobs from table core-state", restored)
+            self.resume_from_states()
 
     def stats(self, router: NodeRouter, every_s: float) -> None:
         now = time.monotonic()
