@@ -161,15 +161,13 @@ class WorkerIO:
 
         Nothing of an input partition is handed on before Faust's seek back to the committed offsets (`started`):
         Faust resumes the partitions and its fetcher reads on while the seek asks the broker for each committed
-        offset (0.4 s for 40 partitions here), and of what that fetch delivers it drops a part. Taken as where
-        reading starts, the first message to come through would pass records a restored job owes (seen: a job
-        owing offset 312 handed records up to 10481 but never 312, about one restart in five; on a new group, a
-        job's first records skipped). The seek reads them again, from where `started` says; a partition it
-        does not know the start of (never committed, policy `latest`) starts at its first message from there.
-        Faust counts a message as read only once the agent took it, which can be after the seek: then it drops
-        the seek's copies up to that offset, and with nothing after them the partition would never be read
-        again (seen: a restarted worker idle for good). So a partition with messages left out starts as a hole
-        at its start, sought back to on the next tick unless the seek's copy arrives first.
+        offset, and of what that fetch delivers it drops a part, so the first message to come through is no
+        evidence of where reading starts (it can be past records a restored job owes). The seek reads them
+        again, from where `started` says. Faust counts a message as read only once the agent took it, which can
+        be after the seek: then it drops the seek's copies up to that offset. So a partition with messages left
+        out before the seek starts as a hole at its start, sought back to on the next tick unless the seek's copy
+        arrives first: the invariant is that every input partition is handed on from a known start, in offset
+        order, with no offset missing.
         """
         out, read, holes, inputs, positioned = [], self.next_offset, self.holes, self.inputs, self.positioned
         for e in events:
