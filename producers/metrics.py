@@ -54,13 +54,23 @@ processes apart; the `*_info` series carry who the process is, for joins):
   encodable, or given up by a full spool
 - `gangwatch_producer_spool_bytes` (gauge): backlog on local disk, waiting for Kafka
 - `gangwatch_producer_queue_depth{queue}` (gauge): records waiting in memory for the sending
-  thread (`steps` and `control` in a training process, `outbox` in the agent)
+  thread (`steps` and `control` in a training process, `outbox` in the agent; `relay` in the
+  agent: records of the training processes lingering in the relay or waiting in the outbox)
 - `gangwatch_trainer_info{job_id, rank, local_rank, node}` (gauge, 1): who the training process is
 - `gangwatch_trainer_last_step` (gauge): the last step the training loop finished
 - `gangwatch_agent_info{node}` (gauge, 1): the node the agent watches
 - `gangwatch_agent_polls_total{collector}`, `gangwatch_agent_poll_failures_total{collector}`
   (counters): polls of each collector (GPU samples, kernel log, flight-recorder dumps,
   collect_stacks actions), and those that raised
+- `gangwatch_trainer_relay_records_total{outcome}` (counter, a training process using its node's
+  relay): records the relay `accepted`, `refused` (full, or a bad frame) or `failed` to answer
+  for (gone, or no answer in time); the last two the client delivered itself
+- `gangwatch_trainer_relay_connected` (gauge, 0 or 1): connected to the node's relay now
+- `gangwatch_agent_relay_records_total{outcome}` (counter): records of the training processes the
+  agent's relay `accepted` or `refused` (full or closing: their clients sent them themselves);
+  `gangwatch_agent_relay_bad_frames_total`: frames refused as bad; `gangwatch_agent_relay_envelopes_total`:
+  envelopes it handed to the outbox (records / envelopes: the mean envelope size)
+- `gangwatch_agent_relay_clients` (gauge): training processes connected to the relay now
 
 (`job_id`, not `job`: Prometheus sets `job` itself, the scrape job's name.)
 """
@@ -200,6 +210,18 @@ LAST_STEP = Family("gangwatch_trainer_last_step", "gauge", "The last step the tr
 AGENT_INFO = Family("gangwatch_agent_info", "gauge", "The node this agent watches (always 1).", ("node",))
 POLLS = Family("gangwatch_agent_polls", "counter", "Polls of each collector of the agent.", ("collector",))
 POLL_FAILURES = Family("gangwatch_agent_poll_failures", "counter", "Collector polls that raised.", ("collector",))
+TRAINER_RELAY_RECORDS = Family("gangwatch_trainer_relay_records", "counter",
+                               "Records handed to the node's relay: accepted, refused (full or a bad frame) or "
+                               "failed (gone or no answer); refused and failed ones were sent directly.",
+                               ("outcome",))
+TRAINER_RELAY_CONNECTED = Family("gangwatch_trainer_relay_connected", "gauge",
+                                 "1 while connected to the node's relay, else 0.")
+RELAY_RECORDS = Family("gangwatch_agent_relay_records", "counter",
+                       "Records of the training processes the relay accepted, or refused (full or closing).",
+                       ("outcome",))
+RELAY_BAD_FRAMES = Family("gangwatch_agent_relay_bad_frames", "counter", "Frames the relay refused as bad.")
+RELAY_ENVELOPES = Family("gangwatch_agent_relay_envelopes", "counter", "Envelopes the relay handed to the outbox.")
+RELAY_CLIENTS = Family("gangwatch_agent_relay_clients", "gauge", "Training processes connected to the relay now.")
 
 
 def delivery_samples(deliveries: Iterable[Delivery]) -> Iterator[Sample]:
@@ -231,6 +253,11 @@ def trainer_samples(client: TrainerClient) -> Iterator[Sample]:
         yield QUEUE_DEPTH, (queue,), n
     yield DROPPED, (), client.dropped
     yield from delivery_samples([client.delivery])
+    link = client.relay
+    if link is not None:
+        for outcome, n in (("accepted", link.accepted), ("refused", link.refused), ("failed", link.failed)):
+            yield TRAINER_RELAY_RECORDS, (outcome,), n
+        yield TRAINER_RELAY_CONNECTED, (), int(link.connected)
 
 
 def agent_samples(agent: Agent) -> Iterator[Sample]:
@@ -244,6 +271,14 @@ def agent_samples(agent: Agent) -> Iterator[Sample]:
     yield QUEUE_DEPTH, ("outbox",), box.queue_depth
     yield DROPPED, (), box.dropped
     yield from delivery_samples(box.deliveries())
+    relay = agent.relay
+    if relay is not None:
+        yield QUEUE_DEPTH, ("relay",), relay.queue_depth
+        yield RELAY_RECORDS, ("accepted",), relay.records
+        yield RELAY_RECORDS, ("refused",), relay.refused
+        yield RELAY_BAD_FRAMES, (), relay.bad_frames
+        yield RELAY_ENVELOPES, (), relay.envelopes
+        yield RELAY_CLIENTS, (), relay.clients
 
 
 class ProducerCollector:

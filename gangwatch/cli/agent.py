@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 from pathlib import Path
 
-from gangwatch.cli.options import at_least_zero, integer, number, opt, port
+from gangwatch.cli.options import at_least_zero, integer, number, opt, port, positive
 from gangwatch.cli.services import check_kafka_credentials, kafka_security
 
 DESCRIPTION = """\
@@ -26,7 +27,12 @@ and sends them to Kafka: gpu and hw on <prefix>node-events keyed by node; stack 
 on <prefix>traces keyed by job; it reads actions from <prefix>actions. It starts without a
 broker: records spool to --spool-dir (bounded) and are sent, in order, once Kafka answers.
 Prometheus can scrape it on --metrics-port (polls per collector, queue, losses, records by
-kind, spool bytes). Stop with Ctrl-C or TERM: what is queued is sent (or spooled) first."""
+kind, spool bytes). Stop with Ctrl-C or TERM: what is queued is sent (or spooled) first.
+
+It is also the relay of this node's training processes (--relay): their trainer clients hand
+it their steps, heartbeats and events on a Unix socket, and it sends them packed per job into
+large envelopes (--relay-max-records, --relay-linger-s) on <prefix>telemetry and <prefix>jobs.
+A client that finds no relay, or a full one, sends to Kafka itself."""
 
 EPILOG = """\
 privileges: NVML needs none. /dev/kmsg needs root or CAP_SYSLOG where kernel.dmesg_restrict=1
@@ -45,11 +51,15 @@ def cmd_agent(args: argparse.Namespace) -> int:
     logging.getLogger("gangwatch").setLevel(level)
     # kafka-python logs every retry while the broker or a topic is missing; the outbox says it once
     logging.getLogger("kafka").setLevel(level if level == logging.DEBUG else logging.CRITICAL)
+    from gangwatch.producers.trainer.relay import relay_path
+
     given = {"node": args.node, "bootstrap": args.bootstrap, "topic_prefix": args.prefix, "kmsg": args.kmsg,
              "gpu_every_s": args.gpu_every, "flight_dir": args.flight_dir, "spool_dir": args.spool_dir,
              "from_start": args.from_start, "py_spy": args.py_spy, "metrics_port": args.metrics_port,
-             "heartbeat_s": args.heartbeat_s}
+             "heartbeat_s": args.heartbeat_s, "relay_max_records": args.relay_max_records,
+             "relay_linger_s": args.relay_linger_s}
     settings = AgentSettings(**{k: v for k, v in given.items() if v is not None})  # the rest: its defaults
+    settings = dataclasses.replace(settings, relay=relay_path(args.relay, settings.node))
     # wrong credentials are one line; a broker not up yet is no reason to stop (the agent spools until it is)
     check_kafka_credentials(settings.bootstrap, kafka_security(), timeout_s=5.0)
     agent = Agent(settings)
@@ -60,6 +70,13 @@ def cmd_agent(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: agent.stop())
     agent.run()
     return 0
+
+
+def envelope_size(raw: str) -> int:
+    value = positive(integer)(raw)
+    if value > 1000:
+        raise ValueError("at most 1000 (records in one batch message)")
+    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -87,6 +104,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     opt(a, "--metrics-port", type=port(integer), default=9465,
         help="serve Prometheus metrics on this port (/metrics); taken by another process (a second agent on the "
         "host): a free port, named in the log; 0: none")
+    opt(a, "--relay", metavar="PATH", env="GANGWATCH_RELAY",
+        shown_default="<temp dir>/gangwatch-agent/<node>.sock",
+        help="the Unix socket the trainer clients of this node hand their records to (they look at the same "
+        "default path, or at GANGWATCH_RELAY); off: no relay")
+    opt(a, "--relay-max-records", type=envelope_size, default=512,
+        help="records per envelope the relay sends at most (1-1000)")
+    opt(a, "--relay-linger-s", type=at_least_zero(number), default=0.25,
+        help="seconds an envelope of the relay waits for more records; framework and lifecycle records go at once")
     opt(a, "--from-start", type=bool, default=False,
         help="read the kernel log from its start and publish the flight dumps already in --flight-dir "
         "(default: only what appears from now on)")

@@ -31,6 +31,13 @@ period); `outbox` sends everything with the trainer client's delivery (bounded
 queue, one sending thread, a spool on disk while the broker is away, resent in
 order).
 
+With `relay` set (`gangwatch agent` sets it to `<temp dir>/gangwatch-agent/<node>.sock`
+unless `--relay off`), `run()` also listens there for the records of this node's
+training processes and packs them into large envelopes for the outbox (`relay`:
+up to `relay_max_records` records or `relay_linger_s`). A relay that cannot
+listen is left out with one line in the log; the training processes then send
+to Kafka themselves.
+
 With `metrics_port` set, `run()` serves Prometheus metrics on it (`gangwatch agent`
 does on 9465 unless `--metrics-port 0`): polls and failures per collector, the
 outbox's queue, losses, records by kind and the delivery's counts
@@ -68,6 +75,7 @@ from gangwatch.producers.agent.gpu import GpuSampler, open_nvml
 from gangwatch.producers.agent.kernel import KernelLog, open_source
 from gangwatch.producers.agent.outbox import Outbox
 from gangwatch.producers.agent.procs import PROC, RankProcess, RankTable, rank_processes
+from gangwatch.producers.agent.relay import Relay
 from gangwatch.producers.agent.stacks import ActionListener, StackSweeper
 from gangwatch.producers.nvml import Nvml, RealNvml, gpu_indices
 from gangwatch.producers.trainer.delivery import KafkaSend, Send
@@ -107,6 +115,9 @@ class AgentSettings:
     py_spy: str = field(default_factory=default_py_spy)
     metrics_port: int = 0  # serve Prometheus metrics on this port while `run()` runs; 0: no endpoint
     heartbeat_s: float = 5.0  # period of the frozen-rank check (at most the jobs' heartbeat period); 0: none
+    relay: Path | None = None  # the relay's Unix socket while `run()` runs; None: no relay
+    relay_max_records: int = 512  # records per envelope at most (1 to 1000)
+    relay_linger_s: float = 0.25  # how long an envelope waits for more records
 
 
 class Collector(Protocol):
@@ -132,6 +143,7 @@ class Agent:
         self.spool_dir = settings.spool_dir or default_spool_dir(settings.node)
         self.outbox = Outbox(send or KafkaSend(settings.bootstrap), self.spool_dir,
                              topic_prefix=settings.topic_prefix, clock=clock)
+        self.relay: Relay | None = None  # listening while `run()` runs, when `settings.relay` names a socket
         self._stop = threading.Event()
         # per collector, for the metrics endpoint: each count is written by that collector's thread only
         self.polls: dict[str, int] = {}
@@ -171,6 +183,7 @@ class Agent:
         if self.settings.metrics_port:
             metrics.COLLECTOR.watch(self, metrics.agent_samples)
             metrics.start(self.settings.metrics_port, f"agent of node {self.settings.node}")
+        self._start_relay()
         threads = [threading.Thread(target=self._keep_polling, args=(c,), name=f"gangwatch-agent {c.name}",
                                     daemon=True) for c in everyone]
         for t in threads:
@@ -179,6 +192,8 @@ class Agent:
                  ", ".join(c.name for c in everyone), self.settings.bootstrap, self.spool_dir)
         self._stop.wait()
         log.info("stopping: sending what is left")
+        if self.relay is not None:  # first: what it holds goes to the outbox, its clients to Kafka directly
+            self.relay.close(close_timeout_s / 4)
         deadline = time.monotonic() + close_timeout_s / 2
         for c, t in zip(everyone, threads, strict=True):
             t.join(max(0.0, deadline - time.monotonic()))
@@ -203,6 +218,19 @@ class Agent:
         """Ask `run()` to finish (safe from a signal handler or another thread)."""
         self._stop.set()
 
+    def _start_relay(self) -> None:
+        s = self.settings
+        if s.relay is None:
+            return
+        relay = Relay(s.relay, self.outbox, max_records=s.relay_max_records, linger_s=s.relay_linger_s)
+        try:
+            relay.start()
+        except OSError as e:
+            log.warning("no relay at %s (%s): the training processes of this node send to Kafka themselves",
+                        s.relay, e)
+            return
+        self.relay = relay
+
     def _keep_polling(self, c: Collector) -> None:
         failing: str | None = None  # the failure last logged, so a lasting one is logged once
         while not self._stop.is_set():
@@ -224,3 +252,7 @@ class Agent:
         box = self.outbox
         log.info("agent stopped: %d messages sent, %d records lost%s", box.sent, box.dropped,
                  f"; a backlog stays in {box.spool_dir} for the next start" if box.backlog else "")
+        if self.relay is not None:
+            r = self.relay
+            log.info("relay: %d records of the training processes in %d envelopes; %d refused (full or closing), "
+                     "%d bad frames", r.records, r.envelopes, r.refused, r.bad_frames)

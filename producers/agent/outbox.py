@@ -20,6 +20,11 @@ Where records go (the worker's expectations, docs/contract.md):
 | heartbeat    | `<prefix>telemetry`    | job  |
 | stack, flight| `<prefix>traces`       | job  |
 
+The node's relay (relay.py) hands over envelopes it packed from the training
+processes' records (`put_envelope`): each is sent as one message to the topic
+and key it names, after the collectors' records of the same cycle, and the
+relay is told once it was sent, spooled or given up (counted).
+
 A `Delivery` sends under one key, so there is one per key, each with its own
 spool directory under `spool_dir` (named after the key, with a file `key`
 holding it): a restarted agent finds its predecessor's backlog there and sends
@@ -73,6 +78,7 @@ class Outbox:
         self._clock, self._timer = clock, timer
         self._lock = threading.Lock()
         self._queue: deque[Record] = deque()
+        self._envelopes: deque[tuple[str, str, list[Record], Callable[[], None]]] = deque()  # the relay's
         self._lost = 0  # records dropped here: invalid, or pushed out of the full queue
         self.sent = 0  # messages the broker acknowledged
         self._deliveries: dict[str, Delivery] = {}
@@ -102,6 +108,12 @@ class Outbox:
             queued = True
         if queued:
             self._wake.set()
+
+    def put_envelope(self, topic: str, key: str, records: list[Record], done: Callable[[], None]) -> None:
+        """Queue records already checked and packed for one message (the relay's); `done()` is called on the
+        sending thread once they were sent, spooled or given up (and counted), whatever happened."""
+        self._envelopes.append((topic, key, records, done))
+        self._wake.set()
 
     @property
     def dropped(self) -> int:
@@ -163,6 +175,17 @@ class Outbox:
             ts = self._clock()
             for key, by_topic in groups.items():
                 self._delivery(key).deliver(by_topic.items(), ts=ts, deadline=self._deadline)
+            while self._envelopes:  # popleft is atomic: envelopes the relay adds meanwhile are never lost
+                topic, key, envelope, done = self._envelopes.popleft()
+                groups.setdefault(key, {})  # its delivery sends its backlog first: not again below
+                try:
+                    self._delivery(key).deliver([(topic, envelope)], ts=ts, deadline=self._deadline)
+                except Exception:
+                    with self._lock:
+                        self._lost += len(envelope)
+                    log.exception("%d records of the relay lost: sending them failed", len(envelope))
+                finally:
+                    done()
             for key, delivery in self._deliveries.items():
                 if key not in groups and delivery.spool:
                     delivery.deliver((), ts=ts, deadline=self._deadline)  # nothing new: only the backlog

@@ -12,6 +12,17 @@ thread waits for the network, the disk or the GPU:
   completed), and hands everything to `Delivery` (delivery.py): one `batch`
   message per topic, or the spool while the broker is away.
 
+The node's relay: when the node agent's relay answers (relay.py; `relay=` or
+`GANGWATCH_RELAY`, else the node's default socket), the sending thread hands
+its records to the relay instead, which packs the records of every rank of the
+node into large envelopes. While connected, the sending thread also wakes for
+every step and the heartbeats fall on multiples of `heartbeat_s` on the wall
+clock, so the ranks' steps, and their heartbeats, reach the relay together and
+share envelopes. What the relay does not take (absent, gone, full, no answer),
+and everything while this client's own spool holds a backlog (so a rank's
+records stay in order), goes to `Delivery` as above; the relay is tried again
+every few seconds.
+
 The training thread only appends to two in-memory queues. The step queue is
 bounded (`queue_max`): when the sending thread cannot keep up, the *oldest*
 step is dropped and counted. The control queue (heartbeats, framework events,
@@ -82,6 +93,7 @@ from gangwatch.producers.trainer.delivery import Delivery, KafkaSend, Send
 from gangwatch.producers.trainer.launch import JOBS, TELEMETRY, Launch
 from gangwatch.producers.trainer.loop import StepContext
 from gangwatch.producers.trainer.optimizer import watch_optimizer
+from gangwatch.producers.trainer.relay import RELAY_ENV, RelayLink, relay_path
 from gangwatch.producers.trainer.sections import CpuSection, CudaPair, CudaSection, EventPool, resolve
 from gangwatch.producers.trainer.spool import Spool
 from gangwatch.producers.trainer.topology import job_record
@@ -102,8 +114,10 @@ class TrainerClient:
     `node` override what the launcher's environment says (launch.py).
     Delivery: `bootstrap` (default `GANGWATCH_BOOTSTRAP`) or a `send` function;
     `spool_dir` (default `<tmp>/gangwatch-spool/<job>/rank<rank>`) and its bound
-    `spool_bytes`. `cuda=True` times sections with CUDA events. `metrics_port` (default
-    `GANGWATCH_METRICS_PORT`, 0 = off) serves Prometheus metrics on that port + local rank.
+    `spool_bytes`; `relay`: the node relay's socket, or "off" (default `GANGWATCH_RELAY`, else the
+    node's default path; with `send=` given, no relay unless `relay` names one). `cuda=True` times
+    sections with CUDA events. `metrics_port` (default `GANGWATCH_METRICS_PORT`, 0 = off) serves
+    Prometheus metrics on that port + local rank.
     Hooks: `exit_hooks` (atexit, sys.excepthook) and `signal_hooks` (SIGTERM, SIGINT; default: as
     `exit_hooks`), which send a `stop` within `signal_flush_s` and then pass the signal on.
     """
@@ -111,7 +125,8 @@ class TrainerClient:
     def __init__(self, *, tp: int = 1, pp: int = 1, order: str = "tp-dp-pp", nodes: Sequence[str] | None = None,
                  gpus: bool = True, job: str | None = None, rank: int | None = None, world_size: int | None = None,
                  local_rank: int | None = None, local_world_size: int | None = None, node: str | None = None,
-                 bootstrap: str | None = None, send: Send | None = None, topic_prefix: str | None = None,
+                 bootstrap: str | None = None, send: Send | None = None, relay: str | Path | None = None,
+                 topic_prefix: str | None = None,
                  heartbeat_s: float = 5.0, flush_s: float = 1.0, queue_max: int = 10_000, batch_max: int = 1000,
                  spool_dir: str | Path | None = None, spool_bytes: int = 64 << 20, cuda: bool = False,
                  announce: bool = True, background: bool = True, exit_hooks: bool = True,
@@ -121,10 +136,16 @@ class TrainerClient:
         self.launch = Launch.from_env(job=job, rank=rank, world_size=world_size, local_rank=local_rank,
                                       local_world_size=local_world_size, node=node, bootstrap=bootstrap,
                                       topic_prefix=topic_prefix)
+        if relay is None and send is not None:
+            relay = "off"  # the caller's `send` (a test's) is where records go
         if send is None:
             if not self.launch.bootstrap:
                 raise ValueError("no Kafka address: set GANGWATCH_BOOTSTRAP or pass bootstrap= (or send=)")
             send = KafkaSend(self.launch.bootstrap)
+        path = relay_path(os.environ.get(RELAY_ENV) if relay is None else relay, self.launch.node)
+        self.relay = RelayLink(path, timer=timer) if path is not None else None
+        if self.relay is not None:
+            self.relay.connect()  # now, so the heartbeats align from the first (`_until_heartbeat`)
         self._clock, self._timer = clock, timer
         self.heartbeat_s, self._flush_s, self._queue_max = heartbeat_s, flush_s, queue_max
         spool = Spool(Path(spool_dir) if spool_dir else default_spool_dir(self.launch), spool_bytes)
@@ -234,6 +255,8 @@ class TrainerClient:
                 self._steps.popleft()
                 self._dropped += 1
             self._steps.append(item)
+        if self.relay is not None and self.relay.connected:
+            self._wake.set()  # the ranks' steps reach the relay together
 
     def event(self, type: str, message: str | None = None, **fields: Any) -> None:
         """A `framework` record (nccl_timeout, exception, oom, ...; `op`, `seq`, `pg`, `peer`), sent at once.
@@ -326,8 +349,16 @@ class TrainerClient:
         self._final_cycle()
 
     def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(self.heartbeat_s):
+        while not self._stop.wait(self._until_heartbeat()):
             self.heartbeat()
+
+    def _until_heartbeat(self) -> float:
+        """Seconds to the next heartbeat: a period; while the node's relay is in use, to the next multiple of the
+        period on the wall clock instead (never more than a period), so the ranks of the node beat together and
+        the relay packs their heartbeats into one envelope instead of one each."""
+        if self.relay is not None and self.relay.connected:
+            return self.heartbeat_s - self._clock() % self.heartbeat_s
+        return self.heartbeat_s
 
     def _cycle(self, final: bool = False) -> None:
         """Collect what the training thread queued and deliver it; never raises."""
@@ -335,14 +366,19 @@ class TrainerClient:
             recs = self._collect(wait_gpu=final)
             jobs = [r for r in recs if r.kind == "job"]
             telemetry = sorted((r for r in recs if r.kind != "job"), key=lambda r: r.ts)
-            self.delivery.deliver([(self.launch.topic(JOBS), jobs), (self.launch.topic(TELEMETRY), telemetry)],
-                                  ts=self._clock(), deadline=self._close_deadline if final else None)
+            by_topic = [(self.launch.topic(JOBS), jobs), (self.launch.topic(TELEMETRY), telemetry)]
+            ts, deadline = self._clock(), self._close_deadline if final else None
+            if (self.relay is None or self.delivery.spool  # an own backlog first: the rank's records in order
+                    or not self.relay.hand_over([(t, r) for t, r in by_topic if r], ts, deadline)):
+                self.delivery.deliver(by_topic, ts=ts, deadline=deadline)
         except Exception:
             log.exception("gangwatch: a flush failed; training goes on")
 
     def _final_cycle(self) -> None:
         self._cycle(final=True)
         try:
+            if self.relay is not None:
+                self.relay.close()
             send_close = getattr(self.delivery.send, "close", None)
             if send_close is not None:
                 send_close()

@@ -6,6 +6,8 @@
   a real sleeping Python process of that job, and publish its `stack` record on traces,
   keyed by the job, with the action's id as the snapshot.
 - Started where no broker answers, it spools; the next agent with the same spool sends it.
+- Eight ranks of its node stepping together hand their records to its relay: the envelopes on
+  telemetry hold the records of all of them, and every record arrives.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from gangwatch.producers.trainer import TrainerClient
 from gangwatch.schemas import Action, DecodeError, decode, encode
 
 from tests.helpers import data_path
@@ -127,3 +132,53 @@ def test_without_a_broker_the_agent_spools_and_the_next_one_sends_the_backlog(ka
     codes = [r.code for _, r in records(kafka_bootstrap, topics.node_events)]
     assert codes == [13] * 16 + [43]
     assert not list(spool.glob("*/*.spool"))
+
+
+def test_the_ranks_of_a_node_share_envelopes_through_the_agents_relay(kafka_bootstrap, topics, tmp_path, agents,
+                                                                     unique):
+    relay = tmp_path / "relay.sock"
+    agent = agents(agent_args(kafka_bootstrap, topics.prefix, tmp_path / "kern.log", tmp_path / "spool", "--relay",
+                              str(relay), "--relay-linger-s", "0.5", "--metrics-port", "0"))
+    wait_for(lambda: log_has(agent, "relay for the training processes at"), 30, "the relay to listen", proc=agent)
+    job, ranks, steps = f"job-{unique}", 8, 8
+    clients = [TrainerClient(job=job, rank=r, world_size=ranks, local_rank=r, node="n042", nodes=["n042"] * ranks,
+                             bootstrap=kafka_bootstrap, relay=relay, topic_prefix=topics.prefix,
+                             spool_dir=tmp_path / f"rank{r}", exit_hooks=False) for r in range(ranks)]
+    wait_for(lambda: all(c.relay.connected for c in clients), 10, "every client to reach the relay")
+    collective = threading.Barrier(ranks)
+
+    def train(c: TrainerClient) -> None:
+        for k in range(steps):
+            collective.wait(30)  # the ranks step together, as their collectives make them
+            c.step(k, loss=1.0 / (k + 1))
+            time.sleep(1.0)  # a step a second
+
+    threads = [threading.Thread(target=train, args=(c,)) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for c in clients:
+        c.close(timeout_s=10)
+
+    def telemetry() -> list[tuple[bytes, list]]:
+        msgs = read_all(kafka_bootstrap, [topics.telemetry])[topics.telemetry]
+        return [(k, decode(v)) for k, v in msgs]
+
+    def arrived() -> bool:
+        kinds = [r.kind for _, rs in telemetry() for r in rs]
+        return kinds.count("step") == ranks * steps and kinds.count("framework") == ranks  # the exits
+
+    wait_for(arrived, 30, "every step and exit on telemetry", proc=agent)
+    envelopes = telemetry()
+    assert {k for k, _ in envelopes} == {job.encode()}
+    assert not [r for _, rs in envelopes for r in rs if isinstance(r, DecodeError)]
+    with_steps = [rs for _, rs in envelopes if any(r.kind == "step" for r in rs)]
+    assert sum(map(len, with_steps)) / len(with_steps) >= ranks, [len(rs) for rs in with_steps]
+    for rank in range(ranks):
+        assert [r.step for _, rs in envelopes for r in rs if r.kind == "step" and r.rank == rank] == list(range(steps))
+    assert sum(r.kind == "heartbeat" for _, rs in envelopes for r in rs) >= ranks
+    assert all(c.relay.refused == c.relay.failed == 0 and c.delivery.sent_messages == 0 for c in clients)
+    [(_, job_rec)] = records(kafka_bootstrap, topics.jobs)
+    assert len(job_rec.ranks) == ranks
+    assert agent.stop() == 0
