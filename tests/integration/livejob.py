@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -125,6 +127,10 @@ class LiveJob:
         self.job_nodes, self.spare_nodes, self.nproc, self.fault_env = nodes, spares, nproc, fault_env or {}
         self.controller_extra = controller_extra
         self.webhook, self.worker_extra = webhook, worker_extra
+        # every process of this job (the agents, the controller and the ranks it starts) gets a temp dir of its own:
+        # the agents' relay sockets (`<temp dir>/gangwatch-agent/<node>.sock`) are then this job's alone, though
+        # jobs running beside it name their nodes alike (short: a socket's path has at most 107 bytes)
+        self.tmp = Path(tempfile.mkdtemp(prefix="gwlive"))
         self.host, self.port = clickhouse
         self.store = ClickHouseStore(self.host, self.port, database=job)  # creates the database
         self.store.create_tables()  # the worker creates them too; here they exist before the first query
@@ -208,6 +214,7 @@ class LiveJob:
                 self.topics.prefix, *args]
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        env = {"TMPDIR": str(self.tmp), **(env or {})}
         self.procs[name] = WorkerProc(args, self.workdir / f"{name}.log", env=env)
 
     def wait(self, cond: Callable[[], bool], timeout: float, what: str, *, until_exit: str | None = None) -> None:
@@ -261,6 +268,7 @@ class LiveJob:
             if name != "controller":
                 p.stop()
         self.store.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self) -> LiveJob:
         return self
