@@ -529,17 +529,17 @@ class FailStopDetector(DetectorBase):
         det.status = np.asarray(state["status"], dtype=np.int8)
         det.last_seen = np.asarray(state["last_seen"], dtype=np.float64)
         det.start_checked = state["start_checked"]
-        det.peer_lost_ts = -math.inf if state.get("peer_lost_ts") is None else state["peer_lost_ts"]
-        det.lost_peer[state.get("lost_peer", [])] = True
-        for r, ts in state.get("crashed", {}).items():
+        det.peer_lost_ts = -math.inf if state["peer_lost_ts"] is None else state["peer_lost_ts"]
+        det.lost_peer[state["lost_peer"]] = True
+        for r, ts in state["crashed"].items():
             det.crash_ts[int(r)] = ts
-        for r, ts in state.get("clean", {}).items():
+        for r, ts in state["clean"].items():
             det.clean_ts[int(r)] = ts
         pending = det.clean_ts[~np.isnan(det.clean_ts)]
         det.exit_check = float(pending.min()) + det.config.end_window_s if len(pending) else math.inf
-        det.stepped = state.get("stepped", True)  # a state saved before this existed: past start-up
-        det.reported = {int(r): (v[0], v[1]) for r, v in state.get("reported", {}).items()}
-        for r, s in state.get("late_s", {}).items():
+        det.stepped = state["stepped"]
+        det.reported = {int(r): (v[0], v[1]) for r, v in state["reported"].items()}
+        for r, s in state["late_s"].items():
             det.late_s[int(r)] = s
         det.next_tick = math.inf if state["next_tick"] is None else state["next_tick"]
         return det
@@ -560,8 +560,8 @@ class FailStopDetector(DetectorBase):
             cols = run.steps() if "step" in run.by_kind else None
             topo = self.topo
             self.stepped = (cols is not None and bool(((cols.rank < topo.size) & (cols.ts >= topo.ts)).any())) \
-                or any(run.recs[i].step is not None and run.recs[i].ts >= topo.ts
-                       for i in run.by_kind.get("heartbeat", ()))
+                or any(step is not None and t >= topo.ts
+                       for step, t in zip(run.lists("heartbeat", "step"), run.lists("heartbeat", "ts"), strict=True))
         status = self.status[rank]
         if (status == SILENT).any():  # a late record may withdraw a report of silence: record by record
             return observe_each(self, run)

@@ -17,6 +17,7 @@ base of the detectors that score closed steps (fail-slow, slowdown, SDC).
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -144,22 +145,28 @@ class RecordRun:
 
     The run path of the detectors (`observe_run`) reads it: each detector gets the records of
     its kinds at once, and the step scorers share one `StepColumns` of the run's step records.
-    The run may hold `StepRows` (a batch of steps as the decoder's columns): their steps take one
-    position each like any record, and `record(i)` builds a step's record only when it is read.
+    The run may hold `StepRows` (a batch of steps, and maybe heartbeats, as the decoder's columns): their items
+    take one position each like any record, `record(i)` builds an item's record only when it is read, and
+    `lists` reads a field of the run's steps or heartbeats from the columns as they are.
     """
 
     def __init__(self, recs: Sequence[Record | StepRows]) -> None:
         self.pieces = recs
-        self.recs: list[Record | None] = []  # the record at each position (None: a step of a StepRows, unbuilt)
+        self.recs: list[Record | None] = []  # the record at each position (None: an item of a StepRows, unbuilt)
         self.by_kind: dict[str, list[int]] = {}
-        self._rows: list[tuple[int, StepRows]] = []  # (position of its first step, StepRows)
+        self._rows: list[tuple[int, StepRows]] = []  # (position of its first item, StepRows)
         out, by_kind = self.recs, self.by_kind
         for r in recs:
             if type(r) is StepRows:
                 start = len(out)
                 self._rows.append((start, r))
                 out += [None] * len(r)
-                by_kind.setdefault("step", []).extend(range(start, len(out)))
+                if r.beats is None:
+                    by_kind.setdefault("step", []).extend(range(start, len(out)))
+                    continue
+                for kind, at in (("step", r.steps_at), ("heartbeat", r.beats_at)):
+                    if at:
+                        by_kind.setdefault(kind, []).extend(map(start.__add__, at))
                 continue
             pos = by_kind.get(r.kind)
             if pos is None:
@@ -173,11 +180,13 @@ class RecordRun:
         return len(self.recs)
 
     def record(self, i: int) -> Record:
-        """The record at position `i`."""
+        """The record at position `i` (of a `StepRows`, every record of it is built at once: a reader of one
+        record of a run, a detector's record-by-record fallback, usually reads its neighbours too)."""
         rec = self.recs[i]
         if rec is None:
             start, rows = self._rows[bisect.bisect_right(self._rows, i, key=itemgetter(0)) - 1]
-            rec = self.recs[i] = rows.record(i - start)
+            self.recs[start:start + len(rows)] = rows.records()
+            rec = self.recs[i]
         return rec
 
     def positions(self, kinds: frozenset[str] | set[str]) -> list[int]:
@@ -193,20 +202,30 @@ class RecordRun:
             if not self._rows:
                 recs = self.recs
                 self._steps = StepColumns([recs[i] for i in self.by_kind.get("step", ())])
-            else:
-                self._steps = StepColumns.from_lists(self._step_lists)
+            else:  # (of the pieces, not of the run: the run holding its columns holding it would be a cycle)
+                self._steps = StepColumns.from_lists(functools.partial(_lists_of, self.pieces, "step"))
         return self._steps
 
-    def _step_lists(self, name: str) -> list[Any]:
-        """Attribute `name` of every step of the run, in order: the decoder's columns as they are, and the
-        attribute of each step record between them."""
-        out: list[Any] = []
-        for r in self.pieces:
-            if type(r) is StepRows:
+    def lists(self, kind: str, name: str) -> list[Any]:
+        """Attribute `name` of every record of `kind` in the run, in order: the decoder's columns as they are
+        (steps and heartbeats), and the attribute of each record between them."""
+        if not self._rows:
+            return list(map(attrgetter(name), map(self.recs.__getitem__, self.by_kind.get(kind, ()))))
+        return _lists_of(self.pieces, kind, name)
+
+
+def _lists_of(pieces: Sequence[Record | StepRows], kind: str, name: str) -> list[Any]:
+    """`RecordRun.lists` of a run of these pieces."""
+    out: list[Any] = []
+    for r in pieces:
+        if type(r) is StepRows:
+            if kind == "step":
                 out += r.cols[name]
-            elif r.kind == "step":
-                out.append(getattr(r, name))
-        return out
+            elif kind == "heartbeat" and r.beats is not None:
+                out += r.beats[name]
+        elif r.kind == kind:
+            out.append(getattr(r, name))
+    return out
 
 
 def ranks_and_times(run: RecordRun, kinds: frozenset[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -221,9 +240,8 @@ def ranks_and_times(run: RecordRun, kinds: frozenset[str]) -> tuple[np.ndarray, 
             cols = run.steps()
             parts.append((pos, cols.rank, cols.ts))
         else:
-            mine = list(map(run.recs.__getitem__, pos))
-            parts.append((pos, np.fromiter(map(attrgetter("rank"), mine), dtype=np.int64, count=len(mine)),
-                          np.fromiter(map(attrgetter("ts"), mine), dtype=np.float64, count=len(mine))))
+            parts.append((pos, np.array(run.lists(kind, "rank"), dtype=np.int64),
+                          np.array(run.lists(kind, "ts"), dtype=np.float64)))
     if len(parts) == 1:
         return parts[0][1], parts[0][2]
     order = np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")
@@ -512,8 +530,8 @@ class StepBuffer:
     def load(self, st: dict[str, Any]) -> None:
         """Restore `state()` into this (empty) buffer of the same size and fields."""
         self.closed_upto, self.epoch, self.dropped = st["closed_upto"], st["epoch"], st["dropped"]
-        self.lag_upto = st.get("lag_upto", st["closed_upto"])  # saved before the reorder window: due = closed
-        self.closed_ts = -math.inf if st.get("closed_ts") is None else float(st["closed_ts"])
+        self.lag_upto = st["lag_upto"]
+        self.closed_ts = -math.inf if st["closed_ts"] is None else float(st["closed_ts"])
         self.votes = {int(k): int(v) for k, v in st["votes"]}
         for d in st["open"]:
             sl = _Slot(int(d["step"]), float(d["first_ts"]), self.size, self.fields)

@@ -15,6 +15,7 @@ built in `schemas.columns`, from the same per-field fast checks (`fast_test`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -380,13 +381,22 @@ def _int64(text: str) -> int | float:
         return math.inf if value > 0 else -math.inf
 
 
-def decode(data: bytes | str, max_bytes: int | None = None, *,
-           columns: bool = False) -> list[Record | DecodeError | StepRows]:
+@functools.cache
+def _column_builder(heartbeats: bool) -> Callable[[list], StepRows | None]:
+    """What `decode(columns=True)` offers a batch's items to (imported on first use: columns imports this module)."""
+    from gangwatch.schemas.columns import compile_mixed_rows, compile_step_rows
+
+    return compile_mixed_rows() if heartbeats else compile_step_rows()
+
+
+def decode(data: bytes | str, max_bytes: int | None = None, *, columns: bool = False,
+           heartbeats: bool = False) -> list[Record | DecodeError | StepRows]:
     """Decode one message into records; errors come back as `DecodeError` values, in place.
 
     A message longer than `max_bytes` (default `MAX_MESSAGE_BYTES`, from `GANGWATCH_MAX_MESSAGE_BYTES`) is one
     error, `message larger than N bytes`, checked before any parsing. With `columns`, a batch of steps of
-    one job that are valid as they stand comes back as one `StepRows` (the same records, as columns).
+    one job that are valid as they stand comes back as one `StepRows` (the same records, as columns); with
+    `heartbeats` too, a batch of such steps and heartbeats of one job, in their order.
     """
     limit = MAX_MESSAGE_BYTES if max_bytes is None else max_bytes
     if len(data) > limit:
@@ -415,9 +425,7 @@ def decode(data: bytes | str, max_bytes: int | None = None, *,
     if len(items) > MAX_BATCH_ITEMS:
         return [DecodeError(f"batch larger than {MAX_BATCH_ITEMS} items", "items", "batch", raw=_raw_text(data))]
     if columns:
-        from gangwatch.schemas.columns import compile_step_rows  # here, not above: columns imports this module
-
-        rows = compile_step_rows()(items)
+        rows = _column_builder(heartbeats)(items)
         if rows is not None:
             return [rows]
     out: list[Record | DecodeError | StepRows] = []

@@ -60,15 +60,17 @@ class JobState:
     first: dict[str, int] = field(default_factory=dict)
     partition: int = -1  # the job's partition number (the same on every job-keyed topic)
     arrived: float | None = None  # wall clock of the newest batch processed
-    held: list[_Item] = field(default_factory=list)  # a heap by (ts, seq)
-    pending: list[_Item] = field(default_factory=list)  # no job record yet
+    held: list[_Item] = field(default_factory=list)  # in the order records go to the core (see `runner._Item`)
+    pending: list[_Item] = field(default_factory=list)  # no job record yet; in order too
     pending_since: float | None = None
 
     def unprocessed(self) -> dict[str, set[tuple[int, int]]]:
         """Positions of the records read (now or by an earlier worker) that the core has not processed."""
         out = {where: set(pos) for where, pos in self.owed.items()}
         for it in (*self.held, *self.pending):
-            out.setdefault(f"{it.msg.topic}:{it.msg.partition}", set()).add((it.msg.offset, it.idx))
+            offset = it.msg.offset
+            out.setdefault(f"{it.msg.topic}:{it.msg.partition}", set()).update(
+                (offset, idx) for idx in range(it.idx, it.idx + it.n))
         return out
 
     def uncovered(self) -> dict[str, int]:

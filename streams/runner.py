@@ -10,10 +10,14 @@ test context).
   time -> findings / actions / incidents keyed by job, rejects to the DLQ, the
   node -> job map to `node-jobs`, and the jobs whose state must be saved.
   Within a batch the records of a job are processed in event-time order (stable:
-  arrival order breaks ties), the order replay uses. Records of a job whose
-  `job` record has not arrived yet wait up to `hold_s` (wall) for it; then they
-  are processed exactly as replay would (those older than the topology are
-  rejected by the core), or rejected when it never comes.
+  arrival order breaks ties), the order replay uses. A batch envelope of steps and
+  heartbeats of one job in event-time order (a node sidecar's) travels as one
+  `StepRows` (columns, no record object per item) as long as no other record of
+  the job falls inside its time span (else it is taken apart), and is cut where
+  only its first part may go yet. Records of a job whose `job` record has not
+  arrived yet wait up to `hold_s` (wall) for it; then they are processed exactly
+  as replay would (those older than the topology are rejected by the core), or
+  rejected when it never comes.
 
 What the runner holds for each job (`JobState`) and how it is saved and restored
 (`pack_state`, `unpack_state`) live in `streams.jobstate`.
@@ -21,17 +25,19 @@ What the runner holds for each job (`JobState`) and how it is saved and restored
 
 from __future__ import annotations
 
+import bisect
 import hashlib
-import heapq
 import math
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import NamedTuple
 
 import orjson
 from gangwatch.schemas import DeadLetter, DecodeError, Outputs, Record, decode, encode
+from gangwatch.schemas.columns import StepRows
 from gangwatch.streams.jobstate import JobState, cover_of, pack_state, unpack_state
 from gangwatch.streams.topics import TopicSettings
 from gangwatch.triage.config import CoreConfig
@@ -78,13 +84,78 @@ class Result:
 
 
 class _Item(NamedTuple):
-    """One record in a job's batch; sorts by (ts, seq) natively (seq is unique, so `rec` is never compared)."""
+    """One record in a job's batch, or several consecutive ones of one message as a `StepRows` whose times never
+    go down: record k of the item has sequence number `seq` + k and place `idx` + k in its message. Sorts by
+    (ts, seq) of its first record natively (seq is unique, so `rec` is never compared)."""
 
     ts: float
     seq: int
-    rec: Record
+    rec: Record | StepRows
     msg: Msg
-    idx: int = 0  # the record's place in its message (a batch envelope holds many)
+    idx: int = 0  # the first record's place in its message (a batch envelope holds many)
+    n: int = 1  # records in the item
+
+
+_TS, _N = attrgetter("ts"), attrgetter("n")
+
+
+def _last(it: _Item) -> tuple[float, int]:
+    """(ts, seq) of the item's last record."""
+    return (it.rec.ts[-1], it.seq + it.n - 1) if it.n > 1 else (it.ts, it.seq)
+
+
+def _one_by_one(it: _Item) -> list[_Item]:
+    """The item as one item per record."""
+    rows = it.rec
+    if type(rows) is not StepRows:
+        return [it]
+    return [_Item(ts, it.seq + k, rec, it.msg, it.idx + k)
+            for k, (ts, rec) in enumerate(zip(rows.ts, rows.records(), strict=True))]
+
+
+def _cut(it: _Item, k: int) -> tuple[_Item, _Item]:
+    """(the item's first `k` records, the rest), of an item of more than `k`."""
+    head, tail = it.rec.split(k)
+    return _Item(it.ts, it.seq, head, it.msg, it.idx, k), _Item(tail.ts[0], it.seq + k, tail, it.msg, it.idx + k,
+                                                                it.n - k)
+
+
+def _in_order(items: list[_Item]) -> list[_Item]:
+    """The items ordered so that their records, item after item, come in (ts, seq) order, the record path's: a
+    `StepRows` item whose time span holds another item's record is taken apart, record by record, with the
+    items it overlaps."""
+    items.sort()
+    several = [k for k, size in enumerate(map(_N, items)) if size > 1]  # only these span a time
+    if not several:
+        return items
+    out: list[_Item] = []
+    done, n = 0, len(items)  # items[:done] are placed
+    for k in several:
+        if k < done:
+            continue
+        top, j = _last(items[k]), k + 1
+        while j < n and (items[j].ts, items[j].seq) < top:
+            top = max(top, _last(items[j]))
+            j += 1
+        if j > k + 1:
+            out += items[done:k]
+            out += sorted(one for x in items[k:j] for one in _one_by_one(x))
+            done = j
+    out += items[done:]
+    return out
+
+
+def _ts_of(items: list[_Item], k: int) -> float:
+    """The time of record `k` (counting from 0) of the items, one after the other."""
+    for it in items:
+        if k < it.n:
+            return it.rec.ts[k] if it.n > 1 else it.ts
+        k -= it.n
+    raise IndexError(k)
+
+
+def _is_job(it: _Item) -> bool:
+    return type(it.rec) is not StepRows and it.rec.kind == "job"
 
 
 def dead_letter(err: DecodeError, msg: Msg, ts: float | None = None) -> DeadLetter:
@@ -205,7 +276,26 @@ class JobRunner:
             where = (msg.topic, msg.partition)
             newest = frontier.get(where, float("-inf"))
             routed = msg.topic == by_job_topic and msg.key
-            for idx, v in enumerate(decode(msg.value)):
+            decoded = decode(msg.value, columns=True, heartbeats=True)
+            if len(decoded) == 1 and type(decoded[0]) is StepRows:
+                rows = decoded[0]
+                ts = rows.ts
+                if rows.job and ts[-1] <= ahead and list(ts) == sorted(ts):  # else: record by record, below
+                    n = len(rows)
+                    if routed:
+                        self.by_job_read[msg.key.decode()] += n
+                    if ts[-1] > newest:
+                        newest = ts[-1]
+                    items = by_job.get(rows.job)
+                    if items is None:
+                        items = by_job[rows.job] = []
+                    items.append(_Item(ts[0], seq + 1, rows, msg, 0, n))
+                    seq += n
+                    partition_of[rows.job] = msg.partition
+                    frontier[where] = newest
+                    continue
+                decoded = rows.records()
+            for idx, v in enumerate(decoded):
                 if isinstance(v, DecodeError):
                     reject(res, v, msg, None, dlq, "decode")
                     continue
@@ -256,12 +346,14 @@ class JobRunner:
                 point = min(point, self.frontier.get((topic, partition), float("-inf")))
         return point
 
-    def _fresh(self, st: JobState, items: list[_Item]) -> list[_Item]:
+    def _fresh(self, st: JobState, items: list[_Item]) -> tuple[list[_Item], int]:
         """Drop what the job's state already holds (replayed offsets, re-published node events); keep what it
-        owes (read by an earlier worker, not processed: see `JobState`)."""
+        owes (read by an earlier worker, not processed: see `JobState`). Returns (what is kept, how many records
+        were dropped); an item of a replayed message is kept record by record."""
         offs, seen, owed = st.offsets, st.seen, st.owed
         by_job = self.topics.by_job
         fresh = []
+        dropped = 0
         last: Msg | None = None
         old = True
         due: set[tuple[int, int]] | None = None
@@ -278,58 +370,63 @@ class JobRunner:
                 if not old and m.offset < st.first.get(where, m.offset + 1):  # items come in event-time order
                     st.first[where] = m.offset
             if old:
-                if due and (m.offset, it.idx) in due:  # owed: its digest is in `seen` already
-                    due.discard((m.offset, it.idx))
-                    if not due:
-                        del owed[where]
-                    fresh.append(it)
+                for one in _one_by_one(it):
+                    if due and (m.offset, one.idx) in due:  # owed: its digest is in `seen` already
+                        due.discard((m.offset, one.idx))
+                        if not due:
+                            del owed[where]
+                        fresh.append(one)
+                    else:
+                        dropped += 1
                 continue
-            if m.topic == by_job and it.rec.kind in _DEDUP_KINDS:
+            if m.topic == by_job and type(it.rec) is not StepRows and it.rec.kind in _DEDUP_KINDS:
                 d = _digest(it.rec)
                 if d in seen:
+                    dropped += 1
                     continue
                 seen[d] = it.ts
             fresh.append(it)
         offs.update(top)
-        self.duplicates += len(items) - len(fresh)
-        return fresh
+        self.duplicates += dropped
+        return fresh, dropped
 
     def _run_job(self, job: str, items: list[_Item], now: float, lagging: Lagging, pending_from: PendingFrom,
                  res: Result) -> None:
         st = self._state(job)
         if items:
             items.sort()
-            fresh = self._fresh(st, items)  # offsets advance as read, held or not: what is unprocessed is owed
-            if len(fresh) < len(items):
+            # offsets advance as read, held or not: what is unprocessed is owed
+            items, dropped = self._fresh(st, items)
+            if dropped:
                 # a copy skipped (the router's re-publish) still moved the offsets: a state taken now lets the
                 # commits pass it, where none would be taken until the job's next record came
                 res.dirty.add(job)
-            res.duplicates += len(items) - len(fresh)
-            items = fresh
+            res.duplicates += dropped
         if st.pending:
-            items = sorted(st.pending + items)
+            items = st.pending + items
             st.pending, st.pending_since = [], None
-        if st.core is None and not any(it.rec.kind == "job" for it in (*items, *st.held)):
-            self._hold(st, job, items, now, res)
+        if st.core is None and not any(map(_is_job, items)) and not any(map(_is_job, st.held)):
+            self._hold(st, job, _in_order(items), now, res)
             return
-        held = st.held
-        if held:
-            for it in items:
-                heapq.heappush(held, it)
-        else:
-            held = st.held = items  # sorted: a heap already
+        held = st.held = _in_order(st.held + items)  # (st.held is in order already)
+        if not held:
+            return
         point = self.release_point(st.partition, lagging, pending_from)
         if self.outage is not None:  # every producer's backlog first
             point = min(point, self.outage.get(job, -math.inf))
-        if len(held) > MAX_PENDING:  # memory bound: past it, the oldest go ahead of their inputs
-            point = max(point, heapq.nsmallest(len(held) - MAX_PENDING, held)[-1].ts)
-        if held and max(it.ts for it in held) <= point:  # the usual case: every record can go
-            ready = sorted(held)
+        excess = sum(map(_N, held)) - MAX_PENDING
+        if excess > 0:  # memory bound: past it, the oldest go ahead of their inputs
+            point = max(point, _ts_of(held, excess - 1))
+        if _last(held[-1])[0] <= point:  # the usual case: every record can go
+            ready = held
             st.held = []
         else:
-            ready = []
-            while held and held[0].ts <= point:
-                ready.append(heapq.heappop(held))
+            k = bisect.bisect_right(held, point, key=_TS)  # items whose first record can go
+            ready, st.held = held[:k], held[k:]
+            if ready and ready[-1].n > 1 and ready[-1].rec.ts[-1] > point:  # only its first records can go
+                cut = bisect.bisect_right(ready[-1].rec.ts, point)
+                ready[-1], rest = _cut(ready[-1], cut)
+                st.held.insert(0, rest)
         if ready:
             self._process(job, st, ready, now, res)
 
@@ -348,6 +445,13 @@ class JobRunner:
 
         for it in items:
             rec = it.rec
+            if type(rec) is StepRows:
+                if st.core is None:
+                    self._no_job(job, it, res)
+                    continue
+                kinds.update(rec.counts())
+                run.append(it)
+                continue
             if rec.kind != "job":
                 if st.core is None:
                     self._no_job(job, it, res)
@@ -367,9 +471,9 @@ class JobRunner:
             if out:
                 self._emit(job, out, it, res)
         flush_run()
-        self.records += len(items)
+        self.records += sum(map(_N, items))
         if self.keep_records:
-            res.records += [it.rec for it in items]
+            res.records += [r for it in items for r in (it.rec.records() if type(it.rec) is StepRows else (it.rec,))]
         st.arrived = now
         res.dirty.add(job)
         seen = st.seen
@@ -379,17 +483,25 @@ class JobRunner:
                 del seen[d]
 
     def _hold(self, st: JobState, job: str, items: list[_Item], now: float, res: Result) -> None:
-        if len(items) > MAX_PENDING:
-            for it in items[:-MAX_PENDING]:
-                self._no_job(job, it, res)
-            items = items[-MAX_PENDING:]
-        st.pending = items
+        """Keep `items` (in order) until the job record comes: the newest `MAX_PENDING` records of them."""
+        excess = sum(map(_N, items)) - MAX_PENDING
+        k = 0
+        while excess > 0:
+            it = items[k]
+            if it.n > excess:
+                gone, items[k] = _cut(it, excess)
+            else:
+                gone, k = it, k + 1
+            self._no_job(job, gone, res)
+            excess -= gone.n
+        st.pending = items[k:]
         st.pending_since = now if st.pending_since is None else st.pending_since
 
     def _no_job(self, job: str, it: _Item, res: Result) -> None:
-        err = DecodeError(f"no `job` record seen for job {job!r} within the hold time", "job", it.rec.kind,
-                          raw=encode(it.rec).decode()[:4096])
-        reject(res, err, it.msg, it.ts, self.topics.dlq, "no_job")
+        for one in _one_by_one(it):
+            err = DecodeError(f"no `job` record seen for job {job!r} within the hold time", "job", one.rec.kind,
+                              raw=encode(one.rec).decode()[:4096])
+            reject(res, err, one.msg, one.ts, self.topics.dlq, "no_job")
 
     def _publish_nodes(self, job: str, ts: float, before: set[str], after: set[str], res: Result) -> None:
         for node in sorted(after):
@@ -409,7 +521,7 @@ class JobRunner:
                                    life=out.life, shadow=out.shadow))  # rejects apart
         for err in out.rejected:
             if it is not None:
-                reject(res, err, it.msg, it.ts, t.dlq, "core")
+                reject(res, err, it.msg, _last(it)[0], t.dlq, "core")
 
     # --- time -----------------------------------------------------------------------
 

@@ -543,7 +543,8 @@ class WorkerIO:
                         hw = None
                     behind.append(f"{topic}:{st.partition} (next {self._position(topic, st.partition)}, end {hw}, "
                                   f"read to event time {r.frontier.get((topic, st.partition), -math.inf):.3f})")
-            lines.append(f"job {job} holds {len(st.held)} records from event time {st.held[0].ts:.3f}: waiting for "
+            held = sum(it.n for it in st.held)
+            lines.append(f"job {job} holds {held} records from event time {st.held[0].ts:.3f}: waiting for "
                          f"{', '.join(behind) or 'no input'}; node events up to {self.node_events_pending_from():.3f}")
         for (topic, partition), offset in sorted(self.checkpoint.capped().items()):
             where = f"{topic}:{partition}"

@@ -68,7 +68,7 @@ def test_records_wait_for_their_job_record_then_run_in_event_time_order():
     rest = [m for m in msgs if m[0] != T.jobs]
     runner = JobRunner(T)
     first = runner.on_batch(as_msgs(rest))  # telemetry before the topology: held, not rejected
-    assert first.sends == [] and sum(len(st.pending) for st in runner.jobs.values()) == len(recs) - 1
+    assert first.sends == [] and sum(it.n for st in runner.jobs.values() for it in st.pending) == len(recs) - 1
     second = runner.on_batch(as_msgs(job_msg, start=10_000))
     assert emitted(second) == replay_core(recs)
     nodes = sorted(orjson.loads(s.value)["node"] for s in second.sends if s.topic == T.node_jobs)
