@@ -29,10 +29,10 @@ broker: records spool to --spool-dir (bounded) and are sent, in order, once Kafk
 Prometheus can scrape it on --metrics-port (polls per collector, queue, losses, records by
 kind, spool bytes). Stop with Ctrl-C or TERM: what is queued is sent (or spooled) first.
 
-It is also the relay of this node's training processes (--relay): their trainer clients hand
-it their steps, heartbeats and events on a Unix socket, and it sends them packed per job into
-large envelopes (--relay-max-records, --relay-linger-s) on <prefix>telemetry and <prefix>jobs.
-A client that finds no relay, or a full one, sends to Kafka itself."""
+It is also the relay of this node's training processes (--relay): trainer clients whose
+GANGWATCH_RELAY names its socket hand it their steps, heartbeats and events, and it sends them
+packed per job into large envelopes (--relay-max-records, --relay-linger-s) on <prefix>telemetry
+and <prefix>jobs. A client without GANGWATCH_RELAY, or refused, sends to Kafka itself."""
 
 EPILOG = """\
 privileges: NVML needs none. /dev/kmsg needs root or CAP_SYSLOG where kernel.dmesg_restrict=1
@@ -106,8 +106,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "host): a free port, named in the log; 0: none")
     opt(a, "--relay", metavar="PATH", env="GANGWATCH_RELAY",
         shown_default="<temp dir>/gangwatch-agent/<node>.sock",
-        help="the Unix socket the trainer clients of this node hand their records to (they look at the same "
-        "default path, or at GANGWATCH_RELAY); off: no relay")
+        help="the Unix socket the trainer clients of this node hand their records to (those whose "
+        "GANGWATCH_RELAY names it); off: no relay")
     opt(a, "--relay-max-records", type=envelope_size, default=512,
         help="records per envelope the relay sends at most (1-1000)")
     opt(a, "--relay-linger-s", type=at_least_zero(number), default=0.25,

@@ -17,8 +17,8 @@ heartbeats every 5 s and framework events (`gw.telemetry`), keyed by job id,
 as contract-v1 `batch` messages. Nothing here blocks or raises on the training
 thread when Kafka is slow or away: records queue in memory, spool to local
 disk, and are sent in order when the broker is back (client.py, delivery.py,
-spool.py). Where the node agent runs its relay (relay.py: `GANGWATCH_RELAY`, or
-the agent's default socket), the client hands its records to it instead, and the
+spool.py). Where `GANGWATCH_RELAY` names the node agent's relay (relay.py), the
+client hands its records to it instead, and the
 agent sends the node's ranks in one envelope per job; without it, or when it is
 full or gone, the client sends them itself.
 

@@ -12,8 +12,8 @@ thread waits for the network, the disk or the GPU:
   completed), and hands everything to `Delivery` (delivery.py): one `batch`
   message per topic, or the spool while the broker is away.
 
-The node's relay: when the node agent's relay answers (relay.py; `relay=` or
-`GANGWATCH_RELAY`, else the node's default socket), the sending thread hands
+The node's relay: when a relay is named (`relay=` or `GANGWATCH_RELAY`: the
+socket the node agent listens on, relay.py) and answers, the sending thread hands
 its records to the relay instead, which packs the records of every rank of the
 node into large envelopes. While connected, the sending thread also wakes for
 every step and the heartbeats fall on multiples of `heartbeat_s` on the wall
@@ -114,8 +114,8 @@ class TrainerClient:
     `node` override what the launcher's environment says (launch.py).
     Delivery: `bootstrap` (default `GANGWATCH_BOOTSTRAP`) or a `send` function;
     `spool_dir` (default `<tmp>/gangwatch-spool/<job>/rank<rank>`) and its bound
-    `spool_bytes`; `relay`: the node relay's socket, or "off" (default `GANGWATCH_RELAY`, else the
-    node's default path; with `send=` given, no relay unless `relay` names one). `cuda=True` times
+    `spool_bytes`; `relay`: the node relay's socket, or "off" (default `GANGWATCH_RELAY`; unset: no relay,
+    records go to Kafka directly; with `send=` given, no relay unless `relay` names one). `cuda=True` times
     sections with CUDA events. `metrics_port` (default `GANGWATCH_METRICS_PORT`, 0 = off) serves
     Prometheus metrics on that port + local rank.
     Hooks: `exit_hooks` (atexit, sys.excepthook) and `signal_hooks` (SIGTERM, SIGINT; default: as
@@ -142,7 +142,8 @@ class TrainerClient:
             if not self.launch.bootstrap:
                 raise ValueError("no Kafka address: set GANGWATCH_BOOTSTRAP or pass bootstrap= (or send=)")
             send = KafkaSend(self.launch.bootstrap)
-        path = relay_path(os.environ.get(RELAY_ENV) if relay is None else relay, self.launch.node)
+        named = os.environ.get(RELAY_ENV, "").strip() if relay is None else relay
+        path = relay_path(named, self.launch.node) if named else None  # a relay only where one is named
         self.relay = RelayLink(path, timer=timer) if path is not None else None
         if self.relay is not None:
             self.relay.connect()  # now, so the heartbeats align from the first (`_until_heartbeat`)

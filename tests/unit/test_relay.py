@@ -421,6 +421,8 @@ def test_where_a_client_looks_for_its_relay(monkeypatch, tmp_path):
     assert TrainerClient(send=Recorder(), **kw).relay is None  # a `send` of a test's own: no relay unless named
     monkeypatch.setenv("GANGWATCH_RELAY", "off")
     assert TrainerClient(bootstrap="127.0.0.1:1", **kw).relay is None
+    monkeypatch.delenv("GANGWATCH_RELAY")  # none named: no relay, whatever listens at the default path
+    assert TrainerClient(bootstrap="127.0.0.1:1", **kw).relay is None
 
 
 # --- the agent ---------------------------------------------------------------------------------------
