@@ -18,7 +18,7 @@ from gangwatch.triage.config import CoreConfig
 from gangwatch.triage.engine import JobCore
 
 if TYPE_CHECKING:
-    from gangwatch.streams.runner import _Item
+    from gangwatch.streams.items import Item
 
 
 class Coverage(NamedTuple):
@@ -60,8 +60,8 @@ class JobState:
     first: dict[str, int] = field(default_factory=dict)
     partition: int = -1  # the job's partition number (the same on every job-keyed topic)
     arrived: float | None = None  # wall clock of the newest batch processed
-    held: list[_Item] = field(default_factory=list)  # in the order records go to the core (see `runner._Item`)
-    pending: list[_Item] = field(default_factory=list)  # no job record yet; in order too
+    held: list[Item] = field(default_factory=list)  # in the order records go to the core (see `runner.Item`)
+    pending: list[Item] = field(default_factory=list)  # no job record yet; in order too
     pending_since: float | None = None
 
     def unprocessed(self) -> dict[str, set[tuple[int, int]]]:

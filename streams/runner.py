@@ -32,12 +32,12 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import NamedTuple
 
 import orjson
 from gangwatch.schemas import DeadLetter, DecodeError, Outputs, Record, decode, encode
 from gangwatch.schemas.columns import StepRows
+from gangwatch.streams.items import TS, Item, Msg, N, cut, in_order, is_job, last_of, one_by_one, ts_at
 from gangwatch.streams.jobstate import JobState, cover_of, pack_state, unpack_state
 from gangwatch.streams.topics import TopicSettings
 from gangwatch.triage.config import CoreConfig
@@ -45,17 +45,6 @@ from gangwatch.triage.engine import JobCore
 
 _NODE_KINDS = frozenset({"hw", "gpu"})
 MAX_PENDING = 200_000  # records held per job (or node) waiting for their job record (or mapping)
-
-
-class Msg(NamedTuple):
-    """One consumed Kafka message: where it came from and its bytes."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    timestamp: float = 0.0  # the Kafka message timestamp, seconds
 
 
 class Send(NamedTuple):
@@ -81,81 +70,6 @@ class Result:
     kinds: Counter[str] = field(default_factory=Counter)  # input records handed to a core, by kind
     duplicates: int = 0  # replayed records skipped (the job's state already held them)
     dead: Counter[tuple[str, str]] = field(default_factory=Counter)  # (cause, input topic) -> messages to the DLQ
-
-
-class _Item(NamedTuple):
-    """One record in a job's batch, or several consecutive ones of one message as a `StepRows` whose times never
-    go down: record k of the item has sequence number `seq` + k and place `idx` + k in its message. Sorts by
-    (ts, seq) of its first record natively (seq is unique, so `rec` is never compared)."""
-
-    ts: float
-    seq: int
-    rec: Record | StepRows
-    msg: Msg
-    idx: int = 0  # the first record's place in its message (a batch envelope holds many)
-    n: int = 1  # records in the item
-
-
-_TS, _N = attrgetter("ts"), attrgetter("n")
-
-
-def _last(it: _Item) -> tuple[float, int]:
-    """(ts, seq) of the item's last record."""
-    return (it.rec.ts[-1], it.seq + it.n - 1) if it.n > 1 else (it.ts, it.seq)
-
-
-def _one_by_one(it: _Item) -> list[_Item]:
-    """The item as one item per record."""
-    rows = it.rec
-    if type(rows) is not StepRows:
-        return [it]
-    return [_Item(ts, it.seq + k, rec, it.msg, it.idx + k)
-            for k, (ts, rec) in enumerate(zip(rows.ts, rows.records(), strict=True))]
-
-
-def _cut(it: _Item, k: int) -> tuple[_Item, _Item]:
-    """(the item's first `k` records, the rest), of an item of more than `k`."""
-    head, tail = it.rec.split(k)
-    return _Item(it.ts, it.seq, head, it.msg, it.idx, k), _Item(tail.ts[0], it.seq + k, tail, it.msg, it.idx + k,
-                                                                it.n - k)
-
-
-def _in_order(items: list[_Item]) -> list[_Item]:
-    """The items ordered so that their records, item after item, come in (ts, seq) order, the record path's: a
-    `StepRows` item whose time span holds another item's record is taken apart, record by record, with the
-    items it overlaps."""
-    items.sort()
-    several = [k for k, size in enumerate(map(_N, items)) if size > 1]  # only these span a time
-    if not several:
-        return items
-    out: list[_Item] = []
-    done, n = 0, len(items)  # items[:done] are placed
-    for k in several:
-        if k < done:
-            continue
-        top, j = _last(items[k]), k + 1
-        while j < n and (items[j].ts, items[j].seq) < top:
-            top = max(top, _last(items[j]))
-            j += 1
-        if j > k + 1:
-            out += items[done:k]
-            out += sorted(one for x in items[k:j] for one in _one_by_one(x))
-            done = j
-    out += items[done:]
-    return out
-
-
-def _ts_of(items: list[_Item], k: int) -> float:
-    """The time of record `k` (counting from 0) of the items, one after the other."""
-    for it in items:
-        if k < it.n:
-            return it.rec.ts[k] if it.n > 1 else it.ts
-        k -= it.n
-    raise IndexError(k)
-
-
-def _is_job(it: _Item) -> bool:
-    return type(it.rec) is not StepRows and it.rec.kind == "job"
 
 
 def dead_letter(err: DecodeError, msg: Msg, ts: float | None = None) -> DeadLetter:
@@ -265,7 +179,7 @@ class JobRunner:
     def on_batch(self, msgs: list[Msg], lagging: Lagging = NEVER_LAGGING,
                  pending_from: PendingFrom = NOTHING_PENDING) -> Result:
         res = Result()
-        by_job: dict[str, list[_Item]] = {}
+        by_job: dict[str, list[Item]] = {}
         frontier = self.frontier
         ahead = self.wall() + self.max_future_s  # later than this: a sender's clock is wrong
         by_job_topic, dlq, seq = self.topics.by_job, self.topics.dlq, self._seq
@@ -289,7 +203,7 @@ class JobRunner:
                     items = by_job.get(rows.job)
                     if items is None:
                         items = by_job[rows.job] = []
-                    items.append(_Item(ts[0], seq + 1, rows, msg, 0, n))
+                    items.append(Item(ts[0], seq + 1, rows, msg, 0, n))
                     seq += n
                     partition_of[rows.job] = msg.partition
                     frontier[where] = newest
@@ -318,7 +232,7 @@ class JobRunner:
                 items = by_job.get(job)
                 if items is None:
                     items = by_job[job] = []
-                items.append(_Item(ts, seq, v, msg, idx))
+                items.append(Item(ts, seq, v, msg, idx))
                 partition_of[job] = msg.partition
             if newest > float("-inf"):
                 frontier[where] = newest
@@ -346,7 +260,7 @@ class JobRunner:
                 point = min(point, self.frontier.get((topic, partition), float("-inf")))
         return point
 
-    def _fresh(self, st: JobState, items: list[_Item]) -> tuple[list[_Item], int]:
+    def _fresh(self, st: JobState, items: list[Item]) -> tuple[list[Item], int]:
         """Drop what the job's state already holds (replayed offsets, re-published node events); keep what it
         owes (read by an earlier worker, not processed: see `JobState`). Returns (what is kept, how many records
         were dropped); an item of a replayed message is kept record by record."""
@@ -370,7 +284,7 @@ class JobRunner:
                 if not old and m.offset < st.first.get(where, m.offset + 1):  # items come in event-time order
                     st.first[where] = m.offset
             if old:
-                for one in _one_by_one(it):
+                for one in one_by_one(it):
                     if due and (m.offset, one.idx) in due:  # owed: its digest is in `seen` already
                         due.discard((m.offset, one.idx))
                         if not due:
@@ -390,7 +304,7 @@ class JobRunner:
         self.duplicates += dropped
         return fresh, dropped
 
-    def _run_job(self, job: str, items: list[_Item], now: float, lagging: Lagging, pending_from: PendingFrom,
+    def _run_job(self, job: str, items: list[Item], now: float, lagging: Lagging, pending_from: PendingFrom,
                  res: Result) -> None:
         st = self._state(job)
         if items:
@@ -405,36 +319,36 @@ class JobRunner:
         if st.pending:
             items = st.pending + items
             st.pending, st.pending_since = [], None
-        if st.core is None and not any(map(_is_job, items)) and not any(map(_is_job, st.held)):
-            self._hold(st, job, _in_order(items), now, res)
+        if st.core is None and not any(map(is_job, items)) and not any(map(is_job, st.held)):
+            self._hold(st, job, in_order(items), now, res)
             return
-        held = st.held = _in_order(st.held + items)  # (st.held is in order already)
+        held = st.held = in_order(st.held + items)  # (st.held is in order already)
         if not held:
             return
         point = self.release_point(st.partition, lagging, pending_from)
         if self.outage is not None:  # every producer's backlog first
             point = min(point, self.outage.get(job, -math.inf))
-        excess = sum(map(_N, held)) - MAX_PENDING
+        excess = sum(map(N, held)) - MAX_PENDING
         if excess > 0:  # memory bound: past it, the oldest go ahead of their inputs
-            point = max(point, _ts_of(held, excess - 1))
-        if _last(held[-1])[0] <= point:  # the usual case: every record can go
+            point = max(point, ts_at(held, excess - 1))
+        if last_of(held[-1])[0] <= point:  # the usual case: every record can go
             ready = held
             st.held = []
         else:
-            k = bisect.bisect_right(held, point, key=_TS)  # items whose first record can go
+            k = bisect.bisect_right(held, point, key=TS)  # items whose first record can go
             ready, st.held = held[:k], held[k:]
             if ready and ready[-1].n > 1 and ready[-1].rec.ts[-1] > point:  # only its first records can go
-                cut = bisect.bisect_right(ready[-1].rec.ts, point)
-                ready[-1], rest = _cut(ready[-1], cut)
+                at = bisect.bisect_right(ready[-1].rec.ts, point)
+                ready[-1], rest = cut(ready[-1], at)
                 st.held.insert(0, rest)
         if ready:
             self._process(job, st, ready, now, res)
 
-    def _process(self, job: str, st: JobState, items: list[_Item], now: float, res: Result) -> None:
+    def _process(self, job: str, st: JobState, items: list[Item], now: float, res: Result) -> None:
         """Feed the job's released items to its core in order: a `job` record alone (it may change the nodes),
         the records between them as one run (`JobCore.process_many`: the same outputs as one by one)."""
         kinds = res.kinds
-        run: list[_Item] = []
+        run: list[Item] = []
 
         def flush_run() -> None:
             if run:
@@ -471,7 +385,7 @@ class JobRunner:
             if out:
                 self._emit(job, out, it, res)
         flush_run()
-        self.records += sum(map(_N, items))
+        self.records += sum(map(N, items))
         if self.keep_records:
             res.records += [r for it in items for r in (it.rec.records() if type(it.rec) is StepRows else (it.rec,))]
         st.arrived = now
@@ -482,14 +396,14 @@ class JobRunner:
             for d in [d for d, ts in seen.items() if ts < horizon]:
                 del seen[d]
 
-    def _hold(self, st: JobState, job: str, items: list[_Item], now: float, res: Result) -> None:
+    def _hold(self, st: JobState, job: str, items: list[Item], now: float, res: Result) -> None:
         """Keep `items` (in order) until the job record comes: the newest `MAX_PENDING` records of them."""
-        excess = sum(map(_N, items)) - MAX_PENDING
+        excess = sum(map(N, items)) - MAX_PENDING
         k = 0
         while excess > 0:
             it = items[k]
             if it.n > excess:
-                gone, items[k] = _cut(it, excess)
+                gone, items[k] = cut(it, excess)
             else:
                 gone, k = it, k + 1
             self._no_job(job, gone, res)
@@ -497,8 +411,8 @@ class JobRunner:
         st.pending = items[k:]
         st.pending_since = now if st.pending_since is None else st.pending_since
 
-    def _no_job(self, job: str, it: _Item, res: Result) -> None:
-        for one in _one_by_one(it):
+    def _no_job(self, job: str, it: Item, res: Result) -> None:
+        for one in one_by_one(it):
             err = DecodeError(f"no `job` record seen for job {job!r} within the hold time", "job", one.rec.kind,
                               raw=encode(one.rec).decode()[:4096])
             reject(res, err, one.msg, one.ts, self.topics.dlq, "no_job")
@@ -511,7 +425,7 @@ class JobRunner:
             res.sends.append(Send(self.topics.node_jobs, node.encode(),
                                   orjson.dumps({"node": node, "job": None, "was": job, "ts": ts})))
 
-    def _emit(self, job: str, out: Outputs, it: _Item | None, res: Result) -> None:
+    def _emit(self, job: str, out: Outputs, it: Item | None, res: Result) -> None:
         key = job.encode()
         t = self.topics
         res.sends += [Send(t.findings, key, encode(rec)) for rec in out.findings]
@@ -521,7 +435,7 @@ class JobRunner:
                                    life=out.life, shadow=out.shadow))  # rejects apart
         for err in out.rejected:
             if it is not None:
-                reject(res, err, it.msg, _last(it)[0], t.dlq, "core")
+                reject(res, err, it.msg, last_of(it)[0], t.dlq, "core")
 
     # --- time -----------------------------------------------------------------------
 
