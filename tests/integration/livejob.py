@@ -228,7 +228,8 @@ class LiveJob:
                 if name != until_exit and name not in self.ended and not p.alive():
                     raise AssertionError(f"{name} exited ({p.proc.returncode}) waiting for {what}\n{self.logs()}")
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{self.logs()}")
+                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{self.progress()}\n"
+                                     f"{self.logs()}")
             time.sleep(1.0)
 
     def run_to_end(self, timeout: float) -> float:
@@ -244,6 +245,20 @@ class LiveJob:
         c = self.procs.get("controller")
         if c is not None and c.alive():
             self.family.update(descendants(c.proc.pid))
+
+    def progress(self) -> str:
+        """Where the job got to (each attempt's last milestones) and what gangwatch found so far: what a timed-out
+        wait needs to tell a job too slow to reach its fault from a fault nobody saw."""
+        out = []
+        for path in sorted(self.state.glob("runs/attempt-*/progress.jsonl")):
+            lines = path.read_text(errors="replace").splitlines()
+            out.append(f"--- {path.parent.name}: {len(lines)} milestones, the last: {lines[-3:]}")
+        try:
+            found = [(round(f["ts"], 3), f["type"], f["detector"], f["node"], f["rank"]) for f in self.findings()]
+        except Exception as e:  # noqa: BLE001 - a diagnosis must not hide the failure it explains
+            found = [f"(findings unreadable: {e})"]
+        out.append(f"--- findings ({len(found)}), the last 20: {found[-20:]}")
+        return "\n".join(out)
 
     def logs(self, n: int = 25) -> str:
         out = [f"--- {name} ---\n{p.tail(n)}" for name, p in self.procs.items()]
