@@ -107,10 +107,13 @@ class JobCore:
         """Observe one record of this job (after advancing time to the watermark); outputs go to `out`."""
         self.records += 1
         out = Outputs() if out is None else out
+        t = rec.ts - self.config.lateness_s
         if rec.ts > self.max_ts:
             self.max_ts = rec.ts
-            if rec.ts - self.config.lateness_s >= self.watermark + self.config.tick_s:
-                self.advance(rec.ts - self.config.lateness_s, out)
+            if t >= self.watermark + self.config.tick_s:
+                self.advance(t, out)
+        if t > self.watermark and t >= self._decision_due():
+            self.advance(t, out)
         kind = rec.kind
         if kind == "job":
             self.monitor.replace_topology(rec)
@@ -145,13 +148,26 @@ class JobCore:
                 self.max_ts = ts
                 if ts - lateness >= self.watermark + tick:
                     self.advance(ts - lateness, out)
-            e, top, count = _run_end(recs, s, self.max_ts, lateness, self.watermark + tick)
+            if ts - lateness > self.watermark and ts - lateness >= self._decision_due():
+                self.advance(ts - lateness, out)
+            due = min(self.watermark + tick, self._decision_due())
+            e, top, count = _run_end(recs, s, self.max_ts, lateness, due)
             n = len(recs)
             self.max_ts = top
             self.records += count
             self._observe_run(RecordRun(recs[s:e]), out)
             s = e
         return out
+
+    def _decision_due(self) -> float:
+        """When triage decides next (`Triage.due`), if that is still ahead (inf: nothing).
+
+        Event time moves with the records in steps of at least `tick_s`, but a decision due before a record's
+        time (less `lateness_s`) is taken before that record is read, off the grid: live, the worker's clock
+        took it as soon as it was due, and the records it caused (the controller's stop of the job, say) come
+        after it; replayed, they must not end the incident first."""
+        due = self.triage.due()
+        return due if due > self.watermark else math.inf
 
     def _observe_run(self, run: RecordRun, out: Outputs) -> None:
         found = self.monitor.observe_run(run)

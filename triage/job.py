@@ -43,6 +43,7 @@ finding's typed view (`detectors.catalog.typed`) for it.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from gangwatch.detectors.base import stable_id
@@ -273,6 +274,18 @@ class Triage(ActiveDiagnosis, Stragglers):
         w.findings.append(f.id)
         out.incidents.append(w.record(f.ts, self.config.budgets))
         return True
+
+    def due(self) -> float:
+        """The earliest event time at which `advance` decides something: the open incident's decision, the end
+        of a wait for an answer or for the next rung (inf: nothing). A record at or past it must come after that
+        decision, as it did live: the job's core advances to a record's time first when it is (`JobCore`)."""
+        inc, t = self.incident, math.inf
+        if inc is not None and inc.decided_ts is None:
+            t = inc.decide_at
+        for w in (inc, *self.waiting):
+            if w is not None and w.awaiting and w.awaiting["until"] < t:
+                t = w.awaiting["until"]
+        return t
 
     def advance(self, now: float, out: Outputs | None = None) -> Outputs:
         out = Outputs() if out is None else out
