@@ -107,7 +107,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     opt(a, "--relay", metavar="PATH", env="GANGWATCH_RELAY",
         shown_default="<temp dir>/gangwatch-agent/<node>.sock",
         help="the Unix socket the trainer clients of this node hand their records to (those whose "
-        "GANGWATCH_RELAY names it); off: no relay")
+        "GANGWATCH_RELAY names it; {node} in either stands for the node's name); off: no relay")
     opt(a, "--relay-max-records", type=envelope_size, default=512,
         help="records per envelope the relay sends at most (1-1000)")
     opt(a, "--relay-linger-s", type=at_least_zero(number), default=0.25,

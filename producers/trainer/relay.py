@@ -8,11 +8,13 @@ topic and job into large envelopes, and sends those through its own delivery
 and spool. `RelayLink` is the trainer client's end of that socket; only the
 client's sending thread uses it.
 
-Where: `relay=` or `GANGWATCH_RELAY` (a socket path, or `off`); unset, the
-node's default path, `<temp dir>/gangwatch-agent/<node>.sock` (`default_path`),
-which the agent listens on by default. A relay that does not answer is no
-error: the client sends to Kafka itself, and tries the relay again every
-`retry_s`.
+Where: `relay=` or `GANGWATCH_RELAY` (a socket path, or `off`); unset, no relay
+(a job reaches the relay its operator set up, not whatever listens at a default
+path). `{node}` in the path stands for the node's name (`GANGWATCH_NODE`), for
+hosts that run several nodes' agents (a test bed, simulated nodes):
+`<temp dir>/gangwatch-agent/{node}.sock` is where an agent listens by default
+(`default_path`). A relay that does not answer is no error: the client sends to
+Kafka itself, and tries the relay again every `retry_s`.
 
 Wire framing, both directions on one SOCK_STREAM connection:
 
@@ -56,18 +58,26 @@ BATCH_MAX = 1000  # records per line, as `Delivery` packs them
 CONNECT_S = 0.2
 
 
+NODE = "{node}"  # in a relay's path: the node's name, made safe for a file name
+
+
+def _safe(node: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", node)
+
+
 def default_path(node: str) -> Path:
     """`<temp dir>/gangwatch-agent/<node>.sock`: where the agent of `node` listens unless told otherwise."""
-    return Path(tempfile.gettempdir()) / "gangwatch-agent" / f"{re.sub(r'[^A-Za-z0-9._-]', '_', node)}.sock"
+    return Path(tempfile.gettempdir()) / "gangwatch-agent" / f"{_safe(node)}.sock"
 
 
 def relay_path(setting: str | Path | None, node: str) -> Path | None:
-    """The socket a setting names: a path; None for `off`; the node's default path for None or ""."""
+    """The socket a setting names: a path (`{node}` in it: the node's name); None for `off`; the node's default
+    path for None or ""."""
     if setting is None or str(setting).strip() == "":
         return default_path(node)
     if str(setting).strip().lower() == OFF:
         return None
-    return Path(setting)
+    return Path(str(setting).strip().replace(NODE, _safe(node)))
 
 
 def frame(lines: Iterable[tuple[str, bytes]]) -> bytes:

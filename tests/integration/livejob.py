@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,13 +121,14 @@ class LiveJob:
                  job: str, fault: Fault | None = None, webhook: bool = False,
                  worker_extra: tuple[str, ...] = (), nodes: tuple[str, ...] = NODES,
                  spares: tuple[str, ...] = SPARES, nproc: int = 2, fault_env: dict[str, str] | None = None,
-                 controller_extra: tuple[str, ...] = ()) -> None:
+                 controller_extra: tuple[str, ...] = (), relay: bool = False) -> None:
         """`nodes` the job runs on, `nproc` ranks each, `spares` for the controller; `fault_env`: more of
         train.py's fault variables (FAULT_LATE_NODE, ...) beside `fault`'s; `controller_extra`: more options of
-        `gangwatch controller` (--replay-timeout, ...)."""
+        `gangwatch controller` (--replay-timeout, ...); `relay`: the ranks hand their records to their node's
+        agent (GANGWATCH_RELAY), as in production, instead of sending them to Kafka themselves."""
         self.bootstrap, self.topics, self.workdir, self.job, self.fault = bootstrap, topics, workdir, job, fault
         self.job_nodes, self.spare_nodes, self.nproc, self.fault_env = nodes, spares, nproc, fault_env or {}
-        self.controller_extra = controller_extra
+        self.controller_extra, self.relay = controller_extra, relay
         self.webhook, self.worker_extra = webhook, worker_extra
         # every process of this job (the agents, the controller and the ranks it starts) gets a temp dir of its own:
         # the agents' relay sockets (`<temp dir>/gangwatch-agent/<node>.sock`) are then this job's alone, though
@@ -172,10 +175,23 @@ class LiveJob:
             "--ckpt-dir", str(self.ckpt), "--state-dir", str(self.state), *(("--listen", listen) if listen else ()),
             *self.controller_extra, "--", str(TRAIN), "--steps", str(steps), "--ckpt-every", str(CKPT_EVERY),
             *train_args),
-            env={**self._fault_env(), **self._secret})
+            env={**self._job_env(), **self._secret})
 
-    def _fault_env(self) -> dict[str, str]:
-        return {**(self.fault.env() if self.fault else {}), **self.fault_env}
+    def _job_env(self) -> dict[str, str]:
+        """The job's environment beside the controller's: the fault's variables, and the relay's path. The agents
+        listen at their default, `<temp dir>/gangwatch-agent/<node>.sock`, in this job's own temp dir."""
+        relay = {"GANGWATCH_RELAY": str(self.tmp / "gangwatch-agent" / "{node}.sock")} if self.relay else {}
+        return {**(self.fault.env() if self.fault else {}), **self.fault_env, **relay}
+
+    def relayed(self, node: str) -> float:
+        """Records of the training processes the agent of `node` took on its relay (its metrics endpoint)."""
+        log = (self.workdir / f"agent-{node}.log").read_text(errors="replace")
+        found = re.search(r"metrics on http://[^:]+:(\d+)/metrics", log)
+        assert found, f"agent of {node} serves no metrics:\n{log}"
+        with urllib.request.urlopen(f"http://127.0.0.1:{found[1]}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        taken = re.search(r'^gangwatch_agent_relay_records_total\{outcome="accepted"\} (\S+)$', text, re.M)
+        return float(taken[1]) if taken else 0.0
 
     def stop_controller(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> float:
         """A user stops the controller (and with it the job) with `sig`; returns when it had exited (epoch s)."""
@@ -198,7 +214,7 @@ class LiveJob:
                                               *train_args],
                        ckpt_dir=self.ckpt, run_dir=self.state / "runs",
                        env={"GANGWATCH_BOOTSTRAP": self.bootstrap, "GANGWATCH_TOPIC_PREFIX": self.topics.prefix,
-                            "PYTHONPATH": str(REPO), **self._fault_env()}, nproc_per_node=self.nproc)
+                            "PYTHONPATH": str(REPO), **self._job_env()}, nproc_per_node=self.nproc)
         gang = Gang(spec, self.job_nodes, None, 0)
         gang.start()
         try:

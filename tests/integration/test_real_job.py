@@ -10,7 +10,9 @@ is also confirmed by the controller's dual run: n2's digest differs from the
 reference's; it takes its actions through the signed webhook, the
 others from the alert topic); the incident (gw_incidents FINAL) must show every stage within
 its budget: detect < 60 s, localize < 5 min, replace and rollback < 2 min each,
-total < 10 min. The five durations are printed (pytest -s shows them).
+total < 10 min. The five durations are printed (pytest -s shows them). The kill runs twice: the ranks
+sending to Kafka themselves, and handing their records to their node agents' relays (GANGWATCH_RELAY), as a
+production deployment does.
 
 A decision is checked as soon as it is made, so a wrong one fails in about a
 minute instead of at the recovery deadline. The healthy run lasts about 75 s
@@ -112,12 +114,17 @@ def node_actions(job: LiveJob) -> list[tuple[str, list[str]]]:
     return [(a["type"], a["nodes"]) for a in job.actions() if a["nodes"]]
 
 
-def test_a_rank_killed_with_sigkill_is_a_fail_stop_of_its_node_and_the_job_resumes_on_the_spare(live):
-    job = live(Fault("kill", step=60))
+@pytest.mark.parametrize("relay", [False, True], ids=["direct", "relay"])
+def test_a_rank_killed_with_sigkill_is_a_fail_stop_of_its_node_and_the_job_resumes_on_the_spare(live, relay):
+    """Sent directly, and through the node agents' relays as in production: the killed rank's last records
+    reach the worker either way, and the spare's agent carries the restarted ranks' records."""
+    job = live(Fault("kill", step=60), relay=relay)
     inc = decided(job, "fail_stop")
     assert inc["culprit_nodes"] == ["n2"], job.findings()
     assert node_actions(job) == [("replace", ["n2"])]
     nothing_else(job, recovered(job, "fail_stop"))
+    relayed = {node: job.relayed(node) for node in ("n1", "n2", "n3")}
+    assert all(relayed.values()) if relay else not any(relayed.values()), relayed
 
 
 def test_a_rank_hung_in_its_data_loader_is_found_in_real_stack_dumps_and_its_node_replaced(live):

@@ -415,6 +415,7 @@ def test_a_second_relay_on_a_live_socket_is_refused_and_a_stale_socket_is_replac
 def test_where_a_client_looks_for_its_relay(monkeypatch, tmp_path):
     assert relay_path(None, "n1") == default_path("n1") and default_path("a/b").name == "a_b.sock"
     assert relay_path("off", "n1") is None and relay_path("/run/r.sock", "n1") == Path("/run/r.sock")
+    assert relay_path("/run/gw/{node}.sock", "rack 3/n1") == Path("/run/gw/rack_3_n1.sock")  # hosts of many nodes
     kw = {"job": "j", "background": False, "exit_hooks": False, "spool_dir": tmp_path}  # not closed: sends nothing
     monkeypatch.setenv("GANGWATCH_RELAY", "/run/gw.sock")
     assert TrainerClient(bootstrap="127.0.0.1:1", **kw).relay.path == Path("/run/gw.sock")
@@ -474,7 +475,8 @@ def test_an_agent_whose_relay_cannot_listen_runs_without_it(tmp_path, caplog):
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
-    ([], "default"), (["--relay", "off"], None), (["--relay", "/run/gw/relay.sock"], Path("/run/gw/relay.sock"))])
+    ([], "default"), (["--relay", "off"], None), (["--relay", "/run/gw/relay.sock"], Path("/run/gw/relay.sock")),
+    (["--relay", "/run/gw/{node}.sock"], Path("/run/gw/n7.sock"))])
 def test_the_agent_command_line_sets_the_relay(monkeypatch, argv, expected):
     seen = []
 
