@@ -66,6 +66,7 @@ class JobMonitor:
     def __init__(self, job: Job, detectors: tuple[type, ...] = DEFAULT_DETECTORS,
                  configs: Mapping[str, Any] | None = None) -> None:
         self.job_record = job
+        self._job_dict: tuple[Job, dict[str, Any]] | None = None  # (job_record, its wire form), for `state()`
         self.topo = Topology.from_job(job)
         self.configs = _checked(configs, detectors)
         self.detectors: list[Detector] = [cls(self.topo, self.configs[cls.name]) for cls in detectors]
@@ -125,7 +126,11 @@ class JobMonitor:
         return out
 
     def state(self) -> dict[str, Any]:
-        return {"job": to_dict(self.job_record), "detectors": {d.name: d.state() for d in self.detectors}}
+        """The monitor's state as plain data (read-only: its `job` part is kept from one call to the next, as
+        building it anew for a 100k-rank job was most of the cost of saving its state)."""
+        if self._job_dict is None or self._job_dict[0] is not self.job_record:
+            self._job_dict = (self.job_record, to_dict(self.job_record))
+        return {"job": self._job_dict[1], "detectors": {d.name: d.state() for d in self.detectors}}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], detectors: tuple[type, ...] = DEFAULT_DETECTORS,

@@ -524,9 +524,8 @@ def _plain(v: Any) -> Any:
         return v if math.isfinite(v) else ("NaN" if v != v else ("Infinity" if v > 0 else "-Infinity"))
     if t is list:
         return [_plain(x) for x in v]
-    if dataclasses.is_dataclass(v):
-        return _ENCODERS[t](v)
-    return v
+    enc = _ENCODERS.get(t)  # a record, or a record's part (RankInfo, ...): every dataclass of the contract
+    return v if enc is None else enc(v)
 
 
 _ENCODERS: dict[type, Callable[[Any], dict]] = {}
