@@ -5,7 +5,6 @@ needs have no public API in faust-streaming 0.15 and aiokafka 0.14; each is a fu
 behaviour it works around, so that it goes when the library no longer needs it:
 
 - `cap_fetch_wait`: the consumer's fetch wait, fixed at 1.5 s by Faust, capped (a busy partition behind idle ones);
-- `deliver_eagerly`: each fetched message handed to the agents without four tasks per message;
 - `seek_uncommitted` / `seek_to_committed`: the seek back to the committed offsets also for partitions committed
   at 0 or never, and where each input's reading starts, told to the worker's I/O half;
 - `wrap_commit`: the commits capped at what saved states cover (`streams.checkpoint.Checkpoint.install`);
@@ -21,7 +20,6 @@ pyproject.toml keep pip from installing one), unless GANGWATCH_UNTESTED_FRAMEWOR
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import weakref
@@ -173,75 +171,6 @@ def cap_fetch_wait(ms: int) -> None:
 
     cls._gangwatch_orig_create = orig
     cls._create_worker_consumer = create
-
-
-def deliver_eagerly() -> None:
-    """Hand each fetched message to the agents' queues without a task per message.
-
-    Faust's consumer loop (`Consumer._drain_messages` in faust-streaming 0.15) awaits
-    `self.wait_first(callback(message), self.suspend_flow.wait())` for every message:
-    four tasks and an `asyncio.wait`, the largest cost the worker pays per message
-    (Faust alone, doing nothing else, delivered 4.6k messages/s). The callback (the
-    conductor's `on_message`) nearly always finishes without waiting: it puts the
-    event in the agents' queue. So the consumer's `wait_first` runs the callback's
-    first step at once (`eager_wait_first`); finished there, the message is delivered
-    as Faust would have delivered it; when the callback waits (flow control during a
-    rebalance, a full queue, the producer's buffer), the rest of it runs under Faust's
-    own `wait_first` beside the suspend-flow event, as before.
-    """
-    from faust.transport.consumer import Consumer
-
-    Consumer.wait_first = eager_wait_first  # (inherited from mode's Service until now)
-
-
-async def eager_wait_first(self: Any, *coros: Any, timeout: Any = None) -> Any:
-    """mode's `Service.wait_first`, except that a first argument that is a coroutine runs its first step at once:
-    when it returns there, it is the winner and the other arguments are not awaited; else the rest of it and the
-    other arguments go to the original `wait_first`. Anything else goes to the original unchanged."""
-    from mode.services import Service, WaitResults
-
-    original = Service.wait_first
-    if not coros or not asyncio.iscoroutine(coros[0]) or self._stopped.is_set() or self._crashed.is_set():
-        return await original(self, *coros, timeout=timeout)
-    first, others = coros[0], coros[1:]
-    try:
-        waiting_on = first.send(None)
-    except BaseException as e:  # noqa: BLE001 - finished (StopIteration) or failed: the others are not awaited
-        for other in others:
-            if asyncio.iscoroutine(other):
-                other.close()  # never started: nothing to cancel, only the never-awaited warning to spare
-        if isinstance(e, StopIteration):
-            return WaitResults([first], [e.value], False)
-        raise
-    return await original(self, _Rest(first, waiting_on), *others, timeout=timeout)
-
-
-class _Rest:
-    """The rest of a coroutine whose first step already ran and yielded `waiting_on`, as an awaitable: what
-    `yield from coro` would have done from there (values sent and exceptions thrown in, such as a cancellation,
-    reach `coro`)."""
-
-    def __init__(self, coro: Any, waiting_on: Any) -> None:
-        self.coro, self.waiting_on = coro, waiting_on
-
-    def __await__(self) -> Any:
-        coro, waiting_on = self.coro, self.waiting_on
-        while True:
-            try:
-                sent = yield waiting_on
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as e:  # noqa: BLE001 - passed on to the coroutine, as `yield from` does
-                try:
-                    waiting_on = coro.throw(e)
-                except StopIteration as done:
-                    return done.value
-            else:
-                try:
-                    waiting_on = coro.send(sent)
-                except StopIteration as done:
-                    return done.value
 
 
 def seek_uncommitted() -> None:

@@ -118,7 +118,6 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     sinks = [queued(sink, capacity=s.sink_queue, retry=retry) for sink in sinks or []]  # off the loop, a thread each
 
     faust_adapter.cap_fetch_wait(s.fetch_wait_ms)
-    faust_adapter.deliver_eagerly()
     faust_adapter.seek_uncommitted()
     t = s.own_topics
     datadir = Path(s.datadir or Path(tempfile.gettempdir()) / "gangwatch-faust" / s.app_id)
