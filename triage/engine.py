@@ -108,11 +108,10 @@ class JobCore:
         self.records += 1
         out = Outputs() if out is None else out
         t = rec.ts - self.config.lateness_s
-        if rec.ts > self.max_ts:
+        newest = rec.ts > self.max_ts
+        if newest:
             self.max_ts = rec.ts
-            if t >= self.watermark + self.config.tick_s:
-                self.advance(t, out)
-        if t > self.watermark and t >= self._decision_due():
+        if (newest and t >= self.watermark + self.config.tick_s) or t >= self._decision_due():
             self.advance(t, out)
         kind = rec.kind
         if kind == "job":
@@ -144,14 +143,14 @@ class JobCore:
                 s += 1
                 continue
             ts = rec.ts[0] if rows else rec.ts
-            if ts > self.max_ts:
+            decide_at = self._decision_due()
+            newest = ts > self.max_ts
+            if newest:
                 self.max_ts = ts
-                if ts - lateness >= self.watermark + tick:
-                    self.advance(ts - lateness, out)
-            if ts - lateness > self.watermark and ts - lateness >= self._decision_due():
+            if (newest and ts - lateness >= self.watermark + tick) or ts - lateness >= decide_at:
                 self.advance(ts - lateness, out)
-            due = min(self.watermark + tick, self._decision_due())
-            e, top, count = _run_end(recs, s, self.max_ts, lateness, due)
+                decide_at = self._decision_due()
+            e, top, count = _run_end(recs, s, self.max_ts, lateness, min(self.watermark + tick, decide_at))
             n = len(recs)
             self.max_ts = top
             self.records += count

@@ -256,22 +256,26 @@ class PrivateClickHouse:
         self._run("stop")
 
 
-def worker_metrics(port: int) -> dict[str, float]:
-    """A worker's Prometheus series the fault tests read (its `--metrics-port`), summed over their labels:
-    records handed to cores, consumer lag (messages), RSS (bytes)."""
+def metric_samples(port: int) -> list:
+    """Every sample (name, labels, value) a local process serves on its Prometheus endpoint at `port`."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
+    return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+
+def worker_metrics(port: int) -> dict[str, float]:
+    """A worker's Prometheus series the fault tests read (its `--metrics-port`), summed over their labels:
+    records handed to cores, consumer lag (messages), RSS (bytes)."""
     out = {"records": 0.0, "lag": 0.0, "rss": 0.0}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == "gangwatch_records_total":
-                out["records"] += s.value
-            elif s.name == "gangwatch_consumer_lag_records":
-                out["lag"] += s.value
-            elif s.name == "process_resident_memory_bytes":
-                out["rss"] = s.value
+    for s in metric_samples(port):
+        if s.name == "gangwatch_records_total":
+            out["records"] += s.value
+        elif s.name == "gangwatch_consumer_lag_records":
+            out["lag"] += s.value
+        elif s.name == "process_resident_memory_bytes":
+            out["rss"] = s.value
     return out

@@ -35,13 +35,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +51,7 @@ from gangwatch.schemas.signature import SECRET_ENV
 from gangwatch.sinks.store import ClickHouseStore
 from gangwatch.streams.topics import TopicSettings
 
+from tests.integration.daemons import metric_samples
 from tests.integration.kafkakit import REPO, WorkerProc, caught_up, read_all, worker_args
 
 TRAIN = REPO / "examples" / "tiny_job" / "train.py"
@@ -143,6 +142,7 @@ class LiveJob:
         self.state = workdir / "controller"
         self.ckpt = workdir / "ckpt"
         self._listen, self._secret = "", {}  # the controller's webhook address and secret (with `webhook`)
+        self.agent_ports: dict[str, int] = {}  # node -> its agent's metrics port
 
     # --- running --------------------------------------------------------------------------------
 
@@ -161,8 +161,10 @@ class LiveJob:
         self._spawn("worker", worker_args(self.bootstrap, self.job, self.topics, "--store", url, *webhook,
                                               *self.worker_extra), env=self._secret)
         for node in (*self.job_nodes, *self.spare_nodes):
+            self.agent_ports[node] = free_port("127.0.0.1")
             self._spawn(f"agent-{node}", self._gangwatch("agent", "--node", node, "--kmsg", "off", "--gpu-every", "0",
-                                                         "--spool-dir", str(self.workdir / f"spool-{node}")),
+                                                         "--spool-dir", str(self.workdir / f"spool-{node}"),
+                                                         "--metrics-port", str(self.agent_ports[node])),
                         env=self._secret)  # stack sweeps only when signed with it
 
     def start_controller(self, steps: int, *train_args: str) -> None:
@@ -185,13 +187,8 @@ class LiveJob:
 
     def relayed(self, node: str) -> float:
         """Records of the training processes the agent of `node` took on its relay (its metrics endpoint)."""
-        log = (self.workdir / f"agent-{node}.log").read_text(errors="replace")
-        found = re.search(r"metrics on http://[^:]+:(\d+)/metrics", log)
-        assert found, f"agent of {node} serves no metrics:\n{log}"
-        with urllib.request.urlopen(f"http://127.0.0.1:{found[1]}/metrics", timeout=10) as r:
-            text = r.read().decode()
-        taken = re.search(r'^gangwatch_agent_relay_records_total\{outcome="accepted"\} (\S+)$', text, re.M)
-        return float(taken[1]) if taken else 0.0
+        return sum(s.value for s in metric_samples(self.agent_ports[node])
+                   if s.name == "gangwatch_agent_relay_records_total" and s.labels.get("outcome") == "accepted")
 
     def stop_controller(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> float:
         """A user stops the controller (and with it the job) with `sig`; returns when it had exited (epoch s)."""
