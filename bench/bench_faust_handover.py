@@ -22,6 +22,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -36,7 +37,7 @@ def child(args: argparse.Namespace) -> None:
 
     faust_adapter.cap_fetch_wait(100)  # the worker's default fetch wait
     app = faust.App(f"bench-handover-{uuid.uuid4().hex[:8]}", broker=f"kafka://{args.bootstrap}",
-                    store="memory://", autodiscover=False, web_enabled=False, topic_partitions=1,
+                    store="memory://", datadir=args.datadir, autodiscover=False, web_enabled=False, topic_partitions=1,
                     consumer_auto_offset_reset="earliest", stream_wait_empty=False)
     metrics = WorkerMetrics() if args.child == "worker-monitor" else None
     if metrics is not None:
@@ -85,6 +86,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3, help="runs of each mode, alternating")
     p.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     p.add_argument("--topic", help=argparse.SUPPRESS)
+    p.add_argument("--datadir", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         child(args)
@@ -95,9 +97,10 @@ def main() -> None:
     rates: dict[str, list[float]] = {m: [] for m in MODES}
     for _ in range(args.repeat):
         for mode in MODES:
-            out = subprocess.run([sys.executable, __file__, "--child", mode, "--topic", topic, "--bootstrap",
-                                  args.bootstrap, "--messages", str(args.messages)],
-                                 capture_output=True, text=True, timeout=600, check=False)
+            with tempfile.TemporaryDirectory(prefix="bench-handover-") as datadir:  # Faust's app directory
+                out = subprocess.run([sys.executable, __file__, "--child", mode, "--topic", topic, "--bootstrap",
+                                      args.bootstrap, "--messages", str(args.messages), "--datadir", datadir],
+                                     capture_output=True, text=True, timeout=600, check=False)
             # Faust's worker logs what its process prints: the result is on a line of its own, or inside a log line
             found = [x[x.index('{"seconds"'):] for x in (out.stdout + out.stderr).splitlines() if '{"seconds"' in x]
             if not found:

@@ -3,7 +3,9 @@
 1. Pre-fills `gw.telemetry` with N records of one 2,048-rank job (steps and
    heartbeats in batch envelopes: by default 16 records, one node's step, as a
    node sidecar sends them; `--envelopes 8,64` measures each size in turn, on
-   topics of its own).
+   topics of its own). `--jitter S`: ranks report up to S seconds late, so that
+   envelopes overlap in time and their items come in the order the ranks reported,
+   as a node agent's relay packs them.
 2. Raw: an aiokafka consumer (no group) reads and `schemas.decode`s them all. Beside it, the runner
    alone: `JobRunner.on_batch` on the same messages in this process (decode + the core + the runner's
    bookkeeping, CPU seconds): the worker minus Kafka and Faust.
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import statistics
 import sys
 import tempfile
@@ -77,26 +80,32 @@ def node_batch(node: int, step: int, ts: float, job: str = "j1", first_rank: int
 # --- throughput ----------------------------------------------------------------------
 
 
-def telemetry(ranks: int, records: int, t0: float):
-    """`records` step and heartbeat records of one job, node by node within each step (the order sidecars send)."""
+def telemetry(ranks: int, records: int, t0: float, jitter: float = 0.0):
+    """`records` step and heartbeat records of one job, node by node within each step (the order sidecars send).
+
+    `jitter` > 0: each rank reports its step up to that many seconds late (seeded), and a node's records come in
+    the order its ranks report, as a node agent's relay packs them: envelopes of one step overlap in time and
+    their items are not in event-time order (0: every node's records at one time, nodes 0.1 ms apart)."""
+    rnd = random.Random(7)
     n = 0
     step = 0
     while True:
         step += 1
         for node in range(ranks // GPUS):
             ts = t0 + step * 1.0 + node * 1e-4
+            late = [round(rnd.uniform(0, jitter), 6) if jitter else 0.0 for _ in range(GPUS)]
             for g in range(GPUS):
                 r = node * GPUS + g
-                yield Step(ts=ts, job="j1", rank=r, step=step, step_s=1.0, compute_s=0.6, comm_wait_s=0.35,
-                           data_wait_s=0.01)
-                yield Heartbeat(ts=ts, job="j1", rank=r, step=step)
+                yield Step(ts=ts + late[g], job="j1", rank=r, step=step, step_s=1.0, compute_s=0.6,
+                           comm_wait_s=0.35, data_wait_s=0.01)
+                yield Heartbeat(ts=ts + late[g], job="j1", rank=r, step=step)
                 n += 2
                 if n >= records:
                     return
 
 
 def prefill(bootstrap: str, t: TopicSettings, ranks: int, records: int,
-            per_msg: int = 2 * GPUS) -> tuple[int, int, float]:
+            per_msg: int = 2 * GPUS, jitter: float = 0.0) -> tuple[int, int, float]:
     """Job record + `records` telemetry records in envelopes of `per_msg`; returns (records, messages, seconds)."""
     producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=1 << 20,
                              compression_type=None, max_request_size=16 << 20)
@@ -105,7 +114,7 @@ def prefill(bootstrap: str, t: TopicSettings, ranks: int, records: int,
     n_msgs = records // per_msg
     started = time.perf_counter()
     chunk: list = []
-    for rec in telemetry(ranks, n_msgs * per_msg, t0):
+    for rec in telemetry(ranks, n_msgs * per_msg, t0, jitter):
         chunk.append(rec)
         if len(chunk) == per_msg:
             producer.send(t.telemetry, key=b"j1", value=encode_batch(chunk, chunk[0].ts))
@@ -115,7 +124,8 @@ def prefill(bootstrap: str, t: TopicSettings, ranks: int, records: int,
     return n_msgs * per_msg, n_msgs, time.perf_counter() - started
 
 
-def runner_alone(t: TopicSettings, ranks: int, records: int, per_msg: int, batch: int = 300) -> float:
+def runner_alone(t: TopicSettings, ranks: int, records: int, per_msg: int, batch: int = 300,
+                 jitter: float = 0.0) -> float:
     """Records per CPU second of `JobRunner.on_batch` alone, in this process, on the same messages the worker
     reads (job record, then envelopes of `per_msg`), `batch` messages per call and the job's state packed every
     20 calls: what the worker's logic costs without Kafka and Faust around it."""
@@ -126,7 +136,7 @@ def runner_alone(t: TopicSettings, ranks: int, records: int, per_msg: int, batch
     t0 = 1_700_000_000.0
     msgs = [Msg(t.jobs, 0, 0, b"j1", encode(make_job(ranks, t0, hb=5.0)), t0)]
     chunk: list = []
-    for rec in telemetry(ranks, records // per_msg * per_msg, t0):
+    for rec in telemetry(ranks, records // per_msg * per_msg, t0, jitter):
         chunk.append(rec)
         if len(chunk) == per_msg:
             msgs.append(Msg(t.telemetry, 0, len(msgs), b"j1", encode_batch(chunk, chunk[0].ts), t0))
@@ -361,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="records per batch envelope (message), each size measured in turn (default: 16)")
     p.add_argument("--baseline", type=Path, metavar="CHECKOUT",
                    help="another checkout (with its .venv) whose worker runs beside this one's, alternately")
+    p.add_argument("--jitter", type=float, default=0.0, metavar="S",
+                   help="each rank reports up to S seconds late (seeded): envelopes overlap in time and are not in "
+                        "event-time order, as a node agent packs them (default 0: each node at one time)")
     p.add_argument("--repeat", type=int, default=1, help="runs of each worker per envelope size (default: 1)")
     args = p.parse_args(argv)
     if args.baseline is not None and not (args.baseline / ".venv" / "bin" / "python").exists():
@@ -378,12 +391,12 @@ def main(argv: list[str] | None = None) -> int:
             made += create_topics(t, args.bootstrap)
             print(f"pre-filling {args.records:,} records of a {args.ranks:,}-rank job into {t.telemetry}, "
                   f"{size} per envelope ...", file=sys.stderr)
-            records, messages, fill_s = prefill(args.bootstrap, t, args.ranks, args.records, size)
+            records, messages, fill_s = prefill(args.bootstrap, t, args.ranks, args.records, size, args.jitter)
             print(f"  {records:,} records in {messages:,} messages, produced in {fill_s:.1f} s", file=sys.stderr)
             print("raw aiokafka consumer + decode ...", file=sys.stderr)
             raw_records, raw_s = asyncio.run(raw_consume(args.bootstrap, t.telemetry, messages))
             print("the runner alone, in this process ...", file=sys.stderr)
-            alone = runner_alone(t, args.ranks, records, size)
+            alone = runner_alone(t, args.ranks, records, size, jitter=args.jitter)
             codes = [("this", None)] if args.baseline is None else [("baseline", args.baseline), ("this", None)]
             for rep in range(args.repeat):
                 for code, checkout in codes:
@@ -426,8 +439,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((f"{kind} latency p50 / p99 / max",
                      f"{m['p50'] * 1e3:,.0f} / {m['p99'] * 1e3:,.0f} / {m['max'] * 1e3:,.0f} ms (n={m['n']})",
                      "p99 <= 1,000 ms" if kind == "actions" else ""))
+    late = f", ranks up to {args.jitter:g} s late (envelopes overlap)" if args.jitter else ""
     print(f"\nbench_worker: {args.ranks:,}-rank job, {args.records:,} records per envelope size, "
-          f"{t.partitions} partitions")
+          f"{t.partitions} partitions{late}")
     print(f"{'measure':<40} {'value':<36} target")
     for name, value, target in rows:
         print(f"{name:<40} {value:<36} {target}")

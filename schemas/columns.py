@@ -86,6 +86,54 @@ class StepRows:
         return (self._part(slice(None, j), slice(None, k - j), 0, slice(None, k)),
                 self._part(slice(j, None), slice(k - j, None), k, slice(k, None)))
 
+    @classmethod
+    def merged(cls, parts: Sequence[StepRows]) -> StepRows:
+        """The items of `parts` (of one job) as one `StepRows` in time order: a stable sort of their items, one
+        part after the other, by time (items of equal time keep the order they had in `parts`)."""
+        ts = [t for p in parts for t in p.ts]
+        return cls._taken(parts, ts, sorted(range(len(ts)), key=ts.__getitem__))
+
+    def in_time_order(self) -> tuple[StepRows, list[int]]:
+        """(these items sorted by time, stably; the place here of each of its items)."""
+        order = sorted(range(len(self.ts)), key=self.ts.__getitem__)
+        return StepRows._taken([self], self.ts, order), order
+
+    @classmethod
+    def _taken(cls, parts: Sequence[StepRows], ts: Sequence[float], order: list[int]) -> StepRows:
+        """Item `order[k]` of the parts' items (one part after the other; `ts` their times) as item k."""
+        job = parts[0].job
+        if all(p.beats is None for p in parts):
+            return cls(job, {name: _take(_chained(parts, "cols", name), order) for name in parts[0].cols})
+        where: list[int] = []  # per item of the parts in turn: its place among their steps, or ~ among heartbeats
+        s = b = 0
+        for p in parts:
+            if p.beats is None:
+                where += range(s, s + len(p))
+                s += len(p)
+                continue
+            w = [0] * len(p)
+            for k, i in enumerate(p.steps_at, s):
+                w[i] = k
+            for k, i in enumerate(p.beats_at, b):
+                w[i] = ~k
+            where += w
+            s, b = s + len(p.steps_at), b + len(p.beats_at)
+        steps_at: list[int] = []
+        beats_at: list[int] = []
+        step_order: list[int] = []
+        beat_order: list[int] = []
+        for pos, w in enumerate(map(where.__getitem__, order)):
+            if w >= 0:
+                steps_at.append(pos)
+                step_order.append(w)
+            else:
+                beats_at.append(pos)
+                beat_order.append(~w)
+        names = next(p for p in parts if p.beats is not None)
+        cols = {name: _take(_chained(parts, "cols", name), step_order) for name in names.cols}
+        beats = {name: _take(_chained(parts, "beats", name), beat_order) for name in names.beats}
+        return cls(job, cols, beats, steps_at, beats_at, _take(ts, order))
+
     def _part(self, steps: slice, beats: slice, start: int, items: slice) -> StepRows:
         """The items `items` (from `start`) of these mixed rows: their steps `steps` and heartbeats `beats`."""
         cols = {n: c[steps] for n, c in self.cols.items()}
@@ -94,6 +142,21 @@ class StepRows:
             return StepRows(self.job, cols)
         return StepRows(self.job, cols, {n: c[beats] for n, c in self.beats.items()},
                         [p - start for p in self.steps_at[steps]], [p - start for p in beats_at], self.ts[items])
+
+
+def _chained(parts: Sequence[StepRows], which: str, name: str) -> list[Any]:
+    """Column `name` of the parts' steps (`which` "cols") or heartbeats ("beats"), one part after the other."""
+    out: list[Any] = []
+    for p in parts:
+        got = getattr(p, which)
+        if got is not None:
+            out += got[name]
+    return out
+
+
+def _take(values: Sequence[Any], order: list[int]) -> Sequence[Any]:
+    """`values` at the places `order` gives, in that order."""
+    return operator.itemgetter(*order)(values) if len(order) > 1 else [values[i] for i in order]
 
 
 @functools.cache

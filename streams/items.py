@@ -8,6 +8,7 @@ batch and time logic can take as given (tests/unit/test_runner_rows.py holds it 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from operator import attrgetter
 from typing import NamedTuple
 
@@ -28,9 +29,10 @@ class Msg(NamedTuple):
 
 
 class Item(NamedTuple):
-    """One record in a job's batch, or several consecutive ones of one message as a `StepRows` whose times never
-    go down: record k of the item has sequence number `seq` + k and place `idx` + k in its message. Sorts by
-    (ts, seq) of its first record natively (seq is unique, so `rec` is never compared)."""
+    """One record in a job's batch, or several of one message as a `StepRows` whose times never go down: record k
+    of the item has sequence number `seq` + k and place `idx` + k in its message (`places[k]` where the message's
+    records were sorted by time: `item_of`). Sorts by (ts, seq) of its first record natively (seq is unique, so
+    `rec` is never compared)."""
 
     ts: float
     seq: int
@@ -38,9 +40,14 @@ class Item(NamedTuple):
     msg: Msg
     idx: int = 0  # the first record's place in its message (a batch envelope holds many)
     n: int = 1  # records in the item
+    places: tuple[int, ...] | None = None  # each record's place in its message, where not idx, idx + 1, ...
+
+    def at(self) -> Sequence[int]:
+        """The places of the item's records in their message, in item order."""
+        return self.places if self.places is not None else range(self.idx, self.idx + self.n)
 
 
-TS, N = attrgetter("ts"), attrgetter("n")
+TS, SEQ, N = attrgetter("ts"), attrgetter("seq"), attrgetter("n")
 
 
 def last_of(it: Item) -> tuple[float, int]:
@@ -48,26 +55,40 @@ def last_of(it: Item) -> tuple[float, int]:
     return (it.rec.ts[-1], it.seq + it.n - 1) if it.n > 1 else (it.ts, it.seq)
 
 
+def item_of(rows: StepRows, seq: int, msg: Msg) -> Item:
+    """A message's `StepRows` (its records numbered from `seq`) as one item, sorted by time if it is not (a node
+    agent packs its ranks' records in the order they came): its places in the message go with it."""
+    ts = rows.ts
+    if list(ts) == sorted(ts):
+        return Item(ts[0], seq, rows, msg, 0, len(ts))
+    rows, order = rows.in_time_order()
+    return Item(rows.ts[0], seq, rows, msg, order[0], len(order), tuple(order))
+
+
 def one_by_one(it: Item) -> list[Item]:
     """The item as one item per record."""
     rows = it.rec
     if type(rows) is not StepRows:
         return [it]
-    return [Item(ts, it.seq + k, rec, it.msg, it.idx + k)
-            for k, (ts, rec) in enumerate(zip(rows.ts, rows.records(), strict=True))]
+    return [Item(ts, it.seq + k, rec, it.msg, at)
+            for k, (ts, rec, at) in enumerate(zip(rows.ts, rows.records(), it.at(), strict=True))]
 
 
 def cut(it: Item, k: int) -> tuple[Item, Item]:
     """(the item's first `k` records, the rest), of an item of more than `k`."""
     head, tail = it.rec.split(k)
+    if it.places is not None:
+        return (Item(it.ts, it.seq, head, it.msg, it.idx, k, it.places[:k]),
+                Item(tail.ts[0], it.seq + k, tail, it.msg, it.places[k], it.n - k, it.places[k:]))
     return Item(it.ts, it.seq, head, it.msg, it.idx, k), Item(tail.ts[0], it.seq + k, tail, it.msg, it.idx + k,
                                                                 it.n - k)
 
 
-def in_order(items: list[Item]) -> list[Item]:
+def in_order(items: list[Item], merge: bool = False) -> list[Item]:
     """The items ordered so that their records, item after item, come in (ts, seq) order, the record path's: a
     `StepRows` item whose time span holds another item's record is taken apart, record by record, with the
-    items it overlaps."""
+    items it overlaps. With `merge`, such items that are all `StepRows` become one (`merged`) instead: for
+    items that go to the core now, whose places in their messages no longer matter."""
     items.sort()
     several = [k for k, size in enumerate(map(N, items)) if size > 1]  # only these span a time
     if not several:
@@ -83,10 +104,22 @@ def in_order(items: list[Item]) -> list[Item]:
             j += 1
         if j > k + 1:
             out += items[done:k]
-            out += sorted(one for x in items[k:j] for one in one_by_one(x))
+            group = items[k:j]
+            if merge and all(type(x.rec) is StepRows for x in group):
+                out.append(merged(group))
+            else:
+                out += sorted(one for x in group for one in one_by_one(x))
             done = j
     out += items[done:]
     return out
+
+
+def merged(group: list[Item]) -> Item:
+    """`StepRows` items (in order) as one, its records in (ts, seq) order. It stands for records of several
+    messages: its `seq`, `msg` and `idx` are its first item's, which say nothing of its other records."""
+    rows = StepRows.merged([x.rec for x in sorted(group, key=SEQ)])  # of equal times, the first read first
+    first = group[0]
+    return Item(rows.ts[0], first.seq, rows, first.msg, first.idx, len(rows))
 
 
 def ts_at(items: list[Item], k: int) -> float:

@@ -69,8 +69,7 @@ class JobState:
         out = {where: set(pos) for where, pos in self.owed.items()}
         for it in (*self.held, *self.pending):
             offset = it.msg.offset
-            out.setdefault(f"{it.msg.topic}:{it.msg.partition}", set()).update(
-                (offset, idx) for idx in range(it.idx, it.idx + it.n))
+            out.setdefault(f"{it.msg.topic}:{it.msg.partition}", set()).update((offset, idx) for idx in it.at())
         return out
 
     def uncovered(self) -> dict[str, int]:

@@ -37,7 +37,7 @@ from typing import NamedTuple
 import orjson
 from gangwatch.schemas import DeadLetter, DecodeError, Outputs, Record, decode, encode
 from gangwatch.schemas.columns import StepRows
-from gangwatch.streams.items import TS, Item, Msg, N, cut, in_order, is_job, last_of, one_by_one, ts_at
+from gangwatch.streams.items import TS, Item, Msg, N, cut, in_order, is_job, item_of, last_of, one_by_one, ts_at
 from gangwatch.streams.jobstate import JobState, cover_of, pack_state, unpack_state
 from gangwatch.streams.topics import TopicSettings
 from gangwatch.triage.config import CoreConfig
@@ -193,17 +193,17 @@ class JobRunner:
             decoded = decode(msg.value, columns=True, heartbeats=True)
             if len(decoded) == 1 and type(decoded[0]) is StepRows:
                 rows = decoded[0]
-                ts = rows.ts
-                if rows.job and ts[-1] <= ahead and list(ts) == sorted(ts):  # else: record by record, below
+                top = max(rows.ts)
+                if rows.job and top <= ahead:  # else: record by record, below
                     n = len(rows)
                     if routed:
                         self.by_job_read[msg.key.decode()] += n
-                    if ts[-1] > newest:
-                        newest = ts[-1]
+                    if top > newest:
+                        newest = top
                     items = by_job.get(rows.job)
                     if items is None:
                         items = by_job[rows.job] = []
-                    items.append(Item(ts[0], seq + 1, rows, msg, 0, n))
+                    items.append(item_of(rows, seq + 1, msg))
                     seq += n
                     partition_of[rows.job] = msg.partition
                     frontier[where] = newest
@@ -322,16 +322,21 @@ class JobRunner:
         if st.core is None and not any(map(is_job, items)) and not any(map(is_job, st.held)):
             self._hold(st, job, in_order(items), now, res)
             return
-        held = st.held = in_order(st.held + items)  # (st.held is in order already)
+        held = st.held + items
         if not held:
             return
         point = self.release_point(st.partition, lagging, pending_from)
         if self.outage is not None:  # every producer's backlog first
             point = min(point, self.outage.get(job, -math.inf))
         excess = sum(map(N, held)) - MAX_PENDING
+        if st.core is not None and excess <= 0 and max(last_of(it)[0] for it in held) <= point:
+            st.held = []  # the usual case: every record can go, overlapping envelopes as one
+            self._process(job, st, in_order(held, merge=True), now, res)
+            return
+        held = st.held = in_order(held)
         if excess > 0:  # memory bound: past it, the oldest go ahead of their inputs
             point = max(point, ts_at(held, excess - 1))
-        if last_of(held[-1])[0] <= point:  # the usual case: every record can go
+        if last_of(held[-1])[0] <= point:  # every record can go (past the memory bound, or the job record among them)
             ready = held
             st.held = []
         else:

@@ -178,31 +178,115 @@ def test_a_bad_item_is_dead_lettered_and_the_rest_go_on():
     assert r.records == 1 + 31 and res.kinds == {"job": 1, "step": 16, "heartbeat": 15}
 
 
-def test_an_envelope_read_again_processes_only_what_the_saved_state_owes(by_records):
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_an_envelope_read_again_processes_only_what_the_saved_state_owes(by_records, shuffled):
     """A worker saves its state while part of an envelope is held, and dies; its successor reads the envelope
-    again: the part processed is skipped, the part owed goes to the core, as the record path does."""
+    again: the part processed is skipped, the part owed goes to the core, as the record path does (an envelope
+    not in time order too: its records' places in the message are what is owed)."""
     job = Msg(T.jobs, 0, 0, b"j1", encode(job_record()))
+    items = orjson.loads(sixteen_ranks(0).value)["items"]
+    if shuffled:
+        random.Random(1).shuffle(items)
     later = envelope([to_dict(Heartbeat(ts=T0 + 3, job="j1", rank=r, step=1)) for r in range(16)], 1)
     runs = {}
     for name, call in (("columns", lambda fn, *a, **k: fn(*a, **k)), ("records", by_records)):
         a = runner()
-        call(a.on_batch, [job, sixteen_ranks(0)], pending_from=lambda: T0 + 1.075)
+        call(a.on_batch, [job, envelope(items, 0)], pending_from=lambda: T0 + 1.075)
         saved = a.state_of("j1")
         b = runner(load=lambda j, saved=saved: saved)
-        res = call(b.on_batch, [sixteen_ranks(0), later])
+        res = call(b.on_batch, [envelope(items, 0), later])
         runs[name] = (outcome(res), b.records, b.duplicates, b.state_of("j1"))
         assert (a.records, b.records, b.duplicates) == (17, 16 + 16, 16)
     assert runs["columns"] == runs["records"]
 
 
-def test_envelopes_whose_times_overlap_are_taken_record_by_record_in_event_time_order(by_records):
+@pytest.mark.parametrize("point", [math.inf, T0 + 1.08])
+def test_envelopes_whose_times_overlap_go_to_the_core_in_event_time_order(by_records, monkeypatch, point):
+    """Envelopes whose time spans interleave: when all of them can go, the core gets them as one `StepRows` in
+    event-time order; when only part can, record by record (what is held keeps each record's place)."""
     job = Msg(T.jobs, 0, 0, b"j1", encode(job_record()))
-    first = sixteen_ranks(0)
+    first = sixteen_ranks(1)
     items = orjson.loads(first.value)["items"]
-    second = envelope([{**i, "ts": i["ts"] + 0.005} for i in items], 1)  # interleaves with the first
+    second = envelope([{**i, "ts": i["ts"] + 0.005} for i in items], 2)  # interleaves with the first
     got, want = runner(), runner()
-    assert outcome(got.on_batch([job, first, second])) == outcome(by_records(want.on_batch, [job, first, second]))
+    assert outcome(got.on_batch([job], pending_from=lambda: point)) == \
+           outcome(by_records(want.on_batch, [job], pending_from=lambda: point))
+    pieces = []
+    take = JobCore.process_many
+
+    def seen(core, recs, out=None):
+        pieces.extend(recs)
+        return take(core, recs, out)
+
+    monkeypatch.setattr(JobCore, "process_many", seen)
+    a = got.on_batch([first, second], pending_from=lambda: point)
+    monkeypatch.setattr(JobCore, "process_many", take)
+    assert outcome(a) == outcome(by_records(want.on_batch, [first, second], pending_from=lambda: point))
     assert got.state_of("j1") == want.state_of("j1")
+    if point == math.inf:
+        assert [(type(p), len(p)) for p in pieces] == [(StepRows, 64)]
+    else:
+        assert pieces and all(type(p) is not StepRows for p in pieces) and got.jobs["j1"].held
+        assert got.jobs["j1"].unprocessed() == want.jobs["j1"].unprocessed()
+
+
+@pytest.mark.parametrize("point", [math.inf, T0 + 1.08])
+def test_an_envelope_not_in_event_time_order_is_sorted_and_keeps_its_places(by_records, monkeypatch, point):
+    """A node's ranks report in their own order: the envelope is sorted by time as one item of columns that keeps
+    each record's place in the message (what is held and owed says so); what can go reaches the core as columns."""
+    job = Msg(T.jobs, 0, 0, b"j1", encode(job_record()))
+    items = orjson.loads(sixteen_ranks(1).value)["items"]
+    random.Random(3).shuffle(items)
+    shuffled = envelope(items, 1)
+    got, want = runner(), runner()
+    assert outcome(got.on_batch([job])) == outcome(by_records(want.on_batch, [job]))
+    pieces = []
+    take = JobCore.process_many
+
+    def seen(core, recs, out=None):
+        pieces.extend(recs)
+        return take(core, recs, out)
+
+    monkeypatch.setattr(JobCore, "process_many", seen)
+    a = got.on_batch([shuffled], pending_from=lambda: point)
+    monkeypatch.setattr(JobCore, "process_many", take)
+    assert outcome(a) == outcome(by_records(want.on_batch, [shuffled], pending_from=lambda: point))
+    assert got.jobs["j1"].unprocessed() == want.jobs["j1"].unprocessed()
+    if point == math.inf:
+        assert [(type(p), len(p)) for p in pieces] == [(StepRows, 32)]
+    else:
+        held = got.jobs["j1"].held
+        assert held and sum(it.n for it in held) + sum(map(len, pieces)) == 32
+        assert all(type(p) is StepRows for p in pieces) and type(held[0].rec) is StepRows
+        assert outcome(got.on_tick()) == outcome(by_records(want.on_tick))
+    assert got.state_of("j1") == want.state_of("j1")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_merged_rows_are_their_records_in_time_order(seed):
+    """`StepRows.merged`: the parts' records, one part after the other, sorted by time (ties kept in that
+    order), whether the parts hold steps only, heartbeats too, or heartbeats only."""
+    rnd = random.Random(seed)
+    parts = []
+    for _ in range(rnd.randrange(2, 7)):
+        items = []
+        t = T0 + rnd.choice([0.0, 0.01, 0.5])
+        for r in range(rnd.choice([16, 20, 33])):
+            t += rnd.choice([0.0, 0.0, 0.01, 0.03])  # equal times within a part and across parts
+            kind = rnd.choice(["step", "beat", "both"]) if rnd.random() < 0.7 else "step"
+            if kind in ("step", "both"):
+                items.append(to_dict(Step(ts=round(t, 6), job="j1", rank=r, step=2, step_s=1.0, loss=rnd.random())))
+            if kind in ("beat", "both"):
+                items.append(to_dict(Heartbeat(ts=round(t, 6), job="j1", rank=r, step=2)))
+        (rows,) = decode(orjson.dumps({"kind": "batch", "v": 1, "items": items}), columns=True, heartbeats=True)
+        assert type(rows) is StepRows
+        parts.append(rows)
+    merged = StepRows.merged(parts)
+    want = sorted((r for p in parts for r in p.records()), key=lambda r: r.ts)
+    assert merged.records() == want and [merged.record(i) for i in range(len(merged))] == want
+    assert list(merged.ts) == [r.ts for r in want] and merged.counts() == Counter(r.kind for r in want)
+    head, tail = merged.split(rnd.randrange(len(want) + 1))
+    assert head.records() + tail.records() == want
 
 
 def mixed_items(rnd: random.Random) -> list[dict]:
