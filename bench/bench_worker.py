@@ -4,8 +4,8 @@
    heartbeats in batch envelopes: by default 16 records, one node's step, as a
    node sidecar sends them; `--envelopes 8,64` measures each size in turn, on
    topics of its own). `--jitter S`: ranks report up to S seconds late, so that
-   envelopes overlap in time and their items come in the order the ranks reported,
-   as a node agent's relay packs them.
+   the envelopes of one step overlap in time (each in time order, as a node agent's
+   relay packs it).
 2. Raw: an aiokafka consumer (no group) reads and `schemas.decode`s them all. Beside it, the runner
    alone: `JobRunner.on_batch` on the same messages in this process (decode + the core + the runner's
    bookkeeping, CPU seconds): the worker minus Kafka and Faust.
@@ -46,6 +46,7 @@ import tempfile
 import threading
 import time
 import uuid
+from operator import attrgetter
 from pathlib import Path
 
 import orjson
@@ -83,9 +84,9 @@ def node_batch(node: int, step: int, ts: float, job: str = "j1", first_rank: int
 def telemetry(ranks: int, records: int, t0: float, jitter: float = 0.0):
     """`records` step and heartbeat records of one job, node by node within each step (the order sidecars send).
 
-    `jitter` > 0: each rank reports its step up to that many seconds late (seeded), and a node's records come in
-    the order its ranks report, as a node agent's relay packs them: envelopes of one step overlap in time and
-    their items are not in event-time order (0: every node's records at one time, nodes 0.1 ms apart)."""
+    `jitter` > 0: each rank reports its step up to that many seconds late (seeded): the envelopes of one step
+    overlap in time (0: every node's records at one time, nodes 0.1 ms apart). Envelopes are packed in time
+    order (`in_envelope`), as a node agent's relay packs them."""
     rnd = random.Random(7)
     n = 0
     step = 0
@@ -104,6 +105,12 @@ def telemetry(ranks: int, records: int, t0: float, jitter: float = 0.0):
                     return
 
 
+def in_envelope(chunk: list) -> bytes:
+    """Records as one batch envelope, in time order (stable), as the node agent's relay sends them."""
+    chunk = sorted(chunk, key=attrgetter("ts"))
+    return encode_batch(chunk, chunk[0].ts)
+
+
 def prefill(bootstrap: str, t: TopicSettings, ranks: int, records: int,
             per_msg: int = 2 * GPUS, jitter: float = 0.0) -> tuple[int, int, float]:
     """Job record + `records` telemetry records in envelopes of `per_msg`; returns (records, messages, seconds)."""
@@ -117,7 +124,7 @@ def prefill(bootstrap: str, t: TopicSettings, ranks: int, records: int,
     for rec in telemetry(ranks, n_msgs * per_msg, t0, jitter):
         chunk.append(rec)
         if len(chunk) == per_msg:
-            producer.send(t.telemetry, key=b"j1", value=encode_batch(chunk, chunk[0].ts))
+            producer.send(t.telemetry, key=b"j1", value=in_envelope(chunk))
             chunk = []
     producer.flush()
     producer.close()
@@ -139,7 +146,7 @@ def runner_alone(t: TopicSettings, ranks: int, records: int, per_msg: int, batch
     for rec in telemetry(ranks, records // per_msg * per_msg, t0, jitter):
         chunk.append(rec)
         if len(chunk) == per_msg:
-            msgs.append(Msg(t.telemetry, 0, len(msgs), b"j1", encode_batch(chunk, chunk[0].ts), t0))
+            msgs.append(Msg(t.telemetry, 0, len(msgs), b"j1", in_envelope(chunk), t0))
             chunk = []
     runner = JobRunner(t, silence=False, wall=lambda: t0 + 1e6)
     thresholds = gc.get_threshold()
@@ -372,8 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", type=Path, metavar="CHECKOUT",
                    help="another checkout (with its .venv) whose worker runs beside this one's, alternately")
     p.add_argument("--jitter", type=float, default=0.0, metavar="S",
-                   help="each rank reports up to S seconds late (seeded): envelopes overlap in time and are not in "
-                        "event-time order, as a node agent packs them (default 0: each node at one time)")
+                   help="each rank reports up to S seconds late (seeded): the envelopes of one step overlap in time, "
+                        "as a synchronous job's nodes report (default 0: each node at one time, nodes apart)")
     p.add_argument("--repeat", type=int, default=1, help="runs of each worker per envelope size (default: 1)")
     args = p.parse_args(argv)
     if args.baseline is not None and not (args.baseline / ".venv" / "bin" / "python").exists():

@@ -53,6 +53,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 
 from gangwatch.producers.agent.outbox import Outbox
@@ -139,6 +140,9 @@ class Packer:
 
     def _close(self, env: Envelope) -> Envelope:
         del self._open[(env.topic, env.key)]
+        # in event-time order (stable: a rank's records keep theirs), as the ranks' clocks have it, not the order
+        # they came in: the worker reads such an envelope as columns as it stands (else it sorts it first)
+        env.records.sort(key=attrgetter("ts"))
         return env
 
 

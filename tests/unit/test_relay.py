@@ -163,6 +163,19 @@ def test_an_envelope_closes_at_its_size_its_bytes_its_linger_or_at_once_for_an_e
     assert [r.kind for r in env.records] == ["heartbeat", "framework"]  # what lingered goes with it
 
 
+def test_an_envelope_holds_its_records_in_event_time_order():
+    """Ranks hand their records over in their own order: the envelope goes out in event-time order (a rank's
+    records of one time keep theirs), which the worker reads as columns as they stand."""
+    packer = Packer(max_records=8, max_bytes=1 << 20, linger_s=0.25)
+    came = [Step(ts=2.0 + d, job="j1", rank=r, step=1, step_s=1.0) for r, d in enumerate([0.3, 0.1, 0.2, 0.0])]
+    came += [Heartbeat(ts=2.1, job="j1", rank=1, step=1), Heartbeat(ts=1.9, job="j1", rank=4)]
+    packer.add("gw.telemetry", "j1", [(r, 10) for r in came], Ticket(), now=0.0)
+    [env] = packer.due(0.25)
+    assert [(r.ts, r.kind, r.rank) for r in env.records] == sorted(
+        [(r.ts, r.kind, r.rank) for r in came], key=lambda x: x[0])
+    assert [r.kind for r in env.records if r.rank == 1] == ["step", "heartbeat"]
+
+
 def test_a_ticket_waits_for_every_envelope_holding_its_records():
     packer = Packer(max_records=2, max_bytes=1 << 20, linger_s=0.25)
     first, second = Ticket(), Ticket()
