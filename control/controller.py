@@ -417,11 +417,14 @@ class Controller:
         rec = Lifecycle(ts=round(self.clock(), 6), job=self.spec.job, event=event,
                         reason=reason[:256] if reason else None, source="controller")
         log.info("job %s: %s%s", self.spec.job, event, f" ({reason})" if reason else "")
+        self._publish(rec, f"the {event} record of job {self.spec.job}")
+
+    def _publish(self, rec: Record, what: str) -> None:
+        """Publish `rec`; a broker that fails it is logged: the controller owns the job and goes on with it."""
         try:
             self.publish(rec)
         except Exception as e:
-            log.error("the %s record of job %s could not be published: %s: %s", event, self.spec.job,
-                      type(e).__name__, e)
+            log.error("%s could not be published: %s: %s", what, type(e).__name__, e)
 
     def _checkpoint_named(self, a: Action, phase: str) -> dict[str, Any]:
         """`ckpt_loaded` says which checkpoint the restart loaded (`extra.checkpoint` "step-<N>", `extra.step`):
@@ -439,7 +442,8 @@ class Controller:
         seen.add(phase)
         log.info("recovery %s: %s%s", a.id, phase, f" {answer}" if answer else "")
         if not self.dry_run:
-            self.publish(Recovery(ts=round(ts, 6), job=a.job, action=a.id, phase=phase, **answer))
+            self._publish(Recovery(ts=round(ts, 6), job=a.job, action=a.id, phase=phase, **answer),
+                          f"the {phase} record of action {a.id}")
 
 
 # --- where actions come from, where recovery records go ------------------------------------------

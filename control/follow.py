@@ -21,6 +21,9 @@ line (where it was, which action, why) and not handed out. A reader without `ver
 hands out no action at all (each refused the same way, "no secret to check its
 signature with"): whatever acts on actions must have the secret.
 
+A broker that goes away is waited for: a poll that fails is logged (once per
+cause) and reads nothing; the next one tries again.
+
 Waiting for the assignment polls the group; whatever that poll returns is kept
 and handed out by the next `poll`, never dropped (a record published in the
 moment between joining and the first poll would otherwise be lost).
@@ -58,6 +61,7 @@ class TopicReader:
         self.verify = verify
         self.refused = 0  # actions refused for their signature
         self._early: list[Any] = []  # messages a poll returned while waiting for the assignment
+        self._down: str | None = None  # why the last poll failed (None: it did not)
 
     def wait_assigned(self, timeout_s: float) -> None:
         """Join the group and resolve the start offsets, so nothing published from now on is missed."""
@@ -77,11 +81,24 @@ class TopicReader:
         return [rec for _, rec in self.poll_keyed(timeout_s)]
 
     def poll_keyed(self, timeout_s: float) -> list[tuple[bytes | None, Record]]:
+        from kafka.errors import KafkaError
+
         if self._early:
             got: dict[Any, list[Any]] = {None: self._early}
             self._early = []
         else:
-            got = self._consumer.poll(timeout_ms=int(timeout_s * 1000))
+            try:
+                got = self._consumer.poll(timeout_ms=int(timeout_s * 1000))
+            except KafkaError as e:  # the broker away: kafka-python raises its group heartbeat's failure here
+                why = str(e)  # (kafka-python's errors name their class)
+                if why != self._down:
+                    log.warning("%s: cannot read now (%s); trying again", ", ".join(self.names), why)
+                    self._down = why
+                time.sleep(timeout_s)  # the wait the poll would have made
+                return []
+            if self._down is not None:
+                log.info("%s: reading again", ", ".join(self.names))
+                self._down = None
         out: list[tuple[bytes | None, Record]] = []
         for msgs in got.values():
             for m in msgs:

@@ -23,10 +23,12 @@ when sent directly, 5 % of the 5 s heartbeat period the fail-stop detector
 counts in, and a step is no later than the client's own 1 s flush made it.
 
 Key = the record's job (`<prefix>telemetry` and `<prefix>jobs` are keyed by
-job): records of different jobs never share an envelope. Each client frame's
-records keep their order, and a client sends its next frame only once this one
-was answered, so every rank's records stay in order within and across
-envelopes.
+job): records of different jobs never share an envelope. A client sends its
+next frame only once this one was answered, so every rank's records stay in
+order across envelopes; within one, the records go in event-time order (a
+stable sort by `ts` when it closes: records of one time keep the order they
+came in), the order the worker reads them in anyway, and the one in which it
+takes an envelope as columns without sorting it first.
 
 Answers (framing in producers/trainer/relay.py): a frame is answered `A` once
 every envelope holding its records was sent or spooled by the outbox (or given
@@ -140,9 +142,7 @@ class Packer:
 
     def _close(self, env: Envelope) -> Envelope:
         del self._open[(env.topic, env.key)]
-        # in event-time order (stable: a rank's records keep theirs), as the ranks' clocks have it, not the order
-        # they came in: the worker reads such an envelope as columns as it stands (else it sorts it first)
-        env.records.sort(key=attrgetter("ts"))
+        env.records.sort(key=attrgetter("ts"))  # event-time order (see the module's docstring)
         return env
 
 

@@ -136,6 +136,32 @@ def test_replace_restarts_from_the_latest_checkpoint_with_a_spare_and_reports_th
     assert recoveries(sent)[2].extra == {"checkpoint": "step-30", "step": 30}  # what a drill's restore check reads
 
 
+def test_a_broker_that_refuses_its_records_does_not_stop_the_controller_or_the_recovery(setup, caplog):
+    """The controller owns the job: a `recovery` or `lifecycle` record the broker does not take (it is away) is
+    logged, and the recovery goes on; what the broker takes once back is published."""
+    spec, sent, make = setup
+    checkpoint(spec, 10)
+    away = [True]
+
+    def publish(rec) -> None:
+        if away[0]:
+            raise ConnectionError("111 ECONNREFUSED")
+        sent.append(rec)
+
+    c = Controller(spec, ["n1", "n2"], ["n3"], publish, gang=FakeGang, state_dir=spec.run_dir.parent / "state")
+    c.start()
+    a = action("replace", ["n2"])
+    c.handle(a)
+    second = FakeGang.made[1]
+    assert second.started and second.nodes == ["n1", "n3"] and sent == []
+    assert any("the accepted record of action a-replace-n2 could not be published: ConnectionError" in r.getMessage()
+               for r in caplog.records)
+    away[0] = False
+    second.marks = [{"ts": 500.0, "event": "ckpt_loaded", "step": 10}]
+    c.tick()
+    assert phases(sent) == [(a.id, "ckpt_loaded")]
+
+
 def test_an_action_is_applied_once_even_by_a_restarted_controller(setup):
     spec, sent, make = setup
     c = make()
