@@ -214,14 +214,14 @@ def worker_throughput(bootstrap: str, t: TopicSettings, app_id: str, records: in
     """The worker of `checkout` (None: this one) consuming the pre-filled topic as group `app_id`.
 
     Progress is what the worker handed to its cores (its metrics endpoint, polled every 0.1 s), not its
-    committed offsets: a big job's commits move only when its state is saved (every ~10 s for a 100k-rank job,
-    whose state takes ~1 s to pack), which would make a short run look slower than it is."""
+    committed offsets: a job's commits move only when its state is saved (a 100k-rank job's, whose state takes
+    ~0.1 s to pack, every second or two), which would make a short run look slower than it is. The worker runs with
+    its defaults (its commit interval too), but for `--no-silence` and no standby replica."""
     from tests.integration.daemons import free_port
 
     port = free_port()
     spawn = time.perf_counter()
-    args = worker_args(bootstrap, app_id, t, "--no-silence", "--commit-interval", "0.1", "--standby-replicas", "0",
-                       "--metrics-port", str(port))
+    args = worker_args(bootstrap, app_id, t, "--no-silence", "--standby-replicas", "0", "--metrics-port", str(port))
     if checkout is None:
         w = WorkerProc(args, log)
     else:
@@ -448,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
                      "p99 <= 1,000 ms" if kind == "actions" else ""))
     late = f", ranks up to {args.jitter:g} s late (envelopes overlap)" if args.jitter else ""
     print(f"\nbench_worker: {args.ranks:,}-rank job, {args.records:,} records per envelope size, "
-          f"{t.partitions} partitions{late}")
+          f"{TopicSettings.from_env().partitions} partitions{late}")
     print(f"{'measure':<40} {'value':<36} target")
     for name, value, target in rows:
         print(f"{name:<40} {value:<36} {target}")
