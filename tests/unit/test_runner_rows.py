@@ -200,6 +200,20 @@ def test_an_envelope_read_again_processes_only_what_the_saved_state_owes(by_reco
     assert runs["columns"] == runs["records"]
 
 
+def fed_to_core(monkeypatch, call):
+    """(what `call()` returns, the pieces it handed to `JobCore.process_many`: records and `StepRows`)."""
+    pieces = []
+    take = JobCore.process_many
+
+    def seen(core, recs, out=None):
+        pieces.extend(recs)
+        return take(core, recs, out)
+
+    with monkeypatch.context() as m:
+        m.setattr(JobCore, "process_many", seen)
+        return call(), pieces
+
+
 @pytest.mark.parametrize("point", [math.inf, T0 + 1.08])
 def test_envelopes_whose_times_overlap_go_to_the_core_in_event_time_order(by_records, monkeypatch, point):
     """Envelopes whose time spans interleave: when all of them can go, the core gets them as one `StepRows` in
@@ -211,16 +225,7 @@ def test_envelopes_whose_times_overlap_go_to_the_core_in_event_time_order(by_rec
     got, want = runner(), runner()
     assert outcome(got.on_batch([job], pending_from=lambda: point)) == \
            outcome(by_records(want.on_batch, [job], pending_from=lambda: point))
-    pieces = []
-    take = JobCore.process_many
-
-    def seen(core, recs, out=None):
-        pieces.extend(recs)
-        return take(core, recs, out)
-
-    monkeypatch.setattr(JobCore, "process_many", seen)
-    a = got.on_batch([first, second], pending_from=lambda: point)
-    monkeypatch.setattr(JobCore, "process_many", take)
+    a, pieces = fed_to_core(monkeypatch, lambda: got.on_batch([first, second], pending_from=lambda: point))
     assert outcome(a) == outcome(by_records(want.on_batch, [first, second], pending_from=lambda: point))
     assert got.state_of("j1") == want.state_of("j1")
     if point == math.inf:
@@ -240,16 +245,7 @@ def test_an_envelope_not_in_event_time_order_is_sorted_and_keeps_its_places(by_r
     shuffled = envelope(items, 1)
     got, want = runner(), runner()
     assert outcome(got.on_batch([job])) == outcome(by_records(want.on_batch, [job]))
-    pieces = []
-    take = JobCore.process_many
-
-    def seen(core, recs, out=None):
-        pieces.extend(recs)
-        return take(core, recs, out)
-
-    monkeypatch.setattr(JobCore, "process_many", seen)
-    a = got.on_batch([shuffled], pending_from=lambda: point)
-    monkeypatch.setattr(JobCore, "process_many", take)
+    a, pieces = fed_to_core(monkeypatch, lambda: got.on_batch([shuffled], pending_from=lambda: point))
     assert outcome(a) == outcome(by_records(want.on_batch, [shuffled], pending_from=lambda: point))
     assert got.jobs["j1"].unprocessed() == want.jobs["j1"].unprocessed()
     if point == math.inf:
