@@ -77,11 +77,9 @@ def one_by_one(it: Item) -> list[Item]:
 def cut(it: Item, k: int) -> tuple[Item, Item]:
     """(the item's first `k` records, the rest), of an item of more than `k`."""
     head, tail = it.rec.split(k)
-    if it.places is not None:
-        return (Item(it.ts, it.seq, head, it.msg, it.idx, k, it.places[:k]),
-                Item(tail.ts[0], it.seq + k, tail, it.msg, it.places[k], it.n - k, it.places[k:]))
-    return Item(it.ts, it.seq, head, it.msg, it.idx, k), Item(tail.ts[0], it.seq + k, tail, it.msg, it.idx + k,
-                                                                it.n - k)
+    places = it.places
+    return (Item(it.ts, it.seq, head, it.msg, it.idx, k, places and places[:k]),
+            Item(tail.ts[0], it.seq + k, tail, it.msg, it.at()[k], it.n - k, places and places[k:]))
 
 
 def in_order(items: list[Item], merge: bool = False) -> list[Item]:
