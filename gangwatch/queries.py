@@ -9,6 +9,10 @@ parameter as `{NAME}`; `render` puts in the given value (or the default) as a SQ
 escaped, a number checked to be one. ClickHouse 18.16 has no server-side query parameters, so this is the one
 way values reach the text, and no value can change the query's shape. The same text runs on the ClickHouse
 server and on chDB (the embedded store); `gangwatch sql` runs them.
+
+A query may also name `{data_end}`: the data's last event time (the latest `ts` of any finding, action, incident,
+job move or node profile in the store), what a window without an `until` ends at, so that a replayed or
+historical store is measured to its own end and never to the wall clock (`BUILTINS`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,13 @@ from pathlib import Path
 
 FOLDER = Path(__file__).with_name("sql")
 TYPES = ("String", "Float64", "Int64")
+# Placeholders every query may use besides its parameters: name -> the SQL put in (a scalar subquery).
+BUILTINS = {
+    # (a scalar subquery is Nullable on newer servers: ifNull keeps the type what the queries compute with)
+    "data_end": "ifNull((SELECT max(t) FROM (" + " UNION ALL ".join(
+        f"SELECT max(ts) AS t FROM {table}"
+        for table in ("gw_findings", "gw_actions", "gw_incidents", "gw_jobs", "gw_node_profiles")) + ")), 0.)",
+}
 _PARAM = re.compile(r"--\s*param\s+(?P<name>[a-z_][a-z0-9_]*)\s+(?P<type>\w+)\s+(?P<default>'[^']*'|-?[0-9.]+)"
                     r"\s*:\s*(?P<doc>.*)")
 
@@ -66,8 +77,12 @@ def parse(name: str, source: str) -> Query:
             doc.append(line[2:].strip())
     text = "\n".join(lines[body_from:]).strip()
     used = set(re.findall(r"\{([a-z_][a-z0-9_]*)\}", text))
-    if used - set(params):
-        raise ValueError(f"{name}.sql uses {{{', '.join(sorted(used - set(params)))}}} but declares no such param")
+    if used - set(params) - set(BUILTINS):
+        undeclared = ", ".join(sorted(used - set(params) - set(BUILTINS)))
+        raise ValueError(f"{name}.sql uses {{{undeclared}}} but declares no such param")
+    if set(params) & set(BUILTINS):
+        raise ValueError(f"{name}.sql declares param {', '.join(sorted(set(params) & set(BUILTINS)))}, "
+                         "a name every query has (queries.BUILTINS)")
     if set(params) - used:
         raise ValueError(f"{name}.sql declares param {', '.join(sorted(set(params) - used))} but never uses it")
     for p in params.values():
@@ -102,7 +117,7 @@ def render(q: Query, given: dict[str, str]) -> str:
     if unknown:
         takes = ", ".join(q.params) or "none"
         raise ValueError(f"{q.name} takes no --param {', '.join(sorted(unknown))} (it takes: {takes})")
-    values = {}
+    values = dict(BUILTINS)
     for name, p in q.params.items():
         raw = given[name] if name in given else (p.default.strip("'") if p.type == "String" else p.default)
         values[name] = literal(p, raw)

@@ -48,6 +48,9 @@ def cmd_sql(args: argparse.Namespace) -> int:
         print(textwrap.fill(q.doc, 100))
         for p in q.params.values():
             print(f"  --param {p.name}=... ({p.type}, default {p.default}): {p.doc}")
+        for name, text in queries.BUILTINS.items():
+            if "{" + name + "}" in q.text:
+                print(f"  {{{name}}}: the data's last event time, {text}")
         print()
         print(sql if given else q.text)
         return 0

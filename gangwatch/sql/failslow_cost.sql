@@ -1,6 +1,6 @@
 -- Fail-slow cost per job: the training time stragglers took, in seconds and in GPU-hours. Each unplanned fail_slow
 -- incident whose onset is in [since, until) counts from its onset to its recovery (an open one, or one recovered
--- after the window: to `until`, else now): open_s. What the straggler cost each step is the largest `cost_frac` of
+-- after the window: to `until`, else the data's last event time): open_s. What the straggler cost each step is the largest `cost_frac` of
 -- the job's `fail_slow` findings reported in that span (detectors/failslow.py StragglerEvidence: the seconds it adds
 -- to the job's step, as a fraction of the typical step; where a finding has none, its `slowdown_frac`, as triage
 -- reads it); an incident with no such finding costs 0. A step slowed by c lasts (1 + c) typical steps, so the share
@@ -10,7 +10,7 @@
 -- end), open_s, lost_s, gpu_hours and peak_cost_frac (the largest c of any of its incidents).
 -- param job String '': one job only ('': every job)
 -- param since Float64 0: onsets at or after this, epoch s
--- param until Float64 0: onsets before this, and the end of every span, epoch s (0: the wall clock now)
+-- param until Float64 0: onsets before this, and the end of every span, epoch s (0: the data's last event time)
 SELECT job, count() AS incidents, sum(open_at_end) AS still_open, round(sum(span_s), 1) AS open_s,
        round(sum(waited_s), 1) AS lost_s, round(sum(waited_s * ranks) / 3600, 3) AS gpu_hours,
        round(max(cost), 4) AS peak_cost_frac
@@ -28,7 +28,7 @@ FROM (
                arraySort(x -> x.1, groupArrayIf((t1, v), src = 'move')) AS moves
         FROM (
             SELECT job, 'incident' AS src, ifNull(onset_ts, ts) AS t1,
-                   if({until} > 0, {until}, toFloat64(toUnixTimestamp(now()))) AS window_end,
+                   if({until} > 0, {until}, {data_end}) AS window_end,
                    least(ifNull(recovered_ts, 1e18), window_end) AS t2, toUInt8(ifNull(recovered_ts, 1e18) > window_end) AS n,
                    0. AS v
             FROM gw_incidents FINAL

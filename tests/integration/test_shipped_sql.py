@@ -245,6 +245,20 @@ def test_open_incidents(store_url, sql):
     assert {r["job"] for r in one} == {want[0].job} and len(one) == sum(i.job == want[0].job for i in want)
 
 
+# The data's last event time: the latest ts of anything the store's output tables hold (queries.BUILTINS).
+DATA_END = max(r.ts for r in (*INCIDENTS, *FINDINGS, *LIVES))
+
+
+@pytest.mark.parametrize(("name", "end"), [("open_incidents", "now"), ("failslow_cost", "until"),
+                                           ("planned_vs_platform", "until")])
+def test_a_window_without_an_end_ends_at_the_datas_last_event_not_the_wall_clock(store_url, sql, name, end):
+    got = sql(store_url, name)
+    assert got and got == sql(store_url, name, **{end: DATA_END}) != sql(store_url, name, **{end: DATA_END + DAY})
+    if name == "open_incidents":
+        onset = {i.id: i.onset_ts for i in INCIDENTS}
+        assert all(close(r["open_s"], DATA_END - onset[r["id"]]) for r in got)
+
+
 def test_time_to_recover_per_job_and_week(store_url, sql):
     since, until = T0 + 7 * DAY, T0 + 28 * DAY
     got = sql(store_url, "time_to_recover", since=since, until=until)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gangwatch.queries import catalog, parse, render
+from gangwatch.queries import BUILTINS, catalog, parse, render
 
 pytestmark = pytest.mark.unit
 
@@ -38,6 +38,7 @@ def test_a_value_is_a_literal_of_its_type_and_cannot_change_the_query():
     ("-- x\nSELECT {job}", "uses {job} but declares no such param"),
     ("-- x\n-- param job String '': j\nSELECT 1", "declares param job but never uses it"),
     ("-- x\n-- param n Int64 1.5: n\nSELECT {n}", "want an integer"),
+    ("-- x\n-- param data_end Float64 0: e\nSELECT {data_end}", "declares param data_end, a name every query has"),
 ])
 def test_a_mistake_in_a_query_file_is_named(source, says):
     with pytest.raises(ValueError, match=said(says)):
@@ -56,3 +57,10 @@ def test_every_shipped_query_parses_and_documents_itself():
     for q in shipped.values():
         assert len(q.doc) > 40 and all(p.doc for p in q.params.values()), q.name
         assert "{" not in render(q, {})
+
+
+def test_a_window_without_an_end_ends_at_the_datas_last_event_never_the_wall_clock():
+    q = parse("f", "-- x\n-- param until Float64 0: e\nSELECT if({until} > 0, {until}, {data_end})")
+    assert render(q, {}) == f"SELECT if(0.0 > 0, 0.0, {BUILTINS['data_end']})"
+    assert "max(ts) AS t FROM gw_findings" in BUILTINS["data_end"] and "now()" not in BUILTINS["data_end"]
+    assert not [q.name for q in catalog().values() if "now()" in q.text]
