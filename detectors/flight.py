@@ -56,6 +56,7 @@ from gangwatch.detectors.registry import FindingType, Policy, Typed
 from gangwatch.detectors.sweeps import Sweep, SweepDetector, SweepEvidence
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Flight, Record
+from gangwatch.schemas.collectives import P2P_OPS, op_name, p2p_peer
 from gangwatch.schemas.evidence import absent
 
 _REASON_ORDER = {"never_enqueued": 0, "never_started": 1, "never_completed": 2, "op_mismatch": 3, "size_mismatch": 4,
@@ -89,21 +90,28 @@ class RankView:
 def rank_view(rec: Flight, entries_per_pg: int = 64) -> RankView:
     """Reduce a `flight` record: per group the last enqueued / started / completed ids (the
     larger of the group's counters and what its entries show) and its last `entries_per_pg`
-    collectives. Point-to-point entries (``"p2p": true``) do not count there (their ids are their
-    own); those not completed whose `peer` is known are what the rank waits on, and the group they
-    ran on is marked (PyTorch's group counters count its point-to-point ops too)."""
+    collectives. Point-to-point entries (``"p2p": true``, or an op named ``send`` / ``recv``: a
+    dump framed by another producer keeps PyTorch's ``nccl:send 0->3`` and marks nothing) do not
+    count there (their ids are their own); those not completed whose peer is known (`peer`, else
+    from PyTorch's name) are what the rank waits on, and the group they ran on is marked (PyTorch's
+    group counters count its point-to-point ops too). Op names are compared normalized
+    (``nccl:_all_gather_base`` is ``allgather``)."""
     ents: dict[str, dict[int, tuple[str, int | None, str | None]]] = {}
     derived: dict[str, list[int]] = {}  # pg -> [enqueued, started, completed]
     pending: list[tuple[str, str, int]] = []  # (pg, op, peer's index in the group)
     p2p: set[str] = set()
     for e in rec.entries:
-        if e.extra.get("p2p"):
+        op = op_name(e.op)
+        if e.extra.get("p2p") or op in P2P_OPS:
             p2p.add(e.pg)
             peer = e.extra.get("peer")
+            if type(peer) is not int:
+                name = e.extra.get("profiling_name")
+                peer = p2p_peer(name if isinstance(name, str) else e.op)
             if e.state != "completed" and type(peer) is int and peer >= 0:
-                pending.append((e.pg, e.op, peer))
+                pending.append((e.pg, op, peer))
             continue
-        ents.setdefault(e.pg, {})[e.seq] = (e.op, e.size, e.dtype)
+        ents.setdefault(e.pg, {})[e.seq] = (op, e.size, e.dtype)
         d = derived.setdefault(e.pg, [-1, -1, -1])
         d[0] = max(d[0], e.seq)
         if e.state != "scheduled":

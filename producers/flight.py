@@ -35,6 +35,7 @@ import re
 from typing import Any
 
 from gangwatch.schemas.codec import size_limit
+from gangwatch.schemas.collectives import op_name, p2p_peer
 from gangwatch.schemas.records import FLIGHT_STATES
 
 DUMP_LIMIT_ENV = "GANGWATCH_MAX_DUMP_BYTES"
@@ -128,36 +129,6 @@ def _json_dump(data: bytes) -> Any:
 
 
 # --- mapping onto the contract ------------------------------------------------------------
-
-
-def op_name(profiling_name: str) -> str:
-    """Collective name without backend prefix or decoration: ``nccl:all_reduce`` -> ``allreduce``.
-
-    ``gloo:broadcast`` -> ``broadcast``; ``nccl:_allgather_base`` -> ``allgather``;
-    ``nccl:send 0->1`` -> ``send``.
-    """
-    name = profiling_name.split(":", 1)[-1].strip().split(" ", 1)[0].strip("_")
-    if name.endswith("_base"):
-        name = name[: -len("_base")]
-    return name.replace("_", "")[:_ID_MAX] or "unknown"
-
-
-_P2P_META = re.compile(r"\b(send|recv)\s+(\d+|\?)\s*(->|<-)\s*(\d+|\?)\s*$")
-
-
-def p2p_peer(profiling_name: str) -> int | None:
-    """The other end of a point-to-point op, as its index in the op's process group, from its name.
-
-    PyTorch names them ``nccl:send 1->2`` (this rank 1 sends to 2) and
-    ``nccl:recv 3<-0`` (this rank 3 receives from 0); ``gloo:recv 3<-?`` (any
-    source) names no peer: None, as for a name of another form.
-    """
-    m = _P2P_META.search(profiling_name)
-    if m is None:
-        return None
-    op, a, arrow, b = m.groups()
-    peer = b if (op == "send" and arrow == "->") or (op == "recv" and arrow == "<-") else None
-    return int(peer) if peer is not None and peer.isdigit() else None
 
 
 _I64 = range(-(2**63), 2**63)  # what the wire (JSON via orjson) carries

@@ -144,3 +144,29 @@ def test_a_folder_of_kernel_logs_is_one_job_over_their_nodes(tmp_path, real_data
     assert main(["replay", str(out), "--out", str(tmp_path / "out"), "-q", "--no-store"]) == 0
     actions = [orjson.loads(x) for x in (tmp_path / "out" / "actions.jsonl").read_bytes().splitlines()]
     assert [(a["type"], a["nodes"]) for a in actions] == [("replace", ["gpu-b"])]
+
+
+NVRX_TRUTH = {"gpu_error_1st": [12, 14], "gpu_error_2nd": [9, 14], "lock_gil_1st": [9, 14], "lock_gil_2nd": [10, 15]}
+
+
+@pytest.mark.parametrize("scenario", sorted(NVRX_TRUTH))
+def test_nvidia_real_hangs_name_exactly_the_faulty_nodes(tmp_path, real_data, scenario):
+    """NVIDIA's four real 16-rank sweeps (two injected faults each), as pickles through `ingest flight` and as the
+    held-out evaluation frames them (`<scenario>.jsonl.gz`): the faulty ranks' nodes are replaced, no peer's."""
+    truth = NVRX_TRUTH[scenario]
+    root = real_data / "flight-recorder" / "nvrx"
+    assert (root / scenario / "fault_injection.log").read_text().startswith(f"Fault ranks: {truth}")
+    (tmp_path / "ingested").mkdir()
+    findings, actions, incidents = _replay(tmp_path / "ingested", "flight", root / scenario)
+    flight = [f for f in findings if f["type"] == "stack_outlier"]
+    assert [(f["rank"], f["node"]) for f in flight] == [(r, f"n{r:03d}") for r in truth]
+    assert [(a["type"], a["nodes"]) for a in actions if a["type"] == "replace"] == [
+        ("replace", [f"n{r:03d}" for r in truth])]
+    assert incidents[-1]["class"] == "hang" and incidents[-1]["culprit_nodes"] == [f"n{r:03d}" for r in truth]
+    out = tmp_path / "framed"
+    assert main(["replay", str(root / f"{scenario}.jsonl.gz"), "--out", str(out), "-q", "--no-store"]) == 0
+    read = lambda name: [orjson.loads(x) for x in (out / name).read_bytes().splitlines()]  # noqa: E731
+    nodes = [f"node-{r:03d}" for r in truth]
+    assert [f["node"] for f in read("findings.jsonl") if f["type"] == "stack_outlier"] == nodes
+    assert [a["nodes"] for a in read("actions.jsonl") if a["type"] == "replace"] == [nodes]
+    assert read("incidents.jsonl")[-1]["culprit_nodes"] == nodes

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import pickle
 import pickletools
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -402,165 +404,98 @@ def test_p2p_peers_from_pytorch_profiling_names():
     assert p2p_peer("nccl:send 12 -> 3") == 3 and p2p_peer("weird") is None
 
 
-# --- consequences across process groups: models of NVIDIA's public flight-recorder scenarios ---------------------
+# --- consequences across process groups: NVIDIA's public flight-recorder scenarios, real dumps -----------------
 #
-# nvidia-resiliency-ext ships four 16-rank flight-recorder sweeps of a Megatron MoE job with faults injected on two
-# ranks each (gpu_error_1st, gpu_error_2nd, lock_gil_1st, lock_gil_2nd). The builders below write, in gangwatch's
-# own `flight` records, jobs with the same structure: tensor-, pipeline- and expert-parallel groups, timing off
-# (no started ids), every rank stuck somewhere, and PyTorch's group counters of a pipeline group counting its
-# point-to-point ops (so they differ from stage to stage without anyone being behind).
+# nvidia-resiliency-ext ships four real 16-rank flight-recorder sweeps of a Megatron MoE job (TP 2, DP 2, PP 4,
+# expert groups; timing off, so no started ids) with faults injected on two ranks each; `fault_injection.log`'s
+# first line lists them. Every rank is stuck somewhere, the pipeline groups' counters count point-to-point ops
+# (the end stages trail the middle ones by ~1700 without anyone being late), and the two faulty ranks' pipeline
+# and data-parallel peers wait on them in every group they share. Named must be the faulty ranks and no one else.
+
+NVRX = "flight-recorder/nvrx"
+NVRX_TRUTH = {"gpu_error_1st": [12, 14], "gpu_error_2nd": [9, 14], "lock_gil_1st": [9, 14], "lock_gil_2nd": [10, 15]}
 
 
-def moe_job(tp: int, pp: int, counters, pending=None, *, p2p_on_default: bool = False,
-            silent: frozenset[int] = frozenset()) -> list[Flight]:
-    """16 ranks: tensor-parallel groups of `tp` consecutive ranks, `pp` pipeline stages of 16 // pp consecutive
-    ranks (pipeline groups stride 16 // pp), one expert group per stage, the default group of all 16.
-    `counters(rank, kind, stage)` -> (last_enqueued, last_completed) for kind tp / pp / ep / world (started is
-    unknown, -1). `pending(rank, stage)` -> point-to-point ops not completed: (op, peer index, kind). Each rank
-    lists its last enqueued collective per collective group; `silent` ranks dump no entries at all."""
-    per = 16 // pp
-    recs = []
+def nvrx_truth(scenario: str) -> list[int]:
+    """The faulty ranks as the scenario's own `fault_injection.log` states them (``Fault ranks: [12, 14]``)."""
+    first = (data_path(NVRX) / scenario / "fault_injection.log").read_text().splitlines()[0]
+    assert first.startswith("Fault ranks:"), first
+    return sorted(orjson.loads(first.split(":", 1)[1]))
+
+
+def nvrx_dumps(scenario: str) -> list[Flight]:
+    """The scenario's 16 real pickles through gangwatch's reader and the wire: one `flight` record per rank."""
+    root = data_path(NVRX) / scenario
+    return [as_flight(to_flight_record(load_dump(root / f"_dump_{r}"), job="j1", rank=r, snapshot=scenario,
+                                       ts=100.0 + r / 10)) for r in range(16)]
+
+
+def nvrx_framed(scenario: str) -> list[Flight]:
+    """The same dumps as another producer framed them (`<scenario>.jsonl.gz`): PyTorch's profiling names as ops
+    (``nccl:send 0->3``), point-to-point entries neither marked nor numbered apart from the collectives."""
+    with gzip.open(data_path(NVRX) / f"{scenario}.jsonl.gz") as f:
+        recs = [x for line in f for x in decode(line)]
+    return [r for r in recs if isinstance(r, Flight)]
+
+
+def nvrx_topology() -> Topology:
+    """One rank per node, ``node-000`` .. ``node-015``, as the framed sets' `job` record has them."""
+    return Topology.from_job(Job(ts=0.0, job="j1", ranks=[RankInfo(rank=r, node=f"node-{r:03d}", gpu=0)
+                                                           for r in range(16)]))
+
+
+@pytest.mark.parametrize("scenario", sorted(NVRX_TRUTH))
+def test_nvidia_real_scenarios_name_the_faulty_ranks_and_no_peer(scenario):
+    truth = nvrx_truth(scenario)
+    assert truth == NVRX_TRUTH[scenario]
+    det = FlightDetector(nvrx_topology())
+    out = [f for rec in nvrx_dumps(scenario) for f in det.observe(rec)]
+    assert [f.rank for f in out] == truth
+    assert [f.node for f in out] == [f"node-{r:03d}" for r in truth]
+    assert all(f.type == "stack_outlier" and not f.evidence.get("cycle") for f in out)
+    assert all(f.evidence["reason"] in ("never_enqueued", "never_completed") for f in out)
+    assert all(f.evidence["ranks_reported"] == 16 for f in out)
+    from gangwatch.detectors.catalog import typed
+    from gangwatch.triage.localize import localize as fuse
+
+    ts = [typed(f) for f in out]
+    assert all(t.root_cause for t in ts)  # each faulty rank is a root cause on its own
+    assert fuse(ts, nvrx_topology(), 0.5).culprits == [f"node-{r:03d}" for r in truth]
+
+
+@pytest.mark.parametrize("scenario", sorted(NVRX_TRUTH))
+def test_nvidia_real_scenarios_framed_without_p2p_marks_read_the_same(scenario):
+    """The framed records mark no point-to-point op and number them with the collective counter: read by their
+    names, each rank waits on the same peers, in the same groups, and the same ranks are named."""
+    dumps = {rec.rank: rank_view(rec) for rec in nvrx_dumps(scenario)}
+    framed = {rec.rank: rank_view(rec) for rec in nvrx_framed(scenario)}
+    assert sorted(framed) == list(range(16))
     for r in range(16):
-        stage = r // per
-        members = {"tp": [r - r % tp + i for i in range(tp)], "pp": [r % per + per * i for i in range(pp)],
-                   "ep": [stage * per + i for i in range(per)], "world": list(range(16))}
-        names = {"tp": f"tp{r // tp}", "pp": f"pp{r % per}", "ep": f"ep{stage}", "world": "0"}
-        groups, entries = [], []
-        for kind in ("world", "tp", "pp", "ep"):
-            e, c = counters(r, kind, stage)
-            groups.append({"pg": names[kind], "ranks": members[kind], "last_enqueued": e, "last_started": -1,
-                           "last_completed": c})
-            if kind in ("tp", "ep") and e > c:
-                entries.append({"seq": e, "op": "alltoall" if kind == "ep" else "allgather", "pg": names[kind],
-                                "state": "scheduled", "size": 4096, "dtype": "BFloat16"})
-        for i, (op, peer, kind) in enumerate((pending or (lambda r, s: []))(r, stage)):
-            entries.append({"seq": 100 + i, "op": op, "pg": names[kind], "state": "scheduled", "p2p": True,
-                            "peer": peer, "profiling_name": f"nccl:{op}"})
-        recs.append(p2p_fr(r, [(g["pg"], g["ranks"], g["last_enqueued"], -1, g["last_completed"]) for g in groups],
-                           [] if r in silent else entries, snapshot="moe"))
-    return recs
+        assert framed[r].waits_on == dumps[r].waits_on and framed[r].p2p == dumps[r].p2p
+    assert any(v.waits_on for v in framed.values())  # pipeline ranks do wait on peers
+    assert sorted({s.rank for s in localize(framed)}) == nvrx_truth(scenario)
 
 
-def named(recs: list[Flight]) -> dict[int, tuple[str, bool]]:
-    """rank -> (its first reason, whether it is in a cycle), for the findings of one sweep."""
-    det = FlightDetector(topology(16, per_node=1))
-    out = [f for rec in recs for f in det.observe(rec)]
-    return {f.rank: (f.evidence["reason"], bool(f.evidence.get("cycle"))) for f in out}
+@pytest.mark.parametrize("scenario", sorted(NVRX_TRUTH))
+def test_nvidia_real_scenarios_without_known_peers_still_exact(scenario):
+    """A point-to-point op whose peer is unknown (gloo's ``recv 3<-?``) gives no wait edge: the pipeline peers of
+    the faulty ranks are still no suspects, the collective groups alone name the faulty ranks."""
+    views = {rec.rank: replace(rank_view(rec), waits_on=()) for rec in nvrx_dumps(scenario)}
+    assert sorted({s.rank for s in localize(views)}) == nvrx_truth(scenario)
+    assert not any(s.detail.get("cycle") for s in localize(views))
 
 
-def _pp4_pending(r: int, stage: int) -> list[tuple[str, int, str]]:
-    """A 4-stage interleaved pipeline, everyone stuck mid-schedule: the first stage waits to receive from the
-    second, the middle stages have sends and receives posted both ways, the last stage sends back."""
-    return {0: [("recv", 1, "pp")], 1: [("send", 2, "pp"), ("recv", 2, "pp"), ("send", 0, "pp")],
-            2: [("send", 1, "pp"), ("recv", 3, "pp")], 3: [("send", 2, "pp")]}[stage]
-
-
-def test_gpu_error_1st_two_gpu_faults_of_one_stage_and_no_pipeline_peer():
-    """Models NVIDIA's public scenario gpu_error_1st: TP 2, PP 4, expert groups of 4; GPU errors on ranks 12 and
-    14 (last stage, different TP pairs). Rank 12 stopped completing and then enqueuing (two expert all_to_alls
-    and its TP collectives never enqueued); rank 14 enqueued as far as its peers but completed nothing after the
-    fault, while ranks 13 and 15 completed further. The pipeline groups' counters count point-to-point ops: the
-    first and last stages are ~1700 behind the middle ones without anyone being late. Named: 12 and 14, no
-    pipeline peer, no cycle (both GPUs failed on their own)."""
-    def counters(r, kind, stage):
-        if kind == "pp":  # p2p counts: the end stages do fewer sends and receives than the middle ones
-            return {0: (11986, 11983), 1: (13698, 13695), 2: (13698, 13693), 3: (11982, 11978)}[stage]
-        if kind == "world":
-            return 163, 163
-        if stage < 3:
-            return {"tp": (39416, 39406), "ep": (20544, 20541)}[kind]
-        if kind == "ep":
-            return {12: (20536, 20529), 14: (20538, 20529)}.get(r, (20538, 20536))
-        return {12: (42817, 42805), 13: (42826, 42817), 14: (42826, 42805), 15: (42826, 42818)}[r]
-
-    def pending(r, stage):
-        if r == 12:  # still waiting to receive from stage 2, and to send to stage 0 (interleaved schedule)
-            return [("recv", 2, "pp"), ("send", 0, "pp")]
-        return _pp4_pending(r, stage)
-
-    recs = moe_job(2, 4, counters, pending)
-    assert named(recs) == {12: ("never_enqueued", False), 14: ("never_completed", False)}
-    views = {rec.rank: rank_view(rec) for rec in recs}
-    assert views[0].p2p == {"pp0"} and views[0].waits_on == (("pp0", "recv", 4),)
-    reasons = {(s.rank, s.pg, s.reason) for s in localize(views)}
-    assert (14, "tp7", "never_completed") in reasons and (14, "ep3", "never_completed") in reasons
-    assert (12, "ep3", "never_enqueued") in reasons and (12, "tp6", "never_completed") in reasons
-
-
-def test_gpu_error_2nd_two_gpu_faults_are_two_roots_not_a_cycle():
-    """Models NVIDIA's public scenario gpu_error_2nd: TP 4, PP 2 (pipeline pairs {r, r + 8}), expert groups of 8;
-    GPU errors on ranks 9 and 14 (second stage, different TP groups): each is a few collectives behind its TP and
-    expert groups in both enqueued and completed ids. The stages exchange activations on the default group too,
-    so its counters count point-to-point ops: the first stage waits to receive from the second, whose sends are
-    posted (9 and 14 as well). Rank 9's posted send leads to rank 1, which waits in the default group where 14 is
-    'behind' only by point-to-point counts: that is no wait on 14. Named: 9 and 14, each a root cause."""
-    def counters(r, kind, stage):
-        bad = r in (9, 14)
-        if kind == "world":  # point-to-point counts
-            return (13996, 13995) if bad else (13998, 13996)
-        if kind == "pp":
-            return (13998, 13997) if bad else (14000, 13998)
-        if stage == 0:
-            return {"tp": (84036, 84031), "ep": (44796, 44796)}[kind]
-        if kind == "tp":
-            return (87760, 87748) if bad else (87771, 87760)
-        return (44790, 44787) if bad else (44796, 44790)
-
-    def pending(r, stage):
-        if stage == 0:
-            return [("send", 1, "pp"), ("recv", r + 8, "world")]
-        return [("send", r - 8, "world")]
-
-    recs = moe_job(4, 2, counters, pending)
-    assert named(recs) == {9: ("never_enqueued", False), 14: ("never_enqueued", False)}
-
-
-def test_lock_gil_1st_hung_host_threads_with_nothing_in_flight():
-    """Models NVIDIA's public scenario lock_gil_1st: TP 4, PP 2, expert groups of 8; ranks 9 and 14 hold the GIL
-    forever: their dumps have no entries, their GPUs drained (everything they enqueued completed) and they are
-    behind in every group they share with the others, who wait in their next collectives; the first stage's
-    pipeline counters (point-to-point) run two ahead of the second stage's. Named: 9 and 14."""
-    def counters(r, kind, stage):
-        bad = r in (9, 14)
-        if kind == "world":
-            return (14145, 14145) if stage else (14146, 14145)
-        if kind == "pp":
-            return (14146, 14146) if stage else (14148, 14146)
-        if stage == 0:
-            return {"tp": (84925, 84919), "ep": (7554, 7553)}[kind]
-        if kind == "tp":
-            return (88683, 88683) if bad else (88688, 88683)
-        return (45264, 45264) if bad else (45267, 45264)
-
-    def pending(r, stage):
-        return [("send", 1, "pp")] if stage == 0 else []
-
-    recs = moe_job(4, 2, counters, pending, silent=frozenset({9, 14}))
-    assert named(recs) == {9: ("never_enqueued", False), 14: ("never_enqueued", False)}
-
-
-def test_lock_gil_2nd_hung_host_threads_and_their_pipeline_peers_are_consequences():
-    """Models NVIDIA's public scenario lock_gil_2nd: TP 2, PP 4, expert groups of 4; ranks 10 (stage 2) and 15
-    (stage 3) hold the GIL: no entries, GPUs drained, behind in their TP, expert and pipeline groups. Their
-    pipeline peers wait on them (a receive or a send never matched), and the end stages' pipeline counters
-    (point-to-point) trail the middle ones by ~1700 as in every step. The pipeline peers are consequences:
-    named are 10 and 15 only."""
-    def counters(r, kind, stage):
-        if kind == "world":
-            return 168, 168
-        if kind == "pp":
-            if r in (10, 15):
-                return (13966, 13966) if r == 10 else (12222, 12222)
-            return {0: (12226, 12223), 1: (13970, 13967), 2: (13970, 13966), 3: (12226, 12222)}[stage]
-        if stage < 2:
-            return {"tp": (40197, 40192), "ep": (20952, 20952)}[kind]
-        if kind == "tp":
-            return (31442, 31442) if r == 10 else (43671, 43671) if r == 15 else (31451, 31442) if stage == 2 \
-                else (43682, 43671)
-        return (20946, 20946) if r in (10, 15) else (20952, 20946)
-
-    recs = moe_job(2, 4, counters, _pp4_pending, silent=frozenset({10, 15}))
-    assert named(recs) == {10: ("never_enqueued", False), 15: ("never_enqueued", False)}
+def test_nvidia_gpu_error_1st_reasons():
+    """Rank 12's GPU stopped completing, then its host stopped enqueuing (behind its TP and expert peers); rank 14
+    enqueued as far as its peers but completed nothing after the fault while 13 and 15 did (``never_completed``
+    in its TP and expert groups). Their pipeline group's counters differ by point-to-point counts only."""
+    views = {rec.rank: rank_view(rec) for rec in nvrx_dumps("gpu_error_1st")}
+    assert views[0].p2p == {"43"} and ("43", "recv", 4) in views[0].waits_on
+    reasons = {(s.rank, s.desc, s.reason) for s in localize(views)}
+    assert (12, "EXPERT_MODEL_PARALLEL_GROUP", "never_enqueued") in reasons
+    assert (14, "TENSOR_MODEL_PARALLEL_GROUP", "never_completed") in reasons
+    assert (14, "EXPERT_MODEL_PARALLEL_GROUP", "never_completed") in reasons
+    assert not any(d == "PIPELINE_MODEL_PARALLEL_GROUP" for _, d, _ in reasons)
 
 
 def test_a_rank_behind_only_because_it_waits_on_a_stuck_rank_elsewhere_is_a_consequence():
