@@ -50,6 +50,9 @@ FORMS = "chdb:PATH (embedded; a plain PATH too) or clickhouse[s]://[USER[:PASSWO
 HELLO_TIMEOUT_S = 5.0  # a native-protocol server answers the first query at once; an HTTP port never does
 
 
+READONLY_CODE = 164  # READONLY: what a store opened with readonly=True answers a write, DDL or setting change
+
+
 class NoSuchStore(LookupError):
     """`open_store(..., create=False)` of a store that does not exist (a chDB folder, a server's database)."""
 
@@ -95,9 +98,10 @@ class Store(Protocol):
 
 
 class ChdbStore:
-    """Embedded ClickHouse via chDB; one store directory per process."""
+    """Embedded ClickHouse via chDB; one store directory per process. `readonly=True` sets the session's
+    `readonly` (1: it only reads, and the setting cannot be changed back) before any query."""
 
-    def __init__(self, path: str | Path, *, create: bool = True) -> None:
+    def __init__(self, path: str | Path, *, create: bool = True, readonly: bool = False) -> None:
         from chdb import session  # imported here: chDB loads a large library
 
         self.path = Path(path)
@@ -105,6 +109,8 @@ class ChdbStore:
             raise NoSuchStore(f"no store at {self.path} (a replay writes one to OUT/store); nothing was created")
         self.path.mkdir(parents=True, exist_ok=True)
         self._session = session.Session(str(self.path))
+        if readonly:
+            self._session.query("SET readonly = 1")
 
     def create_tables(self) -> None:
         for stmt in ddl():
@@ -138,11 +144,13 @@ class ClickHouseStore:
     The database is created when missing, unless `create=False` (then `NoSuchStore`). The first round trip
     waits `HELLO_TIMEOUT_S` at most: a port that does not speak the native protocol (the HTTP port, 8123)
     is a ConnectionError saying so, as is a refused login. The password is never part of a repr or a log line.
+    `readonly=True` sends the server's `readonly` setting (1) with every query: it refuses writes, DDL and
+    setting changes (code 164), whatever the user may do otherwise.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 9000, database: str = "default", *,
                  user: str | None = None, password: str | None = None, env: Mapping[str, str] | None = None,
-                 create: bool = True, **client_kwargs: Any) -> None:
+                 create: bool = True, readonly: bool = False, **client_kwargs: Any) -> None:
         from clickhouse_driver import Client
 
         if not DATABASE_NAME.fullmatch(database):
@@ -153,7 +161,9 @@ class ClickHouseStore:
                 "password": password if password is not None else env.get(PASSWORD_ENV, "")}
         self.host, self.port, self.database, self.user = host, port, database, auth["user"]
         self.secure = bool(client_kwargs.get("secure"))
-        self._client = Client(host=host, port=port, database=database, **auth, **client_kwargs)
+        settings = {**client_kwargs.pop("settings", {}), **({"readonly": 1} if readonly else {})}
+        self._client = Client(host=host, port=port, database=database, **auth, **client_kwargs,
+                              **({"settings": settings} if settings else {}))
         first = Client(host=host, port=port, **auth, **{**client_kwargs, "send_receive_timeout": HELLO_TIMEOUT_S})
         driver_log = logging.getLogger("clickhouse_driver.connection")  # logs each failed connect's traceback
         quiet, driver_log.disabled = driver_log.disabled, True
@@ -178,7 +188,8 @@ class ClickHouseStore:
             first.disconnect()
 
     @classmethod
-    def from_url(cls, url: str, env: Mapping[str, str] | None = None, *, create: bool = True) -> ClickHouseStore:
+    def from_url(cls, url: str, env: Mapping[str, str] | None = None, *, create: bool = True,
+                 readonly: bool = False) -> ClickHouseStore:
         """A store from a `clickhouse://` or `clickhouses://` URL (clickhouse-driver's URL syntax)."""
         from clickhouse_driver.util.helpers import parse_url
 
@@ -186,7 +197,7 @@ class ClickHouseStore:
         secure = bool(kw.get("secure"))
         port = kw.pop("port", 9440 if secure else 9000)
         database = kw.pop("database", "") or "default"
-        return cls(host or "127.0.0.1", port, database, env=env, create=create, **kw)
+        return cls(host or "127.0.0.1", port, database, env=env, create=create, readonly=readonly, **kw)
 
     def __repr__(self) -> str:
         scheme = "clickhouses" if self.secure else "clickhouse"
@@ -293,10 +304,11 @@ def _speaks_http(host: str, port: int) -> bool:
         return False
 
 
-def open_store(url: str, *, create: bool = True) -> Store:
+def open_store(url: str, *, create: bool = True, readonly: bool = False) -> Store:
     """`chdb:PATH` (embedded) or `clickhouse[s]://[user[:password]@]HOST:PORT[/DB][?secure=1...]` (server);
-    ValueError for a URL `check_url` refuses; with `create=False`, `NoSuchStore` for a store not there."""
+    ValueError for a URL `check_url` refuses; with `create=False`, `NoSuchStore` for a store not there; with
+    `readonly=True`, a store that refuses every write, DDL and setting change (the engine's `readonly` setting)."""
     check_url(url)
     if url.startswith(("clickhouse://", "clickhouses://")):
-        return ClickHouseStore.from_url(url, create=create)
-    return ChdbStore(url[len("chdb:"):] if url.startswith("chdb:") else url, create=create)
+        return ClickHouseStore.from_url(url, create=create, readonly=readonly)
+    return ChdbStore(url[len("chdb:"):] if url.startswith("chdb:") else url, create=create, readonly=readonly)

@@ -136,23 +136,28 @@ def cmd_store_query(args: argparse.Namespace) -> int:
 
 def query_store(args: argparse.Namespace, sql: str) -> list[dict]:
     """Run `sql` on the store of `--store`, else of `--out` (a replay's `store/`); only reads: a store that is not
-    there is a one-line error, never created; the store's own SQL error is one line too."""
+    there is a one-line error, never created, and the store is opened read-only (the engine's `readonly`
+    setting: a write, DDL or setting change is refused); the store's own SQL error is one line too."""
     if args.store is None:
         path = args.out / "store"
         if not path.is_dir():
             raise UserError(f"no store at {path}: replay something first, or pass --store", EXIT_INPUT)
         args.store = f"chdb:{path}"
-    from gangwatch.sinks.store import NoSuchStore, error_line, open_store
+    from gangwatch.sinks.store import READONLY_CODE, NoSuchStore, error_line, open_store
 
     wait_for_store(args.store, args.connect_timeout)
     try:
-        store = open_store(args.store, create=False)  # a query creates nothing
+        store = open_store(args.store, create=False, readonly=True)  # a query creates and changes nothing
     except NoSuchStore as e:
         raise UserError(str(e), EXIT_INPUT) from None
     try:
         return store.query(sql)
     except Exception as e:  # the store's own SQL error: its message says what is wrong
-        raise UserError(f"the query failed: {error_line(e)}") from None
+        line = error_line(e)
+        if getattr(e, "code", None) == READONLY_CODE or f"Code: {READONLY_CODE}." in line:
+            raise UserError(f"refused: queries here only read (the store is opened read-only), so nothing was "
+                            f"changed ({line})") from None
+        raise UserError(f"the query failed: {line}") from None
     finally:
         store.close()
 

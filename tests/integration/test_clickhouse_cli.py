@@ -112,3 +112,18 @@ def test_stage_names_come_in_stage_order_and_floats_in_full(server, capsys, tmp_
     code, out, _ = _run(capsys, "store", "query", "SELECT ts FROM gw_incidents FINAL ORDER BY ts LIMIT 1",
                         "--store", url)
     assert code == 0 and out.splitlines()[1].strip() == repr(min(r["ts"] for r in rows))
+
+
+@pytest.mark.parametrize("sql", ["DROP TABLE gw_rejected", "INSERT INTO gw_rejected SELECT * FROM gw_rejected",
+                                 "SELECT 1 SETTINGS readonly = 0", "CREATE TABLE x (a UInt8) ENGINE = Memory"])
+def test_store_query_only_reads_on_the_server(server, capsys, sql):
+    addr, db = server
+    host, _, port = addr.rpartition(":")
+    ClickHouseStore(host, int(port), database=db).create_tables()
+    code, out, err = _run(capsys, "store", "query", sql, "--store", f"clickhouse://{addr}/{db}")
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and "Code: 164" in err
+    assert "refused: queries here only read (the store is opened read-only), so nothing was changed" in err
+    code, out, _ = _run(capsys, "store", "query", "SELECT name FROM system.tables WHERE database = currentDatabase()"
+                        " AND name IN ('gw_rejected', 'x')", "--store", f"clickhouse://{addr}/{db}",
+                        "--format", "jsonl")
+    assert code == 0 and out.split() == ['{"name":"gw_rejected"}']

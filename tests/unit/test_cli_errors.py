@@ -396,3 +396,20 @@ def test_kubernetes_without_a_cluster_to_talk_to_is_one_line(capsys, monkeypatch
     assert main(["kubernetes", "apply", "--from", str(tmp_path / "a.jsonl")]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("gangwatch kubernetes: error: no Kubernetes API to talk to") and "--kubeconfig" in line
+
+
+@pytest.mark.parametrize("sql", ["DROP TABLE gw_rejected", "INSERT INTO gw_rejected SELECT * FROM gw_rejected",
+                                 "SET readonly = 0", "CREATE TABLE x (a UInt8) ENGINE = Memory"])
+def test_store_query_only_reads_on_chdb(capsys, tmp_path, sql):
+    from gangwatch.sinks.store import ChdbStore
+
+    store = ChdbStore(tmp_path / "store")
+    store.create_tables()
+    store.close()
+    code, out, err = run(capsys, "store", "query", sql, "--out", str(tmp_path))
+    line = one_error(err)
+    assert code == EXIT_USAGE and out == "" and "Code: 164" in line
+    assert "refused: queries here only read (the store is opened read-only), so nothing was changed" in line
+    code, out, _ = run(capsys, "store", "query", "SELECT name FROM system.tables WHERE database = currentDatabase() "
+                       "AND name IN ('gw_rejected', 'x')", "--out", str(tmp_path), "--format", "jsonl")
+    assert code == 0 and out.split() == ['{"name":"gw_rejected"}']
