@@ -29,6 +29,21 @@ A `Delivery` sends under one key, so there is one per key, each with its own
 spool directory under `spool_dir` (named after the key, with a file `key`
 holding it): a restarted agent finds its predecessor's backlog there and sends
 it before anything new.
+
+The sending thread never waits on the broker for long, so the relay's frames
+are answered within a second or two whatever Kafka does (its clients would
+otherwise give up on it and each open a Kafka connection of its own, just when
+the broker is in trouble). Two bounds:
+
+- one send: `PatientSend` runs the Kafka client on a thread of its own and
+  gives up waiting after `send_wait_s` (1 s; a broker that is away holds a
+  send for its metadata wait, 5 s and more). The message goes to the spool; the
+  send left behind may still get through, and then the spool's copy is not
+  sent again. While it waits no other message is tried: they spool at once.
+- one cycle: sending stops `cycle_s` (0.5 s) after a cycle started and the rest
+  spools behind what is already there, so the backlog of a long outage is sent
+  in slices between the new records once the broker is back, never holding
+  them up. A cycle that sent part of a backlog is followed by the next at once.
 """
 
 from __future__ import annotations
@@ -67,14 +82,89 @@ def spool_name(key: str) -> str:
     return f"{safe}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 
 
+class BrokerSlow(TimeoutError):
+    """A send `PatientSend` stopped waiting for (or did not start: an earlier one still waits)."""
+
+
+class PatientSend:
+    """A `send` run on a thread of its own, waited for at most `wait_s`; raises `BrokerSlow` after that.
+
+    One message is in flight at a time: while a send the caller stopped waiting
+    for still runs, every call raises `BrokerSlow` at once. A message whose send
+    the caller gave up on but which got through after all is remembered (the
+    last one only): asked to send exactly that message again (its copy from the
+    spool), this returns without sending it twice.
+    """
+
+    def __init__(self, send: Send, wait_s: float = 1.0) -> None:
+        self.send, self.wait_s = send, wait_s
+        self._cond = threading.Condition()
+        self._msg: tuple[str, bytes, bytes] | None = None  # handed to the thread, not done yet
+        self._error: BaseException | None = None  # how the last send ended
+        self._abandoned = False  # the caller stopped waiting for the message in flight
+        self._late: tuple[str, bytes, bytes] | None = None  # abandoned, and delivered after all
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, topic: str, key: bytes, value: bytes) -> None:
+        msg = (topic, key, value)
+        with self._cond:
+            if self._msg is not None:
+                raise BrokerSlow("an earlier message still waits for the broker")
+            if self._late is not None and self._late == msg:
+                self._late = None  # it got there: not again
+                return
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="gangwatch-agent-kafka", daemon=True)
+                self._thread.start()
+            self._msg, self._error = msg, None
+            self._cond.notify_all()
+            if not self._cond.wait_for(lambda: self._msg is None, self.wait_s):
+                self._abandoned = True
+                raise BrokerSlow(f"no answer from the broker within {self.wait_s:g} s")
+            if self._error is not None:
+                raise self._error
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._msg is not None or self._closed)
+                if self._msg is None:
+                    return
+                msg = self._msg
+            try:
+                self.send(*msg)
+                error = None
+            except Exception as e:
+                error = e
+            with self._cond:
+                if self._abandoned and error is None:
+                    self._late = msg
+                self._msg, self._error, self._abandoned = None, error, False
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        """Stop the thread; close the client it wraps unless a send still holds it after `wait_s` (the process's
+        exit ends that one)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            idle = self._cond.wait_for(lambda: self._msg is None, self.wait_s)
+        close = getattr(self.send, "close", None)
+        if idle and close is not None:
+            close()
+
+
 class Outbox:
-    """Records from every collector, sent to Kafka by one thread, or spooled while it is away."""
+    """Records from every collector, sent to Kafka by one thread, or spooled while it is away.
+
+    `send_wait_s` and `cycle_s` bound the sending thread's waits (see the module's docstring)."""
 
     def __init__(self, send: Send, spool_dir: Path, *, topic_prefix: str = "gw.", queue_max: int = 10_000,
-                 flush_s: float = 1.0, spool_bytes: int = 64 << 20, clock: Callable[[], float] = time.time,
-                 timer: Callable[[], float] = time.monotonic) -> None:
-        self.send, self.spool_dir, self.topic_prefix = send, Path(spool_dir), topic_prefix
-        self.queue_max, self.flush_s, self.spool_bytes = queue_max, flush_s, spool_bytes
+                 flush_s: float = 1.0, spool_bytes: int = 64 << 20, send_wait_s: float = 1.0, cycle_s: float = 0.5,
+                 clock: Callable[[], float] = time.time, timer: Callable[[], float] = time.monotonic) -> None:
+        self.send, self.spool_dir, self.topic_prefix = PatientSend(send, send_wait_s), Path(spool_dir), topic_prefix
+        self.queue_max, self.flush_s, self.spool_bytes, self.cycle_s = queue_max, flush_s, spool_bytes, cycle_s
         self._clock, self._timer = clock, timer
         self._lock = threading.Lock()
         self._queue: deque[Record] = deque()
@@ -156,15 +246,22 @@ class Outbox:
             self._final()
 
     def _loop(self) -> None:
+        draining = False
         while not self._stop.is_set():
-            self._wake.wait(self.flush_s)
+            if not draining:  # a backlog being sent goes on at once
+                self._wake.wait(self.flush_s)
             self._wake.clear()
+            sent = self.sent
             self._cycle()
+            draining = self.sent > sent and self.backlog
         self._final()
 
-    def _cycle(self) -> None:
-        """Deliver what is queued, grouped by key and topic in arrival order; drain older spools; never raises."""
+    def _cycle(self, deadline: float | None = None) -> None:
+        """Deliver what is queued, grouped by key and topic in arrival order; drain older spools; sending stops at
+        `deadline` (default: `cycle_s` from now), the rest is spooled; never raises."""
         try:
+            if deadline is None:
+                deadline = self._timer() + self.cycle_s
             with self._lock:
                 recs = list(self._queue)
                 self._queue.clear()
@@ -174,12 +271,12 @@ class Outbox:
                 groups.setdefault(key, {}).setdefault(topic, []).append(rec)
             ts = self._clock()
             for key, by_topic in groups.items():
-                self._delivery(key).deliver(by_topic.items(), ts=ts, deadline=self._deadline)
+                self._delivery(key).deliver(by_topic.items(), ts=ts, deadline=deadline)
             while self._envelopes:  # popleft is atomic: envelopes the relay adds meanwhile are never lost
                 topic, key, envelope, done = self._envelopes.popleft()
                 groups.setdefault(key, {})  # its delivery sends its backlog first: not again below
                 try:
-                    self._delivery(key).deliver([(topic, envelope)], ts=ts, deadline=self._deadline)
+                    self._delivery(key).deliver([(topic, envelope)], ts=ts, deadline=deadline)
                 except Exception:
                     with self._lock:
                         self._lost += len(envelope)
@@ -188,16 +285,14 @@ class Outbox:
                     done()
             for key, delivery in self._deliveries.items():
                 if key not in groups and delivery.spool:
-                    delivery.deliver((), ts=ts, deadline=self._deadline)  # nothing new: only the backlog
+                    delivery.deliver((), ts=ts, deadline=deadline)  # nothing new: only the backlog
         except Exception:
             log.exception("sending failed; the agent goes on")
 
     def _final(self) -> None:
-        self._cycle()
+        self._cycle(self._deadline)
         try:
-            close = getattr(self.send, "close", None)
-            if close is not None:
-                close()
+            self.send.close()
             for delivery in self._deliveries.values():
                 delivery.spool.close()
         except Exception:

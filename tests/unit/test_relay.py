@@ -93,9 +93,10 @@ def node(tmp_path, path):
     """A factory of one relay (fake linger clock) in front of a started outbox that sends to a `Kafka`."""
     made = []
 
-    def make(**kw):
-        kafka, timer = Kafka(), Timer()
-        box = Outbox(kafka, tmp_path / "agent-spool")
+    def make(kafka: Kafka | None = None, outbox: dict | None = None, **kw):
+        """`kafka`: the outbox's `send` (default a `Kafka`); `outbox`: more arguments of the outbox."""
+        kafka, timer = kafka or Kafka(), Timer()
+        box = Outbox(kafka, tmp_path / "agent-spool", **(outbox or {}))
         box.start()
         relay = Relay(path, box, timer=timer, **{"linger_s": 3600.0, **kw})
         relay.start()
@@ -315,6 +316,54 @@ def test_a_relay_that_closes_answers_what_it_holds_then_clients_send_directly(no
     c.flush()  # the relay is gone: straight to Kafka, and no record lost
     assert [r.kind for r in direct.records()] == ["step"] and not c.relay.connected
     assert not path_exists(relay.path)
+
+
+# --- while Kafka is slow or away ---------------------------------------------------------------------
+
+
+class Stalled(Kafka):
+    """A broker in trouble: a send waits until `released` (a metadata wait that does not end), then goes through,
+    or with `fails` raises a timeout as the Kafka client does; once released, sends go through at once."""
+
+    def __init__(self, fails: bool) -> None:
+        super().__init__()
+        self.fails, self.released, self.stalls = fails, threading.Event(), 0
+
+    def __call__(self, topic: str, key: bytes, value: bytes) -> None:
+        if not self.released.is_set():
+            self.stalls += 1
+            self.released.wait()
+            if self.fails:
+                raise TimeoutError("KafkaTimeoutError: Failed to update metadata after 5.0 secs")
+        super().__call__(topic, key, value)
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["send-held-then-through", "send-held-then-timed-out"])
+def test_a_broker_that_holds_every_send_does_not_stop_the_relay_taking_records(node, clients, fails):
+    """The relay answers every frame while the outbox's send is held (the agent spools), no client sends a
+    record itself, and once the broker is back every record arrives once, in order."""
+    stalled, later = Stalled(fails), Timer()  # `later`: the outbox's clock, for its back-off
+    relay, kafka, _ = node(stalled, outbox={"send_wait_s": 0.05, "timer": later}, max_records=1)
+    box = relay.outbox
+    try:
+        c, direct, ft = clients()
+        for k in range(5):
+            c.step(k)
+            c.flush()  # returns once the relay answered
+        assert (c.relay.accepted, c.relay.refused, c.relay.failed, relay.refused) == (6, 0, 0, 0)
+        assert direct.msgs == [] and not c.delivery.spool and c.relay.connected  # no fallback of the client's
+        assert stalled.stalls == 1 and kafka.msgs == [] and box.backlog  # one send waited; the rest was spooled
+    finally:
+        stalled.released.set()
+    if not fails:
+        kafka.wait(1)  # the held send got through after all
+    later.t = 60.0  # past the outbox's back-off
+    c.step(5)
+    c.flush()
+    kafka.wait(7)  # a heartbeat and six steps, one envelope each
+    wait_until(lambda: not box.backlog, "the spool to be sent")
+    assert by_rank(kafka.envelopes()) == {("j1", 0): [("heartbeat", None)] + [("step", k) for k in range(6)]}
+    assert direct.msgs == [] and box.dropped == 0
 
 
 RELAY_PROCESS = """
