@@ -21,6 +21,7 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
+from gangwatch import figures as fg
 from gangwatch.postmortem import (
     MILESTONES,
     Ettr,
@@ -91,6 +92,44 @@ def _mark(ax: Any, x: float | None, label: str, color: str) -> None:
         ax.axvline(x, color=color, linestyle="--", linewidth=1.2, label=label)
 
 
+MASK_STYLE = {fg.WARMUP: ("#c6dbef", None), fg.JOB_PAUSE: ("#d9d9d9", "//")}  # else a known pause: ("#e5e5e5", "..")
+
+
+def _shade(ax: Any, spans: Iterable[tuple[float, float, str]], seen: set[str] | None = None) -> None:
+    """Shade each (x0, x1, why), labelled once per reason (in `seen`, shared across the axes of one figure)."""
+    seen = set() if seen is None else seen
+    for x0, x1, why in spans:
+        color, hatch = MASK_STYLE.get(why, ("#e5e5e5", ".."))
+        ax.axvspan(x0, x1, facecolor=color, edgecolor="#bbbbbb", hatch=hatch, linewidth=0, zorder=0,
+                   label=None if why in seen else f"{why}: out of scale")
+        seen.add(why)
+
+
+def _step_spans(masked: dict[int, str], steps: list[int]) -> list[tuple[float, float, str]]:
+    """Masked steps as (x0, x1, why) on a step axis, neighbours of one reason merged."""
+    out: list[tuple[float, float, str]] = []
+    for s in steps:
+        why = masked.get(s)
+        if why is None:
+            continue
+        if out and out[-1][2] == why and out[-1][1] >= s - 0.5 - 1e-9:
+            out[-1] = (out[-1][0], s + 0.5, why)
+        else:
+            out.append((s - 0.5, s + 0.5, why))
+    return out
+
+
+def _time_spans(w: StepWindow, masked: dict[int, str], origin: float) -> list[tuple[float, float, str]]:
+    return [(sp.t0 - origin, sp.t1 - origin, sp.reason) for sp in fg.mask_spans(w, masked)]
+
+
+def _tag(ax: Any, x: float, y: float, text: str, color: str = "#b00000", **kw: Any) -> None:
+    """A label in the plot with an arrow to (x, y)."""
+    ax.annotate(text, xy=(x, y), xytext=kw.pop("xytext", (18, 14)), textcoords="offset points", fontsize=9,
+                color=color, fontweight="bold", arrowprops={"arrowstyle": "->", "color": color, "lw": 1.2},
+                bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": color, "alpha": 0.9}, **kw)
+
+
 # --- plots ------------------------------------------------------------------
 
 
@@ -104,10 +143,13 @@ def _highlighted(w: StepWindow) -> list[int]:
 
 def steps_plot(w: StepWindow, onset: float, detected: float | None) -> str:
     """Step time per rank against seconds from the onset: every rank a grey line (their range and median, for a
-    large job), the ranks the findings name in red, the other ranks of the culprit nodes in orange. A log scale
-    where a spike would flatten the rest (the longest step over 4x the median)."""
+    large job), the ranks the findings name in red, the other ranks of the culprit nodes in orange; masked steps
+    (warm-up, pauses) shaded, and the y range set by the others. A log scale where a spike would flatten the
+    rest (the longest unmasked step over 4x the median)."""
+    masked = fg.masked_steps(w)
     fig = _figure(11, 4.2)
     ax = fig.add_subplot()
+    _shade(ax, _time_spans(w, masked, onset))
     shown = _highlighted(w)
     rest = [r for r in w.ranks if r not in shown]
     if len(rest) > BAND_RANKS:
@@ -134,7 +176,11 @@ def steps_plot(w: StepWindow, onset: float, detected: float | None) -> str:
             label, labelled = (None if labelled else "other ranks of the culprit nodes"), True
         ax.plot([p.ts - onset for p in pts], [p.step_s for p in pts], color="#d62728" if named else "#ff7f0e",
                 linewidth=2 if named else 1.2, label=label)
-    values = [p.step_s for points in w.series.values() for p in points]
+    values = [p.step_s for points in w.series.values() for p in points if p.step not in masked]
+    if values:
+        low, high = fg.scale(values)
+        pad = 0.1 * (high - low) + 1e-3
+        ax.set_ylim(max(0.0, low - pad), high + pad)
     if values and max(values) > 4 * statistics.median(values) > 0:
         from matplotlib.ticker import FormatStrFormatter
 
@@ -151,22 +197,24 @@ def steps_plot(w: StepWindow, onset: float, detected: float | None) -> str:
 
 
 def heatmap_plot(w: StepWindow, onset: float, detected: float | None, what: str = "step_s") -> str:
-    """`what` (step_s, or compute_s) by rank (rows) and step (columns), missing cells blank, colours spread over
-    the 2nd..98th percentile (a one-step spike does not wash the rest out); the steps of the onset and of the
-    detection marked."""
+    """`what` (step_s, or compute_s) by rank (rows) and step (columns), missing cells blank, the colour scale
+    set by the unmasked steps only (warm-up and pauses shaded over, out of it); the culprit ranks' rows named,
+    the steps of the onset and of the detection marked."""
     import numpy as np
 
+    masked = fg.masked_steps(w)
     fig = _figure(11, max(3.0, min(9.0, 1.5 + 0.12 * len(w.ranks))))
     ax = fig.add_subplot()
     steps, ranks = w.steps, w.ranks
     grid = np.array([[math.nan if v is None else v for v in row] for row in w.matrix(what)], dtype=float)
-    low, high = (float(x) for x in np.nanpercentile(grid, [2, 98]))
+    low, high = fg.scale(grid[i][j] for i in range(len(ranks)) for j, s in enumerate(steps) if s not in masked)
     image = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", interpolation="nearest", cmap="viridis",
-                      vmin=low, vmax=max(high, low + 1e-9), extent=(steps[0] - 0.5, steps[-1] + 0.5, len(ranks) - 0.5,
-                                                                    -0.5))
+                      vmin=low, vmax=high, extent=(steps[0] - 0.5, steps[-1] + 0.5, len(ranks) - 0.5, -0.5))
     fig.colorbar(image, ax=ax, label=f"{'compute' if what == 'compute_s' else 'step'} time (s)", extend="both")
-    if len(ranks) <= 32:
-        ax.set_yticks(range(len(ranks)), [str(r) for r in ranks], fontsize=7)
+    for x0, x1, why in _step_spans(masked, steps):
+        ax.axvspan(x0, x1, facecolor="#ffffff", alpha=0.75, hatch="//", edgecolor="#888888", linewidth=0)
+        ax.text((x0 + x1) / 2, -0.5, why, rotation=90, va="top", ha="center", fontsize=7, color="#333333")
+    _name_rows(ax, ranks, w)
     for ts, label, color in ((onset, "onset", "#ffffff"), (detected, "detected", "#ff7f0e")):
         if ts is None:
             continue
@@ -180,6 +228,194 @@ def heatmap_plot(w: StepWindow, onset: float, detected: float | None, what: str 
     ax.set_ylabel("rank")
     ax.legend(loc="upper left", fontsize=8)
     return _svg(fig, "heatmap" if what == "step_s" else "heatmap-compute")
+
+
+def _name_rows(ax: Any, ranks: list[int], w: StepWindow) -> None:
+    """Rank ticks (all of them up to 32 rows, else only the culprits'), the culprits' in bold red."""
+    culprits = w.culprits
+    shown = range(len(ranks)) if len(ranks) <= 32 else [i for i, r in enumerate(ranks) if r in culprits]
+    ax.set_yticks(list(shown), [fg.rank_label(w, ranks[i]) if ranks[i] in culprits else str(ranks[i])
+                                for i in shown], fontsize=7)
+    for label, i in zip(ax.get_yticklabels(), shown, strict=True):
+        if ranks[i] in culprits:
+            label.set_color("#b00000")
+            label.set_fontweight("bold")
+
+
+def failstop_plot(w: StepWindow, onset: float, detected: float | None, culprit_nodes: Iterable[str]) -> str:
+    """Two panels over seconds from the onset. Top: seconds since each rank's last heartbeat (the others as the
+    range of theirs, a live rank stays under its period; the culprits as red lines that climb once they fall
+    silent), the culprits' hardware and framework events marked. Bottom: the last step each node finished
+    (the culprit nodes in red): a synchronous job stops as a whole, its heartbeats say who died."""
+    live = fg.liveness(w, culprit_nodes)
+    masked = fg.masked_steps(w)
+    fig = _figure(11, 5.6)
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
+    xs = [t - onset for t in live.times]
+    seen: set[str] = set()
+    for ax in (top, bottom):
+        _shade(ax, _time_spans(w, masked, onset), seen)
+    others = [r for r in live.age if r not in live.culprits]
+    if others:
+        hi = [max((live.age[r][k] for r in others if live.age[r][k] is not None), default=math.nan)
+              for k in range(len(xs))]
+        lo = [min((live.age[r][k] for r in others if live.age[r][k] is not None), default=math.nan)
+              for k in range(len(xs))]
+        top.fill_between(xs, lo, hi, color="#bbbbbb", label=f"other {len(others)} ranks: range", step="post")
+    peak = 0.0
+    for r in live.culprits:
+        if r not in live.age:
+            continue
+        ys = [math.nan if v is None else v for v in live.age[r]]
+        top.plot(xs, ys, color="#d62728", linewidth=2, label=f"{fg.rank_label(w, r)} (culprit)")
+        last = live.silent_from(r)
+        if last is not None and not math.isnan(ys[-1]):
+            peak = max(peak, ys[-1])
+            beat = max((live.age[o][-1] or 0.0 for o in others), default=0.0)
+            text = (f"silent since {last - onset:+.1f} s" if ys[-1] > 2 * max(beat, 1.0)
+                    else "heartbeats go on: alive, not progressing")
+            _tag(top, xs[-1], ys[-1], f"{fg.rank_label(w, r)}: {text}", xytext=(-260, 20))
+    for e in live.marks:
+        what = f"{e.what} {e.node} {e.reason}".strip() if e.kind == "hw" else f"{e.what}, {fg.rank_label(w, e.rank)}"
+        for ax in (top, bottom):
+            ax.axvline(e.ts - onset, color="#8b0000", linewidth=1, linestyle=":")
+        top.annotate(what, xy=(e.ts - onset, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -4 - 11 * (
+            live.marks.index(e) % 4)), textcoords="offset points", fontsize=8, color="#8b0000", va="top")
+    _mark(top, 0.0, "onset", "#000000")
+    _mark(top, None if detected is None else detected - onset, "detected", "#1f77b4")
+    top.set_ylabel("s since last heartbeat")
+    top.set_ylim(0, max(peak, max((v for row in live.age.values() for v in row if v is not None), default=1.0)) * 1.1)
+    top.grid(alpha=0.3)
+    top.legend(loc="upper left", fontsize=8, ncol=3)
+    for node, row in sorted(live.progress.items()):
+        mine = node in live.culprit_nodes
+        bottom.step(xs, [math.nan if v is None else v for v in row], where="post", color="#d62728" if mine else
+                    "#9a9a9a", linewidth=2 if mine else 0.8, label=f"{node} (culprit)" if mine else None,
+                    zorder=3 if mine else 2)
+    bottom.plot([], [], color="#9a9a9a", linewidth=0.8, label="other nodes")
+    _mark(bottom, 0.0, None, "#000000")
+    _mark(bottom, None if detected is None else detected - onset, None, "#1f77b4")
+    bottom.set_ylabel("last step done")
+    bottom.set_xlabel("seconds from onset")
+    bottom.grid(alpha=0.3)
+    bottom.legend(loc="upper left", fontsize=8, ncol=2)
+    return _svg(fig, "failstop")
+
+
+def failslow_plot(d: fg.Deviation, w: StepWindow, onset_step: int | None, detected_step: int | None) -> str:
+    """Each rank's compute time as % above its pipeline stage's median at the same step: the others grey, the
+    culprits red and named with their mean deviation; masked steps shaded and left out of the lines and the
+    y range."""
+    fig = _figure(11, 4.2)
+    ax = fig.add_subplot()
+    _shade(ax, _step_spans(d.masked, d.steps))
+    shown = [r for r in d.ranks if r not in d.culprits]
+    for k, r in enumerate(shown):
+        ys = [math.nan if v is None or s in d.masked else v for s, v in zip(d.steps, d.row(r), strict=True)]
+        ax.plot(d.steps, ys, color="#9a9a9a", linewidth=0.7, alpha=0.6, label="other ranks" if k == 0 else None)
+    for n, r in enumerate(d.culprits):
+        ys = [math.nan if v is None or s in d.masked else v for s, v in zip(d.steps, d.row(r), strict=True)]
+        ax.plot(d.steps, ys, color="#d62728", linewidth=2, label=f"{fg.rank_label(w, r)} (culprit)")
+        last = max((j for j, y in enumerate(ys) if not math.isnan(y)), default=None)
+        if last is not None and n < 4:
+            _tag(ax, d.steps[last], ys[last], f"{fg.rank_label(w, r)}: {d.mean.get(r, math.nan):+.1f}% "
+                 "vs its stage", xytext=(-220, 12 + 16 * n))
+    low, high = d.scale
+    mine = [v for r in d.culprits for s, v in zip(d.steps, d.row(r), strict=True)
+            if v is not None and s not in d.masked]
+    ax.set_ylim(min(low, -1.0) * 1.15, max([high, 1.0, *mine]) * 1.15)
+    ax.axhline(0, color="#555555", linewidth=0.8)
+    for step, label, color in ((onset_step, "onset", "#000000"), (detected_step, "detected", "#1f77b4")):
+        if step is not None:
+            ax.axvline(step, color=color, linestyle="--", linewidth=1.2, label=f"{label} (step {step})")
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"{'compute' if d.what == 'compute_s' else 'step'} time vs stage median (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8, ncol=3)
+    return _svg(fig, "failslow")
+
+
+def deviation_heatmap(d: fg.Deviation, w: StepWindow, onset_step: int | None) -> str:
+    """The deviations by rank and step, red above the stage's median, blue below, the scale symmetric and set by
+    the unmasked steps only (masked columns hatched); the culprit rows named."""
+    import numpy as np
+
+    fig = _figure(11, max(3.0, min(9.0, 1.5 + 0.12 * len(d.ranks))))
+    ax = fig.add_subplot()
+    grid = np.array([[math.nan if v is None else v for v in row] for row in d.grid], dtype=float)
+    low, high = d.scale
+    image = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", interpolation="nearest", cmap="RdBu_r", vmin=low,
+                      vmax=high, extent=(d.steps[0] - 0.5, d.steps[-1] + 0.5, len(d.ranks) - 0.5, -0.5))
+    fig.colorbar(image, ax=ax, label="% vs stage median", extend="both")
+    for x0, x1, why in _step_spans(d.masked, d.steps):
+        ax.axvspan(x0, x1, facecolor="#ffffff", hatch="//", edgecolor="#888888", linewidth=0)
+        ax.text((x0 + x1) / 2, -0.5, why, rotation=90, va="top", ha="center", fontsize=7, color="#333333")
+    _name_rows(ax, d.ranks, w)
+    if onset_step is not None:
+        ax.axvline(onset_step, color="#000000", linestyle="--", linewidth=1.2, label=f"onset (step {onset_step})")
+        ax.legend(loc="lower left", fontsize=8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("rank")
+    return _svg(fig, "deviation")
+
+
+def hang_plot(clusters: list[fg.Cluster], w: StepWindow) -> str:
+    """The first stack sweep after the onset: one bar per cluster of call paths (ranks in it), the healthy
+    majority grey, the culprits' cluster red; each bar says where its ranks are (the frame that sets it apart)
+    and who they are."""
+    fig = _figure(11, 1.2 + 0.55 * len(clusters))
+    ax = fig.add_subplot()
+    ys = list(range(len(clusters)))[::-1]
+    colors = ["#d62728" if c.culprit else "#9a9a9a" if k == 0 else "#ff9f4a" for k, c in enumerate(clusters)]
+    ax.barh(ys, [len(c.ranks) for c in clusters], color=colors, height=0.6)
+    healthy = clusters[0]
+    for y, k, c in zip(ys, range(len(clusters)), clusters, strict=True):
+        where = c.frame if k == 0 else fg.distinct_frame(c, healthy)
+        nodes = ", ".join(c.nodes[:4]) + (f" (+{len(c.nodes) - 4} nodes)" if len(c.nodes) > 4 else "")
+        who = f"ranks {fg.ranks_text(c.ranks)}" + (f" on {nodes}" if nodes else "")
+        tag = "CULPRIT: " if c.culprit else "majority: " if k == 0 else ""
+        ax.text(len(c.ranks), y, f"  {tag}{len(c.ranks)} in {where}\n  {who}", va="center", fontsize=8,
+                color="#b00000" if c.culprit else "#222222", fontweight="bold" if c.culprit else "normal")
+    ax.set_yticks(ys, [f"cluster {k}" for k in range(len(clusters))])
+    ax.set_xlim(0, max(len(c.ranks) for c in clusters) * 2.2)
+    ax.set_xlabel("ranks in the cluster (first stack sweep after the onset)")
+    return _svg(fig, "stacks")
+
+
+def sdc_plot(v: fg.Vote, w: StepWindow, onset_step: int | None) -> str:
+    """The replica-digest vote of the culprit's shard(s): per replica (rows) and step, green where the digest
+    is the shard's majority, red where it dissents, grey where unchecked; the culprit rows named."""
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+
+    fig = _figure(11, max(2.6, min(9.0, 1.4 + 0.3 * len(v.rows))))
+    ax = fig.add_subplot()
+    grid = np.array(v.cells, dtype=float)
+    cmap = ListedColormap(["#d9d9d9", "#d62728", "#74c476"])  # UNCHECKED, DISSENT, AGREE
+    ax.imshow(grid, aspect="auto", interpolation="nearest", cmap=cmap, vmin=-1.5, vmax=1.5,
+              extent=(v.steps[0] - 0.5, v.steps[-1] + 0.5, len(v.rows) - 0.5, -0.5))
+    for x0, x1, _ in _step_spans(v.masked, v.steps):
+        ax.axvspan(x0, x1, facecolor="none", hatch="//", edgecolor="#555555", linewidth=0)
+    ax.set_yticks(range(len(v.rows)), v.labels, fontsize=7)
+    for label, r in zip(ax.get_yticklabels(), v.rows, strict=True):
+        if r in v.culprits:
+            label.set_color("#b00000")
+            label.set_fontweight("bold")
+    for n, r in enumerate(x for x in v.rows if x in v.culprits):
+        if n < 3 and v.dissents(r):
+            i = v.rows.index(r)
+            j = next(j for j, c in enumerate(v.cells[i]) if c == fg.DISSENT)
+            _tag(ax, v.steps[j], i, f"{fg.rank_label(w, r)}: dissents at {v.dissents(r)} steps",
+                 xytext=(-200, 10 + 14 * n))
+    if onset_step is not None:
+        ax.axvline(onset_step, color="#000000", linestyle="--", linewidth=1.2)
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color="#74c476", label="agrees with its shard's majority"),
+                       Patch(color="#d62728", label="dissents"), Patch(color="#d9d9d9", label="unchecked")],
+              loc="upper left", bbox_to_anchor=(0, -0.18), fontsize=8, ncol=3)
+    ax.set_xlabel("step")
+    return _svg(fig, "sdc")
 
 
 def stages_plot(stages: Iterable[Stage]) -> str:
@@ -333,11 +569,12 @@ def _incident_rows(items: Iterable[IncidentLine]) -> str:
 
 def incident_html(r: IncidentReport) -> str:
     """The post-mortem of one incident as a self-contained page."""
-    onset, detected = r.times.get("onset"), r.times.get("detected")
+    onset = r.times.get("onset")
     state = "recovered" if r.times.get("recovered") is not None else '<span class="open">open (not recovered)</span>'
     body = [f"<h1>Incident <code>{_e(r.id)}</code></h1>",
             f"<p>job <code>{_e(r.job)}</code> &middot; class <b>{_e(r.cls)}</b>{' (planned)' if r.planned else ''}"
             f" &middot; culprit nodes <b>{_e(', '.join(r.culprit_nodes) or '-')}</b> &middot; {state}</p>",
+            *class_plots(r),
             "<h2>Timeline (UTC)</h2>",
             _table(("stage", "time", "from onset"),
                    [(m, iso(r.times.get(m)), "" if r.times.get(m) is None or onset is None or m == "onset"
@@ -365,22 +602,62 @@ def incident_html(r: IncidentReport) -> str:
                        ["over" if s.over else "" for s in r.stages]))
     body.append(_plot("stages", stages_plot(r.stages), "stage seconds (bars) against their budgets (outlines)")
                 if r.stages else _empty("stages", "no stage completed yet"))
-    body.append("<h2>Step time around the onset</h2>")
-    w = r.steps
-    if w is None or onset is None:
-        why = "no step telemetry stored around the onset (replay with --telemetry to keep it)"
-        body += [_empty("steps", why), _empty("heatmap", why)]
-    else:
-        span = f"{iso(w.start)} .. {iso(w.end)}" + (" (cut: too many records)" if w.truncated else "")
-        body.append(_plot("steps", steps_plot(w, onset, detected),
-                          f"step time per rank, {len(w.ranks)} ranks, {span}; dashed: onset and detection"))
-        body.append(_plot("heatmap", heatmap_plot(w, onset, detected),
-                          "step time by rank and step; dashed: the steps of the onset and of the detection"))
-        if w.has_compute:
-            body.append(_plot("compute", heatmap_plot(w, onset, detected, "compute_s"),
-                              "compute time by rank and step (a synchronous job's step time is the slowest "
-                              "rank's: the compute time shows which rank it is)"))
     return _page(f"gangwatch incident {r.id}", body)
+
+
+FIRST_PLOT = {"fail_stop": "failstop", "fail_slow": "failslow", "hang": "stacks", "stall": "stacks", "sdc": "sdc"}
+
+
+def class_plots(r: IncidentReport) -> list[str]:
+    """The plots of an incident's telemetry, the one its class calls for first, each pointing at the culprit:
+    fail-stop: heartbeats and progress; fail-slow: compute time against the stage's median (and its heat map);
+    hang or stall: the stack clusters (then heartbeats and progress); sdc: the digest vote; any class: the
+    step time heat map last (an unknown class: the step time per rank first)."""
+    onset, detected = r.times.get("onset"), r.times.get("detected")
+    w = r.steps
+    out = ["<h2>Around the onset: who it was</h2>"]
+    if w is None or onset is None:
+        why = "no telemetry stored around the onset (replay with --telemetry to keep it)"
+        return [*out, _empty(FIRST_PLOT.get(r.cls, "steps"), why)]
+    span = f"{iso(w.start)} .. {iso(w.end)}" + (" (cut: too many records)" if w.truncated else "")
+    culprit = ", ".join(fg.rank_label(w, k) for k in sorted(w.culprits)[:4]) or ", ".join(r.culprit_nodes) or "-"
+    masked = fg.masked_steps(w)
+    onset_step, detected_step = w.step_at(onset), None if detected is None else w.step_at(detected)
+    shaded = "; shaded: " + ", ".join(sorted(set(masked.values()))) + " (out of the scales)" if masked else ""
+    if r.cls == "fail_stop" or (r.cls in ("hang", "stall") and not w.stacks):
+        live = fg.liveness(w, r.culprit_nodes)
+        out.append(_plot("failstop", failstop_plot(w, onset, detected, r.culprit_nodes),
+                         f"culprit {culprit}: seconds since each rank's last heartbeat (a live rank stays under its "
+                         f"period), and the last step each node finished; {len(live.marks)} hardware or framework "
+                         f"events of the culprit marked; {span}{shaded}"))
+    if r.cls in ("hang", "stall") and w.stacks:
+        clusters = fg.stack_clusters(w)
+        out.append(_plot("stacks", hang_plot(clusters, w),
+                         f"culprit {culprit}: the ranks of the first stack sweep after the onset "
+                         f"({len(w.stacks)} ranks) by call path, and where each cluster is"))
+        out.append(_plot("failstop", failstop_plot(w, onset, detected, r.culprit_nodes),
+                         f"heartbeats and progress around the onset; {span}{shaded}"))
+    if r.cls == "sdc":
+        vote = fg.digest_vote(w, masked)
+        out.append(_plot("sdc", sdc_plot(vote, w, onset_step), f"culprit {culprit}: the replica-digest vote per "
+                         f"step of its shard's replicas{shaded}") if vote.rows and vote.steps
+                   else _empty("sdc", "no replica digest stored in the window"))
+    if r.cls == "fail_slow":
+        dev = fg.deviation(w, masked, since_step=onset_step)
+        what = "compute" if dev.what == "compute_s" else "step"
+        out.append(_plot("failslow", failslow_plot(dev, w, onset_step, detected_step),
+                         f"culprit {culprit}: each rank's {what} time as % above the median of its pipeline stage at "
+                         f"the same step (a synchronous job's step time is the slowest rank's, the same everywhere)"
+                         f"{shaded}"))
+        out.append(_plot("deviation", deviation_heatmap(dev, w, onset_step),
+                         f"the same by rank and step; colour scale from the unmasked steps only{shaded}"))
+    if r.cls not in FIRST_PLOT:
+        out.append(_plot("steps", steps_plot(w, onset, detected),
+                         f"step time per rank, {len(w.ranks)} ranks, {span}; dashed: onset and detection{shaded}"))
+    out.append(_plot("heatmap", heatmap_plot(w, onset, detected),
+                     f"step time by rank and step (all ranks of a synchronous job share it); dashed: the steps of "
+                     f"the onset and of the detection{shaded}"))
+    return out
 
 
 def job_html(r: JobReport, total_budget: float | None = None) -> str:

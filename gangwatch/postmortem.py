@@ -71,12 +71,36 @@ class Evidence:
 
 
 class Point(NamedTuple):
-    """One rank's step: when it finished, how long it took, and its compute part (None: not reported)."""
+    """One rank's step: when it finished, how long it took, its compute part (None: not reported) and its
+    replica digest ("" : none)."""
 
     step: int
     ts: float
     step_s: float
     compute_s: float | None
+    digest: str = ""
+
+
+class Place(NamedTuple):
+    """Where a rank runs (the job record): its node and its tensor-, pipeline- and data-parallel coordinates."""
+
+    node: str
+    tp: int = 0
+    pp: int = 0
+    dp: int = 0
+
+
+class Event(NamedTuple):
+    """A record of the window that is no step: `kind` heartbeat (`what` its step), hw (`what` e.g. "Xid 79"),
+    framework (`what` its type: exit, exception, nccl_timeout, ...), lifecycle (`what` its event, `reason`
+    its reason: pause/checkpoint, restart, ...) or restart (a new `job` record)."""
+
+    ts: float
+    kind: str
+    what: str
+    rank: int | None = None
+    node: str = ""
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -84,7 +108,10 @@ class StepWindow:
     """Step times of every rank in [start, end]: `series[rank]` is its points, by step.
 
     `named_ranks`: ranks the cited findings name; `culprit_ranks`: ranks on the culprit nodes (the job's
-    topology). `truncated`: the window held more than `STEP_ROWS_MAX` records and was cut.
+    topology). `truncated`: the window held more than `STEP_ROWS_MAX` records and was cut. `places`: rank ->
+    where it runs; `events`: the window's other records (heartbeats, hardware and framework events, lifecycle
+    moments, restarts) by time; `stacks`: rank -> its normalized call path in the first stack sweep after the
+    onset (`gangwatch.detectors.stacks.signature`).
     """
 
     start: float
@@ -93,6 +120,18 @@ class StepWindow:
     named_ranks: frozenset[int] = frozenset()
     culprit_ranks: frozenset[int] = frozenset()
     truncated: bool = False
+    places: dict[int, Place] = field(default_factory=dict)
+    events: tuple[Event, ...] = ()
+    stacks: dict[int, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def culprits(self) -> frozenset[int]:
+        """The ranks a plot points at: the ones the findings name, else every rank of the culprit nodes."""
+        return self.named_ranks or self.culprit_ranks
+
+    def node(self, rank: int) -> str:
+        place = self.places.get(rank)
+        return place.node if place is not None else ""
 
     @property
     def ranks(self) -> list[int]:
@@ -270,8 +309,8 @@ def actions(rows: Iterable[Mapping[str, Any]]) -> tuple[ActionTaken, ...]:
     return tuple(sorted(out.values(), key=lambda a: (a.ts, a.id)))
 
 
-def topology(payload: str | None) -> dict[int, str]:
-    """rank -> node from a `job` record's JSON (its `gw_telemetry` payload); {} for none or a bad one."""
+def places(payload: str | None) -> dict[int, Place]:
+    """rank -> where it runs, from a `job` record's JSON (its `gw_telemetry` payload); {} for none or a bad one."""
     if not payload:
         return {}
     try:
@@ -279,14 +318,63 @@ def topology(payload: str | None) -> dict[int, str]:
     except orjson.JSONDecodeError:
         return {}
     ranks = rec.get("ranks") if isinstance(rec, dict) else None
-    return {int(r["rank"]): str(r["node"]) for r in ranks or () if isinstance(r, dict) and "rank" in r and "node" in r}
+    out = {}
+    for r in ranks or ():
+        if isinstance(r, dict) and "rank" in r and "node" in r:
+            out[int(r["rank"])] = Place(str(r["node"]), *(int(r.get(k) or 0) for k in ("tp", "pp", "dp")))
+    return out
+
+
+def events(rows: Iterable[Mapping[str, Any]]) -> tuple[Event, ...]:
+    """Telemetry rows (ts, kind, rank, node, step, payload) that are not steps as events, by time."""
+    out = []
+    for r in rows:
+        kind, rank = r["kind"], r.get("rank")
+        rank = None if rank is None else int(rank)
+        try:
+            rec = orjson.loads(r.get("payload") or "{}")
+        except orjson.JSONDecodeError:
+            rec = {}
+        rec = rec if isinstance(rec, dict) else {}
+        if kind == "heartbeat":
+            out.append(Event(float(r["ts"]), kind, "" if r.get("step") is None else str(r["step"]), rank))
+        elif kind == "hw":
+            code, source = rec.get("code"), str(rec.get("source") or "")
+            what = f"Xid {code}" if source == "xid" and code is not None else (source + (f" {code}" if code else ""))
+            gpu = rec.get("gpu")
+            out.append(Event(float(r["ts"]), kind, what, None, str(r.get("node") or ""),
+                             "" if gpu is None else f"gpu {gpu}"))
+        elif kind == "framework":
+            out.append(Event(float(r["ts"]), kind, str(rec.get("type") or ""), rank))
+        elif kind == "lifecycle":
+            out.append(Event(float(r["ts"]), kind, str(rec.get("event") or ""), rank, "", str(rec.get("reason") or "")))
+        elif kind == "job":
+            out.append(Event(float(r["ts"]), "restart", "job record"))
+    return tuple(sorted(out, key=lambda e: (e.ts, e.kind, -1 if e.rank is None else e.rank)))
+
+
+def stack_signatures(rows: Iterable[Mapping[str, Any]]) -> dict[int, tuple[str, ...]]:
+    """rank -> its normalized call path, from the `stack` rows of one sweep (payload: the record's JSON); a rank
+    whose record does not decode is left out."""
+    from gangwatch.detectors.stacks import signature, thread_stacks
+    from gangwatch.schemas import Stack, decode
+
+    out = {}
+    for r in rows:
+        for rec in decode(r["payload"]):
+            sig = signature(thread_stacks(rec)) if isinstance(rec, Stack) else ()
+            if sig:
+                out[int(rec.rank)] = sig
+    return out
 
 
 def step_window(rows: Iterable[Mapping[str, Any]], start: float, end: float, *, named: Iterable[int] = (),
                 nodes_of: Mapping[int, str] | None = None, culprits: Iterable[str] = (),
-                truncated: bool = False) -> StepWindow:
-    """Step rows (rank, step, ts, step_s, compute_s) in [start, end] as a window; a (rank, step) stored twice
-    counts once (its latest record); rows without a finite step time are left out."""
+                truncated: bool = False, where: Mapping[int, Place] | None = None,
+                others: Iterable[Event] = (), stacks: Mapping[int, tuple[str, ...]] | None = None) -> StepWindow:
+    """Step rows (rank, step, ts, step_s, compute_s[, digest]) in [start, end] as a window; a (rank, step)
+    stored twice counts once (its latest record); rows without a finite step time are left out. The ranks'
+    nodes come from `where` (rank -> Place) or `nodes_of` (rank -> node)."""
     latest: dict[tuple[int, int], Point] = {}
     for r in rows:
         ts, v = float(r["ts"]), _float(r.get("step_s"))
@@ -297,13 +385,17 @@ def step_window(rows: Iterable[Mapping[str, Any]], start: float, end: float, *, 
         key = (int(r["rank"]), int(r["step"]))
         c = _float(r.get("compute_s"))
         if key not in latest or ts >= latest[key].ts:
-            latest[key] = Point(key[1], ts, v, c if c is not None and math.isfinite(c) else None)
+            latest[key] = Point(key[1], ts, v, c if c is not None and math.isfinite(c) else None,
+                                str(r.get("digest") or ""))
     series: dict[int, list[Point]] = {}
     for (rank, _), point in sorted(latest.items()):
         series.setdefault(rank, []).append(point)
+    spots = dict(where) if where is not None else {r: Place(n) for r, n in (nodes_of or {}).items()}
     culprit_set = set(culprits)
-    on_culprits = frozenset(r for r, n in (nodes_of or {}).items() if n in culprit_set)
-    return StepWindow(start, end, {r: tuple(p) for r, p in series.items()}, frozenset(named), on_culprits, truncated)
+    on_culprits = frozenset(r for r, p in spots.items() if p.node in culprit_set)
+    return StepWindow(start, end, {r: tuple(p) for r, p in series.items()}, frozenset(named), on_culprits, truncated,
+                      spots, tuple(e for e in others if start <= e.ts <= end or (e.kind == "restart" and e.ts <= end)),
+                      dict(stacks or {}))
 
 
 def incident_report(row: Mapping[str, Any], action_rows: Rows, finding_rows: Rows, budgets: Mapping[str, float],
@@ -419,19 +511,40 @@ def gather_latest(run: Run, limit: int = LATEST) -> tuple[IncidentLine, ...]:
 
 
 def gather_steps(run: Run, job: str, start: float, end: float, *, named: Iterable[int], culprits: Iterable[str],
-                 before: float) -> StepWindow | None:
-    """Step times of `job` in [start, end] from gw_telemetry (stored only by `--telemetry`), with the topology
-    of its latest `job` record at or before `before`; None when no step of the window was stored."""
-    rows = run(f"SELECT rank, step, ts, step_s, compute_s FROM gw_telemetry WHERE job = {_s(job)} AND kind = 'step' "
-               f"AND ts >= {_f(start)} AND ts <= {_f(end)} AND rank IS NOT NULL AND step IS NOT NULL "
+                 before: float, cls: str = "") -> StepWindow | None:
+    """The telemetry of `job` in [start, end] from gw_telemetry (stored only by `--telemetry`): its steps (with
+    their replica digests for an `sdc` incident), heartbeats, framework and lifecycle records, its (re)starts,
+    the hardware events of its nodes, the first stack sweep at or after `before` (for a `hang` or `stall`), and
+    the placement of its latest `job` record at or before `before`; None when no step of the window was stored."""
+    window = f"job = {_s(job)} AND ts >= {_f(start)} AND ts <= {_f(end)}"
+    digest = ", visitParamExtractString(payload, 'replica_digest') AS digest" if cls == "sdc" else ""
+    rows = run(f"SELECT rank, step, ts, step_s, compute_s{digest} FROM gw_telemetry WHERE {window} AND kind = 'step' "
+               "AND rank IS NOT NULL AND step IS NOT NULL "
                f"AND step_s IS NOT NULL ORDER BY rank, step LIMIT {STEP_ROWS_MAX + 1}")
     if not rows:
         return None
-    topo = run(f"SELECT payload FROM gw_telemetry WHERE job = {_s(job)} AND kind = 'job' AND ts <= {_f(before)} "
-               "ORDER BY ts DESC LIMIT 1")
-    return step_window(rows[:STEP_ROWS_MAX], start, end, named=named,
-                       nodes_of=topology(topo[0]["payload"] if topo else None), culprits=culprits,
-                       truncated=len(rows) > STEP_ROWS_MAX)
+    topo = run(f"SELECT ts, kind, rank, node, step, payload FROM gw_telemetry WHERE job = {_s(job)} AND kind = 'job' "
+               f"AND ts <= {_f(before)} ORDER BY ts DESC LIMIT 1")
+    where = places(topo[0]["payload"] if topo else None)
+    nodes = sorted({p.node for p in where.values()})
+    quiet = run("SELECT ts, kind, rank, node, step, '' AS payload FROM gw_telemetry "
+                f"WHERE {window} AND kind = 'heartbeat' ORDER BY ts LIMIT {STEP_ROWS_MAX}")
+    said = run("SELECT ts, kind, rank, node, step, payload FROM gw_telemetry "
+               f"WHERE {window} AND kind IN ('framework', 'lifecycle', 'job') ORDER BY ts LIMIT 10000")
+    hw = run("SELECT ts, kind, rank, node, step, payload FROM gw_telemetry WHERE kind = 'hw' "
+             f"AND node IN ({', '.join(_s(n) for n in nodes)}) AND ts >= {_f(start)} AND ts <= {_f(end)} "
+             "ORDER BY ts LIMIT 10000") if nodes else []
+    stacks: dict[int, tuple[str, ...]] = {}
+    if cls in ("hang", "stall"):
+        first = run("SELECT visitParamExtractString(payload, 'snapshot') AS snapshot, min(ts) AS at FROM gw_telemetry "
+                    f"WHERE {window} AND kind = 'stack' GROUP BY snapshot HAVING at >= {_f(before)} "
+                    "ORDER BY at LIMIT 1")
+        if first:
+            stacks = stack_signatures(run(
+                f"SELECT payload FROM gw_telemetry WHERE {window} AND kind = 'stack' "
+                f"AND visitParamExtractString(payload, 'snapshot') = {_s(first[0]['snapshot'])}"))
+    return step_window(rows[:STEP_ROWS_MAX], start, end, named=named, where=where, culprits=culprits,
+                       truncated=len(rows) > STEP_ROWS_MAX, others=events([*topo, *quiet, *said, *hw]), stacks=stacks)
 
 
 def gather_incident(run: Run, incident: str, budgets: Mapping[str, float], *, window_s: float = 60.0
@@ -457,7 +570,7 @@ def gather_incident(run: Run, incident: str, budgets: Mapping[str, float], *, wi
         named = {int(f["rank"]) for f in cited
                  if f.get("rank") is not None and (not culprits or f.get("node") in culprits)}
         steps = gather_steps(run, row["job"], onset - window_s, detected + window_s, named=named, culprits=culprits,
-                             before=onset)
+                             before=onset, cls=row["class"])
     return incident_report(row, acts, cited, budgets, steps)
 
 

@@ -375,11 +375,11 @@ def test_the_html_page_is_self_contained_with_every_plot(capsys, store_url, tmp_
     text = page.read_text(encoding="utf-8")
     parsed = _Figures()
     parsed.feed(text)
-    assert set(parsed.plots) == {"stages", "steps", "heatmap", "compute"}
+    assert set(parsed.plots) == {"stages", "failstop", "heatmap"}  # a hang with no stack sweep stored: liveness
     for name, got in parsed.plots.items():
         assert not got["empty"] and got["svg"] == 1 and got["path"] >= 5, (name, got)
-    assert parsed.plots["heatmap"]["image"] >= 1 and parsed.plots["compute"]["image"] >= 1  # the raster, inline
-    assert parsed.plots["steps"]["path"] >= RANKS  # a line per rank at least
+    assert parsed.plots["heatmap"]["image"] >= 1  # the raster, inline
+    assert text.index('data-plot="failstop"') < text.index('data-plot="stages"')  # the class's plot first
     assert {"script", "link", "iframe", "object"}.isdisjoint(parsed.tags)
     assert all(u.startswith(("#", "data:")) for u in parsed.urls), [u for u in parsed.urls if u[:1] != "#"][:5]
     assert not re.search(r"url\(\s*['\"]?(?!#|data:)", text) and "@import" not in text
