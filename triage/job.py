@@ -186,7 +186,19 @@ class Triage(ActiveDiagnosis, Stragglers):
         inc = self.incident
         if self.life in ("stopped", "finished") and inc is not None and inc.decided_ts is None:
             inc.resolution = f"job_{self.life}"
+            self._name_suspects(inc, t.finding.ts)
             self._close(t.finding.ts, out)
+
+    def _name_suspects(self, inc: Timeline, ts: float) -> None:
+        """An incident closed before its decision (the job ended first) still names, for its post-mortem, the
+        nodes a verdict finding named that localization holds to be culprits (nothing is done about them)."""
+        if inc.planned or self.topo is None:
+            return
+        named = {t.finding.node for t in self.gathered if t.verdict}
+        culprits = set(localize(self.gathered, self.topo, self.config.confidence).culprits) & named
+        if culprits:
+            inc.culprit_nodes = sorted(set(inc.culprit_nodes) | culprits)
+            inc.localized_ts = ts if inc.localized_ts is None else inc.localized_ts
 
     def _withdraw(self, t: Typed, out: Outputs) -> None:
         """A late record shows a report of silence wrong: an incident not decided yet drops it (and closes,
