@@ -1,9 +1,13 @@
-"""`gangwatch report --html` opened in a real browser: headless Chromium renders every plot, logs no console
-error, and the screenshot is not blank.
+"""`gangwatch report --html` opened in a real browser, one report per incident class: headless Chromium renders
+every plot, logs no console error, the screenshot is not blank, and the first plot is the class's and names the
+culprit.
 
-A simulated job (16 ranks, a thermal straggler on rank 5) is replayed with its raw telemetry into the embedded
-chDB store (no server needed), and its fail-slow incident is reported as a user types it. Chromium then:
-- dumps the DOM it built (`--dump-dom`): every plot's figure holds an <svg> with drawing in it;
+A simulated job (16 ranks on 4 nodes: tp 2, pp 2, dp 4) with one fault per class (an Xid 79, a thermal
+straggler, a hung data loader, silent data corruption), each on rank 5 (node n001), is replayed with its raw
+telemetry into the embedded chDB store (no server needed), and its incident is reported as a user types it.
+Chromium then:
+- dumps the DOM it built (`--dump-dom`): the plots are the class's, its own first, every figure holds an <svg>
+  with drawing in it, and the first one's text names rank 5 on n001 as the culprit;
 - logs the page's console to stderr (`--enable-logging=stderr --v=0`): no message from the page at all (the page
   has no script, so any is an error: a broken SVG, a blocked load). The same capture is first shown to catch a
   console.error and a broken SVG path on a probe page, so a Chromium that logs nothing cannot pass by silence;
@@ -12,11 +16,12 @@ Nothing may be fetched: no script, stylesheet, font or image from elsewhere (che
 host name resolves to nothing while Chromium runs.
 
 Needs Debian's `chromium` (CI: `apt-get install -y chromium fonts-liberation`); skipped, saying so, without it.
-GANGWATCH_REPORT_SHOT=FILE keeps a copy of the page's screenshot.
+GANGWATCH_REPORT_SHOTS=DIR keeps each class's page and first-plot screenshots there (CLASS.png, CLASS-first.png).
 """
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import shutil
@@ -31,7 +36,17 @@ from gangwatch.cli import main
 pytestmark = pytest.mark.integration
 
 CHROMIUM = shutil.which("chromium")
-PLOTS = {"stages", "steps", "heatmap", "compute"}
+CULPRIT = "rank 5 (n001)"
+# class -> (its fault, the plots of its page with the first one first, text of the first plot that names the culprit)
+CASES = {
+    "fail_stop": ("xid79:100:r5", ["failstop", "heatmap", "stages"], [f"{CULPRIT} (culprit)", f"{CULPRIT}: silent",
+                                                                     "Xid 79 n001"]),
+    "fail_slow": ("thermal_straggler:60:r5:0.3", ["failslow", "deviation", "heatmap", "stages"],
+                  [f"{CULPRIT} (culprit)", f"{CULPRIT}: +"]),
+    "hang": ("dataloader_hang:100:r5", ["stacks", "failstop", "heatmap", "stages"],
+             ["CULPRIT: 1 in", "ranks 5 on n001"]),
+    "sdc": ("sdc:100:r5", ["sdc", "heatmap", "stages"], [f"{CULPRIT}: dissents"]),
+}
 DRAWN = ("path", "rect", "image", "use", "line", "polyline", "polygon")
 CONSOLE = re.compile(r":CONSOLE(?:\(\d+\)|:\d+)?\]\s*(?P<msg>.*?),?\s*source:\s*(?P<src>\S+)")
 
@@ -91,25 +106,26 @@ class Dom(HTMLParser):
             self.figure = None
 
 
-@pytest.fixture(scope="module")
-def page(tmp_path_factory) -> Path:
-    """The HTML report of the fail-slow incident of a replayed simulated job."""
-    work = tmp_path_factory.mktemp("report")
-    assert main(["simulate", "--tp", "4", "--pp", "2", "--dp", "2", "--duration", "200", "--name", "straggler",
-                 "--fault", "thermal_straggler:60:r5:0.3", "--out", str(work / "sim")]) == 0
-    assert main(["replay", str(work / "sim" / "straggler.jsonl.gz"), "--telemetry", "--out", str(work / "out"),
+@pytest.fixture(scope="module", params=sorted(CASES))
+def page(request, tmp_path_factory) -> tuple[str, Path]:
+    """(class, the HTML report of the incident of that class of a replayed simulated job)."""
+    cls = request.param
+    work = tmp_path_factory.mktemp(cls)
+    assert main(["simulate", "--tp", "2", "--pp", "2", "--dp", "4", "--gpus-per-node", "4", "--duration", "200",
+                 "--name", cls, "--fault", CASES[cls][0], "--out", str(work / "sim")]) == 0
+    assert main(["replay", str(work / "sim" / f"{cls}.jsonl.gz"), "--telemetry", "--out", str(work / "out"),
                  "-q"]) == 0
     from gangwatch.sinks.store import open_store
 
     store = open_store(f"chdb:{work / 'out' / 'store'}", create=False)
     try:
-        ids = [r["id"] for r in store.query("SELECT id FROM gw_incidents FINAL WHERE class = 'fail_slow'")]
+        ids = [r["id"] for r in store.query(f"SELECT id FROM gw_incidents FINAL WHERE class = '{cls}'")]
     finally:
         store.close()
     assert len(ids) == 1, ids
     html = work / "incident.html"
     assert main(["report", "--incident", ids[0], "--out", str(work / "out"), "--html", str(html)]) == 0
-    return html
+    return cls, html
 
 
 def test_the_console_capture_catches_an_error(chromium, tmp_path):
@@ -121,31 +137,38 @@ def test_the_console_capture_catches_an_error(chromium, tmp_path):
     assert any("gw-probe" in m for m in got) and any("<path> attribute d" in m for m in got), got
 
 
-def test_every_plot_renders_in_chromium(chromium, page, tmp_path):
-    text = page.read_text(encoding="utf-8")
+def test_every_plot_renders_in_chromium_and_the_first_names_the_culprit(chromium, page, tmp_path):
+    cls, path = page
+    _, plots, names = CASES[cls]
+    text = path.read_text(encoding="utf-8")
     assert not re.search(r"<(script|link|iframe|object|embed)\b", text, re.I)
     assert not re.search(r"url\(\s*['\"]?(?!#|data:)", text) and "@import" not in text
 
-    url = page.as_uri()
+    url = path.as_uri()
     dumped = browse(chromium, tmp_path / "profile", url, "--dump-dom")
     assert console(dumped, url) == []
     dom = Dom()
     dom.feed(dumped.stdout)
-    assert set(dom.plots) == PLOTS, dom.plots
+    assert list(dom.plots) == plots, dom.plots  # the class's own plot first, in page order
     for name, svgs in dom.plots.items():
         assert len(svgs) == 1 and svgs[0] >= 10, (name, svgs)  # one svg each, with its axes, ticks and data
     assert all(u.startswith(("#", "data:")) for u in dom.urls), [u for u in dom.urls if not u.startswith("#")][:5]
 
+    svgs = re.findall(r"<svg\b.*?</svg>", dumped.stdout, re.S)
+    assert len(svgs) == len(plots)
+    first = html.unescape(re.sub(r"<[^>]+>", "\n", svgs[0]))
+    assert all(n in first for n in names), (cls, names, sorted({t.strip() for t in first.split("\n") if t.strip()}))
+
     shot = tmp_path / "page.png"
-    done = browse(chromium, tmp_path / "profile", url, f"--screenshot={shot}", "--window-size=1400,3000")
+    done = browse(chromium, tmp_path / "profile", url, f"--screenshot={shot}", "--window-size=1300,1100")
     assert console(done, url) == []
     spread, inked = pixels_spread(shot)
     assert spread > 0.05 and inked > 0.02, (spread, inked)
-    if os.environ.get("GANGWATCH_REPORT_SHOT"):
-        shutil.copyfile(shot, os.environ["GANGWATCH_REPORT_SHOT"])
+    keep = os.environ.get("GANGWATCH_REPORT_SHOTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, Path(keep) / f"{cls}.png")
 
-    svgs = re.findall(r"<svg\b.*?</svg>", dumped.stdout, re.S)
-    assert len(svgs) == len(PLOTS)
     for k, svg in enumerate(svgs):
         alone = tmp_path / f"plot{k}.svg"
         alone.write_text(svg, encoding="utf-8")
@@ -154,4 +177,5 @@ def test_every_plot_renders_in_chromium(chromium, page, tmp_path):
         assert console(shown, alone.as_uri()) == []
         spread, inked = pixels_spread(png)
         assert spread > 0.05 and inked > 0.01, (k, spread, inked)
-
+        if keep and k == 0:
+            shutil.copyfile(png, Path(keep) / f"{cls}-first.png")
