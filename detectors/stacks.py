@@ -215,12 +215,17 @@ def cluster_ranks(
         members.setdefault(lab, []).extend(groups[keys[i]])
         rep.setdefault(lab, i)
     order = sorted(members, key=lambda lab: (-len(members[lab]), min(members[lab])))
-    dominant = x[rep[order[0]]]
-    out = []
-    for cid, lab in enumerate(order):
-        sim = float(x[rep[lab]].multiply(dominant).sum())
-        out.append(StackCluster(cid, tuple(sorted(members[lab])), keys[rep[lab]], round(max(0.0, 1.0 - sim), 6)))
-    return out
+    reps = [rep[lab] for lab in order]
+    sims = (x[reps] @ x[reps[0]].T).toarray().ravel().tolist()  # each cluster's path against the dominant one's
+    return [StackCluster(cid, tuple(sorted(members[lab])), keys[i], round(max(0.0, 1.0 - sim), 6))
+            for cid, (lab, i, sim) in enumerate(zip(order, reps, sims, strict=True))]
+
+
+def preload() -> None:
+    """Import what clustering a sweep needs (scikit-learn: seconds) now, so that the first sweep does not wait
+    for it. The worker calls it at start, off its event loop."""
+    _vectorizer()
+    from sklearn.cluster import AgglomerativeClustering  # noqa: F401
 
 
 def _labels(x: Any, threshold: float, max_distinct: int) -> np.ndarray:

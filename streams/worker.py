@@ -57,11 +57,13 @@ import asyncio
 import gc
 import logging
 import tempfile
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gangwatch.detectors.stacks import preload as preload_stacks
 from gangwatch.sinks.base import Sink
 from gangwatch.streams import faust_adapter
 from gangwatch.streams.router import NodeRouter
@@ -277,6 +279,9 @@ def run(s: WorkerSettings, *, loglevel: str = "info", create: bool = True) -> No
         from gangwatch.sinks.alertmanager import AlertmanagerSink
 
         sinks.append(AlertmanagerSink(s.alertmanager))
+    # scikit-learn (stack sweeps' clustering) takes seconds to import: imported on the first sweep, it stalled the
+    # event loop, every job of the worker with it (6-9 s measured on a loaded host); imported here, beside the start
+    threading.Thread(target=preload_stacks, name="gangwatch-preload", daemon=True).start()
     app = make_app(s, sinks)
     if s.metrics_port:
         endpoint = serve_metrics(faust_adapter.attached(app).metrics, s.metrics_port)  # raises MetricsUnavailable

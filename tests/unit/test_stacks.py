@@ -159,6 +159,39 @@ def test_cluster_beyond_max_distinct_is_consistent():
     assert [c.ranks for c in exact] == [c.ranks for c in capped]
 
 
+
+def test_each_clusters_distance_is_the_cosine_distance_of_its_path_from_the_dominant_one():
+    """Paths of distinct frames (no hash collisions): the cosine of two binary token sets is |A & B| / sqrt(|A||B|),
+    tokens being the frames and caller<-callee pairs; a sweep with every rank on its own path takes one product."""
+    rng = random.Random(3)
+    frames = [f"f{i} (m{i % 7}.py)" for i in range(40)]
+    sigs = {r: tuple(rng.sample(frames, rng.randint(2, 12))) for r in range(300)}
+    sigs.update({r: sigs[0] for r in range(300, 700)})  # the dominant path
+
+    def tokens(sig: tuple[str, ...]) -> set[str]:
+        return set(sig) | {f"{a}<-{b}" for a, b in zip(sig, sig[1:], strict=False)}
+
+    clusters = cluster_ranks(sigs, distance_threshold=0.01, max_distinct=64)
+    assert clusters[0].signature == sigs[0] and len(clusters[0].ranks) >= 401
+    dom = tokens(clusters[0].signature)
+    for c in clusters:
+        mine = tokens(c.signature)
+        cos = len(mine & dom) / (len(mine) * len(dom)) ** 0.5
+        assert c.distance == pytest.approx(max(0.0, 1.0 - cos), abs=2e-6)
+    assert sorted(r for c in clusters for r in c.ranks) == list(range(700))
+
+
+def test_preload_imports_the_clustering_libraries():
+    """The worker imports scikit-learn at start (`preload`, in a thread), not on the first sweep, which waited for
+    it on the event loop."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from gangwatch.detectors.stacks import preload; "
+            "assert 'sklearn.cluster' not in sys.modules; preload(); assert 'sklearn.cluster' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 # --- detector --------------------------------------------------------------------------
 
 
