@@ -9,9 +9,13 @@ lines, with these fields:
 |---|---|
 | `node` | the machine (hostname as the scheduler knows it) |
 | `start` | when the event began: epoch seconds or ISO 8601 (`2026-11-02T08:15:00Z`; no zone means UTC) |
-| `end` | when the machine was back in service (same forms), or empty |
+| `end` | when the machine was back in service (same forms); `open`: still out at the history's end; or empty |
 | `class` | what happened: free text, compared case-insensitively (gangwatch's incident classes are among them) |
 | `description` | anything else (an Xid, a ticket, the repair), kept but not interpreted |
+
+Times before 2000-01-01 are refused (`EARLIEST`): they are day or hour numbers that were never converted to
+dates, or a zero that stands for "none", and read as 1970 they would be a second history. An `end` of `open`
+(`OPEN_END`, any case) is kept as `math.inf`: the machine was down from `start` to at least the history's end.
 
 `from_incidents` makes the same rows from gangwatch's `gw_incidents`: one row per culprit node of each
 incident (planned ones left out: maintenance is not a fault).
@@ -20,7 +24,9 @@ incident (planned ones left out: maintenance is not a fault).
 from __future__ import annotations
 
 import csv
+import gzip
 import io
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,6 +34,9 @@ from datetime import UTC, datetime
 import orjson
 
 FIELDS = ("node", "start", "end", "class", "description")
+OPEN_END = "open"  # the `end` of an event whose machine was still out when the history was written ...
+OPEN = math.inf  # ... as it is kept
+EARLIEST = 946684800.0  # 2000-01-01T00:00:00Z: an earlier time is a number that was never a date
 
 
 @dataclass(frozen=True)
@@ -42,8 +51,13 @@ class NodeEvent:
 
     @property
     def down_s(self) -> float:
-        """How long the machine was out (0 when the end is not known)."""
+        """How long the machine was out (0 when the end is not known; infinite while still open)."""
         return max(0.0, self.end - self.start) if self.end is not None else 0.0
+
+    @property
+    def still_open(self) -> bool:
+        """Whether the machine was still out when the history was written (`end` given as `open`)."""
+        return self.end == OPEN
 
 
 def in_order(e: NodeEvent) -> tuple[float, str, str]:
@@ -52,24 +66,29 @@ def in_order(e: NodeEvent) -> tuple[float, str, str]:
 
 
 def parse_time(value: object, what: str) -> float | None:
-    """Epoch seconds from epoch seconds or ISO 8601 text (no zone: UTC); None for empty."""
+    """Epoch seconds from epoch seconds or ISO 8601 text (no zone: UTC); None for empty; ValueError for a time
+    before 2000 (`EARLIEST`) or one that is not finite."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    text = str(value).strip()
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"{what}: {text!r} is neither epoch seconds nor an ISO 8601 time "
-                         "(e.g. 2026-11-02T08:15:00Z)") from None
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=UTC)
-    return t.timestamp()
+        t = float(value)
+    else:
+        text = str(value).strip()
+        try:
+            t = float(text)
+        except ValueError:
+            try:
+                when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+            except ValueError:
+                raise ValueError(f"{what}: {text!r} is neither epoch seconds nor an ISO 8601 time "
+                                 "(e.g. 2026-11-02T08:15:00Z)") from None
+            t = (when if when.tzinfo is not None else when.replace(tzinfo=UTC)).timestamp()
+    if not math.isfinite(t):
+        raise ValueError(f"{what}: {value!r} is not a time")
+    if t < EARLIEST:
+        raise ValueError(f"{what}: {value!r} is before 2000 (read as {datetime.fromtimestamp(t, UTC):%Y-%m-%d}): "
+                         "a day or hour number not converted to a date? give epoch seconds or ISO 8601")
+    return t
 
 
 def event(row: Mapping[str, object], where: str) -> NodeEvent:
@@ -83,7 +102,9 @@ def event(row: Mapping[str, object], where: str) -> NodeEvent:
     start = parse_time(row.get("start"), f"{where}: start")
     if start is None:
         raise ValueError(f"{where}: no start time")
-    end = parse_time(row.get("end"), f"{where}: end")
+    raw_end = row.get("end")
+    is_open = isinstance(raw_end, str) and raw_end.strip().lower() == OPEN_END
+    end = OPEN if is_open else parse_time(raw_end, f"{where}: end")
     if end is not None and end < start:
         raise ValueError(f"{where}: end is before start")
     return NodeEvent(start=start, node=node, cls=cls, end=end, description=str(row.get("description") or ""))
@@ -112,9 +133,24 @@ def _rows(text: str, name: str) -> Iterator[tuple[str, Mapping[str, object]]]:
         yield f"{name}:{reader.line_num}", row
 
 
-def parse(text: str, name: str = "history") -> list[NodeEvent]:
-    """Every event of a history file's text (CSV with a header, or JSON lines), sorted by start."""
+def parse(text: str | bytes, name: str = "history") -> list[NodeEvent]:
+    """Every event of a history file's text or bytes (CSV with a header, or JSON lines; bytes may be gzipped),
+    sorted by start."""
+    if isinstance(text, bytes):
+        text = decode(text, name)
     return sorted((event(row, where) for where, row in _rows(text, name)), key=in_order)
+
+
+def decode(data: bytes, name: str = "history") -> str:
+    """A history file's bytes as text: gunzipped when they are gzip (by their magic, whatever the file's name),
+    UTF-8; ValueError naming `name` otherwise."""
+    try:
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+        return data.decode("utf-8")
+    except (OSError, EOFError, UnicodeDecodeError):
+        raise ValueError(f"{name}: not a text file (want CSV with a header, or JSON lines, optionally gzipped)") \
+            from None
 
 
 def from_incidents(rows: Iterable[Mapping[str, object]]) -> list[NodeEvent]:
@@ -140,5 +176,6 @@ def to_csv(events: Iterable[NodeEvent]) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(FIELDS)
     for e in events:
-        w.writerow([e.node, repr(e.start), "" if e.end is None else repr(e.end), e.cls, e.description])
+        end = "" if e.end is None else OPEN_END if e.still_open else repr(e.end)
+        w.writerow([e.node, repr(e.start), end, e.cls, e.description])
     return buf.getvalue()
