@@ -33,9 +33,13 @@ takes an envelope as columns without sorting it first.
 Answers (framing in producers/trainer/relay.py): a frame is answered `A` once
 every envelope holding its records was sent or spooled by the outbox (or given
 up and counted there), so records the relay acknowledged survive the agent
-being killed. A frame that would take the relay past `queue_max` records
-(lingering, or waiting in the outbox) is refused (`F`), and so is every frame
-once the relay is closing: the client sends those itself. A frame that is not
+being killed. The outbox never waits on the broker for more than about a
+second (outbox.py): while Kafka is slow or away the envelopes go to the agent's
+spool and the frames are answered as before, so the clients stay on the relay
+and the spool is sent, in order, once the broker is back. A frame that would
+take the relay past `queue_max` records (lingering, or waiting in the outbox)
+is refused (`F`), and so is every frame once the relay is closing: the client
+sends those itself. A frame that is not
 well formed, names a topic the trainer client does not send to, or holds a
 record the contract refuses (`decode`) is answered `B`, logged (once per
 connection) and counted; a length over the limit also closes that connection.

@@ -27,10 +27,13 @@ Wire framing, both directions on one SOCK_STREAM connection:
 The client sends one frame and waits for its answer before the next (so
 answers need no numbering). `A` means the agent has sent the records to Kafka
 or written them to its spool on disk: a relay killed after that loses nothing.
-Anything without an `A` (refused, no answer within `ack_timeout_s`, the
-connection gone) the client delivers itself; a relay killed after delivering
-but before answering makes that a duplicate, never a loss (delivery is at least
-once, as the spool's already is).
+The agent answers within a second or two whatever the broker does (it spools
+while Kafka is slow or away), so a broker in trouble is the agent's business:
+its clients stay on the relay. Anything without an `A` (refused, no answer
+within `ack_timeout_s`: an agent that is gone or stuck itself, the connection
+gone) the client delivers itself; a relay killed after delivering but before
+answering makes that a duplicate, never a loss (delivery is at least once, as
+the spool's already is).
 """
 
 from __future__ import annotations

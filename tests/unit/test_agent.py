@@ -100,6 +100,32 @@ def test_while_the_broker_is_away_records_spool_and_are_sent_first_in_order_when
     assert not box.backlog and box.dropped == 0
 
 
+def test_once_the_broker_is_back_a_backlog_is_sent_in_slices_with_new_records_behind_it(tmp_path):
+    """A long outage's backlog does not hold up the sending thread: each cycle sends for `cycle_s`, spools what
+    came meanwhile behind the backlog, and the next cycle goes on from there, in order."""
+    timer = Clock()
+
+    class Slow(FakeKafka):  # each send takes 0.2 s of the outbox's clock
+        def __call__(self, topic: str, key: bytes, value: bytes) -> None:
+            super().__call__(topic, key, value)
+            timer.t += 0.2
+
+    kafka = Slow()
+    kafka.up = False
+    box = Outbox(kafka, tmp_path, timer=timer, cycle_s=0.5)
+    for code in range(10):
+        box.put([hw("n1", code)])
+        box.flush()
+    kafka.up, timer.t = True, 60.0  # back, after the back-off
+    box.put([hw("n1", 99)])
+    box.flush()
+    assert [r.code for _, _, r in kafka.records()] == [0, 1, 2] and box.backlog  # 0.6 s: the rest waits
+    for _ in range(3):
+        box.flush()
+    assert [r.code for _, _, r in kafka.records()] == [*range(10), 99]
+    assert not box.backlog and box.dropped == 0
+
+
 def test_a_restarted_agent_sends_its_predecessors_backlog(tmp_path):
     down = FakeKafka()
     down.up = False
