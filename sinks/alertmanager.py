@@ -21,7 +21,7 @@ Annotations: `summary` (one line), `reason` (the reasons of the incident's
 actions, newest last), `evidence` (the findings behind it, one short line
 each), `stages` (stage durations, and which ran over budget) and `report` (the
 `report_url` template filled with `{incident}` and `{job}`, also sent as the
-alert's `generatorURL`; without a template, the `gangwatch store query` that
+alert's `generatorURL`; without a template, the `gangwatch report --incident ... --store ...` that
 shows the incident).
 
 Alertmanager's contract, and how it is kept:
@@ -360,7 +360,8 @@ class AlertmanagerSink:
         if self.report_url:
             q = urllib.parse.quote
             return self.report_url.format(incident=q(inc.id, safe=""), job=q(inc.job, safe=""))
-        return f"gangwatch store query \"SELECT * FROM gw_incidents FINAL WHERE id = '{inc.id}'\""
+        store = os.environ.get("GANGWATCH_STORE") or os.environ.get("GANGWATCH_SINKS__STORE") or "STORE"
+        return f"gangwatch report --incident {inc.id} --store {store} --html {inc.id}.html"
 
     # --- sending ------------------------------------------------------------------------------
 

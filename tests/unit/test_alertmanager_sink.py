@@ -83,7 +83,8 @@ def test_open_incident_fires_with_labels_and_annotations_then_moves_to_its_culpr
                                "severity": "critical", "cluster": "eu1"}  # not localized yet: no node
     assert ts(alert["startsAt"]) == T0 - 10 and ts(alert["endsAt"]) == T0 + 240  # onset; now + 4 x resend
     assert "still gathering evidence" in alert["annotations"]["reason"]
-    assert "gw_incidents FINAL WHERE id = 'i-1'" in alert["annotations"]["report"]
+    report = alert["annotations"]["report"].split()  # the post-mortem command, with the store it reads
+    assert report[:4] == ["gangwatch", "report", "--incident", "i-1"] and "--store" in report
 
     # the decision: a replace of n003, the class raised to fail_stop
     clock.now += 5
