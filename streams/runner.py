@@ -38,7 +38,7 @@ import orjson
 from gangwatch.schemas import DeadLetter, DecodeError, Outputs, Record, decode, encode
 from gangwatch.schemas.columns import StepRows
 from gangwatch.streams.items import TS, Item, Msg, N, cut, in_order, is_job, item_of, last_of, one_by_one, ts_at
-from gangwatch.streams.jobstate import JobState, cover_of, pack_state, unpack_state
+from gangwatch.streams.jobstate import JobState, Taken, cover_of, pack_state, take_state, unpack_state
 from gangwatch.streams.topics import TopicSettings
 from gangwatch.triage.config import CoreConfig
 from gangwatch.triage.engine import JobCore
@@ -553,3 +553,7 @@ class JobRunner:
 
     def state_of(self, job: str) -> bytes:
         return pack_state(self.jobs[job])
+
+    def take_state(self, job: str) -> Taken:
+        """`state_of` without its compression (`jobstate.seal`), which needs nothing of the job any more."""
+        return take_state(self.jobs[job])

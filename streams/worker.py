@@ -15,8 +15,10 @@ creates the topics and runs a Faust worker until TERM/INT. The logic lives in
   re-publishes node events keyed by their job onto `by-job` (`NodeRouter`).
 - State: each job's `Core.state()` (zlib'd JSON) is saved in table
   `core-state` (changelog topic `<app id>-core-state-changelog`) on the timer,
-  at most every `save_every_s` per job that batches touched (`WorkerIO.save`: packing
-  a big job's state is not paid per batch); the router's node -> job map is table
+  at most every `save_every_s` per job that batches touched (`WorkerIO.take`: packing
+  a big job's state is not paid per batch, and a tick packs for a budget, the jobs
+  waiting longest first; `WorkerIO.offer` compresses them in a thread, out of the
+  batch lock, so batches go on meanwhile); the router's node -> job map is table
   `node-job`. Both use `use_partitioner=True`: a table key is a job (or node)
   id hashed by the same murmur2 partitioner as the producers' keys, so the
   state of a job lives on the changelog partition of that job's input partition
@@ -189,7 +191,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
                 # no await between: what `in_order` counts as read is what the runner has (the commits follow it)
                 res = runner.on_batch(wio.in_order(events), wio.lagging, wio.node_events_pending_from)
                 await wio.publish(res)  # delivered before the state that says "done" is written
-                wio.save(res, take=False)  # the timer takes states
+                wio.save(res)  # the timer takes states
             wio.batch_done(res, time.monotonic() - start)
 
     @app.agent(node_src, name="gangwatch-route")
@@ -209,7 +211,9 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         async with busy:
             res = runner.on_tick(wio.caught_up, wio.lagging, wio.node_events_pending_from)
             await wio.publish(res)
-            wio.save(res, take=True)
+            wio.save(res)
+            taken = wio.take(wio.clock())  # within the tick's budget
+        await wio.offer(taken)  # compressed in a thread, out of the lock: batches go on meanwhile
         await wio.commit_read()
         wio.find_skipped()
         await wio.rewind()

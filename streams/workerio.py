@@ -22,6 +22,7 @@ from gangwatch.sinks.base import Sink
 from gangwatch.streams import faust_adapter
 from gangwatch.streams.checkpoint import Checkpoint
 from gangwatch.streams.checkpoint import tp as _tp
+from gangwatch.streams.jobstate import JobState, Taken, seal
 from gangwatch.streams.router import NodeRouter
 from gangwatch.streams.runner import JobRunner, Msg, Result
 
@@ -62,12 +63,17 @@ def event_time_text(newest: float | None, now: float) -> str:
     return f"newest event time {when} ({span} {'ahead of' if ahead else 'behind'} the clock)"
 
 
+def _seal_all(taken: list[Taken]) -> list[bytes]:
+    return [seal(t) for t in taken]
+
+
 class WorkerIO:
     """The I/O half of the worker: Faust events -> `Msg`, `Result` -> sends, table writes, sinks."""
 
     def __init__(self, app: faust.App, runner: JobRunner, router: NodeRouter, states: Any,
                  job_topics: tuple[str, ...], node_topics: tuple[str, ...], sinks: list[Sink], telemetry: bool,
-                 metrics: WorkerMetrics, save_every_s: float = 1.0, signer: TopicSigner | None = None) -> None:
+                 metrics: WorkerMetrics, save_every_s: float = 1.0, signer: TopicSigner | None = None,
+                 save_budget_s: float = 0.05) -> None:
         self.app = app
         self.signer = signer  # signs the actions it publishes on the alert topic (schemas/signature.py)
         self.metrics = metrics
@@ -98,6 +104,8 @@ class WorkerIO:
         self.clock = time.monotonic  # when states are due (wall time: saving is I/O, not event logic)
         self.touched: set[str] = set()  # jobs batches changed since their state was last taken
         self.next_take: dict[str, float] = {}  # job -> monotonic time its state may be taken again
+        self.save_budget_s = save_budget_s  # packing states per tick: past it, the next are taken on the next tick
+        self.sealing: set[str] = set()  # jobs whose taken state is being compressed (`offer`)
         self.sent = 0
         self.batches = 0
         self.lag_s = 0.0  # wall clock - newest event time, after the last batch (live data: the pipeline's lag)
@@ -282,22 +290,13 @@ class WorkerIO:
         if self.metrics is not None:
             self.metrics.given_up(tp[0], why, given_up)
 
-    def save(self, res: Result, take: bool) -> None:
-        """Remember the jobs `res` touched; with `take` (the timer's tick), offer the states of those due; then
-        write every offered state whose outputs every sink has settled (`streams.checkpoint`: a saved state never
-        covers an output still waiting in a sink's queue).
-
-        A job's state is taken at most every `save_every_s`, and at least ten times as long apart as packing it
-        took (a 100k-rank job's state is megabytes), so saving costs the worker at most ~10 % of its time. What
-        is not saved yet is no loss: the commits stop at the oldest record no written state covers
-        (`cap_commits`), so a replacement reads it again. A job a revoke took meanwhile is skipped (its new owner
-        restores the saved state and reads on from there).
-        """
+    def save(self, res: Result) -> None:
+        """Remember the jobs `res` touched (their states are taken on the tick: `take`, `offer`); write every offered
+        state whose outputs every sink has settled (`streams.checkpoint`: a saved state never covers an output
+        still waiting in a sink's queue)."""
         if self.stopping:
             return
         self.touched |= res.dirty
-        if take:
-            self.take_states(self.clock())
         self.checkpoint.write_settled()
 
     def stop(self, in_flight: bool) -> None:
@@ -310,7 +309,9 @@ class WorkerIO:
         dead = self.pause.dead_letters() if self.pause is not None else []
         undelivered = {name: n for name, n in left.items() if n}
         if not undelivered and not dead and not in_flight:
-            self.take_states()
+            self.touched |= self.sealing  # states on their way to the checkpoint (`offer`): taken again, now
+            jobs = self.runner.jobs
+            self.checkpoint.offer({job: self.runner.state_of(job) for job in sorted(self.touched) if job in jobs})
             self.checkpoint.sinks_settled()
             self.checkpoint.write_settled()
             log.info("stopped: every output delivered, the states of %d jobs saved", len(self.runner.jobs))
@@ -321,18 +322,49 @@ class WorkerIO:
         log.warning("stopping with %s not delivered: no state was saved after them, so the next worker of this "
                     "app id reads those inputs again from the last saved state and delivers them", ", ".join(said))
 
-    def take_states(self, now: float | None = None) -> None:
-        """Offer the states of the touched jobs due at monotonic time `now` (None: all of them, as at shutdown)."""
-        jobs, states = self.runner.jobs, {}
-        for job in sorted(self.touched):
-            if now is not None and self.next_take.get(job, -math.inf) > now:
-                continue
+    def take(self, now: float) -> list[tuple[str, JobState, Taken]]:
+        """On the tick, in the batch lock: take the states of the touched jobs due at monotonic time `now`, those
+        waiting longest first, until packing them has taken `save_budget_s` (one at least); the others wait for the
+        next tick. `offer` compresses and offers them, out of the lock.
+
+        A job's state is taken at most every `save_every_s`, and at least ten times as long apart as packing it
+        took (a 100k-rank job's state is megabytes), so saving costs the worker at most ~10 % of its time; and a
+        tick holds the event loop (every job's batches and silence) for its budget plus one job's packing at most,
+        however many jobs are due. What is not saved yet is no loss: the commits stop at the oldest record no
+        written state covers (`cap_commits`), so a replacement reads it again. A job a revoke took meanwhile is
+        skipped (its new owner restores the saved state and reads on from there).
+        """
+        if self.stopping:
+            return []
+        jobs, taken = self.runner.jobs, []
+        began = self.clock()
+        for at, job in sorted((self.next_take.get(job, -math.inf), job) for job in self.touched):
+            if at > now or taken and self.clock() - began >= self.save_budget_s:
+                break
             self.touched.discard(job)
             if job in jobs:
                 start = self.clock()
-                states[job] = self.runner.state_of(job)
+                taken.append((job, jobs[job], self.runner.take_state(job)))
                 self.next_take[job] = start + max(self.save_every_s, 10 * (self.clock() - start))
-        self.checkpoint.offer(states)
+                self.sealing.add(job)
+        return taken
+
+    async def offer(self, taken: list[tuple[str, JobState, Taken]]) -> None:
+        """Compress the states `take` took in a thread (`jobstate.seal`: zlib lets go of the GIL, so the event loop
+        and the batches go on meanwhile), then offer them to the checkpoint: those of jobs still held as they were
+        taken (not revoked, nor restored anew, meanwhile), unless the worker is stopping (`stop` takes them again)."""
+        if not taken:
+            return
+        try:
+            blobs = await asyncio.get_running_loop().run_in_executor(None, _seal_all, [t for *_, t in taken])
+        finally:
+            self.sealing.difference_update(job for job, *_ in taken)
+        if self.stopping:
+            return
+        jobs = self.runner.jobs
+        self.checkpoint.offer({job: blob for (job, st, _), blob in zip(taken, blobs, strict=True)
+                               if jobs.get(job) is st})
+        self.checkpoint.write_settled()
 
     def forget(self, jobs: list[str]) -> None:
         """Jobs this worker no longer has: nothing of theirs is saved from here."""

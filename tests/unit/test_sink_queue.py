@@ -399,12 +399,13 @@ def test_a_worker_stopping_mid_batch_feeds_no_closed_sink_and_saves_no_state_ove
     wio.runner.state_of = lambda job: b"state"
 
     asyncio.run(wio.publish(Result(outputs=Outputs(actions=[action("1")]), dirty={"j1"})))
-    wio.save(Result(dirty={"j1"}), take=False)
+    wio.save(Result(dirty={"j1"}))
     with caplog.at_level(logging.INFO, logger="gangwatch"):
         wio.stop(in_flight=in_flight)
         # the batch under way goes on: its outputs and its state go nowhere
         asyncio.run(wio.publish(Result(outputs=Outputs(actions=[action("2")]), dirty={"j1"})))
-        wio.save(Result(dirty={"j1"}), take=True)
+        wio.save(Result(dirty={"j1"}))
+        asyncio.run(wio.offer(wio.take(wio.clock())))  # the tick: nothing is taken once stopping
     said = [r.getMessage() for r in caplog.records]
     assert set(h.state()) == {"a-1"} and sink.take_dead() == []
     assert not [m for m in said if "came after it closed" in m]

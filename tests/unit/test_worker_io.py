@@ -4,6 +4,7 @@ down."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import namedtuple
 from types import SimpleNamespace
@@ -11,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 from gangwatch.schemas import Heartbeat, encode
 from gangwatch.streams.faust_adapter import seek_to_committed
-from gangwatch.streams.runner import JobRunner
+from gangwatch.streams.jobstate import JobState, Taken, seal
+from gangwatch.streams.runner import JobRunner, Result
 from gangwatch.streams.topics import TopicSettings
 from gangwatch.streams.workerio import WorkerIO
 
@@ -47,7 +49,7 @@ def test_a_fresh_fetch_answer_means_the_broker_answers() -> None:
 
 
 class Packing:
-    """`JobRunner.state_of` that takes `cost` seconds of a fake clock per job packed."""
+    """`JobRunner.take_state` that takes `cost` seconds of a fake clock per job packed."""
 
     def __init__(self, cost: dict[str, float]) -> None:
         self.now = 100.0
@@ -57,31 +59,37 @@ class Packing:
     def clock(self) -> float:
         return self.now
 
-    def state_of(self, job: str) -> bytes:
+    def take_state(self, job: str) -> Taken:
         self.now += self.cost[job]
         self.packed.append(job)
-        return job.encode()
+        return Taken(job.encode(), b"")
+
+    def state_of(self, job: str) -> bytes:
+        return seal(self.take_state(job))
+
+
+def saving(cost: dict[str, float], budget: float = math.inf) -> tuple[WorkerIO, Packing, list[str]]:
+    """A WorkerIO whose jobs `cost` take that long to pack; returns it, the packing and the jobs written."""
+    g = wio(Consumer({}))
+    g.save_every_s, g.save_budget_s = 1.0, budget
+    pack = Packing(cost)
+    g.clock, g.runner.take_state, g.runner.state_of = pack.clock, pack.take_state, pack.state_of
+    g.runner.jobs.update({job: JobState() for job in cost})
+    written: list[str] = []
+    g.checkpoint.pending._write = lambda job, blob: written.append(job)
+    return g, pack, written
 
 
 def test_states_are_taken_on_the_tick_at_most_every_save_every_s_and_never_most_of_the_time() -> None:
-    from gangwatch.streams.jobstate import JobState
-    from gangwatch.streams.runner import Result
-
-    g = wio(Consumer({}))
-    g.save_every_s = 1.0
-    pack = Packing({"small": 0.001, "big": 0.5})  # packing the big job's state takes half a second
-    g.clock, g.runner.state_of = pack.clock, pack.state_of
-    g.runner.jobs.update(small=JobState(), big=JobState())
-    written: list[str] = []
-    g.checkpoint.pending._write = lambda job, blob: written.append(job)
+    g, pack, written = saving({"small": 0.001, "big": 0.5})  # packing the big job's state takes half a second
 
     def batch(*jobs: str) -> None:
-        g.save(Result(dirty=set(jobs)), take=False)
+        g.save(Result(dirty=set(jobs)))
 
     def tick(dt: float) -> list[str]:
         pack.now += dt
         pack.packed.clear()
-        g.save(Result(), take=True)
+        asyncio.run(g.offer(g.take(pack.now)))
         return sorted(pack.packed)
 
     batch("small", "big")
@@ -99,9 +107,100 @@ def test_states_are_taken_on_the_tick_at_most_every_save_every_s_and_never_most_
     batch("small", "big")
     g.forget(["big"])  # revoked: nothing of it is saved from here
     pack.packed.clear()
-    g.take_states()  # shutdown: every touched job, due or not
+    g.stop(in_flight=False)  # shutdown: every touched job, due or not
     assert pack.packed == ["small"]
     assert "big" not in g.next_take
+
+
+def test_a_tick_packs_states_for_its_budget_the_jobs_waiting_longest_first() -> None:
+    """Many jobs due at once are not packed in one tick (one stall of the event loop for all of them): a tick packs
+    until its budget is spent, one job at least, and the next tick goes on with those that waited longest."""
+    jobs = {f"j{k}": 0.02 for k in range(5)} | {"huge": 0.3}
+    g, pack, written = saving(jobs, budget=0.05)
+
+    def tick() -> list[str]:
+        pack.now += 0.5
+        pack.packed.clear()
+        asyncio.run(g.offer(g.take(pack.now)))
+        return pack.packed
+
+    g.save(Result(dirty=set(jobs)))
+    assert tick() == ["huge"]  # never taken: by name; alone past the budget
+    assert tick() == ["j0", "j1", "j2"]  # the third one spends the budget
+    assert tick() == ["j3", "j4"]
+    assert sorted(written) == sorted(jobs)
+    g.save(Result(dirty={"j0", "j4", "huge"}))
+    assert tick() == ["j0"]  # j0 has waited longest; the huge one is not due (10 x its packing: 3 s)
+    assert tick() == ["j4"]  # due 1 s after its packing began
+    assert tick() == []
+    assert tick() == ["huge"]
+
+
+def test_states_are_compressed_off_the_event_loop_while_batches_go_on() -> None:
+    """`offer` compresses in a thread: a batch runs (and takes the lock) while a state is being compressed; the
+    state is offered after; a job revoked meanwhile is not, nor is anything once the worker stops."""
+    import threading
+
+    from gangwatch.streams import workerio
+
+    g, pack, written = saving({"a": 0.001, "b": 0.001})
+    started, release = threading.Event(), threading.Event()
+
+    def slow_seal(taken: list[Taken]) -> list[bytes]:
+        started.set()
+        assert release.wait(30)
+        return [seal(t) for t in taken]
+
+    order: list[str] = []
+
+    async def run() -> None:
+        busy = asyncio.Lock()
+        g.save(Result(dirty={"a", "b"}))
+        async with busy:
+            taken = g.take(pack.now)
+        assert g.sealing == {"a", "b"}
+        offering = asyncio.ensure_future(g.offer(taken))
+        while not started.is_set():
+            await asyncio.sleep(0)  # let the seal reach its thread
+        async with busy:  # a batch, while the states are being compressed
+            order.append("batch")
+            g.save(Result(dirty={"a"}))
+        g.forget(["b"])
+        del g.runner.jobs["b"]  # revoked meanwhile
+        release.set()
+        await offering
+        order.append("offered")
+
+    real = workerio._seal_all
+    workerio._seal_all = slow_seal
+    try:
+        asyncio.run(run())
+    finally:
+        workerio._seal_all = real
+    assert order == ["batch", "offered"] and written == ["a"] and g.sealing == set()
+    assert g.touched == {"a"}  # the batch's change waits for the next tick
+
+    # stopping while a state is compressed: the compressed one is dropped, `stop` takes it again
+    g2, pack2, written2 = saving({"a": 0.001})
+    release.clear()
+    started.clear()
+
+    async def run_stop() -> None:
+        g2.save(Result(dirty={"a"}))
+        offering = asyncio.ensure_future(g2.offer(g2.take(pack2.now)))
+        while not started.is_set():
+            await asyncio.sleep(0)
+        g2.stop(in_flight=False)
+        assert written2 == ["a"] and pack2.packed == ["a", "a"]  # taken again at the stop, written
+        release.set()
+        await offering
+
+    workerio._seal_all = slow_seal
+    try:
+        asyncio.run(run_stop())
+    finally:
+        workerio._seal_all = real
+    assert written2 == ["a"]  # not twice
 
 
 def test_the_state_changelog_takes_a_100k_rank_jobs_state(tmp_path) -> None:
