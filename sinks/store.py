@@ -14,6 +14,7 @@ release lacks) and take rows as dicts. `open_store(url)` picks one by the URL
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import logging
 import os
 import re
@@ -21,7 +22,7 @@ import socket
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import orjson
 from gangwatch.schemas.security import MASK
@@ -58,7 +59,8 @@ class NoSuchStore(LookupError):
 
 
 def check_url(url: str) -> None:
-    """Raise ValueError, one line naming the accepted forms, for a store URL `open_store` cannot take."""
+    """Raise ValueError, one line naming the accepted forms, for a store URL `open_store` cannot take;
+    FileNotFoundError for a TLS file (`ca_certs`, `certfile`, `keyfile`) it names that is not there."""
     scheme, colon, rest = url.partition(":")
     if scheme in ("clickhouse", "clickhouses"):
         if not rest.startswith("//"):
@@ -70,6 +72,9 @@ def check_url(url: str) -> None:
             port = 0
         if port == 0:
             raise ValueError(f"bad port in the store URL (1-65535): want {FORMS}")
+        for key, values in parse_qs(parts.query).items():  # clickhouse-driver would say only "No such file"
+            if key in ("ca_certs", "certfile", "keyfile") and not Path(values[-1]).is_file():
+                raise FileNotFoundError(errno.ENOENT, f"no such file for ?{key}= in the store URL", values[-1])
         db = parts.path.strip("/")
         if db and not DATABASE_NAME.fullmatch(db):
             raise ValueError(f"bad database name {db!r} in the store URL: use letters, digits and underscores, not "
@@ -181,7 +186,7 @@ class ClickHouseStore:
                                       f"unknown user (code {e.code}); set the user and password in the store "
                                       f"URL or {USER_ENV}/{PASSWORD_ENV}") from None
             if isinstance(e, EOFError) or type(e).__name__ in _NOT_NATIVE:
-                raise ConnectionError(_not_native(host, port, e)) from None
+                raise ConnectionError(_not_native(host, port, e, self.secure)) from None
             raise
         finally:
             driver_log.disabled = quiet
@@ -285,23 +290,41 @@ _NOT_NATIVE = frozenset({"SocketTimeoutError", "UnexpectedPacketFromServerError"
                          "NetworkError"})
 
 
-def _not_native(host: str, port: int, exc: BaseException) -> str:
-    if _speaks_http(host, port):
+def _not_native(host: str, port: int, exc: BaseException, secure: bool) -> str:
+    """What a failed first round trip says about the port, as one line that names the fix."""
+    detail = error_line(exc)
+    if "certificate verify failed" in detail.lower():
+        return (f"ClickHouse at {host}:{port}: its TLS certificate is not trusted ({detail}): give the CA that "
+                "signed it in the store URL, ?ca_certs=/path/to/ca.pem")
+    answer = http_answer(host, port)
+    native = b"clickhouse-client" in answer  # the plain native port answers an HTTP request with this note
+    if secure and (answer or "wrong version number" in detail.lower()):
+        what = ("ClickHouse's plain native port" if native else "an HTTP port" if answer else "a plain TCP port")
+        return (f"{host}:{port} does not speak TLS: it is {what} ({detail}); give the TLS native port (9440 by "
+                "default: clickhouses://HOST:9440/DB), or drop TLS for this port (clickhouse://, no secure=1)")
+    if answer and not native:
         return (f"{host}:{port} answers HTTP, not ClickHouse's native protocol: it looks like the HTTP port (8123 "
                 "by default); give the native TCP port (9000 by default, 9440 with TLS): clickhouse://HOST:9000/DB")
-    return (f"{host}:{port} does not answer as a native-protocol ClickHouse server ({error_line(exc)}; waited "
+    return (f"{host}:{port} does not answer as a native-protocol ClickHouse server ({detail}; waited "
             f"{HELLO_TIMEOUT_S:.0f} s at most): give its native TCP port (9000 by default, 9440 with TLS)")
 
 
-def _speaks_http(host: str, port: int) -> bool:
-    """Whether an HTTP server answers at host:port (asked only once the native handshake failed)."""
+def http_answer(host: str, port: int) -> bytes:
+    """The first bytes an HTTP server at host:port answers `GET /ping` with (asked only once another protocol's
+    handshake failed); b"" when nothing answers HTTP."""
     try:
         with socket.create_connection((host, port), timeout=2.0) as sock:
             sock.settimeout(2.0)
             sock.sendall(b"GET /ping HTTP/1.0\r\n\r\n")
-            return sock.recv(5) == b"HTTP/"
+            got = b""
+            while len(got) < 512:
+                chunk = sock.recv(512 - len(got))
+                if not chunk:
+                    break
+                got += chunk
     except OSError:
-        return False
+        pass
+    return got if got.startswith(b"HTTP/") else b""
 
 
 def open_store(url: str, *, create: bool = True, readonly: bool = False) -> Store:

@@ -58,6 +58,10 @@ EXTRAS = {
 }
 
 
+# What kafka-python and aiokafka raise when no broker answers (a service, not a bug: exit 5).
+KAFKA_UNREACHABLE = frozenset({"NoBrokersAvailable", "KafkaTimeoutError", "KafkaConnectionError"})
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gangwatch",
@@ -123,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         if debug:
             raise
+        if type(e).__name__ in KAFKA_UNREACHABLE:  # past the address check: the broker went away, or is no broker
+            print(f"{name}: error: Kafka did not answer: {type(e).__name__}: {e}", file=sys.stderr)
+            return EXIT_SERVICE
         print(f"{name}: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback, and "
               "please report it)", file=sys.stderr)
         return EXIT_INTERNAL

@@ -2,13 +2,18 @@
 
 Client libraries retry silently for 30 s or more and then raise a long traceback
 when a service is down. Commands check the address first: a TCP connection to
-each given `host:port`, retried once a second with a line on stderr saying what
-is awaited, for at most `--connect-timeout` seconds.
+each given `host:port`, retried once a second for at most `--connect-timeout`
+seconds, with one line on stderr saying what is awaited (not one per try). An
+address that accepts a connection is then asked whether it is what was meant:
+a Kafka address must answer Kafka's ApiVersions request (`kafka_answers`), so a
+ClickHouse or HTTP port given as `--bootstrap` is one line, not a client's 30 s
+bootstrap timeout.
 """
 
 from __future__ import annotations
 
 import socket
+import struct
 import sys
 import time
 from urllib.parse import urlsplit
@@ -47,31 +52,87 @@ def _try(host: str, port: int) -> str | None:
         return e.strerror or type(e).__name__
 
 
-def wait_for(what: str, addresses: list[tuple[str, int]], timeout_s: float, *, hint: str) -> None:
-    """Return once any address accepts a connection; else, after `timeout_s`, a one-line UserError."""
+def wait_for(what: str, addresses: list[tuple[str, int]], timeout_s: float, *, hint: str) -> list[str]:
+    """Return the addresses (`host:port`) that accept a connection, once any does; else, after `timeout_s`, a
+    one-line UserError. While it waits it says so once, on stderr."""
     started = time.monotonic()
     shown = False
     while True:
         reasons = {f"{h}:{p}": _try(h, p) for h, p in addresses}
-        if any(r is None for r in reasons.values()):
+        up = [a for a, r in reasons.items() if r is None]
+        if up:
             if shown:
-                print(f"{what} is up", file=sys.stderr)
-            return
+                print(f"{what} is up ({time.monotonic() - started:.0f} s)", file=sys.stderr)
+            return up
         waited = time.monotonic() - started
         where = ", ".join(f"{a} ({r})" for a, r in reasons.items())
         if waited >= timeout_s:
             raise UserError(f"cannot reach {what} at {where} after {timeout_s:.0f} s; {hint}", EXIT_SERVICE)
-        print(f"waiting for {what} at {where}: {waited:.0f}/{timeout_s:.0f} s", file=sys.stderr, flush=True)
-        shown = True
+        if not shown:
+            print(f"waiting for {what} at {where}, up to {timeout_s:.0f} s (--connect-timeout)", file=sys.stderr,
+                  flush=True)
+            shown = True
         time.sleep(min(1.0, max(0.0, timeout_s - waited)))
 
 
 def wait_for_kafka(bootstrap: str, timeout_s: float) -> None:
-    """Wait for a Kafka address to accept connections, then `check_kafka_credentials`."""
+    """Wait for a Kafka address to accept connections, check that one answers as Kafka (plain listeners: a TLS
+    one is asked by `check_kafka_credentials`), then `check_kafka_credentials`."""
     sec = kafka_security()
-    wait_for("Kafka", hostports(bootstrap, 9092), timeout_s,
-             hint="start it (./gw up) or pass --bootstrap HOST:PORT")
+    started = time.monotonic()
+    up = wait_for("Kafka", hostports(bootstrap, 9092), timeout_s,
+                  hint="start it (./gw up) or pass --bootstrap HOST:PORT")
+    if sec.security_protocol in ("PLAINTEXT", "SASL_PLAINTEXT"):
+        answer_s = max(1.0, min(5.0, timeout_s - (time.monotonic() - started)))
+        why = {a: kafka_answers(a, answer_s) for a in up}
+        if all(why.values()):
+            where = ", ".join(f"{a} {w}" for a, w in why.items())
+            raise UserError(f"--bootstrap {bootstrap} is not Kafka: {where}; give a Kafka broker's listener "
+                            "(9092 by default)", EXIT_SERVICE)
     check_kafka_credentials(bootstrap, sec, timeout_s=min(max(timeout_s, 5.0), 15.0))
+
+
+def kafka_answers(address: str, timeout_s: float) -> str:
+    """'' when `host:port` answers Kafka's ApiVersions request (v0, allowed before any SASL handshake) with a
+    response to it; else what it did instead, as a phrase ("answers HTTP ...", "did not answer ... in 3 s")."""
+    host, _, port = address.rpartition(":")
+    correlation = 0x6777  # "gw"
+    client = b"gangwatch-probe"
+    header = struct.pack(">hhih", 18, 0, correlation, len(client)) + client  # ApiVersions v0, header v1
+    got = b""
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as sock:
+            sock.settimeout(timeout_s)
+            sock.sendall(struct.pack(">i", len(header)) + header)
+            while len(got) < 8:
+                chunk = sock.recv(8 - len(got))
+                if not chunk:
+                    break
+                got += chunk
+    except TimeoutError:
+        if not got:
+            return f"did not answer Kafka's ApiVersions request in {timeout_s:.0f} s" + _http_too(host, port)
+    except OSError as e:
+        return f"closed the connection ({e.strerror or type(e).__name__}) on Kafka's ApiVersions request"
+    if got.startswith(b"HTTP/"):
+        return "answers HTTP (an HTTP port: ClickHouse's is 8123)"
+    if len(got) < 8:
+        return ("closed the connection on Kafka's ApiVersions request" if not got else
+                f"answered Kafka's ApiVersions request with {len(got)} bytes of something else")
+    size, echoed = struct.unpack(">ii", got)
+    if echoed != correlation or not 4 <= size <= 1 << 20:
+        return "answered Kafka's ApiVersions request with something else (another protocol)"
+    return ""
+
+
+def _http_too(host: str, port: str) -> str:
+    """', and answers HTTP (...)' when an HTTP server is there (it waits for a request's end, not Kafka's)."""
+    from gangwatch.sinks.store import http_answer
+
+    answer = http_answer(host.strip("[]"), int(port))
+    if b"clickhouse-client" in answer:
+        return ", and answers as ClickHouse's native port does"
+    return ", and answers HTTP (an HTTP port; ClickHouse's is 8123)" if answer else ""
 
 
 def kafka_security():

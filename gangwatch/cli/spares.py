@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
@@ -13,6 +14,8 @@ from gangwatch.cli.options import EXIT_INPUT, EXIT_USAGE, UserError, integer, nu
 from gangwatch.cli.replay import connect_timeout_opt, query_store
 from gangwatch.fleet import spares
 from gangwatch.fleet.history import NodeEvent, from_incidents, in_order, parse
+
+MIN_REPAIR_WINDOWS = 3  # a history's failures must span this many repair horizons (--repair-hours) to size from
 
 DESCRIPTION = """\
 How many warm spare machines to hold for a job so that a failed machine is replaced in seconds: the number
@@ -41,8 +44,8 @@ def _events(args: argparse.Namespace) -> list[NodeEvent]:
                 raise UserError(f"no such file: {path}" if not path.exists() else f"{path} is not a file",
                                 EXIT_INPUT)
             try:
-                events += parse(path.read_text(encoding="utf-8"), str(path))
-            except (ValueError, UnicodeDecodeError) as e:
+                events += parse(path.read_bytes(), str(path))  # CSV or JSON lines, gzipped or not
+            except ValueError as e:
                 raise UserError(str(e), EXIT_INPUT) from None
     else:
         rows = query_store(args, "SELECT id, job, class, planned, onset_ts, detected_ts, ts, recovered_ts, "
@@ -52,6 +55,25 @@ def _events(args: argparse.Namespace) -> list[NodeEvent]:
         wanted = {c.strip().lower() for c in args.classes}
         events = [e for e in events if e.cls in wanted]
     return sorted(events, key=in_order)
+
+
+def _long_enough(args: argparse.Namespace, events: list[NodeEvent]) -> None:
+    """UserError (bad input) for a history whose failures span fewer than `MIN_REPAIR_WINDOWS` repair horizons:
+    too short to show a rate, let alone how it varies (a 4-minute history read as a daily rate gives thousands)."""
+    source = ", ".join(map(str, args.history)) if args.history else "the store's unplanned incidents"
+    need_s = MIN_REPAIR_WINDOWS * args.repair_hours * 3600
+    span_s = events[-1].start - events[0].start if events else 0.0
+    if span_s >= need_s:
+        return
+    what = (f"{len(events)} failure{'s' * (len(events) != 1)} from {_when(events[0].start)} to "
+            f"{_when(events[-1].start)}, {span_s / spares.DAY:.2f} days" if events else "no failure")
+    raise UserError(f"{source}: {what}; sizing a pool needs failures over at least {MIN_REPAIR_WINDOWS} repair "
+                    f"windows ({MIN_REPAIR_WINDOWS} x --repair-hours {args.repair_hours:g} = "
+                    f"{need_s / spares.DAY:g} days): give a longer history", EXIT_INPUT)
+
+
+def _when(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def job_machines(args: argparse.Namespace) -> int:
@@ -79,6 +101,7 @@ def job_machines(args: argparse.Namespace) -> int:
 def cmd_spares(args: argparse.Namespace) -> int:
     machines = args.machines if args.machines is not None else job_machines(args)
     events = _events(args)
+    _long_enough(args, events)
     knobs = dict(fleet_machines=args.fleet, percentile=args.percentile, horizon_s=args.repair_hours * 3600,
                  window_s=args.window_days * spares.DAY)
     try:

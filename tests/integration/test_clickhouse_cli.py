@@ -127,3 +127,33 @@ def test_store_query_only_reads_on_the_server(server, capsys, sql):
                         " AND name IN ('gw_rejected', 'x')", "--store", f"clickhouse://{addr}/{db}",
                         "--format", "jsonl")
     assert code == 0 and out.split() == ['{"name":"gw_rejected"}']
+
+
+def _http_port(host: str) -> int:
+    http = int(os.environ.get("GANGWATCH_CLICKHOUSE_HTTP_PORT", "8123"))
+    try:
+        socket.create_connection((host, http), timeout=2).close()
+    except OSError:
+        pytest.skip(f"the ClickHouse server's HTTP port {host}:{http} is not open")
+    return http
+
+
+@pytest.mark.parametrize("which", ["native", "http"])
+@pytest.mark.parametrize("argv", [["topics", "list"], ["publish", "{src}"], ["worker"]])
+def test_a_clickhouse_port_given_as_bootstrap_is_named_not_kafka(clickhouse_addr, capsys, tmp_path, which, argv):
+    host, native = clickhouse_addr
+    port = native if which == "native" else _http_port(host)
+    (tmp_path / "in.jsonl").write_bytes(orjson.dumps(SAMPLES["job"]) + b"\n")
+    code, _, err = _run(capsys, *[a.format(src=tmp_path / "in.jsonl") for a in argv],
+                        "--bootstrap", f"{host}:{port}", "--connect-timeout", "3")
+    assert code == 5 and len(err.splitlines()) == 1, err  # one line: no retries, no traceback, no "internal error"
+    assert f"--bootstrap {host}:{port} is not Kafka" in err and "did not answer Kafka's ApiVersions request" in err
+    assert ("answers as ClickHouse's native port does" if which == "native" else "answers HTTP") in err
+
+
+def test_tls_to_the_plain_native_port_says_it_does_not_speak_tls(clickhouse_addr, capsys):
+    host, port = clickhouse_addr
+    code, _, err = _run(capsys, "store", "query", "SELECT 1", "--store", f"clickhouses://{host}:{port}/default")
+    assert code == 5 and len(err.splitlines()) == 1, err
+    assert f"{host}:{port} does not speak TLS: it is ClickHouse's plain native port" in err and "9440" in err
+    assert "HTTP" not in err

@@ -64,6 +64,7 @@ def test_replay_writes_and_store_query_reads_over_tls_with_a_password(secure, tm
 @pytest.mark.parametrize("case, says", [
     ("password", f"refused user '{USER}'"),
     ("no ca", "certificate verify failed"),
+    ("no ca", "give the CA that signed it in the store URL, ?ca_certs=/path/to/ca.pem"),
     ("plain tcp", "does not answer as a native-protocol ClickHouse server"),
 ])
 def test_without_the_right_url_every_command_is_refused_in_one_line(secure, tmp_path, case, says):

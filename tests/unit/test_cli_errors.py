@@ -161,7 +161,70 @@ def test_unreachable_kafka_is_one_line_after_a_bounded_visible_wait(capsys, tmp_
                                                                    if argv[0] == "replay" else []))
     assert code == EXIT_SERVICE
     assert "cannot reach Kafka" in one_error(err) and f"127.0.0.1:{port}" in one_error(err)
-    assert "waiting for Kafka" in err
+    assert err.count("waiting for Kafka") == 1 and "up to 1 s (--connect-timeout)" in err  # one line, not one a try
+    assert len(err.splitlines()) == 2
+
+
+def test_an_unknown_host_waits_with_one_line_then_says_why(capsys):
+    code, _, err = run(capsys, "topics", "list", "--bootstrap", "no-such-host.invalid:9092", "--connect-timeout", "2")
+    assert code == EXIT_SERVICE and "cannot reach Kafka at no-such-host.invalid:9092" in one_error(err)
+    assert err.count("waiting for Kafka") == 1 and len(err.splitlines()) == 2
+
+
+def _server(answer: bytes | None):
+    """A TCP server on a free port that answers every connection's first bytes with `answer` (None: silence),
+    as a port of another service does to Kafka's request; (port, close)."""
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            held.append(conn)
+            conn.recv(64)
+            if answer is not None:
+                conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    def close() -> None:
+        server.close()
+        for conn in held:
+            conn.close()
+
+    return server.getsockname()[1], close
+
+
+@pytest.mark.parametrize(("answer", "says"), [
+    (None, "did not answer Kafka's ApiVersions request in 1 s"),
+    (b"HTTP/1.0 400 Bad Request\r\n\r\n", "answers HTTP"),
+    (b"SSH-2.0-OpenSSH_9.6\r\n", "with something else (another protocol)"),
+])
+@pytest.mark.parametrize("argv", [["topics", "list"], ["publish", "{stream}"], ["worker"]])
+def test_a_bootstrap_port_that_is_not_kafka_is_named_within_the_connect_timeout(capsys, stream, answer, says, argv):
+    port, close = _server(answer)
+    try:
+        code, _, err = run(capsys, *[a.format(stream=stream) for a in argv], "--bootstrap", f"127.0.0.1:{port}",
+                           "--connect-timeout", "1")
+    finally:
+        close()
+    line = one_error(err)
+    assert code == EXIT_SERVICE and f"--bootstrap 127.0.0.1:{port} is not Kafka" in line and says in line
+    assert len(err.splitlines()) == 1 and "waiting" not in err
+
+
+def test_a_tls_file_the_store_url_names_that_is_not_there_is_named(capsys, tmp_path, stream):
+    url = f"clickhouses://127.0.0.1:{closed_port()}/gw?ca_certs={tmp_path / 'ca.pem'}"
+    for argv in (["store", "query", "SELECT 1"], ["replay", str(stream), "--out", str(tmp_path / "o")]):
+        code, _, err = run(capsys, *argv, "--store", url)
+        assert code == EXIT_INPUT and f"no such file for ?ca_certs= in the store URL: {tmp_path / 'ca.pem'}" in \
+            one_error(err) and len(err.splitlines()) == 1
+    assert not (tmp_path / "o").exists()
 
 
 def test_unreachable_clickhouse(capsys, tmp_path, stream):
@@ -396,6 +459,48 @@ def test_kubernetes_without_a_cluster_to_talk_to_is_one_line(capsys, monkeypatch
     assert main(["kubernetes", "apply", "--from", str(tmp_path / "a.jsonl")]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("gangwatch kubernetes: error: no Kubernetes API to talk to") and "--kubeconfig" in line
+
+
+# --- spares ---------------------------------------------------------------------------------------
+
+
+def test_spares_reads_a_gzipped_history_as_it_reads_the_plain_one(capsys, tmp_path):
+    from gangwatch.fleet.history import to_csv
+    from gangwatch.producers.simulate.outages import outages
+
+    text = to_csv(outages(200, 60, seed=4, rate=0.004))
+    (tmp_path / "h.csv").write_text(text)
+    (tmp_path / "h.csv.gz").write_bytes(gzip.compress(text.encode()))
+    plain = run(capsys, "spares", "--machines", "64", "--history", str(tmp_path / "h.csv"), "--format", "json")
+    zipped = run(capsys, "spares", "--machines", "64", "--history", str(tmp_path / "h.csv.gz"), "--format", "json")
+    assert plain[0] == zipped[0] == 0 and orjson.loads(plain[1]) == orjson.loads(zipped[1])
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    (b"\x1f\x8b\x08\x00 cut short", "not a text file"),
+    (b"\xff\xfe\x00binary", "not a text file"),
+    (b"node,start,end,class\nm1,yesterday,,fail_stop\n", ":2: start"),
+])
+def test_a_spares_history_that_cannot_be_read_is_named(capsys, tmp_path, content, says):
+    (tmp_path / "h.csv.gz").write_bytes(content)
+    code, out, err = run(capsys, "spares", "--machines", "8", "--history", str(tmp_path / "h.csv.gz"))
+    assert code == EXIT_INPUT and says in one_error(err) and str(tmp_path / "h.csv.gz") in one_error(err)
+    assert out == ""
+
+
+def test_spares_refuses_a_history_shorter_than_a_few_repair_windows(capsys, tmp_path):
+    """The demo's four minutes, read as a daily rate, gave 'spares 2201 ... rate 261.7 failures/machine-day'."""
+    (tmp_path / "h.csv").write_text("node,start,end,class\nm1,2026-01-01T00:01:08Z,,fail_slow\n"
+                                    "m2,2026-01-01T00:02:31Z,,fail_stop\n")
+    code, out, err = run(capsys, "spares", "--machines", "8", "--history", str(tmp_path / "h.csv"))
+    line = one_error(err)
+    assert code == EXIT_INPUT and out == "" and str(tmp_path / "h.csv") in line
+    assert "2 failures from 2026-01-01T00:01:08Z to 2026-01-01T00:02:31Z, 0.00 days" in line
+    assert "at least 3 repair windows (3 x --repair-hours 24 = 3 days)" in line
+    # the same two failures, 83 s apart, pass a shorter repair window's test (18 s: 54 s needed)
+    code, _, err = run(capsys, "spares", "--machines", "8", "--history", str(tmp_path / "h.csv"),
+                       "--repair-hours", "0.005")
+    assert "repair windows" not in err
 
 
 @pytest.mark.parametrize("sql", ["DROP TABLE gw_rejected", "INSERT INTO gw_rejected SELECT * FROM gw_rejected",
