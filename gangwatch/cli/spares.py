@@ -10,28 +10,31 @@ from pathlib import Path
 
 import orjson
 
-from gangwatch.cli.options import EXIT_INPUT, EXIT_USAGE, UserError, integer, number, opt, positive
+from gangwatch.cli.options import EXIT_FLOOR, EXIT_INPUT, EXIT_USAGE, UserError, integer, number, opt, positive
 from gangwatch.cli.replay import connect_timeout_opt, query_store
 from gangwatch.fleet import spares
-from gangwatch.fleet.history import NodeEvent, from_incidents, in_order, parse
+from gangwatch.fleet.history import NodeEvent, from_incidents, in_order, parse, parse_time
 
 MIN_REPAIR_WINDOWS = 3  # a history's failures must span this many repair horizons (--repair-hours) to size from
 
 DESCRIPTION = """\
 How many warm spare machines to hold for a job so that a failed machine is replaced in seconds: the number
-that covers the job's machines down at once (in repair) at a percentile (P99 by default), sized from the
-fleet's failure history. The history is files in the import format (CSV or JSON lines: node, start, end,
-class, description; an event without end takes --repair-hours), or, without --history, the store's unplanned
-incidents: one failure per culprit machine, whose repair time the store does not know (an incident's recovery
-is the job's, not the machine's), so each takes --repair-hours.
+that covers the job's machines down at once (in repair) for a share of the hours (--percentile, 0.99), sized
+from the fleet's failure history. The history is files in the import format (CSV or JSON lines, gzipped or
+not: node, start, end, class, description; an end of `open` is a repair still going on; an event without end
+takes --repair-hours), or, without --history, the store's unplanned incidents: one failure per culprit
+machine, whose repair time the store does not know, so each takes --repair-hours.
 
-A job of M machines in a fleet of F sees each down machine with probability M/F. Two estimates, the advice
-is the larger: a negative binomial of the failures in a repair-time window (the rate from the last
---window-days, so a drift is followed; the dispersion from the whole history, so bursts that take several
-machines at once count), and the exact percentile of the machines down at once over the last --window-days.
-The output says which bound it. --backtest fits on the first --split of the history and reports the share
-of the rest the advice covered, to compare with the percentile. The fleet's size is --fleet, else the
-machines the history names (machines that never failed are not named: pass --fleet)."""
+Several estimators (the empirical machines down at once over trailing windows; a compound model of bursts
+arriving at a trailing rate and each machine's repair time drawn from the history's distribution; the same with
+a rate that drifts as it did; each at stricter levels) are backtested on the history itself: fitted at rolling
+origins with what was known then, scored on the next --hold-days. The advice is the one that met the target at
+the least cost (its pool over the pool that would have sufficed), one level stricter; the output prints its
+backtest coverage and cost, every estimator's, and the advice at each origin. --since/--until bound the
+history it is fitted on; --backtest also fits at --split and scores on the rest. A job of M machines in a
+fleet of F sees each down machine with probability M/F; the fleet's size is --fleet, else the machines the
+history names (machines that never failed are not named: pass --fleet). --evaluate scores the advisor on
+generated fleets and exits 7 below its floors."""
 
 
 def _events(args: argparse.Namespace) -> list[NodeEvent]:
@@ -53,6 +56,10 @@ def _events(args: argparse.Namespace) -> list[NodeEvent]:
         events = [replace(e, end=None) for e in from_incidents(rows)]
     if args.classes:
         wanted = {c.strip().lower() for c in args.classes}
+        present = sorted({e.cls for e in events})
+        if not wanted & set(present):
+            raise UserError(f"--class {', '.join(sorted(wanted))}: no event of that class; the history's classes: "
+                            f"{', '.join(present) or 'none'}", EXIT_INPUT)
         events = [e for e in events if e.cls in wanted]
     return sorted(events, key=in_order)
 
@@ -98,26 +105,61 @@ def job_machines(args: argparse.Namespace) -> int:
                     "`gangwatch sql ettr` lists")
 
 
+def _day(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d")
+
+
 def cmd_spares(args: argparse.Namespace) -> int:
+    if args.evaluate:
+        return _evaluate(args)
+    if args.machines is None and args.job is None:
+        raise UserError("give the job's size: --machines N, or --job J (its machines from the store)", EXIT_USAGE)
     machines = args.machines if args.machines is not None else job_machines(args)
     events = _events(args)
+    until = args.until if args.until is not None else spares.history_end(events)
+    events = [e for e in events if e.start <= until and (args.since is None or e.start >= args.since)]
     _long_enough(args, events)
     knobs = dict(fleet_machines=args.fleet, percentile=args.percentile, horizon_s=args.repair_hours * 3600,
-                 window_s=args.window_days * spares.DAY)
+                 hold_s=args.hold_days * spares.DAY, since=args.since, until=until)
     try:
         advice = spares.advise(events, machines, **knobs)
-        test = None
-        if args.backtest:
-            refit_s = args.refit_days * spares.DAY if args.refit_days else None
-            test = spares.backtest(events, machines, split=args.split, refit_s=refit_s, **knobs)
+        test = spares.holdout(events, machines, split=args.split, **knobs) if args.backtest else None
     except ValueError as e:
         raise UserError(str(e), EXIT_USAGE) from None
     if args.format == "json":
-        out = {**advice.to_dict(), **({"backtest": test.to_dict()} if test else {})}
+        out = {**advice.to_dict(), **({"holdout": test.to_dict()} if test else {})}
         sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
         return 0
-    print("\n".join(advice.explain() + (test.explain() if test else [])))
+    print("\n".join(advice.explain(_day) + (["", *test.explain(_day)] if test else [])))
     return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from gangwatch import spares_eval
+
+    results = spares_eval.evaluate()
+    if args.format == "json":
+        doc = {"summary": spares_eval.summary(results), "floors": spares_eval.FLOORS,
+               "seeds": [{"seed": r.seed, **r.holdout.to_dict()} for r in results],
+               "below": spares_eval.check(results)}
+        sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        print("\n".join(spares_eval.table(results)))
+    below = spares_eval.check(results)
+    for line in below:
+        print(f"below the floor: {line}", file=sys.stderr)
+    return EXIT_FLOOR if below else 0
+
+
+def when(raw: str) -> float:
+    """A time for --since/--until: epoch seconds or ISO 8601 (no zone: UTC), from 2000 on."""
+    try:
+        t = parse_time(raw, "time")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("time: ")) from None
+    if t is None:
+        raise argparse.ArgumentTypeError("empty time")
+    return t
 
 
 def fraction(raw: str) -> float:
@@ -135,10 +177,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("spares", help="the warm-standby pool a job needs, sized from the fleet's failure history",
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="examples:\n  gangwatch spares --machines 1024 --history fleet.csv --fleet 2000\n"
-                       "  gangwatch spares --machines 1024 --history fleet.csv --fleet 2000 --backtest --refit-days 1\n"
+                       "  gangwatch spares --machines 1024 --history fleet.csv.gz --fleet 2000 --until 2026-05-01 "
+                       "--backtest\n"
                        "  gangwatch spares --job llm-70b --store clickhouse://ch1:9000/gangwatch --repair-hours 48\n"
-                       "  gangwatch spares --machines 64 --out gangwatch-demo --percentile 0.999 --format json")
-    size = s.add_mutually_exclusive_group(required=True)
+                       "  gangwatch spares --machines 64 --out gangwatch-demo --percentile 0.999 --format json\n"
+                       "  gangwatch spares --evaluate")
+    size = s.add_mutually_exclusive_group()
     size.add_argument("--job", metavar="J", help="the job to size for: its machines from the store's telemetry")
     size.add_argument("--machines", type=positive(integer), metavar="N", help="the job's size in machines")
     s.add_argument("--history", nargs="+", action="extend", type=Path, metavar="FILE",
@@ -153,13 +197,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="repair time of a failure without an end: the replacement horizon (default 24)")
     s.add_argument("--percentile", type=fraction, default=0.99, metavar="P",
                    help="the share of time the spares must cover (default 0.99)")
-    s.add_argument("--window-days", type=positive(number), default=30.0, metavar="D",
-                   help="the trailing window the rate and the empirical percentile are read on (default 30)")
-    s.add_argument("--backtest", action="store_true", help="also score the advice out of sample")
+    s.add_argument("--hold-days", type=positive(number), default=90.0, metavar="D",
+                   help="how long the pool is held before it is sized again: the span each backtest fold is "
+                   "scored on (default 90)")
+    s.add_argument("--since", type=when, metavar="T", help="fit on the history from T on (ISO 8601 or epoch s)")
+    s.add_argument("--until", type=when, metavar="T",
+                   help="fit on the history before T, as it was known then: a repair that ended later was still "
+                   "open (default: the history's last start or end)")
+    s.add_argument("--backtest", action="store_true",
+                   help="also advise at --split with what was known then and score that on the rest")
     s.add_argument("--split", type=fraction, default=0.6, metavar="F",
                    help="--backtest: fit on this first share of the history, score on the rest (default 0.6)")
-    s.add_argument("--refit-days", type=positive(number), metavar="D",
-                   help="--backtest: refit every D days on what is known by then (default: one fit)")
+    s.add_argument("--evaluate", action="store_true",
+                   help="score the advisor on 10 generated fleets (fit on 60%%, judged on the rest); exit 7 "
+                   "below its floors")
     opt(s, "--store", env="GANGWATCH_STORE",
         help="chdb:PATH or clickhouse://HOST:PORT[/DB] (default: OUT/store, a replay's)")
     opt(s, "--out", type=Path, default=Path("gangwatch-out"), help="a replay's output directory (its store/)")
