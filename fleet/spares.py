@@ -492,7 +492,7 @@ class Advice:
             f"spares {self.spares} for a job of {self.job_machines:,} machines: the {p} of its machines down at "
             f"once over the next {self.hold_s / DAY:g} days, by `{self.estimator}`",
             f"  backtest: coverage {c.coverage:.4f} (worst fold {c.worst:.4f}), cost {c.cost:.2f}x the pool that "
-            f"would have sufficed, over {len(c.folds)} folds; {met} at the least cost",
+            f"would have sufficed, over {len(c.folds)} fold{'s' * (len(c.folds) != 1)}; {met} at the least cost",
             f"  fleet {self.fleet_machines:,} machines ({fleet[self.fleet_from]}); {self.failures:,} outages "
             f"({self.arrivals:,} arrivals, bursts once) over {(self.until - self.since) / DAY:.1f} days, "
             f"{self.unknown_ends:,} without an end took the {self.horizon_s / 3600:g} h horizon, "

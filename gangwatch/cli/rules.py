@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import gzip
 import os
 import sys
 from pathlib import Path
@@ -45,14 +44,8 @@ def _read_history(path: Path):
         raise UserError(f"no such file: {path}", EXIT_INPUT)
     if path.is_dir():
         raise UserError(f"{path} is a directory; give a history file (CSV with a header, or JSON lines)", EXIT_INPUT)
-    data = path.read_bytes()
     try:
-        text = (gzip.decompress(data) if path.suffix == ".gz" else data).decode()
-    except (OSError, UnicodeDecodeError, EOFError):
-        raise UserError(f"{path}: not a text file (want CSV with a header, or JSON lines, optionally .gz)",
-                        EXIT_INPUT) from None
-    try:
-        return history.parse(text, str(path))
+        return history.parse(path.read_bytes(), str(path))  # gzipped or not, by its magic
     except ValueError as e:
         raise UserError(str(e), EXIT_INPUT) from None
 
@@ -104,6 +97,10 @@ def cmd_suggest(args: argparse.Namespace) -> int:
         train, test = parts(day_of(events[0].start), day_of(events[-1].start), params)
     except ValueError as e:
         raise UserError(str(e), EXIT_INPUT) from None
+    classes = sorted({e.cls for e in events})
+    if not any(params.is_target(c) for c in classes):
+        print(f"no class of the history is a target ({', '.join(params.targets)}): nothing to predict; name the "
+              f"faults with --target CLASS (the history's classes: {', '.join(classes)})", file=sys.stderr)
     shown = rules if args.all else [r for r in rules if r.holds]
     if args.format == "json":
         doc = {"events": len(events), "nodes": len({e.node for e in events}),

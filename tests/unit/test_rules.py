@@ -6,13 +6,15 @@ brute force over every node-day of a small written history, binomial tails by a 
 
 from __future__ import annotations
 
+import gzip
 import math
+from dataclasses import replace
 
 import orjson
 import pytest
 from gangwatch.fleet.history import NodeEvent, in_order, parse, to_csv
 from gangwatch.fleet.rules import ANY_FAULT, DAY_S, binomial_tail, mine, suggest
-from gangwatch.producers.simulate.precursors import FleetSpec, Planted, generate
+from gangwatch.producers.simulate.precursors import FleetSpec, Planted, generate, parse_planted
 
 from gangwatch import cli
 from gangwatch.cli import rules as rules_cli
@@ -243,6 +245,19 @@ def test_generate_then_suggest_names_the_planted_rule(run, tmp_path):
     code, out, _ = run("rules", "suggest", "--history", str(path), "--format", "json")
     doc = orjson.loads(out)
     assert code == 0 and [r["rule"] for r in doc["rules"]] == [r.name for r in suggest(parse(path.read_text()))]
+
+
+def test_class_names_that_match_no_target_are_said_once_with_the_targets(run, tmp_path):
+    events = generate(FleetSpec(seed=1, nodes=40, days=60, planted=(parse_planted("thermal:fail_stop:0.3:3"),)))
+    faults = {"fail_stop", "unknown", "xid_79"}  # the generator's fault classes, named as a ticket system might
+    renamed = [replace(e, cls="gpu-hw-fault") if e.cls in faults else e for e in events]
+    path = tmp_path / "h.csv.gz"
+    path.write_bytes(gzip.compress(to_csv(renamed).encode()))  # gzip is read whatever the name
+    code, out, err = run("rules", "suggest", "--history", str(path))
+    assert code == 0 and err.count("no class of the history is a target") == 1
+    assert "fail_stop, sdc, hang, fail_slow, unknown, xid_*" in err and "gpu-hw-fault" in err
+    code, out, err = run("rules", "suggest", "--history", str(path), "--target", "gpu-hw-fault")
+    assert code == 0 and "no class of the history is a target" not in err
 
 
 def test_a_bad_history_file_is_one_line_and_exit_3(run, tmp_path):
