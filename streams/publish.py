@@ -24,7 +24,7 @@ from typing import Any
 
 from gangwatch.schemas import DeadLetter, DecodeError, Record, encode, encode_batch
 from gangwatch.schemas.security import kafka_python_security
-from gangwatch.streams.replay import InputFile, merged
+from gangwatch.streams.replay import InputFile, merged, unusable
 from gangwatch.streams.topics import TopicSettings, topic_for
 
 
@@ -37,6 +37,8 @@ class Published:
     last_ts: float | None = None
     wall_s: float = 0.0
     stopped: list[str] | None = None
+    invalid: list[str] | None = None  # inputs with lines but not one valid record
+    empty: list[str] | None = None  # inputs without a line
 
 
 Send = Callable[[str, bytes, bytes], None]  # (topic, key, value)
@@ -109,6 +111,7 @@ def publish(paths: list[Path], send: Send, topics: TopicSettings, *, envelope: i
     pub.flush()
     pub.result.wall_s = clock() - started
     pub.result.stopped = [i.stopped for i in inputs if i.stopped]
+    pub.result.invalid, pub.result.empty = unusable(inputs)
     return pub.result
 
 

@@ -188,6 +188,7 @@ class Summary:
     by_kind: dict[str, int] = field(default_factory=dict)  # input records by kind
     stopped: list[str] = field(default_factory=list)  # inputs that ended early, and where
     invalid: list[str] = field(default_factory=list)  # inputs with lines but not one valid record
+    empty: list[str] = field(default_factory=list)  # inputs without a line
     out_dir: str = ""
 
     def why_nothing(self) -> str | None:
@@ -347,6 +348,13 @@ class Replay:
 Progress = Callable[[Summary, float], None]  # (summary so far, fraction of the input bytes read)
 
 
+def unusable(inputs: list[InputFile]) -> tuple[list[str], list[str]]:
+    """The inputs read to their end without one valid record: (those with lines that did not decode, those
+    without a line)."""
+    return ([str(i.path) for i in inputs if i.refused and not i.decoded],
+            [str(i.path) for i in inputs if not i.refused and not i.decoded and not i.stopped])
+
+
 def run(paths: list[Path], out_dir: Path, store: Store | None, *, telemetry: bool = False,
         progress: Progress | None = None, core: Core | None = None, sinks: list[Sink] | None = None,
         append: bool = False, responder: Responder | None = None) -> Summary:
@@ -376,5 +384,5 @@ def run(paths: list[Path], out_dir: Path, store: Store | None, *, telemetry: boo
     summary = rep.close()
     summary.wall_s = time.monotonic() - started
     summary.stopped = [i.stopped for i in inputs if i.stopped]
-    summary.invalid = [str(i.path) for i in inputs if i.refused and not i.decoded]
+    summary.invalid, summary.empty = unusable(inputs)
     return summary

@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         if type(e).__name__ in KAFKA_UNREACHABLE:  # past the address check: the broker went away, or is no broker
-            print(f"{name}: error: Kafka did not answer: {type(e).__name__}: {e}", file=sys.stderr)
+            print(f"{name}: error: Kafka did not answer in time ({type(e).__name__}: {e}): is the broker still up, "
+                  "and do the topics exist (gangwatch topics create)?", file=sys.stderr)
             return EXIT_SERVICE
         print(f"{name}: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback, and "
               "please report it)", file=sys.stderr)

@@ -21,7 +21,7 @@ from gangwatch.cli.options import (
     positive,
     settings_opts,
 )
-from gangwatch.cli.replay import check_inputs, connect_timeout_opt, http_url
+from gangwatch.cli.replay import check_inputs, connect_timeout_opt, http_url, refuse_unusable
 from gangwatch.cli.services import wait_for_kafka, wait_for_store
 
 
@@ -140,6 +140,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
         print(f"{done.rejected:,} lines did not decode: sent to the dead-letter topic with the reason")
     if done.stopped:
         raise UserError("; ".join(done.stopped) + " (everything before it was published)", EXIT_CORRUPT)
+    refuse_unusable(done.invalid or [], done.empty or [],
+                    f"the reasons went to the dead-letter topic {_topic_settings(args).dlq}")
     return 0
 
 

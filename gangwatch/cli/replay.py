@@ -123,10 +123,20 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if summary.stopped:
         raise UserError("; ".join(summary.stopped) + " (everything before it was replayed and stored)",
                         EXIT_CORRUPT)
-    if summary.invalid:
-        raise UserError(f"no line of {', '.join(summary.invalid)} is a contract-v1 record (JSONL or JSONL.gz); "
-                        f"the reasons are in {out / 'rejected.jsonl'}", EXIT_INPUT)
+    refuse_unusable(summary.invalid, summary.empty, f"the reasons are in {out / 'rejected.jsonl'}")
     return 0
+
+
+def refuse_unusable(invalid: list[str], empty: list[str], reasons: str) -> None:
+    """UserError (bad input) naming the inputs without one valid record: those whose lines did not decode
+    (`reasons` says where the reasons went) and those without a line."""
+    said = []
+    if invalid:
+        said.append(f"no line of {', '.join(invalid)} is a contract-v1 record (JSONL or JSONL.gz); {reasons}")
+    if empty:
+        said.append(f"{', '.join(empty)} {'is' if len(empty) == 1 else 'are'} empty: not one record")
+    if said:
+        raise UserError("; ".join(said), EXIT_INPUT)
 
 
 def cmd_store_query(args: argparse.Namespace) -> int:

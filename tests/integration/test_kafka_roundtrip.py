@@ -69,3 +69,25 @@ def test_a_100k_rank_job_record_fits_the_topics_gangwatch_creates(kafka_bootstra
     producer.close()
     [msg] = consume(kafka_bootstrap, t.jobs, unique, 1)
     assert decode(msg.value) == [job]
+
+
+def test_publishing_a_file_without_one_valid_line_is_an_input_error(kafka_bootstrap, topics, unique, tmp_path,
+                                                                     capsys):
+    """README: a file without one valid line is exit 3; what did not decode still goes to the dead-letter topic."""
+    import random
+
+    from gangwatch.cli import main
+
+    noise = tmp_path / "random.bin"
+    noise.write_bytes(random.Random(36).randbytes(5000).replace(b"\x1f\x8b", b"xx"))
+    lines = noise.read_bytes().count(b"\n") + 1
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    common = ["--bootstrap", kafka_bootstrap, "--prefix", topics.prefix, "--connect-timeout", "5"]
+    assert main(["publish", str(noise), *common]) == 3
+    out, err = capsys.readouterr()
+    assert f"{lines} lines did not decode" in out and "published 0 records" in out
+    assert err.count("\n") == 1 and f"no line of {noise} is a contract-v1 record" in err and topics.dlq in err
+    assert len(consume(kafka_bootstrap, topics.dlq, unique, lines)) == lines
+    assert main(["publish", str(empty), *common]) == 3
+    assert f"{empty} is empty: not one record" in capsys.readouterr().err

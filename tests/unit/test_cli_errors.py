@@ -518,3 +518,12 @@ def test_store_query_only_reads_on_chdb(capsys, tmp_path, sql):
     code, out, _ = run(capsys, "store", "query", "SELECT name FROM system.tables WHERE database = currentDatabase() "
                        "AND name IN ('gw_rejected', 'x')", "--out", str(tmp_path), "--format", "jsonl")
     assert code == 0 and out.split() == ['{"name":"gw_rejected"}']
+
+
+def test_replay_of_an_empty_file_is_an_input_error(capsys, tmp_path, stream):
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    code, _, err = run(capsys, "replay", str(tmp_path / "empty.jsonl"), "--out", str(tmp_path / "o"), "-q")
+    assert code == EXIT_INPUT and f"{tmp_path / 'empty.jsonl'} is empty: not one record" in one_error(err)
+    code, _, err = run(capsys, "replay", str(tmp_path / "empty.jsonl"), str(stream), "--out", str(tmp_path / "o"),
+                       "-q", "--no-store")
+    assert code == EXIT_INPUT and "empty.jsonl is empty" in one_error(err)  # named beside a good file too
