@@ -32,7 +32,9 @@ kind, spool bytes). Stop with Ctrl-C or TERM: what is queued is sent (or spooled
 It is also the relay of this node's training processes (--relay): trainer clients whose
 GANGWATCH_RELAY names its socket hand it their steps, heartbeats and events, and it sends them
 packed per job into large envelopes (--relay-max-records, --relay-linger-s) on <prefix>telemetry
-and <prefix>jobs. A client without GANGWATCH_RELAY, or refused, sends to Kafka itself."""
+and <prefix>jobs; while Kafka is slow or away it spools them and goes on taking them (it never
+waits on the broker for more than a second). A client without GANGWATCH_RELAY, refused, or whose
+agent is gone, sends to Kafka itself."""
 
 EPILOG = """\
 privileges: NVML needs none. /dev/kmsg needs root or CAP_SYSLOG where kernel.dmesg_restrict=1
