@@ -12,9 +12,9 @@ import orjson
 
 from gangwatch.cli.options import EXIT_FLOOR, EXIT_INPUT, EXIT_USAGE, UserError, integer, number, opt, positive
 from gangwatch.cli.replay import connect_timeout_opt, query_store
-from gangwatch.fleet import spares
 from gangwatch.fleet.history import NodeEvent, from_incidents, in_order, parse, parse_time
 
+DAY = 86400.0
 MIN_REPAIR_WINDOWS = 3  # a history's failures must span this many repair horizons (--repair-hours) to size from
 
 DESCRIPTION = """\
@@ -73,10 +73,10 @@ def _long_enough(args: argparse.Namespace, events: list[NodeEvent]) -> None:
     if span_s >= need_s:
         return
     what = (f"{len(events)} failure{'s' * (len(events) != 1)} from {_when(events[0].start)} to "
-            f"{_when(events[-1].start)}, {span_s / spares.DAY:.2f} days" if events else "no failure")
+            f"{_when(events[-1].start)}, {span_s / DAY:.2f} days" if events else "no failure")
     raise UserError(f"{source}: {what}; sizing a pool needs failures over at least {MIN_REPAIR_WINDOWS} repair "
                     f"windows ({MIN_REPAIR_WINDOWS} x --repair-hours {args.repair_hours:g} = "
-                    f"{need_s / spares.DAY:g} days): give a longer history", EXIT_INPUT)
+                    f"{need_s / DAY:g} days): give a longer history", EXIT_INPUT)
 
 
 def _when(t: float) -> str:
@@ -114,13 +114,15 @@ def cmd_spares(args: argparse.Namespace) -> int:
         return _evaluate(args)
     if args.machines is None and args.job is None:
         raise UserError("give the job's size: --machines N, or --job J (its machines from the store)", EXIT_USAGE)
+    from gangwatch.fleet import spares  # numpy: loaded by the command that needs it, not by every command
+
     machines = args.machines if args.machines is not None else job_machines(args)
     events = _events(args)
     until = args.until if args.until is not None else spares.history_end(events)
     events = [e for e in events if e.start <= until and (args.since is None or e.start >= args.since)]
     _long_enough(args, events)
     knobs = dict(fleet_machines=args.fleet, percentile=args.percentile, horizon_s=args.repair_hours * 3600,
-                 hold_s=args.hold_days * spares.DAY, since=args.since, until=until)
+                 hold_s=args.hold_days * DAY, since=args.since, until=until)
     try:
         advice = spares.advise(events, machines, **knobs)
         test = spares.holdout(events, machines, split=args.split, **knobs) if args.backtest else None
