@@ -189,6 +189,7 @@ class Summary:
     stopped: list[str] = field(default_factory=list)  # inputs that ended early, and where
     invalid: list[str] = field(default_factory=list)  # inputs with lines but not one valid record
     empty: list[str] = field(default_factory=list)  # inputs without a line
+    interrupted: float | None = None  # stopped by Ctrl-C, with this share of the input bytes read
     out_dir: str = ""
 
     def why_nothing(self) -> str | None:
@@ -361,7 +362,9 @@ def run(paths: list[Path], out_dir: Path, store: Store | None, *, telemetry: boo
     """Replay `paths` into `out_dir` (and `store`, and any further `sinks`); returns the summary.
 
     The JSONL outputs are replaced unless `append`. An input cut short keeps what was read
-    before the cut in every output; `Summary.stopped` says where it stopped.
+    before the cut in every output; `Summary.stopped` says where it stopped. Ctrl-C (KeyboardInterrupt) ends
+    the replay with what was found so far written to every sink and `Summary.interrupted` set: the outputs are
+    partial (no end-of-input decisions are made for evidence that was still coming).
     """
     inputs = [InputFile(p, columns=len(paths) == 1 and responder is None) for p in paths]
     total = sum(i.size for i in inputs) or 1
@@ -373,15 +376,22 @@ def run(paths: list[Path], out_dir: Path, store: Store | None, *, telemetry: boo
     started = time.monotonic()
     next_print = started
     items = iter(inputs[0]) if len(inputs) == 1 else merged(inputs)
-    while chunk := list(itertools.islice(items, _CHUNK)):
-        if responder is None:
-            rep.feed_many(chunk)
-        else:
-            rep.feed_answered(chunk)
-        if progress is not None and time.monotonic() >= next_print:
-            next_print = time.monotonic() + 0.2
-            progress(rep.summary, sum(i.read_bytes for i in inputs) / total)
-    summary = rep.close()
+    try:
+        while chunk := list(itertools.islice(items, _CHUNK)):
+            if responder is None:
+                rep.feed_many(chunk)
+            else:
+                rep.feed_answered(chunk)
+            if progress is not None and time.monotonic() >= next_print:
+                next_print = time.monotonic() + 0.2
+                progress(rep.summary, sum(i.read_bytes for i in inputs) / total)
+    except KeyboardInterrupt:  # Ctrl-C: what was found so far is written, marked partial; nothing is decided
+        summary = rep.summary  # as if the input ended here (no finish: more evidence was coming)
+        summary.interrupted = sum(i.read_bytes for i in inputs) / total
+        for sink in sinks:
+            sink.close()
+    else:
+        summary = rep.close()
     summary.wall_s = time.monotonic() - started
     summary.stopped = [i.stopped for i in inputs if i.stopped]
     summary.invalid, summary.empty = unusable(inputs)

@@ -40,6 +40,7 @@ from gangwatch.cli.options import (
     EXIT_EXTRA,
     EXIT_INPUT,
     EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
     EXIT_SERVICE,
     UserError,
     boolean,
@@ -99,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         resolve(args)
         return args.func(args)
     except KeyboardInterrupt:
-        return 130
+        print(f"{name}: interrupted (Ctrl-C)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
     except UserError as e:

@@ -35,6 +35,7 @@ EXIT_EXTRA = 6  # an optional dependency (an extra) is not installed
 EXIT_FLOOR = 7  # `gangwatch eval`: a class scored below its quality floor (what fails CI)
 EXIT_DRILL = 8  # `gangwatch drill`: an injection missed its budget, or an action should not have happened
 EXIT_INTERNAL = 70  # a bug: rerun with --debug for the traceback
+EXIT_INTERRUPTED = 130  # stopped by Ctrl-C (128 + SIGINT, as shells report it)
 
 
 class UserError(Exception):

@@ -13,8 +13,10 @@ from gangwatch.cli import report
 from gangwatch.cli.options import (
     EXIT_CORRUPT,
     EXIT_INPUT,
+    EXIT_INTERRUPTED,
     EXIT_USAGE,
     UserError,
+    iso,
     number,
     opt,
     positive,
@@ -55,6 +57,8 @@ def prepare_out(out: Path, *, append: bool) -> None:
         raise UserError(f"cannot write to --out {out}: {e.strerror or e}", EXIT_INPUT) from None
     if not append and (out / "store").is_dir():
         shutil.rmtree(out / "store")
+    if not append:
+        (out / PARTIAL).unlink(missing_ok=True)  # the outputs are about to be replaced by a whole replay
 
 
 def open_store_for(args: argparse.Namespace, out: Path):
@@ -112,6 +116,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             progress.done()
         if store is not None:
             store.close()
+    if summary.interrupted is not None:
+        partial(out, summary, quiet=args.quiet)
     if not args.quiet:
         print(report.summary(summary))
         shown = report.outcome(out)
@@ -125,6 +131,24 @@ def cmd_replay(args: argparse.Namespace) -> int:
                         EXIT_CORRUPT)
     refuse_unusable(summary.invalid, summary.empty, f"the reasons are in {out / 'rejected.jsonl'}")
     return 0
+
+
+PARTIAL = "PARTIAL"  # a file in --out whose presence says the outputs there are partial (the replay was stopped)
+
+
+def partial(out: Path, summary, *, quiet: bool) -> None:
+    """After Ctrl-C: mark `out` partial (`OUT/PARTIAL`, what was read and up to when), print the summary so far
+    (unless `quiet`), and end with one line saying so (exit 130, as for any interrupted command)."""
+    upto = iso(summary.last_ts) if summary.last_ts is not None else "no event"
+    what = f"{summary.records:,} records ({summary.interrupted:.0%} of the input) read, up to event time {upto}"
+    (out / PARTIAL).write_text(f"partial: the replay was interrupted (Ctrl-C) after {what}.\nThe outputs here "
+                               "hold what was found up to then; incidents still open then were never decided.\n"
+                               "Replay again (without --append) for complete outputs.\n")
+    if not quiet:
+        print(report.summary(summary))
+    raise UserError(f"interrupted (Ctrl-C) after {summary.records:,} records ({summary.interrupted:.0%} of the "
+                    f"input), up to event time {upto}: the outputs in {out} are partial (marked by "
+                    f"{out / PARTIAL})", EXIT_INTERRUPTED)
 
 
 def refuse_unusable(invalid: list[str], empty: list[str], reasons: str) -> None:

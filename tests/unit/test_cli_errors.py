@@ -527,3 +527,36 @@ def test_replay_of_an_empty_file_is_an_input_error(capsys, tmp_path, stream):
     code, _, err = run(capsys, "replay", str(tmp_path / "empty.jsonl"), str(stream), "--out", str(tmp_path / "o"),
                        "-q", "--no-store")
     assert code == EXIT_INPUT and "empty.jsonl is empty" in one_error(err)  # named beside a good file too
+
+
+# --- Ctrl-C -----------------------------------------------------------------------------------------
+
+
+def test_ctrl_c_during_a_replay_says_what_was_read_and_marks_the_outputs_partial(capsys, monkeypatch, tmp_path):
+    """Ctrl-C lands after the first chunk the replay fed (its first progress report): the outputs hold what was
+    found so far and say they are partial, the summary and one line say how far it got, exit 130."""
+    from gangwatch.producers.simulate import Fault, Scenario, write
+
+    from gangwatch.cli import report
+
+    sc = Scenario("ctrlc", seed=5, tp=4, pp=1, dp=4, gpus_per_node=4, duration_s=600.0,
+                  faults=(Fault("xid79", at_s=400.0, node="n001", params={"gpu": 1}),))
+    path, _ = write(sc, tmp_path / "sim")
+
+    class CtrlC(report.ProgressLine):
+        def __call__(self, s, fraction: float) -> None:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "ProgressLine", CtrlC)
+    out = tmp_path / "o"
+    code, stdout, err = run(capsys, "replay", str(path), "--out", str(out), "--progress")
+    line = one_error(err)
+    assert code == 130 and "interrupted (Ctrl-C) after 4,096 records" in line and "up to event time 20" in line
+    assert f"the outputs in {out} are partial (marked by {out / 'PARTIAL'})" in line
+    assert "replayed  4,096 records" in stdout
+    marker = (out / "PARTIAL").read_text()
+    assert "interrupted (Ctrl-C) after 4,096 records" in marker and "Replay again" in marker
+    assert (out / "findings.jsonl").exists() and not (out / "actions.jsonl").read_bytes()  # the fault was not reached
+    monkeypatch.undo()
+    assert run(capsys, "replay", str(path), "--out", str(out), "-q")[0] == 0  # a whole replay: no longer partial
+    assert not (out / "PARTIAL").exists() and (out / "actions.jsonl").read_bytes()
