@@ -125,6 +125,12 @@ class PatientSend:
             if self._error is not None:
                 raise self._error
 
+    @property
+    def busy(self) -> bool:
+        """Whether a send is in flight (one the caller may have stopped waiting for)."""
+        with self._cond:
+            return self._msg is not None
+
     def _run(self) -> None:
         while True:
             with self._cond:
