@@ -12,6 +12,7 @@ behaviour it works around, so that it goes when the library no longer needs it:
 - `aiokafka_consumer`, `aiokafka_producer`, `committed_offset`: aiokafka's own objects under Faust's driver;
 - `not_fetching`: the partitions Faust leaves unfetched on purpose (paused, or their buffer full);
 - `ChangelogsNotYet`: aiokafka's start-up ERROR lines about the changelog topics Faust is still creating;
+- `NormalStates`: Faust's ERROR and WARNING lines about states that are normal for this worker, said as INFO;
 - `partition_of`: the producers' partitioner (murmur2), for the jobs of our partitions.
 
 `check_versions` runs when a worker starts: an untested Faust or aiokafka is refused in one line (the pins in
@@ -102,6 +103,58 @@ class ChangelogsNotYet(logging.Filter):
 
     def done(self) -> None:
         self.logger.removeFilter(self)  # (again: nothing)
+
+
+class NormalStates(logging.Filter):
+    """Faust's ERROR (and one WARNING) lines for states that are normal for this worker, said as INFO in words
+    that say why (DEBUG for the changelog ones), for this app's topics only; every other line untouched:
+
+    - `Stream has not started processing TP(...)` (faust.transport.drivers.aiokafka, after
+      `stream_processing_timeout`): a partition whose stream has taken no record since the worker started. The
+      worker reads inputs in batches and holds commits at what saved states cover, so an idle partition, or one
+      whose only records are before the commit point, looks like this;
+    - `Aiokafka has not sent fetch request for TP(<app id>-...-changelog, ...)`: a table's changelog is read
+      only to recover a state, never fetched afterwards;
+    - `Ignoring missing topic: '<app id>-...-changelog'` (faust.assignor.partition_assignor, a WARNING): a
+      rebalance before Faust has created its tables' changelog topics.
+    """
+
+    LOGGERS = ("faust.transport.drivers.aiokafka", "faust.assignor.partition_assignor")
+    IDLE = "Stream has not started processing %r (started %s)."  # faust: SLOW_PROCESSING_STREAM_IDLE_SINCE_START
+    NO_FETCH = "Aiokafka has not sent fetch request for %r since start (started %s)"
+    MISSING = "Ignoring missing topic: %r"
+    SAID_IDLE = "partition %r: no record taken since the worker started (%s); normal while it has no new input"
+
+    def __init__(self, app_id: str, prefix: str) -> None:
+        super().__init__()
+        self.app_id, self.prefix = app_id, prefix
+        self.loggers = [logging.getLogger(name) for name in self.LOGGERS]
+        for logger in self.loggers:
+            logger.addFilter(self)
+
+    def _changelog(self, topic: str) -> bool:
+        return topic.startswith(f"{self.app_id}-") and topic.endswith("-changelog")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        msg = str(record.msg)
+        if not args or record.levelno < logging.WARNING:
+            return True
+        topic = str(getattr(args[0], "topic", args[0]))
+        if self.IDLE in msg and topic.startswith(self.prefix):
+            record.msg, record.args = self.SAID_IDLE, (args[0], args[1])
+            return self._demote(record, logging.INFO)
+        if (self.NO_FETCH in msg or self.MISSING in msg) and self._changelog(topic):
+            return self._demote(record, logging.DEBUG)
+        return True
+
+    def _demote(self, record: logging.LogRecord, level: int) -> bool:
+        record.levelno, record.levelname = level, logging.getLevelName(level)
+        return record.name is None or logging.getLogger(record.name).isEnabledFor(level)
+
+    def close(self) -> None:
+        for logger in self.loggers:
+            logger.removeFilter(self)
 
 
 def aiokafka_consumer(app: Any) -> Any:

@@ -106,8 +106,8 @@ def action_signer(s: WorkerSettings, topic: str) -> TopicSigner | None:
 
     secret = s.webhook_secret or topic_secret()
     if not secret:
-        log.info("actions on %s are not signed: no secret in %s (sinks.webhook_secret); the controller and the "
-                 "fencing adapters refuse unsigned actions", topic, SECRET_ENV)
+        log.warning("actions on %s are not signed: no secret in %s (sinks.webhook_secret); the controller and the "
+                    "fencing adapters refuse unsigned actions", topic, SECRET_ENV)
         return None
     return TopicSigner(secret)
 
@@ -149,6 +149,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         **faust_app_kwargs(),  # GANGWATCH_KAFKA_* SASL/SSL (streams/security.py); nothing for PLAINTEXT
     )
     quiet = faust_adapter.ChangelogsNotYet(s.app_id)  # until _producer_knows
+    faust_adapter.NormalStates(s.app_id, t.prefix)  # Faust's ERROR lines for normal states, said as INFO
     job_topics = (*t.job_inputs, t.by_job)
     job_src = app.topic(*job_topics, **_RAW)
     node_src = app.topic(t.node_events, t.node_jobs, **_RAW)

@@ -66,3 +66,46 @@ def test_the_progress_line_of_a_simulated_stream_says_event_time_not_lag(caplog)
     [line] = [r.getMessage() for r in caplog.records]
     assert "newest event time 2026-01-01T00:03:00Z (" in line and "behind the clock" in line
     assert "lag" not in line
+
+
+def test_fausts_error_lines_for_normal_states_are_said_as_info_for_this_apps_topics_only(caplog):
+    """Faust's own templates (so a Faust that rewords them fails here), logged as its consumer thread and its
+    assignor log them: an idle partition of ours becomes one INFO line that says why; the changelogs' no-fetch
+    and missing-topic lines become DEBUG; the same lines about topics not ours, and other errors, stay."""
+    from faust.transport.drivers import aiokafka as driver
+    from faust.types import TP
+
+    consumer = logging.getLogger("faust.transport.drivers.aiokafka")
+    assignor = logging.getLogger("faust.assignor.partition_assignor")
+    said = faust_adapter.NormalStates("gw-app", "gw.")
+    prefix = "[^---AIOKafkaConsumerThread]: "  # what mode's CompositeLogger puts before the message
+    idle = prefix + driver.SLOW_PROCESSING_STREAM_IDLE_SINCE_START + " There are multiple possible explanations"
+    try:
+        with caplog.at_level(logging.INFO):
+            consumer.error(idle, TP("gw.telemetry", 1), "5 minutes ago")
+            consumer.error(prefix + driver.SLOW_PROCESSING_NO_FETCH_SINCE_START,
+                           TP("gw-app-core-state-changelog", 0), "5 minutes ago")
+            assignor.warning("Ignoring missing topic: %r", "gw-app-node-job-changelog")
+            consumer.error(idle, TP("other.telemetry", 1), "5 minutes ago")  # not our topic
+            consumer.error(prefix + driver.SLOW_PROCESSING_NO_FETCH_SINCE_START, TP("gw.telemetry", 0), "now")
+            assignor.warning("Ignoring missing topic: %r", "gw.telemetry")  # an input missing: still said
+    finally:
+        said.close()
+    got = [(r.levelname, r.getMessage()) for r in caplog.records if r.name in said.LOGGERS]
+    assert got[0] == ("INFO", "partition TP(topic='gw.telemetry', partition=1): no record taken since the worker "
+                              "started (5 minutes ago); normal while it has no new input")
+    assert [level for level, _ in got[1:]] == ["ERROR", "ERROR", "WARNING"]
+    assert "other.telemetry" in got[1][1] and "TP(topic='gw.telemetry', partition=0)" in got[2][1]
+    assert not consumer.filters and not assignor.filters
+
+
+def test_a_worker_without_a_signing_secret_says_once_that_its_actions_go_out_unsigned(caplog, monkeypatch):
+    from gangwatch.schemas.signature import SECRET_ENV
+
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    with caplog.at_level(logging.INFO, logger="gangwatch.worker"):
+        assert worker.action_signer(SimpleNamespace(webhook_secret=None), "gw.actions") is None
+        assert worker.action_signer(SimpleNamespace(webhook_secret="s3cret-4ever"), "gw.actions") is not None
+    [said] = [r for r in caplog.records if r.name == "gangwatch.worker"]
+    assert said.levelname == "WARNING"  # before Faust sets up logging only WARNING and above reach stderr
+    assert f"actions on gw.actions are not signed: no secret in {SECRET_ENV}" in said.getMessage()
