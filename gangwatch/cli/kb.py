@@ -70,18 +70,34 @@ def cmd_search(args: argparse.Namespace) -> int:
     budgets = dict(args.settings.get("triage.budgets"))
     incidents, actions, findings = gather(lambda sql: query_store(args, sql))
     like = _like(args.like, incidents, actions, findings, budgets) if args.like is not None else None
-    found = kb.search(kb.entries(incidents, actions, findings, budgets), node=args.node, cls=args.cls,
-                      cause=args.cause, like=like, limit=args.limit)
+    entries = kb.entries(incidents, actions, findings, budgets)
+    found = kb.search(entries, node=args.node, cls=args.cls, cause=args.cause, like=like, limit=args.limit)
     if args.format == "json":
         print_rows([{**({"similarity": m.similarity} if like is not None else {}), **m.entry.to_dict()}
                     for m in found], "json")
+        if not found:
+            print(_why_none(args, incidents, entries), file=sys.stderr)
         return 0
     if like is not None:
         print(f"closed incidents like {like.id} ({like.root_cause}), most alike first:")
+    if not found:
+        print(f"(no rows: {_why_none(args, incidents, entries)})")
+        return 0
     print_rows([_table_row(m, like is not None) for m in found], "table")
-    if not incidents:
-        print("the store holds no incidents yet: replay or run something into it first", file=sys.stderr)
     return 0
+
+
+def _why_none(args: argparse.Namespace, incidents: list[dict], entries: list) -> str:
+    """Why a search found nothing: no incidents, none closed yet, or none that the filters keep."""
+    if not incidents:
+        return "the store holds no incidents yet: replay or run something into it first"
+    if not entries:
+        n = len({r["id"] for r in incidents})
+        return (f"none of the store's {n} incident{'s' * (n != 1)} is closed yet: the knowledge base holds "
+                "recovered ones (`gangwatch sql open_incidents` lists the open ones)")
+    given = [f"{flag} {v}" for flag, v in (("--node", args.node), ("--class", args.cls), ("--cause", args.cause))
+             if v is not None]
+    return f"no closed incident of the {len(entries)} matches {' '.join(given) or 'the search'}"
 
 
 def register(sub: argparse._SubParsersAction) -> None:

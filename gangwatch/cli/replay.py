@@ -238,8 +238,20 @@ def cmd_store_shadow(args: argparse.Namespace) -> int:
     """Shadow mode's score: per job and action type, how many would-be actions were right."""
     if args.job is not None and not args.job.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise UserError(f"--job {args.job!r}: a job id of letters, digits, '-', '_' and '.'")
-    args.sql = SHADOW_SQL.format(where=f" AND job = '{args.job}'" if args.job else "")
-    return cmd_store_query(args)
+    rows = query_store(args, SHADOW_SQL.format(where=f" AND job = '{args.job}'" if args.job else ""))
+    if rows or args.format != "table":
+        print_rows(rows, args.format)
+        return 0
+    [seen] = query_store(args, "SELECT countIf(shadow = 1) AS would, countIf(shadow = 0) AS sent, "
+                         "uniqExactIf(job, shadow = 1) AS jobs FROM gw_actions FINAL")
+    if seen["would"]:
+        why = f"job {args.job!r} has no would-be actions (shadow mode recorded {seen['would']} for {seen['jobs']} " \
+              "other jobs)"
+    else:
+        why = (f"shadow mode was off: no would-be action is stored ({seen['sent']} actions were taken for real); "
+               "turn it on with --set triage.shadow=true, or an ops record of type 'shadow' for one job")
+    print(f"(no rows: {why})")
+    return 0
 
 
 def _cell(v: object) -> str:

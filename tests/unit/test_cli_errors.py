@@ -560,3 +560,31 @@ def test_ctrl_c_during_a_replay_says_what_was_read_and_marks_the_outputs_partial
     monkeypatch.undo()
     assert run(capsys, "replay", str(path), "--out", str(out), "-q")[0] == 0  # a whole replay: no longer partial
     assert not (out / "PARTIAL").exists() and (out / "actions.jsonl").read_bytes()
+
+
+# --- searches that find nothing say why ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def open_only(tmp_path_factory, stream) -> Path:
+    """A replay's output folder whose store holds one incident, still open, and actions taken for real."""
+    out = tmp_path_factory.mktemp("open-only")
+    assert main(["replay", str(stream), "--out", str(out), "-q"]) == 0
+    return out
+
+
+def test_kb_search_of_a_store_of_only_open_incidents_says_why_nothing_is_found(capsys, open_only):
+    code, out, _ = run(capsys, "store", "query", "SELECT count() AS n FROM gw_incidents FINAL WHERE recovered_ts "
+                       "IS NULL", "--out", str(open_only), "--format", "jsonl")
+    assert code == 0 and orjson.loads(out)["n"] >= 1
+    code, out, _ = run(capsys, "kb", "search", "--out", str(open_only))
+    assert code == 0 and out.startswith("(no rows: none of the store's ") and "is closed yet" in out
+    assert "`gangwatch sql open_incidents` lists the open ones" in out
+    code, out, err = run(capsys, "kb", "search", "--out", str(open_only), "--format", "json")
+    assert code == 0 and orjson.loads(out) == [] and "is closed yet" in err
+
+
+def test_store_shadow_without_shadow_mode_says_it_was_off(capsys, open_only):
+    code, out, _ = run(capsys, "store", "shadow", "--out", str(open_only))
+    assert code == 0 and out.startswith("(no rows: shadow mode was off: no would-be action is stored (")
+    assert "--set triage.shadow=true" in out
