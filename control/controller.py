@@ -89,6 +89,7 @@ import json
 import logging
 import os
 import queue
+import signal
 import threading
 import time
 from collections import OrderedDict
@@ -190,6 +191,7 @@ class Controller:
         self._restored: dict[str, Path | None] = {}  # action id -> the checkpoint its restart loaded
         self._resume_by = 0.0
         self._ended = False  # `end` was said
+        self._exit_said: Gang | None = None  # the launch whose exit was said (or that this controller stopped)
 
     # --- the job --------------------------------------------------------------------------------
 
@@ -271,6 +273,7 @@ class Controller:
         """Follow what is under way: deferred rollbacks and dual runs, replays, and the restarted job's progress."""
         self._apply_rollbacks()
         self._follow_trials()
+        self._watch_exit()
         if not self._pending or self.gang is None:
             return
         for m in self.gang.milestones():
@@ -283,9 +286,31 @@ class Controller:
             log.info("job %s resumed", self.spec.job)
             self._pending = []
         elif not self.gang.running():
-            self._fail_pending(f"the restarted job exited ({self.gang.returncodes()}) before its first step")
+            self._exit_said = self.gang
+            self._fail_pending(f"the restarted job exited ({exits(self.gang.returncodes())}) before its first step")
         elif time.monotonic() > self._resume_by:
             self._fail_pending(f"the restarted job did not resume within {self.resume_timeout_s:g} s")
+
+    def _watch_exit(self) -> None:
+        """Say once per launch how the job ended when it ended by itself (a crash, a user's Ctrl-C or kill, or
+        its end), not stopped by this controller: each torchrun's exit code or signal, and what happens next."""
+        g = self.gang
+        if g is None or g is self._exit_said or self._pending or g.running():
+            return
+        self._exit_said = g
+        codes = g.returncodes()
+        if all(code == 0 for code in codes.values()):
+            log.info("job %s (attempt %d) ran to its end: every torchrun exited with 0", self.spec.job, g.attempt)
+            return
+        log.warning("job %s (attempt %d) ended by itself: %s; it is not restarted unless an action says so (the "
+                    "controller keeps waiting for gangwatch's; Ctrl-C stops the controller)", self.spec.job,
+                    g.attempt, exits(codes))
+
+    def _stop_gang(self) -> None:
+        """Stop the current launch on purpose (its exit is this controller's doing: not said as the job's own)."""
+        if self.gang is not None:
+            self._exit_said = self.gang
+            self.gang.stop(self.stop_grace_s)
 
     # --- carrying it out ------------------------------------------------------------------------
 
@@ -331,15 +356,14 @@ class Controller:
                      ", ".join(nodes.active) if nodes else "(no spare left)", resume_from or "scratch")
             return
         if nodes is None:
-            if self.gang is not None:  # stopped, not restarted: the failed recovery is what says so
-                self.gang.stop(self.stop_grace_s)
+            self._stop_gang()  # stopped, not restarted: the failed recovery is what says so
             self._report(a, "failed", self.clock())
             log.error("no spare left to replace %s (spares: %s): the job is stopped; add nodes and restart it",
                       ", ".join(take_out), self.nodes.spares)
             return
         if self.gang is not None:
             self._say("restart", f"{a.type} {a.id}")  # before the stop: the old run's silence is this restart's
-            self.gang.stop(self.stop_grace_s)
+            self._stop_gang()
         swapped = nodes.active != self.nodes.active
         self.nodes = nodes
         self.nodes.save(self._nodes_file)
@@ -358,7 +382,7 @@ class Controller:
             return
         if self.gang is not None and self.gang.running():
             self._say("restart", f"replay {a.id}")  # stopped for the replay; the next action restarts it
-            self.gang.stop(self.stop_grace_s)
+            self._stop_gang()
         try:
             trial = Trial.replay(self.spec, a, latest(self.spec.ckpt_dir), self.replay_steps, self.replay_timeout_s,
                                  time.monotonic(), self._new_gang)
@@ -574,6 +598,28 @@ class WebhookSource:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def exits(codes: dict[str, int | None]) -> str:
+    """Per node, how its torchrun ended: `n1 exit code 1, n2 killed by SIGINT (signal 2)` (Popen's negative code
+    is the signal; 128 + N is a shell's way of saying signal N)."""
+    def one(code: int | None) -> str:
+        if code is None:
+            return "still running"
+        if code < 0:
+            return f"killed by {_signal_name(-code)} (signal {-code})"
+        if code > 128 and _signal_name(code - 128) != str(code - 128):
+            return f"exit code {code} (128 + {_signal_name(code - 128)})"
+        return f"exit code {code}"
+
+    return ", ".join(f"{node} {one(code)}" for node, code in codes.items())
+
+
+def _signal_name(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return str(n)
 
 
 def run(controller: Controller, sources: Sequence[TopicSource | WebhookSource], stop: threading.Event,

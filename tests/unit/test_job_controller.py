@@ -552,3 +552,38 @@ def test_readmit_makes_a_cleared_node_a_spare_again_and_every_acceptance_says_th
     assert [(r.action, r.phase, r.spares) for r in recoveries(sent)] == [
         ("a-isolate-n2", "accepted", 1), ("a-isolate-n2", "replaced", 0), ("a-readmit-n2-n1", "accepted", 0),
         ("a-degrade-n1", "accepted", 1)]
+
+
+def test_a_job_that_ends_by_itself_is_said_once_with_each_nodes_exit(setup, caplog):
+    """A user's Ctrl-C in the job (torchrun killed by SIGINT) on one node, a crash (exit 1) on the other: one
+    WARNING naming both, then nothing more while the controller waits; a stop of its own doing is not said."""
+    import logging
+
+    _, _, make = setup
+    c = make()
+    c.start()
+    gang = FakeGang.made[-1]
+    with caplog.at_level(logging.INFO, logger="gangwatch.controller"):
+        c.tick()  # running: nothing to say
+        gang.codes = {"n1": -2, "n2": 1}
+        c.tick()
+        c.tick()
+    said_exit = [r for r in caplog.records if "ended by itself" in r.getMessage()]
+    assert len(said_exit) == 1 and said_exit[0].levelname == "WARNING"
+    assert ("job j1 (attempt 0) ended by itself: n1 killed by SIGINT (signal 2), n2 exit code 1; it is not "
+            "restarted unless an action says so") in said_exit[0].getMessage()
+    caplog.clear()
+    c = make()
+    c.start()
+    with caplog.at_level(logging.INFO, logger="gangwatch.controller"):
+        c.handle(action("replace", ["n1", "n2"]))  # one spare for two: the controller stops the job itself
+        c.tick()
+    assert FakeGang.made[-1].stopped and not FakeGang.made[-1].running()
+    assert not [r for r in caplog.records if "ended by itself" in r.getMessage()]
+
+
+def test_an_exit_code_is_said_as_a_signal_when_it_is_one():
+    from gangwatch.control.controller import exits
+
+    assert exits({"n1": 130, "n2": -9, "n3": 0, "n4": None}) == \
+        "n1 exit code 130 (128 + SIGINT), n2 killed by SIGKILL (signal 9), n3 exit code 0, n4 still running"
