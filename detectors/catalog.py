@@ -12,6 +12,7 @@ from __future__ import annotations
 from gangwatch.detectors.registry import Registry
 
 DETECTORS = (
+    "gangwatch.detectors.clocks:ClockDetector",  # first: it learns from raw times, and corrects them for the rest
     "gangwatch.detectors.failstop:FailStopDetector",
     "gangwatch.detectors.hang:HangDetector",
     "gangwatch.detectors.failslow:FailSlowDetector",

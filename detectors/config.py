@@ -21,6 +21,17 @@ class BufferConfig:
 
 
 @dataclass(frozen=True)
+class ClockConfig:
+    tolerance_s: float = 2.0  # a node's clock this far off the job's (either way) is corrected and reported
+    min_steps: int = 3  # steps an offset rests on before it is applied
+    window: int = 16  # a node's offset is the median over its last this many steps
+    max_spread_s: float = 1.0  # ... whose deviations agree this well (median absolute deviation): a clock, not noise
+    close_frac: float = 0.5  # a step's reference is fixed once this share of the ranks reported it
+    sync_s: float = 0.25  # a stage whose ranks' step ends spread more (median absolute deviation) syncs no clock
+    keep_steps: int = 256  # step references kept for records that arrive later
+
+
+@dataclass(frozen=True)
 class FailStopConfig:
     miss_factor: float = 2.0  # heartbeat periods of silence before a rank is missing ...
     slack_s: float = 0.5  # ... plus this, for heartbeats sent or timestamped a little late
@@ -28,6 +39,8 @@ class FailStopConfig:
     tick_s: float = 0.5  # the event-time grid timeouts are evaluated on
     start_timeout_s: float = 600.0  # every rank must have been heard from this long after the job record
     end_window_s: float = 30.0  # a clean exit with most ranks still running this long after it: that rank failed
+    prove_max_s: float = 60.0  # longest a silent rank waits for the gang's steps to show it alive (long steps)
+    gap_report_s: float = 60.0  # a rank the gang's steps show alive, silent this long: its node's telemetry gap
 
 
 @dataclass(frozen=True)
@@ -167,6 +180,7 @@ class LifeConfig:
 
 # detector name -> its settings, in catalog order (detectors/catalog.py)
 CONFIGS: dict[str, type] = {
+    "clocks": ClockConfig,
     "failstop": FailStopConfig,
     "hang": HangConfig,
     "failslow": FailSlowConfig,

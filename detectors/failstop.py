@@ -88,7 +88,14 @@ import numpy as np
 from gangwatch.detectors.base import DetectorBase
 from gangwatch.detectors.config import FailStopConfig
 from gangwatch.detectors.registry import FindingType, Policy
-from gangwatch.detectors.steps import RecordRun, observe_each, ranks_and_times
+from gangwatch.detectors.steps import (
+    RecordRun,
+    decode_floats,
+    encode_floats,
+    finite_or_none,
+    observe_each,
+    ranks_and_times,
+)
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Framework, Record
 from gangwatch.schemas.evidence import Evidence
@@ -98,7 +105,8 @@ _CRASH_TYPES = frozenset({"exit", "exception", "oom"})
 PEER_LOST = re.compile(
     r"closed by peer|remote worker crash|connection reset by peer|remote process exited|peer .{0,40}(?:died|exited)"
     r"|communicator was aborted|ncclRemoteError|remote end closed|broken pipe", re.IGNORECASE)
-NOT_STARTED, LIVE, SILENT, EXITED = 0, 1, 2, 3
+NOT_STARTED, LIVE, SILENT, EXITED, GAP = 0, 1, 2, 3, 4  # GAP: silent, but the gang's steps show it alive
+_MILESTONES = 16  # the job's newest steps kept to learn its step interval
 
 
 def clean_exit(rec: Framework) -> bool:
@@ -152,6 +160,21 @@ class SilenceWithdrawn(Evidence):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TelemetryGap(Evidence):
+    """A node's ranks fell silent while the rest of the job kept completing steps they take part in: they lived,
+    their records did not arrive (in time). A monitoring problem of that node, never a death."""
+
+    cause: str  # "delivery lag" (its records turned up late), "records lost" (they resumed, the gap's never came),
+    # "no records" (nothing since)
+    ranks: list[int]  # the node's ranks that were silent
+    node_ranks: int
+    last_seen_ts: float  # the newest time of a record of theirs before the gap
+    silent_s: float  # how long nothing of theirs arrived
+    lag_s: float | None  # how late their records turned up (None: none did)
+    peers_step: int  # the step the rest of the job had reached meanwhile
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MonitoringGap(Evidence):
     """Every live rank of the job fell silent at once."""
 
@@ -199,6 +222,17 @@ def _start_timeout_says(f: Finding, ev: StartTimeout) -> str:
             "evicts nobody")
 
 
+def _telemetry_gap_says(f: Finding, ev: TelemetryGap) -> str:
+    why = {"delivery lag": f"its records turned up {ev.lag_s or 0:.0f} s late: a slow or congested path from the "
+                           "node (its sidecar's spool, the relay, the network)",
+           "records lost": "its records resumed on time but those of the gap never came: the sidecar or its spool "
+                           "lost them",
+           "no records": "nothing has arrived from its ranks since: check the node's sidecar and its link"}.get(
+        ev.cause, ev.cause)
+    return (f"{len(ev.ranks)} rank(s) of {f.node} sent nothing for {ev.silent_s:.0f} s while the job went on to step "
+            f"{ev.peers_step}, which they take part in: alive, so no eviction; {why}")
+
+
 def _monitoring_gap_says(f: Finding, ev: MonitoringGap) -> str:
     return (f"all {ev.silent_ranks} live ranks on {ev.silent_nodes} nodes fell silent at once: the monitoring path "
             "(sidecars, broker, collector) failed or the job stopped without a word, which is no node's fault: "
@@ -216,6 +250,9 @@ PEER_LOST_TYPE = FindingType("peer_lost", PeerLoss, Policy(incident="fail_stop",
 # a report of silence taken back: triage withdraws what it was used for
 SILENCE_WITHDRAWN = FindingType("silence_withdrawn", SilenceWithdrawn, Policy(
     incident=None, weight=0.0, risk=0.0, withdraws=lambda f, ev: ev.withdrawn))
+# a node's monitoring, not the node: an operator's ticket (no incident, no eviction)
+TELEMETRY_GAP = FindingType("telemetry_gap", TelemetryGap, Policy(incident=None, weight=0.0, risk=0.0,
+                                                                   describe=_telemetry_gap_says))
 MONITORING_GAP = FindingType("monitoring_gap", MonitoringGap, Policy(
     incident="unknown", job_level=True, risk=0.0, onset="last_seen_ts", describe=_monitoring_gap_says))
 START_TIMEOUT = FindingType("start_timeout", StartTimeout, Policy(
@@ -228,11 +265,16 @@ class FailStopDetector(DetectorBase):
     name: ClassVar[str] = "failstop"
     kinds: ClassVar[frozenset[str]] = frozenset({"heartbeat", "step", "framework", "lifecycle"})
     finding_types: ClassVar[tuple[FindingType, ...]] = (FAIL_STOP, PEER_LOST_TYPE, MONITORING_GAP, START_TIMEOUT,
-                                                        SILENCE_WITHDRAWN)
+                                                        SILENCE_WITHDRAWN, TELEMETRY_GAP)
 
     def __init__(self, topo: Topology, config: FailStopConfig | None = None) -> None:
         self.config = config or FailStopConfig()
+        self.clock: Any = None  # the job's `clocks.ClockDetector` (JobMonitor hands it over): the job's own time
         self._reset(topo)
+
+    def _job_now(self) -> float:
+        """The job's own time (its clock's: by its own nodes' records, not by a stream or timer moving it)."""
+        return self.now if self.clock is None else min(self.now, self.clock.now())
 
     def _reset(self, topo: Topology) -> None:
         cfg = self.config
@@ -254,6 +296,14 @@ class FailStopDetector(DetectorBase):
         self.reported: dict[int, tuple[str, float]] = {}  # silent rank -> (the finding that said so, its time)
         self.late_s = np.zeros(topo.size)  # how late a rank's records were shown to arrive (a withdrawn report)
         self.stop_ts = np.full(topo.size, -np.inf)  # when a rank said it stops (lifecycle), or the job did
+        self.now = -math.inf  # the job's time at the last advance: when records read now arrived
+        self.arrived = np.full(topo.size, -np.inf)  # the job's time when a rank's newest record arrived
+        self.last_step = np.full(topo.size, -1, dtype=np.int64)  # each rank's newest step (steps, heartbeats)
+        self.step_ts = np.full(topo.size, -np.inf)  # the time of each rank's newest step record
+        self.milestones: list[tuple[int, float]] = []  # (step, time) each time the job's newest step grew
+        self.gap_since: dict[int, float] = {}  # node index -> when its ranks were found silent but alive
+        self.gap_said: set[int] = set()  # nodes whose telemetry gap was reported (once a run)
+        self.lag_since: dict[int, float] = {}  # node index -> the time of its first record of a run of late ones
         self.next_tick = self._grid_at_or_after(self.start_deadline)
 
     def _grid_at_or_after(self, t: float) -> float:
@@ -278,9 +328,38 @@ class FailStopDetector(DetectorBase):
             return []  # not a rank of this job, or a record of the run before the job record
         if rec.kind == "step" or (rec.kind == "heartbeat" and rec.step is not None):
             self.stepped = True  # a heartbeat's `step` is the last one its rank finished
-        late = self._late(rank, rec.ts) if self.status[rank] == SILENT else []  # a report it disproves, first
+            self._steps(np.array([rank]), np.array([rec.step]), np.array([rec.ts]), rec.kind == "step")
+        state = self.status[rank]
+        if self.arrived[rank] < self.now:
+            self.arrived[rank] = self.now
+        late = self._late(rank, rec.ts) if state == SILENT else []  # a report it disproves, first
+        if state == GAP:
+            late = self._gap_back(rank, rec.ts)
+        elif self.lag_since or self.now - rec.ts > self.timeout:
+            late = self._lagging(rank, rec.ts)
         found = self._observe_rank(rec, rank)
         return late + found if late else found
+
+    def _steps(self, rank: np.ndarray, step: np.ndarray, ts: np.ndarray, stepped: bool) -> None:
+        """Ranks' newest steps (and, from step records, when they ended them); the job's step milestones."""
+        np.maximum.at(self.last_step, rank, step)
+        if not stepped:
+            return
+        np.maximum.at(self.step_ts, rank, ts)
+        before = self.milestones[-1][0] if self.milestones else -1
+        if int(step.max()) <= before:
+            return
+        running = np.maximum.accumulate(step)  # each time the newest step grows, in record order
+        grew = np.flatnonzero(running > np.concatenate(([before], running[:-1])))
+        self.milestones += [(int(step[i]), float(ts[i])) for i in grew.tolist()]
+        del self.milestones[:-_MILESTONES]
+
+    def _interval(self) -> float | None:
+        """The job's usual time per step, from its recent milestones (None: not known yet)."""
+        if len(self.milestones) < 3:
+            return None
+        (s0, t0), (s1, t1) = self.milestones[0], self.milestones[-1]
+        return max(t1 - t0, 0.0) / (s1 - s0)
 
     def _observe_rank(self, rec: Record, rank: int) -> list[Finding]:
         peer_lost = rec.kind == "framework" and rec.type in _CRASH_TYPES and bool(PEER_LOST.search(rec.message or ""))
@@ -393,6 +472,8 @@ class FailStopDetector(DetectorBase):
 
     def advance(self, now: float) -> list[Finding]:
         out: list[Finding] = []
+        if now > self.now:
+            self.now = now
         while self.next_tick <= now:
             t = self.next_tick
             out += self._evaluate(t)
@@ -403,6 +484,8 @@ class FailStopDetector(DetectorBase):
         live = self.status == LIVE
         silence = float((self.last_seen + self.late_s)[live].min()) + self.timeout if live.any() else math.inf
         silence = min(silence, self.exit_check)
+        if self.gap_since:
+            silence = min(silence, min(self.gap_since.values()) + self.config.gap_report_s)
         return silence if self.start_checked else min(silence, self.start_deadline)
 
     def _evaluate(self, t: float) -> list[Finding]:
@@ -419,8 +502,11 @@ class FailStopDetector(DetectorBase):
             else:
                 self.clean_ts[:] = np.nan  # the job is ending: those exits were its end
                 self.exit_check = math.inf
+        if self.gap_since:
+            out += self._gap_reports(t)
         deadline = self.last_seen + self.timeout + self.late_s
-        missing = live & (deadline <= t)
+        # a rank whose records keep arriving is alive, whatever their times say (a clock behind, a backlog)
+        missing = live & (deadline <= t) & (self.arrived + self.timeout <= t)
         if not missing.any():
             return out
         peers_said = self.peer_lost_ts >= float(self.last_seen[missing].min())  # lost after these fell silent
@@ -445,6 +531,14 @@ class FailStopDetector(DetectorBase):
             node = self.topo.nodes[ni]
             ranks = np.asarray(self.topo.node_ranks[node])
             new = ranks[missing[ranks]]
+            if not self.topo.elastic and not peers_said and ni not in crash_at:
+                alive_by = self._alive_by_progress(new, missing, t)
+                if alive_by is None:
+                    continue  # the gang's next steps will tell: wait for them
+                if alive_by:
+                    self.status[new] = GAP
+                    self.gap_since.setdefault(int(ni), t)
+                    continue
             whole = not alive[ranks].any()
             torn = bool(np.isin(ni, reporting))
             # a sibling crashed about when these fell silent: its launcher tore the node down
@@ -475,6 +569,112 @@ class FailStopDetector(DetectorBase):
             self.reported.update({int(r): (found.id, t) for r in new})
             out.append(found)
         return out
+
+    def _alive_by_progress(self, ranks: np.ndarray, missing: np.ndarray, t: float) -> bool | None:
+        """Whether the gang's own progress proves silent `ranks` alive: in a synchronous job, a step cannot
+        complete without every rank, so peers that went on completing steps after the ranks were last heard
+        from (two steps past theirs, ended later than a dead rank could have let them: its last records may
+        trail its death by a flush, and the step it died in may still complete) waited for them, and they
+        took part. True: alive (their records are late or lost); False: the gang stopped with them (a death,
+        as far as silence tells); None: not known yet (steps longer than the silence so far) while
+        `prove_max_s` allows waiting."""
+        interval = self._interval()
+        if interval is None:
+            return False  # no rhythm yet: silence is judged as it always was
+        since = float(np.maximum(self.last_seen[ranks], self.arrived[ranks]).max())
+        prove_s = self.config.slack_s + 2 * interval + 1.0
+        peers = (self.status == LIVE) & ~missing
+        newer = self.step_ts >= since + prove_s
+        later = self.last_step >= int(self.last_step[ranks].max()) + 2
+        if (peers & newer & later).any():
+            return True
+        if t < since + min(prove_s, self.config.prove_max_s) and (peers & later).any():
+            return None  # the peers stepped past them, but not yet long enough after to tell
+        return False
+
+    def _gap_back(self, rank: int, ts: float) -> list[Finding]:
+        """A record of a rank in a telemetry gap: it is live again; its node's gap is reported (once a run)
+        with how late this record came."""
+        ni = int(self.topo.node_index[rank])
+        since = self.gap_since.pop(ni, None)
+        node = self.topo.nodes[ni]
+        ranks = np.asarray(self.topo.node_ranks[node])
+        gap = ranks[self.status[ranks] == GAP]
+        self.status[gap] = LIVE
+        self.arrived[gap] = np.maximum(self.arrived[gap], self.now)
+        if ni in self.gap_said or since is None:
+            return []
+        lag = self._job_now() - ts
+        if self.timeout / 2 <= lag < self.timeout:
+            return []  # a burst a little late (a spool's flush): within what a silence allows, no ticket
+        self.gap_said.add(ni)
+        late = lag >= self.timeout
+        seen = float(self.last_seen[gap].max())
+        return [self._gap_finding(self.now, ni, gap, "delivery lag" if late else "records lost", seen,
+                                  lag if late else None, self.now - seen)]
+
+    def _news_of_lag(self, rank: np.ndarray, ts: np.ndarray) -> bool:
+        """Some of these records arrive later than a silence would be noticed, from a node not reported yet."""
+        late = ts + self.timeout < self.now
+        if not late.any():
+            return False
+        late &= ts + self.timeout < self._job_now()
+        if not late.any():
+            return False
+        nodes = np.unique(self.topo.node_index[rank[late]]).tolist()
+        return any(ni not in self.gap_said for ni in nodes)
+
+    def _lagging(self, rank: int, ts: float) -> list[Finding]:
+        """A record of a live rank: arriving later than a silence would be noticed (by the job's own time, its
+        other nodes' records), it starts or goes on with its node's lag; once the node's late records span a
+        silence's length of its own time, its records lag for real (a spool flushed once is no lagging path):
+        one telemetry gap (once a run). Arriving in time, it ends the lag. Their arrivals keep the ranks live
+        meanwhile; what is reported is the path's delay."""
+        ni = int(self.topo.node_index[rank])
+        if ni in self.gap_said:
+            return []
+        lag = self._job_now() - ts
+        if lag <= self.timeout:
+            self.lag_since.pop(ni, None)
+            return []
+        since = self.lag_since.setdefault(ni, ts)
+        if ts - since < self.timeout:
+            return []
+        del self.lag_since[ni]
+        self.gap_said.add(ni)
+        ranks = self._node_ranks(ni)
+        return [self._gap_finding(self.now, ni, ranks, "delivery lag", float(self.last_seen[ranks].max()), lag,
+                                  lag)]
+
+    def _node_ranks(self, ni: int) -> np.ndarray:
+        return np.asarray(self.topo.node_ranks[self.topo.nodes[ni]])
+
+    def _gap_reports(self, t: float) -> list[Finding]:
+        """Nodes silent but alive for `gap_report_s` with nothing arrived since: their telemetry gap."""
+        out = []
+        for ni, since in sorted(self.gap_since.items()):
+            if t < since + self.config.gap_report_s:
+                continue
+            del self.gap_since[ni]
+            ranks = np.asarray(self.topo.node_ranks[self.topo.nodes[ni]])
+            gap = ranks[self.status[ranks] == GAP]
+            if ni in self.gap_said or not len(gap):
+                continue
+            self.gap_said.add(ni)
+            seen = float(self.last_seen[gap].max())
+            out.append(self._gap_finding(t, ni, gap, "no records", seen, None, t - seen))
+        return out
+
+    def _gap_finding(self, ts: float, ni: int, ranks: np.ndarray, cause: str, seen: float, lag: float | None,
+                     silent_s: float) -> Finding:
+        node = self.topo.nodes[ni]
+        return TELEMETRY_GAP.finding(
+            ts=ts, job=self.topo.job, detector="failstop.heartbeat", node=node, topo=self.topo,
+            key=(node, "gap", seen), score=1.0, rank=int(ranks[0]) if len(ranks) == 1 else None,
+            evidence=TelemetryGap(cause=cause, ranks=ranks.tolist(), node_ranks=len(self.topo.node_ranks[node]),
+                                  last_seen_ts=round(seen, 6), silent_s=round(silent_s, 3),
+                                  lag_s=None if lag is None else round(lag, 3),
+                                  peers_step=int(self.last_step.max())))
 
     def _wordless_node_elsewhere(self, ni: int) -> bool:
         """Another node has ranks gone silent and none that reported losing a peer: the one that vanished."""
@@ -521,7 +721,12 @@ class FailStopDetector(DetectorBase):
                 "stepped": self.stepped,
                 "reported": {str(r): list(v) for r, v in sorted(self.reported.items())},
                 "late_s": {str(r): float(self.late_s[r]) for r in np.flatnonzero(self.late_s)},
-                "next_tick": None if math.isinf(self.next_tick) else self.next_tick}
+                "next_tick": None if math.isinf(self.next_tick) else self.next_tick,
+                "now": finite_or_none(self.now), "arrived": encode_floats(self.arrived),
+                "last_step": self.last_step.tolist(), "step_ts": encode_floats(self.step_ts),
+                "milestones": [list(m) for m in self.milestones],
+                "gap_since": {str(n): t for n, t in sorted(self.gap_since.items())}, "gap_said": sorted(self.gap_said),
+                "lag_since": {str(n): t for n, t in sorted(self.lag_since.items())}}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> FailStopDetector:
@@ -542,6 +747,14 @@ class FailStopDetector(DetectorBase):
         for r, s in state["late_s"].items():
             det.late_s[int(r)] = s
         det.next_tick = math.inf if state["next_tick"] is None else state["next_tick"]
+        det.now = -math.inf if state["now"] is None else state["now"]
+        det.arrived = np.nan_to_num(decode_floats(state["arrived"])[0], nan=-np.inf)
+        det.last_step = np.asarray(state["last_step"], dtype=np.int64)
+        det.step_ts = np.nan_to_num(decode_floats(state["step_ts"])[0], nan=-np.inf)
+        det.milestones = [(int(s), float(t)) for s, t in state["milestones"]]
+        det.gap_since = {int(n): t for n, t in state["gap_since"].items()}
+        det.gap_said = set(state["gap_said"])
+        det.lag_since = {int(n): t for n, t in state["lag_since"].items()}
         return det
 
     def observe_run(self, run: RecordRun) -> list[tuple[int, list[Finding]]]:
@@ -563,8 +776,21 @@ class FailStopDetector(DetectorBase):
                 or any(step is not None and t >= topo.ts
                        for step, t in zip(run.lists("heartbeat", "step"), run.lists("heartbeat", "ts"), strict=True))
         status = self.status[rank]
-        if (status == SILENT).any():  # a late record may withdraw a report of silence: record by record
-            return observe_each(self, run)
+        if ((status == SILENT) | (status == GAP)).any() or self.lag_since or self._news_of_lag(rank, ts):  # a late
+            return observe_each(self, run)  # record may withdraw a report of silence, end or show a telemetry gap
+        self.arrived[rank] = np.maximum(self.arrived[rank], self.now)
+        if "heartbeat" in run.by_kind:  # a heartbeat's `step`: its rank's newest
+            beats = [(r, s) for r, s, t in zip(run.lists("heartbeat", "rank"), run.lists("heartbeat", "step"),
+                                               run.lists("heartbeat", "ts"), strict=True)
+                     if s is not None and 0 <= r < self.topo.size and t >= self.topo.ts]
+            if beats:
+                r, s = np.array(beats, dtype=np.int64).T
+                np.maximum.at(self.last_step, r, s)
+        if "step" in run.by_kind:
+            cols = run.steps()
+            ok = (cols.rank >= 0) & (cols.rank < self.topo.size) & (cols.ts >= self.topo.ts)
+            if ok.any():
+                self._steps(cols.rank[ok], cols.step[ok], cols.ts[ok], True)
         if not ((status == LIVE) | (status == NOT_STARTED)).all() or float((ts + self.timeout).min()) < self.next_tick:
             beat = self.beat
             for r, t in zip(rank.tolist(), ts.tolist(), strict=True):

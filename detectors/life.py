@@ -23,6 +23,7 @@ the job's life (`gw_jobs`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -69,6 +70,9 @@ class JobLifeDetector(DetectorBase):
         self.config = config or LifeConfig()
         self.current: str | None = None  # the job's state (None: not started)
         self.pending: list[Finding] = []  # moves made where no finding can be returned (a new topology)
+        self.moved_ts = -math.inf  # when the job last moved (a move never goes back before it)
+        self.top_step = -1  # the newest step seen
+        self.failed_step = -1  # the newest step when it last failed
         self.topo = topo
         self._new_run(topo)
 
@@ -91,6 +95,11 @@ class JobLifeDetector(DetectorBase):
         """Steps of a running or paused job move nothing: only a run with a framework or lifecycle record, or
         a job not running yet, is read record by record."""
         if self.current in ("running", "paused") and "framework" not in run.by_kind and "lifecycle" not in run.by_kind:
+            if "step" in run.by_kind:
+                cols = run.steps()
+                ok = (cols.ts >= self.topo.ts) & (cols.rank < self.topo.size)
+                if ok.any():
+                    self.top_step = max(self.top_step, int(cols.step[ok].max()))
             return []
         return observe_each(self, run)
 
@@ -100,8 +109,9 @@ class JobLifeDetector(DetectorBase):
             return out
         kind = rec.kind
         if kind == "step":
-            if self.current in ("starting", "restarting", "failed"):
+            if self.current in ("starting", "restarting", "failed") and self._after_move(rec):
                 self._to(out, "running", f"step {rec.step}", rec.ts, self.config.report_running)
+            self.top_step = max(self.top_step, rec.step)
         elif kind == "lifecycle":
             self._lifecycle(rec, out)
         elif rec.type in _CRASHES:
@@ -112,6 +122,14 @@ class JobLifeDetector(DetectorBase):
                 what = f"lost a remote peer: {rec.message or ''}" if lost else f"{rec.type} {rec.message or ''}"
                 self._to(out, "failed", f"rank {rec.rank} {what[:200]}".rstrip(), rec.ts)
         return out
+
+    def _after_move(self, rec: Record) -> bool:
+        """A step that shows the job running again after its last move: stamped after it, and (after a
+        failure) either past the newest step before it or a heartbeat period later (a step of the old run,
+        ended as a rank failed or arriving late, moves nothing back: a job's life never runs backwards)."""
+        if rec.ts <= self.moved_ts:
+            return False
+        return self.current != "failed" or rec.step > self.failed_step or rec.ts > self.moved_ts + self.topo.heartbeat_s
 
     def _lifecycle(self, rec: Record, out: list[Finding]) -> None:
         who = "the job" if rec.rank is None else f"rank {rec.rank}"
@@ -164,6 +182,9 @@ class JobLifeDetector(DetectorBase):
 
     def _move(self, state: str, cause: str, ts: float) -> Finding:
         before, self.current = self.current, state
+        self.moved_ts = max(self.moved_ts, ts)
+        if state == "failed":
+            self.failed_step = self.top_step
         return JOB_STATE.finding(
             ts=ts, job=self.topo.job, detector="life", key=(state, ts, cause), score=1.0,
             evidence=JobState(state=state, previous=before, cause=cause, ended_ranks=len(self.ended),
@@ -178,7 +199,9 @@ class JobLifeDetector(DetectorBase):
     def state(self) -> dict[str, Any]:
         return {"config": asdict(self.config), "current": self.current, "ended": sorted(self.ended),
                 "stopped": sorted(self.stopped), "paused": sorted(self.paused),
-                "pending": [to_dict(f) for f in self.pending]}
+                "pending": [to_dict(f) for f in self.pending],
+                "moved_ts": None if math.isinf(self.moved_ts) else self.moved_ts, "top_step": self.top_step,
+                "failed_step": self.failed_step}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> JobLifeDetector:
@@ -187,4 +210,6 @@ class JobLifeDetector(DetectorBase):
         det.ended, det.stopped = set(state["ended"]), set(state["stopped"])
         det.paused = set(state["paused"])
         det.pending = [decode_obj(f) for f in state["pending"]]
+        det.moved_ts = -math.inf if state["moved_ts"] is None else state["moved_ts"]
+        det.top_step, det.failed_step = state["top_step"], state["failed_step"]
         return det

@@ -21,6 +21,7 @@ from typing import Any
 
 from gangwatch.detectors.base import Detector
 from gangwatch.detectors.catalog import DEFAULT_DETECTORS  # the detectors every job gets, in emission order
+from gangwatch.detectors.clocks import ClockDetector
 from gangwatch.detectors.steps import RecordRun
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Job, Record, to_dict
@@ -73,8 +74,16 @@ class JobMonitor:
         self._routes = self._build_routes()
 
     def _build_routes(self) -> dict[str, list[Detector]]:
+        """Kind -> the detectors that read it, but the clock (`self.clocks`), which reads every record first."""
+        clocks = [d for d in self.detectors if isinstance(d, ClockDetector)]
+        self.clocks = clocks[0] if clocks else ClockDetector(self.topo)
+        for det in self.detectors:
+            if hasattr(det, "clock"):  # a detector that judges silence reads the job's own time from it
+                det.clock = self.clocks
         routes: dict[str, list[Detector]] = {}
         for det in self.detectors:
+            if det is self.clocks:
+                continue
             for kind in det.kinds:
                 routes.setdefault(kind, []).append(det)
         return routes
@@ -87,7 +96,11 @@ class JobMonitor:
             det.set_topology(self.topo)
 
     def observe(self, rec: Record) -> list[Finding]:
-        out: list[Finding] = []
+        """Every detector's findings of one record: the clock's first (it learns from the record's own time),
+        then the others', which read it with its node's clock offset taken out."""
+        clocks = self.clocks
+        out: list[Finding] = clocks.observe(rec) if rec.kind in clocks.kinds else []
+        rec = clocks.corrected(rec)
         for det in self._routes.get(rec.kind, ()):
             out += det.observe(rec)
         return out
@@ -100,9 +113,14 @@ class JobMonitor:
         step scorers, fail-stop and hang; record by record by default: `base.DetectorBase`). Detectors share no state,
         so taking them one after the other gives each record's findings as taking the records in turn does.
         """
+        clocks = self.clocks
         found: dict[int, list[Finding]] = {}
+        if any(k in run.by_kind for k in clocks.kinds):  # the clock reads the raw times, first ...
+            for i, fs in clocks.observe_run(run):
+                found[i] = list(fs)
+        run = clocks.corrected_run(run)  # ... the others these, its offsets taken out
         for det in self.detectors:
-            if not any(k in run.by_kind for k in det.kinds):
+            if det is clocks or not any(k in run.by_kind for k in det.kinds):
                 continue
             for i, fs in det.observe_run(run):
                 have = found.get(i)

@@ -21,6 +21,7 @@ class Topology:
     heartbeat_s: float
     ranks: tuple[RankInfo, ...]
     ts: float = 0.0  # event time of the `job` record this topology came from
+    elastic: bool = False  # the job goes on without a rank (its job record says `elastic`): progress proves nobody
     nodes: tuple[str, ...] = field(init=False)
     node_index: np.ndarray = field(init=False, repr=False)  # rank -> index into `nodes`
     tp: np.ndarray = field(init=False, repr=False)  # rank -> tensor-parallel index
@@ -51,7 +52,7 @@ class Topology:
         ordered = sorted(rec.ranks, key=lambda r: r.rank)
         if [r.rank for r in ordered] != list(range(len(ordered))):
             raise ValueError(f"job {rec.job}: ranks must be 0..{len(ordered) - 1}, each exactly once")
-        return cls(rec.job, rec.heartbeat_s, tuple(ordered), rec.ts)
+        return cls(rec.job, rec.heartbeat_s, tuple(ordered), rec.ts, bool(rec.extra.get("elastic")))
 
     @property
     def size(self) -> int:

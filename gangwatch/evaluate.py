@@ -62,8 +62,9 @@ class BenignScore:
     reported: bool = False
 
 
-# benign fault kind -> the finding type that must report each of its ranks
-EXPECTED_REPORT = {"heterogeneous": "heterogeneous"}
+# benign fault kind -> the finding type that must report it, and on what: each of its ranks, or its node
+EXPECTED_REPORT = {"heterogeneous": ("heterogeneous", "rank"), "clock_skew": ("clock_skew", "node"),
+                   "late_delivery": ("telemetry_gap", "node")}
 
 
 @dataclass
@@ -112,10 +113,10 @@ def score(truth: dict[str, Any], findings: list[dict], actions: list[dict], inci
     s.pages = s.actions.get("escalate", 0)
     for f in truth["faults"]:
         if f["class"] is None and f["kind"] in EXPECTED_REPORT:
-            want = EXPECTED_REPORT[f["kind"]]
-            reported = {x["rank"] for x in findings if x["type"] == want and x["ts"] >= f["onset_ts"] - 1.0}
+            want, on = EXPECTED_REPORT[f["kind"]]
+            reported = {x[on] for x in findings if x["type"] == want and x["ts"] >= f["onset_ts"] - 1.0}
             s.benign.append(BenignScore(truth["scenario"], f["kind"], list(f["ranks"]), list(f["nodes"]),
-                                        reported=set(f["ranks"]) <= reported))
+                                        reported=set(f[f"{on}s"]) <= reported))
     culprit_nodes = {n for f in faults if not f["planned"] for n in f["nodes"]}
     evicted = sorted({n for a in actions if a["type"] in EVICTING for n in a["nodes"]})
     s.evicted = evicted
@@ -287,7 +288,8 @@ def check(scores: list[ScenarioScore], floors: dict[str, Floor] | None = None) -
         if cls in NO_EVICTION and r.get("false_pages"):
             out.append(f"{cls}: {r['false_pages']} false page(s) (escalations), floor 0")
         if cls == "benign" and r["reported"] < r["expected"]:
-            out.append(f"benign: {r['reported']}/{r['expected']} heterogeneous ranks reported, floor all")
+            out.append(f"benign: {r['reported']}/{r['expected']} benign faults reported (heterogeneous ranks, skewed "
+                       "clocks, late nodes), floor all")
         floor = floors.get(cls)
         if floor is None or not r.get("faults"):
             continue

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from gangwatch.schemas import Action, DeadLetter, DecodeError, Outputs, Record, codec, decode
+from gangwatch.schemas import Action, DeadLetter, DecodeError, Outputs, Record, codec, decode, encode
 from gangwatch.schemas.codec import oversized
 from gangwatch.schemas.columns import StepRows
 from gangwatch.sinks.base import Sink
@@ -137,6 +137,8 @@ class InputFile:
                     if not line.strip():
                         continue
                     for v in decode(line, max_bytes=limit, columns=columns):
+                        if type(v) is not DecodeError:
+                            v = implausible_time(v, last_ts) or v
                         if type(v) is DecodeError:
                             self.refused += 1
                             yield Item(last_ts, source, n, v)  # keep errors in place, by the previous record's time
@@ -148,6 +150,31 @@ class InputFile:
                 why = str(e) or type(e).__name__
                 self.stopped = f"{source} stopped after line {n}: {why}"
                 yield Item(last_ts, source, n + 1, DecodeError(reason=f"input stopped: {why}"))
+
+
+EARLIEST_TS = 946_684_800.0  # 2000-01-01: no telemetry of this kind is older
+LATEST_TS = 7_258_118_400.0  # 2200-01-01
+MAX_JUMP_S = 86_400.0  # a record this far past the file's previous one is a wrong clock or a corrupt line
+
+
+def implausible_time(v: Record | StepRows, last_ts: float) -> DecodeError | None:
+    """A record whose time no real file holds (after 2200, a day past the file's previous record, or before 2000
+    in a file of this century's times; a file of small made-up times, as tests write, is taken as it is):
+    refused with its reason, so that it cannot become the job's clock (replay has no wall clock to hold it
+    against, as the worker's `max_future_s` does)."""
+    times = v.ts if type(v) is StepRows else (v.ts,)
+    lo, hi = min(times), max(times)
+    early = lo < EARLIEST_TS <= last_ts
+    if not early and hi < LATEST_TS and (last_ts == float("-inf") or hi <= last_ts + MAX_JUMP_S):
+        return None
+    if early or hi >= LATEST_TS:
+        why = f"event time {hi if hi >= LATEST_TS else lo!r} is outside any plausible range (2000 to 2200)"
+    else:
+        why = (f"event time {hi:.3f} is {(hi - last_ts) / 86_400:.1f} days after the file's previous record "
+               f"({last_ts:.3f}): a wrong clock or a corrupt line")
+    kind = "step" if type(v) is StepRows else v.kind
+    raw = "" if type(v) is StepRows else encode(v).decode()[:4096]
+    return DecodeError(why, "ts", kind, raw=raw)
 
 
 @dataclass(slots=True)

@@ -15,9 +15,12 @@ test context).
   `StepRows` (columns, no record object per item) as long as no other record of
   the job falls inside its time span (else it is taken apart), and is cut where
   only its first part may go yet. Records of a job whose `job` record has not
-  arrived yet wait up to `hold_s` (wall) for it; then they are processed exactly
-  as replay would (those older than the topology are rejected by the core), or
-  rejected when it never comes.
+  arrived yet wait for it (it travels on another topic: the controller's `start`
+  before rank 0's job record on a loaded host) up to `hold_s` (wall; 600 s by
+  default, a start-up at scale takes minutes), or twice the longest wait seen so
+  far when that is longer; then they are processed exactly as replay would
+  (those older than the topology are rejected by the core), or rejected when it
+  never comes.
 
 What the runner holds for each job (`JobState`) and how it is saved and restored
 (`pack_state`, `unpack_state`) live in `streams.jobstate`.
@@ -137,7 +140,7 @@ class JobRunner:
     Replay has no wall clock: there the file's time is the only one.
     """
 
-    def __init__(self, topics: TopicSettings, config: CoreConfig | None = None, *, hold_s: float = 30.0,
+    def __init__(self, topics: TopicSettings, config: CoreConfig | None = None, *, hold_s: float = 600.0,
                  silence: bool = True, load: Callable[[str], bytes | None] = lambda job: None,
                  keep_records: bool = False, reconnect_s: float = 15.0, max_future_s: float = 60.0,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
@@ -145,6 +148,7 @@ class JobRunner:
         self.keep_records = keep_records  # hand every input record to the sinks (Result.records)
         self.config = config or CoreConfig()
         self.hold_s = hold_s
+        self.longest_wait = 0.0  # the longest a job's records waited for its job record (wall)
         self.silence = silence
         self.load = load
         self.clock = clock
@@ -318,7 +322,9 @@ class JobRunner:
             res.duplicates += dropped
         if st.pending:
             items = st.pending + items
-            st.pending, st.pending_since = [], None
+            since, st.pending, st.pending_since = st.pending_since, [], None
+            if since is not None and (st.core is not None or any(map(is_job, items))):  # its job record came
+                self.longest_wait = max(self.longest_wait, now - since)
         if st.core is None and not any(map(is_job, items)) and not any(map(is_job, st.held)):
             self._hold(st, job, in_order(items), now, res)
             return
@@ -354,6 +360,7 @@ class JobRunner:
         the records between them as one run (`JobCore.process_many`: the same outputs as one by one)."""
         kinds = res.kinds
         run: list[Item] = []
+        early: list[Item] = []  # records stamped before the job's first job record: read right after it
 
         def flush_run() -> None:
             if run:
@@ -366,14 +373,14 @@ class JobRunner:
             rec = it.rec
             if type(rec) is StepRows:
                 if st.core is None:
-                    self._no_job(job, it, res)
+                    early.append(it)
                     continue
                 kinds.update(rec.counts())
                 run.append(it)
                 continue
             if rec.kind != "job":
                 if st.core is None:
-                    self._no_job(job, it, res)
+                    early.append(it)
                     continue
                 kinds[rec.kind] += 1
                 run.append(it)
@@ -383,6 +390,13 @@ class JobRunner:
             if st.core is None:
                 st.core = JobCore(rec, self.config)
                 self._publish_nodes(job, rec.ts, set(), set(st.core.nodes), res)
+                for e in early:  # what came before it in event time (the controller's start), as replay reads it
+                    if type(e.rec) is StepRows:
+                        kinds.update(e.rec.counts())
+                    else:
+                        kinds[e.rec.kind] += 1
+                run.extend(early)
+                early.clear()
                 continue
             before = set(st.core.nodes)
             out = st.core.process(rec)
@@ -390,6 +404,8 @@ class JobRunner:
             if out:
                 self._emit(job, out, it, res)
         flush_run()
+        for it in early:
+            self._no_job(job, it, res)
         self.records += sum(map(N, items))
         if self.keep_records:
             res.records += [r for it in items for r in (it.rec.records() if type(it.rec) is StepRows else (it.rec,))]
@@ -462,7 +478,7 @@ class JobRunner:
             st = self.jobs[job]
             if st.held:
                 self._run_job(job, [], now, lagging, pending_from, res)
-            if st.pending_since is not None and now - st.pending_since >= self.hold_s:
+            if st.pending_since is not None and now - st.pending_since >= max(self.hold_s, 2 * self.longest_wait):
                 for it in st.pending:
                     self._no_job(job, it, res)
                 st.pending, st.pending_since = [], None
@@ -474,7 +490,7 @@ class JobRunner:
             core = st.core
             if core is None or st.arrived is None or st.held or not caught_up(job):
                 continue
-            out = core.advance(core.max_ts + (now - st.arrived) - self.config.lateness_s)
+            out = core.advance(core.now() + (now - st.arrived) - self.config.lateness_s)
             if out:
                 self._emit(job, out, None, res)
                 res.dirty.add(job)

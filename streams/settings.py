@@ -34,7 +34,9 @@ class WorkerSettings:
     save_every_s: float = 1.0  # a touched job's state is saved at most this often (and at most ~10 % of the time)
     silence: bool = True  # advance event time through wall-clock silence
     lateness_s: float = 1.0  # how far behind the newest event time timeouts are evaluated
-    hold_s: float = 30.0  # how long a record waits for its job record, a node event for its job
+    hold_s: float = 30.0  # how long a node event waits for the map of its node to a job
+    job_hold_s: float = 600.0  # how long a job's records wait for its job record (a start-up at scale takes minutes;
+    # at least twice the longest wait the worker has seen)
     table_store: str = "memory://"  # or rocksdb:// (needs rocksdict and a --datadir per worker)
     datadir: str | None = None
     session_timeout_s: float = 30.0

@@ -165,7 +165,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         return states.get(job.encode())
 
     core = replace(s.core or CoreConfig(), lateness_s=s.lateness_s)
-    runner = JobRunner(t, core, hold_s=s.hold_s, silence=s.silence, load=load,
+    runner = JobRunner(t, core, hold_s=s.job_hold_s, silence=s.silence, load=load,
                        reconnect_s=s.reconnect_s, max_future_s=s.max_future_s,
                        keep_records=bool(sinks) and s.telemetry)
     router = NodeRouter(t, nodemap, hold_s=s.hold_s)

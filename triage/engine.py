@@ -30,6 +30,7 @@ from gangwatch.triage.config import CoreConfig
 from gangwatch.triage.job import Triage
 from gangwatch.triage.migrate import STATE_VERSION, migrate
 
+HOLD_RECORDS = 100_000  # records held, all jobs together, for job records not seen yet (replay)
 JOB_KEYED = frozenset({"step", "heartbeat", "framework", "lifecycle", "stack", "flight", "recovery"})
 NODE_KEYED = frozenset({"hw", "gpu"})
 RUN_KINDS = JOB_KEYED | NODE_KEYED  # what `process_many` takes together (job and ops records go one by one)
@@ -38,13 +39,15 @@ _TRIAGE_SKIPS = frozenset({"step", "heartbeat", "hw", "gpu"})  # kinds whose rec
 
 
 def _until_due(ts: list[float], start: int, top: float, lateness: float, due: float) -> tuple[int, float]:
-    """Where in `ts` (from `start` on) a time first moves event time to `due` or past it (its index, or
-    len(ts)), and the largest time before it (at least `top`): where a run of records is cut."""
+    """Where in `ts` (from `start` on) a time first may move event time to `due` or past it (its index, or
+    len(ts)), and the largest time before it (at least `top`): where a run of records is cut. (Whether the job's
+    time then moves is the job's clock's answer: a lone node ahead does not move it.)"""
+    limit = due + lateness
     for k in range(start, len(ts)):
         t = ts[k]
+        if t >= limit:
+            return k, top
         if t > top:
-            if t - lateness >= due:
-                return k, top
             top = t
     return len(ts), top
 
@@ -73,7 +76,7 @@ def _run_end(recs: list[Record | StepRows], start: int, top: float, lateness: fl
             if r.kind not in RUN_KINDS:
                 break
             t = r.ts
-            if t > top and t - lateness >= due:
+            if t - lateness >= due:
                 break
             if job is not None and (r.job if r.kind in JOB_KEYED else node_job.get(r.node)) != job:
                 break
@@ -107,12 +110,9 @@ class JobCore:
         """Observe one record of this job (after advancing time to the watermark); outputs go to `out`."""
         self.records += 1
         out = Outputs() if out is None else out
-        t = rec.ts - self.config.lateness_s
-        newest = rec.ts > self.max_ts
-        if newest:
+        if rec.ts > self.max_ts:
             self.max_ts = rec.ts
-        if (newest and t >= self.watermark + self.config.tick_s) or t >= self._decision_due():
-            self.advance(t, out)
+        self._move_time(rec, out)
         kind = rec.kind
         if kind == "job":
             self.monitor.replace_topology(rec)
@@ -143,20 +143,39 @@ class JobCore:
                 s += 1
                 continue
             ts = rec.ts[0] if rows else rec.ts
-            decide_at = self._decision_due()
-            newest = ts > self.max_ts
-            if newest:
+            if ts > self.max_ts:
                 self.max_ts = ts
-            if (newest and ts - lateness >= self.watermark + tick) or ts - lateness >= decide_at:
-                self.advance(ts - lateness, out)
-                decide_at = self._decision_due()
-            e, top, count = _run_end(recs, s, self.max_ts, lateness, min(self.watermark + tick, decide_at))
+            self._move_time(rec, out)
+            e, top, count = _run_end(recs, s, self.max_ts, lateness, min(self.watermark + tick, self._decision_due()))
             n = len(recs)
             self.max_ts = top
             self.records += count
             self._observe_run(RecordRun(recs[s:e]), out)
             s = e
         return out
+
+    def now(self) -> float:
+        """The job's time: its clock's (`ClockDetector.now`, robust to a node whose clock is off), or the job
+        record's before any other record."""
+        t = self.monitor.clocks.now()
+        return t if t > -math.inf else self.monitor.topo.ts
+
+    def _move_time(self, rec: Record | StepRows, out: Outputs) -> None:
+        """A record (or a `StepRows`, by its first item) reached the job: its time moves to the job's clock less
+        `lateness_s` when that passes the next grid point or a decision due (never by one node's time alone)."""
+        if type(rec) is not StepRows and rec.kind == "job":  # a (re)start: its launcher's time, as it says
+            t = rec.ts - self.config.lateness_s
+            if t >= min(self.watermark + self.config.tick_s, self._decision_due()):
+                self.advance(t, out)
+            return
+        clocks = self.monitor.clocks
+        clocks.heard(rec)
+        due = min(self.watermark + self.config.tick_s, self._decision_due())
+        ts = rec.ts[0] if type(rec) is StepRows else rec.ts - clocks.offset_of(rec)
+        if ts - self.config.lateness_s >= due:  # it may move the job's time: ask the clock
+            t = self.now() - self.config.lateness_s
+            if t >= due:
+                self.advance(t, out)
 
     def _decision_due(self) -> float:
         """When triage decides next (`Triage.due`), if that is still ahead (inf: nothing).
@@ -259,14 +278,13 @@ class Core:
         self.max_ts = float("-inf")
         self.clock = float("-inf")  # the stream's time, in steps of tick_s
         self.records = 0
+        self.held: dict[str, list[Record]] = {}  # job -> its records that came before its job record
+        self.held_count = 0
 
     def process(self, rec: Record, out: Outputs | None = None) -> Outputs:
         self.records += 1
         out = Outputs() if out is None else out
-        if rec.ts > self.max_ts:
-            self.max_ts = rec.ts
-            if self.silence and rec.ts - self.config.lateness_s >= self.clock + self.config.tick_s:
-                self.advance(rec.ts - self.config.lateness_s, out)
+        self._move_time(rec, rec.ts, out)
         kind = rec.kind
         if kind == "job":
             self._on_job(rec, out)
@@ -274,8 +292,7 @@ class Core:
         if kind in JOB_KEYED:
             core = self.jobs.get(rec.job)
             if core is None:
-                out.rejected.append(DecodeError(f"no `job` record seen for job {rec.job!r}", "job", kind,
-                                                raw=encode(rec).decode()[:4096]))
+                self._hold(rec, out)
                 return out
             return core.process(rec, out)
         if kind in NODE_KEYED:
@@ -312,11 +329,7 @@ class Core:
                     self.process(r, out)
                 i += 1
                 continue
-            ts = rec.ts[0] if rows else rec.ts
-            if ts > self.max_ts:
-                self.max_ts = ts
-                if silence and ts - lateness >= self.clock + tick:
-                    self.advance(ts - lateness, out)
+            self._move_time(rec, rec.ts[0] if rows else rec.ts, out)
             due = self.clock + tick if silence else math.inf
             j, top, count = _run_end(recs, i, self.max_ts, lateness, due, job, self.node_job)
             n = len(recs)
@@ -325,6 +338,46 @@ class Core:
             self.jobs[job].process_many(recs[i:j], out)
             i = j
         return out
+
+    def _move_time(self, rec: Record | StepRows, ts: float, out: Outputs) -> None:
+        """The stream's time moves with a record (`ts`: its time, a `StepRows`'s first): to its job's time (the
+        job's clock: one node's clock ahead does not move it), a job or ops record's own time; a record of no
+        job known moves nothing."""
+        if ts > self.max_ts:
+            self.max_ts = ts
+        if not self.silence or ts - self.config.lateness_s < self.clock + self.config.tick_s:
+            return  # it cannot move the stream's time
+        kind = "step" if type(rec) is StepRows else rec.kind
+        if kind in ("job", "ops"):
+            t = ts
+        else:
+            job = rec.job if kind in JOB_KEYED else self.node_job.get(rec.node)
+            core = self.jobs.get(job) if job is not None else None
+            if core is None:
+                return
+            core.monitor.clocks.heard(rec)
+            t = core.now()
+        if t - self.config.lateness_s >= self.clock + self.config.tick_s:
+            self.advance(t - self.config.lateness_s, out)
+
+    def _hold(self, rec: Record, out: Outputs) -> None:
+        """A record of a job whose `job` record has not come yet (it travels on another topic, another spool):
+        held for it, `HOLD_RECORDS` at most (then the oldest held is refused, saying so), until it comes or
+        the input ends (`finish` refuses what is still held)."""
+        self.held.setdefault(rec.job, []).append(rec)
+        self.held_count += 1
+        if self.held_count > HOLD_RECORDS:
+            job = next(iter(self.held))
+            self._refuse(self.held[job].pop(0), "held for it longer than the hold allows "
+                                                f"({HOLD_RECORDS} records of jobs not started)", out)
+            self.held_count -= 1
+            if not self.held[job]:
+                del self.held[job]
+
+    @staticmethod
+    def _refuse(rec: Record, why: str, out: Outputs) -> None:
+        out.rejected.append(DecodeError(f"no `job` record seen for job {rec.job!r} ({why})", "job", rec.kind,
+                                        raw=encode(rec).decode()[:4096]))
 
     def _on_job(self, rec: Job, out: Outputs) -> None:
         core = self.jobs.get(rec.job)
@@ -336,6 +389,10 @@ class Core:
             core.process(rec, out)
         for node in core.nodes:
             self.node_job[node] = rec.job
+        held = self.held.pop(rec.job, ())
+        self.held_count -= len(held)
+        for early in held:  # what came before it, in the order it came
+            core.process(early, out)
 
     def advance(self, now: float, out: Outputs | None = None) -> Outputs:
         """Every job to event time `now`."""
@@ -346,9 +403,15 @@ class Core:
         return out
 
     def finish(self) -> Outputs:
-        """End of input: every job to the last event time seen (the end of a file is not silence)."""
+        """End of input: every job to the last event time seen (the end of a file is not silence); records still
+        held for a job record that never came are refused."""
         out = Outputs()
+        for job in list(self.held):
+            for rec in self.held.pop(job):
+                self._refuse(rec, "in the whole input", out)
+        self.held_count = 0
+        end = max((core.now() for core in self.jobs.values()), default=-math.inf)
         for job in sorted(self.jobs):
             core = self.jobs[job]
-            core.finish((self.max_ts if self.silence else core.max_ts), out)
+            core.finish((end if self.silence else core.now()), out)
         return out

@@ -30,7 +30,7 @@ from gangwatch.detectors.linkerrors import LinkErrorDetector, nodes_from_links
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas.codec import decode_obj
 
-STATE_VERSION = 3
+STATE_VERSION = 4
 
 State = dict[str, Any]
 
@@ -101,8 +101,31 @@ def _failslow(fs: dict[str, Any], topo: Topology) -> None:
     _fill(fs, {"calib_ts": None, "het_wait": False})
 
 
+# --- version 3 -> 4 ------------------------------------------------------------------------------------------------
+# Issue 34 (time you can trust): the `clocks` detector (node clock offsets, the job's own time), and what fail-stop
+# keeps to tell a silent rank the gang's steps show alive from a dead one (arrivals, steps, telemetry gaps).
+
+# nothing learned: `newest` comes with the next records
+_CLOCKS = {"config": {}, "newest": {}, "nodes": {}, "refs": {}, "open": {}, "top": -1, "touched": []}
+
+
+def _v3_to_v4(old: State) -> State:
+    state = copy.deepcopy(old)
+    dets = state["monitor"]["detectors"]
+    size = len(state["monitor"]["job"]["ranks"])
+    if "clocks" not in dets:
+        dets["clocks"] = copy.deepcopy(_CLOCKS)
+    # a saved job's arrivals are not known: its ranks count as arrived when last seen (as before: by their times)
+    _fill(dets["failstop"], {"now": state["watermark"], "arrived": [None] * size, "last_step": [-1] * size,
+                             "step_ts": [None] * size, "milestones": [], "gap_since": {}, "gap_said": [],
+                             "lag_since": {}})
+    _fill(dets["life"], {"moved_ts": None, "top_step": -1, "failed_step": -1})  # (a move's time not known)
+    state["v"] = 4
+    return state
+
+
 # version N -> the function that turns a state of version N into one of version N + 1
-MIGRATIONS: dict[int, Callable[[State], State]] = {2: _v2_to_v3}
+MIGRATIONS: dict[int, Callable[[State], State]] = {2: _v2_to_v3, 3: _v3_to_v4}
 OLDEST = min(MIGRATIONS)
 
 

@@ -197,7 +197,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     opt(w, "--lateness", type=at_least_zero(number), setting="core.lateness_s",
         help="seconds behind the newest event time that timeouts are evaluated")
     opt(w, "--hold", type=at_least_zero(number), setting="worker.hold_s",
-        help="seconds a record waits for its job record, a node event for its job")
+        help="seconds a node event waits for the map of its node to a job")
+    opt(w, "--job-hold", type=at_least_zero(number), setting="worker.job_hold_s",
+        help="seconds a job's records wait for its job record, which travels on another topic (a start-up at "
+        "scale takes minutes; at least twice the longest wait seen)")
     opt(w, "--table-store", setting="worker.table_store",
         help="Faust table store: memory:// (rebuilt from the changelog at start) or rocksdb://")
     opt(w, "--datadir", setting="worker.datadir", help="Faust data directory, one per worker (default in the temp dir)")

@@ -24,6 +24,7 @@ from gangwatch.producers.simulate.scenario import (
     DEFAULT_MAGNITUDE,
     FAULT_CLASS,
     FAULT_KINDS,
+    MONITORING_KINDS,
     PRECURSOR_KINDS,
     STALL_KINDS,
     Fault,
@@ -35,7 +36,8 @@ from gangwatch.producers.simulate.truth import RANK_MAPPING, truth
 from gangwatch.producers.simulate.writer import write
 
 __all__ = [
-    "BENIGN_KINDS", "CO_STALL_KINDS", "DEFAULT_MAGNITUDE", "FAULT_CLASS", "FAULT_KINDS", "PRECURSOR_KINDS",
+    "BENIGN_KINDS", "CO_STALL_KINDS", "DEFAULT_MAGNITUDE", "FAULT_CLASS", "FAULT_KINDS", "MONITORING_KINDS",
+    "PRECURSOR_KINDS",
     "STALL_KINDS", "RANK_MAPPING",
     "Fault", "Noise", "Scenario", "generate", "messages", "simulate", "standard_suite", "truth", "write",
 ]

@@ -34,7 +34,58 @@ def messages(sc: Scenario) -> Iterator[dict]:
 
 
 def _merged(plan: Plan, batch: bool) -> Iterator[tuple[float, dict]]:
-    return heapq.merge(_events(plan), _steps(plan, batch), _heartbeats(plan), _gpus(plan), key=itemgetter(0))
+    merged = heapq.merge(_events(plan), _steps(plan, batch), _heartbeats(plan), _gpus(plan), key=itemgetter(0))
+    monitoring = [f for f in plan.faults if f.kind in ("clock_skew", "late_delivery")]
+    return _delivered(plan, merged, monitoring) if monitoring else merged
+
+
+# --- what the monitoring path does to a node's records: its clock, their delivery ------------------------------
+
+
+def _delivered(plan: Plan, stream: Iterator[tuple[float, dict]], faults: list) -> Iterator[tuple[float, dict]]:
+    """The stream as the monitoring path delivers it: a `clock_skew` node's records carry its clock's time (from
+    the fault's onset), a `late_delivery` node's arrive late (in arrival order: the order key moves, the time
+    does not). Records are matched to a node by their rank (of the fault's node) or their `node`."""
+    name = plan.segments[0].nodes
+    skews = [(f.ts, set(f.ranks), name[f.node], float(f.param("offset_s", 30.0))) for f in faults
+             if f.kind == "clock_skew"]
+    lates = [(f.ts, set(f.ranks), name[f.node], f.param("flush_s"), float(f.param("lag_s", 20.0))) for f in faults
+             if f.kind == "late_delivery"]
+    held: list[tuple[float, int, dict]] = []
+    seq = 0
+    for key, rec in stream:
+        for at, ranks, node, off in skews:
+            _skew(rec, at, ranks, node, off)
+        delay = None
+        for at, ranks, node, flush, lag in lates:
+            if rec["ts"] >= at and _of_node(rec, ranks, node):
+                delay = (at + flush - key + seq * 1e-6) if flush is not None and key < at + flush else \
+                    (None if flush is not None else lag)
+        while held and held[0][0] <= key:
+            yield heapq.heappop(held)[::2]
+        if delay is None:
+            yield key, rec
+        else:
+            seq += 1
+            heapq.heappush(held, (key + delay, seq, rec))
+    while held:
+        yield heapq.heappop(held)[::2]
+
+
+def _of_node(rec: dict, ranks: set[int], node: str) -> bool:
+    if rec.get("kind") == "batch":
+        return any(_of_node(x, ranks, node) for x in rec["items"])
+    return rec.get("rank") in ranks if rec.get("rank") is not None else rec.get("node") == node
+
+
+def _skew(rec: dict, at: float, ranks: set[int], node: str, off: float) -> None:
+    """The node's records from `at` on (by the true time) carry its clock's: `off` seconds ahead."""
+    if rec.get("kind") == "batch":
+        for x in rec["items"]:
+            _skew(x, at, ranks, node, off)
+        rec["ts"] = max(x["ts"] for x in rec["items"])
+    elif rec["kind"] != "job" and rec["ts"] >= at and _of_node(rec, ranks, node):
+        rec["ts"] = round(rec["ts"] + off, 6)
 
 
 # --- steps ---------------------------------------------------------------------------------

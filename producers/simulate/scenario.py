@@ -13,6 +13,7 @@ from typing import Any
 FAULT_KINDS = (
     "xid79", "node_loss", "thermal_straggler", "nic_degradation", "intermittent_straggler",
     "dataloader_hang", "pp_deadlock", "sdc", "planned_maintenance", "link_errors", "heterogeneous",
+    "clock_skew", "late_delivery",
 )
 # fault kind -> incident class (contract: incident.class); None: a precursor, no incident is expected
 FAULT_CLASS: dict[str, str | None] = {
@@ -23,19 +24,24 @@ FAULT_CLASS: dict[str, str | None] = {
     "planned_maintenance": "planned",
     "link_errors": None,
     "heterogeneous": None,  # a rank steadily slower than its peers: a difference, nothing broken
+    "clock_skew": None,  # a node's clock is off: its records' times, not the node, are wrong
+    "late_delivery": None,  # a node's records arrive late (a slow path, a spool flushed in one burst)
 }
 # kinds that wear the hardware without interrupting the job: no incident to score, so not in the scored suite
 PRECURSOR_KINDS = frozenset({"link_errors"})
 # differences, not faults: no incident expected, and nobody may be evicted for them; the suite scores that they
 # are reported (a `heterogeneous` finding per rank) and that nobody is evicted
-BENIGN_KINDS = frozenset({"heterogeneous"})
+BENIGN_KINDS = frozenset({"heterogeneous", "clock_skew", "late_delivery"})
+# benign kinds about the monitoring, not the job: the job trains on untouched, only what its records say of the
+# node (their times, when they arrive) is off; nobody may be evicted or paged for them
+MONITORING_KINDS = frozenset({"clock_skew", "late_delivery"})
 LINK_COUNTERS = ("pcie_replay", "nvlink_crc")  # the cumulative NVML error counters `link_errors` drives
 # kinds after which the job makes no more step progress (until a restart)
 STALL_KINDS = frozenset({"xid79", "node_loss", "dataloader_hang", "pp_deadlock"})
 # stall kinds that may strike several ranks at once (same at_s): a hang with several culprits
 CO_STALL_KINDS = frozenset({"dataloader_hang", "pp_deadlock"})
 # kinds that act on a whole node; the others act on one rank (one GPU)
-NODE_KINDS = frozenset({"node_loss", "nic_degradation", "planned_maintenance"})
+NODE_KINDS = frozenset({"node_loss", "nic_degradation", "planned_maintenance", "clock_skew", "late_delivery"})
 DEFAULT_MAGNITUDE = {
     "thermal_straggler": 0.10,  # compute 10% slower at full throttle
     "intermittent_straggler": 0.15,  # compute 15% slower in the affected steps
@@ -67,6 +73,12 @@ class Fault:
       heterogeneous: none. The rank computes `magnitude` slower from `at_s` on (usually 0: from the first
         step), steadily: an older GPU, a shared one, a slower path. Nothing is broken: no incident is
         expected, a `heterogeneous` finding is.
+      clock_skew: offset_s (30: seconds the node's clock runs ahead from `at_s` on; negative: behind). Every
+        record of the node carries its clock's time; the job itself is untouched. No incident is expected, a
+        `clock_skew` finding naming the node is.
+      late_delivery: lag_s (20: seconds the node's records arrive late from `at_s` on, their times right), or
+        flush_s (its records from `at_s` on are held that long, then arrive at once: a spool flushed after a
+        broker blip). No incident is expected; a steady lag gets a `telemetry_gap` finding naming the node.
 
     Several `dataloader_hang` / `pp_deadlock` faults with the same `at_s` are one hang with several culprits.
     """
@@ -87,6 +99,11 @@ class Fault:
             raise ValueError(f"{self.kind}: give a node or a rank")
         if self.magnitude < 0:
             raise ValueError(f"{self.kind}: magnitude must be >= 0")
+        if self.kind == "clock_skew" and not float(self.params.get("offset_s", 30.0)):
+            raise ValueError("clock_skew: offset_s must not be 0")
+        if self.kind == "late_delivery" and (float(self.params.get("lag_s", 20.0)) <= 0
+                                             or float(self.params.get("flush_s") or 1.0) <= 0):
+            raise ValueError("late_delivery: lag_s and flush_s must be > 0")
         if self.kind == "link_errors":
             if self.params.get("counter", "pcie_replay") not in LINK_COUNTERS:
                 raise ValueError(f"link_errors: counter must be one of {LINK_COUNTERS}")

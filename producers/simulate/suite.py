@@ -117,5 +117,18 @@ def standard_suite(size: str = "full") -> list[Scenario]:
     add("hang_collective_and_p2p_{n}", 902, 4, 32, 200.0, [("dataloader_hang", 100.0, (2, 0.3, 1)),
                                                              ("pp_deadlock", 100.0, (1, 0.65, 4))],
         peer_states=False)
+    # time you can trust: a node's clock off (either way, on one node and on two), a node's records late (steadily,
+    # or its spool flushed in one burst), alone and beside a real fault (which must still be found as fast)
+    add("clock_ahead_{n}", 1001, 2, 8, 240.0, [("clock_skew", 0.0, 0.3, 0.0, {"offset_s": 30.0})])
+    add("clock_behind_late_{n}", 1002, 4, 16, 240.0, [("clock_skew", 60.0, 0.6, 0.0, {"offset_s": -45.0})])
+    add("clocks_two_far_{n}", 1003, 4, 16, 240.0, [("clock_skew", 0.0, 0.2, 0.0, {"offset_s": 300.0}),
+                                                   ("clock_skew", 30.0, 0.7, 0.0, {"offset_s": -20.0})])
+    add("late_20s_{n}", 1004, 2, 8, 240.0, [("late_delivery", 30.0, 0.4, 0.0, {"lag_s": 20.0})])
+    add("late_60s_{n}_batch", 1005, 4, 16, 300.0, [("late_delivery", 40.0, 0.9, 0.0, {"lag_s": 60.0})], batch=True)
+    add("spool_flush_{n}", 1006, 4, 16, 240.0, [("late_delivery", 80.0, 0.3, 0.0, {"flush_s": 40.0})])
+    add("xid79_beside_clock_{n}", 1007, 4, 16, 220.0, [("clock_skew", 0.0, 0.55, 0.0, {"offset_s": 30.0}),
+                                                       ("xid79", 120.0, 0.1, 0.0, {"gpu": 3})])
+    add("hang_beside_late_{n}", 1008, 4, 16, 220.0, [("late_delivery", 20.0, 0.85, 0.0, {"lag_s": 20.0}),
+                                                     ("dataloader_hang", 120.0, (1, 0.3, 2))])
     return out
 

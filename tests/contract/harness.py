@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gangwatch.detectors.clocks import ClockDetector
 from gangwatch.detectors.monitor import DEFAULT_DETECTORS
 from gangwatch.detectors.topology import Topology
 from gangwatch.producers.simulate import Fault, Scenario, generate
@@ -38,6 +39,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     _scenario("slow_start", 16, launch_s=120.0),
     # a PCIe link that keeps replaying on one GPU (NVML counters only; the job trains on)
     _scenario("link_errors", 17, Fault("link_errors", 60.0, node="n003", params={"gpu": 5})),
+    # a node's clock runs 30 s ahead from the start (clock_skew); another's records arrive 20 s late
+    _scenario("clocks", 18, Fault("clock_skew", 0.0, node="n002", params={"offset_s": 30.0}),
+              Fault("late_delivery", 40.0, node="n005", params={"lag_s": 20.0})),
 )}
 
 DETECTORS = {cls.name: cls for cls in DEFAULT_DETECTORS}
@@ -66,10 +70,15 @@ def stream(sc_name: str) -> tuple[Record, ...]:
 
 
 class Driver:
-    """One detector, its topology, and the records it has been fed."""
+    """One detector, its topology, and the records it has been fed, with the job's clock as `JobMonitor` keeps it:
+    time moves by the job's own time (`ClockDetector.now`) and the detector reads each record with its node's
+    clock offset taken out (the clock detector itself reads them raw)."""
 
-    def __init__(self, det: Any, topo: Topology) -> None:
+    def __init__(self, det: Any, topo: Topology, clock: ClockDetector | None = None) -> None:
         self.det, self.topo = det, topo
+        self.clock = det if isinstance(det, ClockDetector) else clock or ClockDetector(topo)
+        if hasattr(det, "clock") and det is not self.clock:
+            det.clock = self.clock
         self.last_ts: float | None = None
 
     @classmethod
@@ -78,18 +87,29 @@ class Driver:
         return cls(det_cls(topo), topo)
 
     def feed(self, rec: Record) -> list[Finding]:
-        out = self.det.advance(rec.ts)
-        self.last_ts = rec.ts if self.last_ts is None else max(self.last_ts, rec.ts)
+        clock = self.clock
+        if rec.kind != "job":
+            clock.heard(rec)
+        now = max(clock.now(), self.topo.ts)
+        out = self.det.advance(now)
+        if clock is not self.det:
+            clock.advance(now)
+        self.last_ts = now if self.last_ts is None else max(self.last_ts, now)
         if rec.kind == "job":
             if rec.ts > self.topo.ts or rec.ranks != list(self.topo.ranks):  # not the job record it started from
                 self.set_topology(Topology.from_job(rec))
-        elif rec.kind in self.det.kinds:
-            out += self.det.observe(rec)
+        else:
+            if clock is not self.det and rec.kind in clock.kinds:
+                clock.observe(rec)
+            if rec.kind in self.det.kinds:
+                out += self.det.observe(rec if clock is self.det else clock.corrected(rec))
         return out
 
     def set_topology(self, topo: Topology) -> None:
         self.topo = topo
         self.det.set_topology(topo)
+        if self.clock is not self.det:
+            self.clock.set_topology(topo)
 
     def finish(self) -> list[Finding]:
         return self.det.advance(self.last_ts) if self.last_ts is not None else []

@@ -44,6 +44,7 @@ from unittest import mock
 
 import orjson
 import pytest
+from gangwatch.detectors.clocks import ClockDetector
 from gangwatch.detectors.monitor import DEFAULT_DETECTORS
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import KINDS, DecodeError, Finding, Job, RankInfo, Record, decode, decode_obj, encode, to_dict
@@ -199,22 +200,25 @@ def test_state_round_trip(det_name, sc_name):
     cuts = set(cut_points(det_name, sc_name))
     orig = Driver.fresh(cls, recs)
     out: list[Finding] = []
-    snaps = []  # (cut, state object, its bytes, findings so far, topology)
+    snaps = []  # (cut, state object, its bytes, findings so far, topology, the clock's state)
+    orig_last = []  # the driver's time after each record
     for i, rec in enumerate(recs):
         if i in cuts:
             st = orig.det.state()
             assert_json_safe(st)
-            snaps.append((i, st, orjson.dumps(st), len(out), orig.topo))
+            clock = None if orig.clock is orig.det else orjson.dumps(orig.clock.state())  # the job's clock, saved too
+            snaps.append((i, st, orjson.dumps(st), len(out), orig.topo, clock))
         out += orig.feed(rec)
+        orig_last.append(orig.last_ts)
     out += orig.finish()
-    for i, st, blob, n, topo in snaps:
+    for i, st, blob, n, topo, clock in snaps:
         assert orjson.dumps(st) == blob, f"cut {i}: the state snapshot changed as the detector went on (aliasing)"
         given = orjson.loads(blob)
         restored = cls.from_state(given, topo)
         again = orjson.loads(orjson.dumps(restored.state()))
         assert again == orjson.loads(blob), f"cut {i}: state -> from_state -> state is not the same state"
-        resumed = Driver(restored, topo)
-        resumed.last_ts = recs[i - 1].ts
+        resumed = Driver(restored, topo, None if clock is None else ClockDetector.from_state(orjson.loads(clock), topo))
+        resumed.last_ts = orig_last[i - 1]
         later = resumed.run(recs[i:])
         assert wire_list(later) == wire_list(out[n:]), f"cut {i} of {len(recs)}: the restored detector diverged"
         assert orjson.dumps(given) == blob, f"cut {i}: the restored detector changed the state it was given"

@@ -45,14 +45,22 @@ def test_nvml_samples_at_full_load_and_power_cap_raise_nothing(h200):
     assert len(capped) >= 10 and len(idle) >= 10  # the file does hold both
     assert min(r["sm_clock_mhz"] for r in capped) >= 1400
     # the agent's node is gpu-n1: nothing it sampled is held against it; only the Xid of gpujob3 (below) names it
-    assert [(f["type"], f["job"]) for f in findings if f["node"] == "gpu-n1"] == [("hw_fault", "gpujob3")]
+    # (a telemetry gap is about the spool's delivery, not the GPU)
+    assert [(f["type"], f["job"]) for f in findings if f["node"] == "gpu-n1" and f["type"] != "telemetry_gap"] == [
+        ("hw_fault", "gpujob3")]
     assert not any("gpu-n1" in a["nodes"] for a in actions)
 
 
 def test_a_clean_job_finishes_with_nothing_else(h200):
     records, findings, actions, incidents, jobs, _ = h200
     assert sum(1 for r in records if r["kind"] == "step" and r["job"] == "gpujob1") == 600
-    assert [f for f in findings if f["job"] == "gpujob1"] == []
+    # no fault; the spool's batches did hold its ranks' records back longer than its silence timeout (twice its
+    # heartbeat period and a half): each node's delivery lag is an operator's ticket, nothing more
+    mine = [f for f in findings if f["job"] == "gpujob1"]
+    assert {f["type"] for f in mine} <= {"telemetry_gap"}
+    assert all(f["evidence"]["cause"] == "delivery lag" and f["evidence"]["lag_s"] < 15 for f in mine)
+    assert len({f["node"] for f in mine}) == len(mine)  # one a node
+    assert not any(_typed(f).incident_class for f in mine)
     assert [a for a in actions if a["job"] == "gpujob1"] == []
     assert [i for i in incidents if i["job"] == "gpujob1"] == []
     assert [j["evidence"]["state"] for j in jobs if j["job"] == "gpujob1"] == ["starting", "running", "finished"]
@@ -97,15 +105,14 @@ def test_a_device_side_assert_is_rank_2s_software_failure_and_its_xid_43_is_evid
     assert [j["evidence"]["state"] for j in jobs if j["job"] == "gpujob3"][-1] == "failed"
 
 
-def test_nobody_is_evicted_and_only_early_heartbeats_are_refused(h200):
+def test_nobody_is_evicted_and_early_heartbeats_wait_for_their_job_record(h200):
     """Three ranks sharing one healthy GPU: no eviction anywhere. The heartbeats spooled before their job's `job`
-    record are dead-lettered with the reason; no other record is."""
+    record (another spool) are held until it comes, not refused: nothing is rejected."""
     records, _, actions, _, _, rejected = h200
     assert not [a for a in actions if a["type"] in EVICTING_ACTIONS]
-    assert rejected and all(r["kind"] == "heartbeat" and "no `job` record" in r["reason"] for r in rejected)
     first_job = {}
     for i, r in enumerate(records):
         if r["kind"] == "job":
             first_job.setdefault(r["job"], i)
-    early = sum(1 for i, r in enumerate(records) if r["kind"] == "heartbeat" and i < first_job[r["job"]])
-    assert len(rejected) == early
+    assert sum(1 for i, r in enumerate(records) if r["kind"] == "heartbeat" and i < first_job[r["job"]]) == 9
+    assert rejected == []

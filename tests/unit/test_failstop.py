@@ -5,6 +5,7 @@ through triage end to end."""
 from __future__ import annotations
 
 import pytest
+from gangwatch.detectors.catalog import typed
 from gangwatch.detectors.failstop import FailStopDetector
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Framework, Heartbeat, Job, Lifecycle, Outputs, RankInfo, Step
@@ -215,9 +216,31 @@ def test_a_finished_job_through_triage_is_no_incident():
 
 
 def test_the_same_job_losing_one_node_through_triage_replaces_it():
-    """The contrast to the test above: a node silent while the rest of the job goes on is a node fault."""
+    """The contrast to the test above: a node silent while the rest of the job stops with it (the gang waits in
+    its collective: heartbeats go on, steps do not) is a node fault, found within two periods and a second."""
     t = topo()
-    out = _through_core([job(), *beats(t, T0 + 100, dead_nodes={"n002"}, dead_at=T0 + 50, steps=True)], T0 + 100)
+    dead = T0 + 50
+    recs = [r for r in beats(t, T0 + 100, dead_nodes={"n002"}, dead_at=dead, steps=True)
+            if r.kind != "step" or r.ts < dead]
+    out = _through_core([job(), *recs], T0 + 100)
+    [f] = [f for f in out.findings if f.type != "hang"]  # (the stalled steps are a hang as well, later)
+    assert (f.type, f.node) == ("fail_stop", "n002")
+    assert f.ts - last_beat(recs, t, "n002") <= 2 * HB + 1.0
+    assert [(a.type, a.nodes) for a in out.actions] == [("replace", ["n002"])]
+
+
+def test_a_silent_node_the_gang_steps_on_without_is_a_telemetry_gap_unless_the_job_is_elastic():
+    """A synchronous step cannot complete without every rank: peers that go on stepping after a node fell silent
+    waited for it, so it lives and only its records are missing (one `telemetry_gap`, nothing evicted). A job
+    whose record says it goes on without a rank (`elastic`) keeps the rule that silence is a death."""
+    t = topo()
+    recs = beats(t, T0 + 200, dead_nodes={"n002"}, dead_at=T0 + 50, steps=True)
+    out = _through_core([job(), *recs], T0 + 200)
+    assert [(f.type, f.node, f.evidence["cause"]) for f in out.findings] == [("telemetry_gap", "n002", "no records")]
+    assert f"{len(t.node_ranks['n002'])} rank(s) of n002 sent nothing" in typed(out.findings[0]).describe
+    assert out.actions == [] and out.incidents == []
+    elastic = Job(ts=T0, job="j", ranks=job().ranks, heartbeat_s=HB, extra={"elastic": True})
+    out = _through_core([elastic, *recs], T0 + 200)
     assert [(f.type, f.node) for f in out.findings] == [("fail_stop", "n002")]
     assert [(a.type, a.nodes) for a in out.actions] == [("replace", ["n002"])]
 

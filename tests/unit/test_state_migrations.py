@@ -33,7 +33,8 @@ FIRST = "v2-8cb065a-first"  # before the linkerrors and life detectors, fail-slo
 UNPACKED = "v2-e6707b1-unpacked"  # GPUs and link counters not packed per node yet, no life detector
 LIFE = "v2-8541d69-life"  # no reorder window in step buffers, no fail-slow calib_ts, het_wait, flag_ts
 LAST = "v2-d1b59a4-last"  # no hang reports
-OLD = (FIRST, UNPACKED, LIFE, LAST)
+V3 = "v3-3a78664-last"  # no clocks detector, no fail-stop arrivals, steps nor telemetry gaps
+OLD = (FIRST, UNPACKED, LIFE, LAST, V3)
 STEP_BUFFERS = ("failslow", "slowdown", "sdc")
 
 
@@ -214,11 +215,20 @@ def test_a_flight_sweep_saved_before_wait_for_graphs_restores_with_none():
 # --- and the job goes on ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", [LIFE, LAST])
+@pytest.mark.parametrize("name", [LIFE, LAST, V3])
 def test_a_restored_job_goes_on_as_if_never_saved(name):
     got, want = outputs(restored(name), cases.SAVED, cases.END), never_saved()[1]
     assert got == want
     assert [f["type"] for f in want["findings"]] == ["hw_fault", "link_errors", "hw_fault"]
+
+
+def test_a_version_3_job_restores_with_nothing_learned_of_its_clocks_and_arrivals_as_unknown():
+    core = restored(V3)
+    clocks, failstop = detector(core, "clocks"), detector(core, "failstop")
+    assert not clocks.skewed and clocks.refs == {} and clocks.now() == -math.inf
+    assert core.now() == core.monitor.topo.ts  # the job record's time until a record is heard
+    assert np.isneginf(failstop.arrived).all() and (failstop.last_step == -1).all() and failstop.gap_since == {}
+    assert failstop.now == saved(V3)["watermark"]
 
 
 def test_a_job_saved_before_the_life_detector_goes_on_the_same_its_first_step_moving_it_to_running():

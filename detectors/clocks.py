@@ -1,0 +1,418 @@
+"""Each node's clock, learned from the job itself, and the job's own time, robust to one node's clock.
+
+Event time is every node's own clock. A node whose NTP daemon died drifts by tens of seconds; taken as it
+stands, a node 30 s ahead moves the whole job's time 30 s forward (every other rank then looks silent), and a
+node 30 s behind looks silent itself. A synchronous job carries the fix in its own records: every step ends in
+collectives that release all ranks of a pipeline stage within milliseconds of each other, so each step is a
+clock-sync round.
+
+- **A step's reference.** Once `close_frac` of the job's ranks reported step s (or the step is pushed out by
+  newer ones), its reference is the median end time of each pipeline stage's ranks (stages finish a step at
+  slightly different times; the ranks of one stage together), if they did end it together: most of them
+  within `sync_s` of that median (a job whose ranks do not synchronise each step teaches nothing). References
+  of the last `keep_steps` steps are
+  kept, so a record that arrives later (a lagging or skewed node) is compared with its step's reference when
+  it comes.
+- **A node's offset** is the median, over its ranks' records of its last `window` steps, of their step-end
+  time minus the reference. Once it rests on `min_steps` steps that agree (spread at most `max_spread_s`) and passes
+  `tolerance_s` either way, it is *applied*: `JobMonitor` hands every other detector that node's records with
+  the offset taken out, and one `clock_skew` finding names the node and the offset (an operator's ticket: fix
+  NTP there; no incident, no eviction). A drift by another `tolerance_s` is reported again; an offset back
+  within half the tolerance is dropped.
+- **The job's time** (`now()`) is not the newest time any record carried, but the `k`-th newest of the nodes'
+  newest corrected times (k = 2 for jobs of three nodes or more, 5 % of the nodes for large jobs): a lone node
+  ahead, before its offset is learned, cannot move the job's time, and a few dead nodes do not hold it back.
+  `JobCore` moves its watermark by it.
+
+Jobs of one or two nodes learn nothing (with two clocks, which one is wrong cannot be told) and take the
+newest time as it comes. The learning is read from the records' raw times only (this detector is first in the
+catalog and sees the records as they came); what it corrects is the others' concern.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+from gangwatch.detectors.base import DetectorBase
+from gangwatch.detectors.config import ClockConfig
+from gangwatch.detectors.registry import FindingType, Policy
+from gangwatch.detectors.steps import RecordRun
+from gangwatch.detectors.topology import Topology
+from gangwatch.schemas import Finding, Record
+from gangwatch.schemas.columns import StepRows
+from gangwatch.schemas.evidence import Evidence
+
+_RANK_KINDS = frozenset({"step", "heartbeat", "framework"})
+_NODE_KINDS = frozenset({"gpu", "hw"})
+_OTHER_KINDS = frozenset({"lifecycle", "stack", "flight", "recovery"})  # a rank's or node's when they name one
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClockSkew(Evidence):
+    """A node's clock is off: its ranks end each step `offset_s` later (negative: earlier) than their stage."""
+
+    offset_s: float  # what is taken out of the node's times from now on
+    spread_s: float  # the median absolute deviation of its per-step offsets
+    steps: int  # the steps the offset rests on
+    tolerance_s: float  # offsets smaller than this are left alone
+
+
+def _skew_says(f: Finding, ev: ClockSkew) -> str:
+    way = "ahead" if ev.offset_s > 0 else "behind"
+    return (f"the clock of {f.node} runs {abs(ev.offset_s):.1f} s {way} of the job's (over {ev.steps} steps): its "
+            "times are corrected; fix its time sync (NTP, chrony). Nobody is evicted for it")
+
+
+CLOCK_SKEW = FindingType("clock_skew", ClockSkew, Policy(incident=None, weight=0.0, risk=0.0,
+                                                         describe=_skew_says))
+
+
+class ClockDetector(DetectorBase):
+    """Per-node clock offsets from the job's steps, and the job's own time (see the module's docstring)."""
+
+    name: ClassVar[str] = "clocks"
+    kinds: ClassVar[frozenset[str]] = _RANK_KINDS | _NODE_KINDS | _OTHER_KINDS
+    finding_types: ClassVar[tuple[FindingType, ...]] = (CLOCK_SKEW,)
+
+    def __init__(self, topo: Topology, config: ClockConfig | None = None) -> None:
+        self.config = config or ClockConfig()
+        self._reset(topo, {})
+
+    def _reset(self, topo: Topology, keep: dict[str, tuple[float, list[float], float | None]]) -> None:
+        """Arrays for `topo`'s nodes; `keep`: node -> (offset, recent samples, reported) carried over."""
+        self.per_node = max((len(r) for r in topo.node_ranks.values()), default=1)  # samples a node gives a step
+        n, w = len(topo.nodes), self.config.window * self.per_node
+        self.topo = topo
+        self.node_pos = {node: i for i, node in enumerate(topo.nodes)}
+        self.learn = n >= 3
+        self.k = 1 if n <= 2 else max(2, math.ceil(0.05 * n))
+        self.newest = np.full(n + 1, -np.inf)  # raw newest time per node, and (last) of records of no node
+        self.offset = np.zeros(n)  # applied offset per node
+        self.samples = np.full((n, w), np.nan)  # recent per-step offsets (ring)
+        self.count = np.zeros(n, dtype=np.int64)  # samples written per node
+        self.reported = np.full(n, np.nan)  # offset last reported per node (NaN: none)
+        self.open: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # step -> (ranks, ts) gathered until it is fixed
+        self.top = -1  # the newest step seen
+        self.touched: set[int] = set()  # nodes with new samples since time last moved
+        self.refs: dict[int, np.ndarray] = {}  # step -> reference end time per stage (NaN: none)
+        self.stages = int(topo.pp.max()) + 1 if topo.size else 1
+        for node, (off, recent, said) in keep.items():
+            i = self.node_pos.get(node)
+            if i is not None:
+                self.offset[i] = off
+                self.samples[i, :len(recent[-w:])] = recent[-w:]
+                self.count[i] = len(recent[-w:])
+                self.reported[i] = np.nan if said is None else said
+        self._rank_offset: np.ndarray | None = None
+
+    def set_topology(self, topo: Topology) -> None:
+        """A new job record: the ranks move, the nodes' clocks do not (what was learned of a node stays)."""
+        if (topo.ts, topo.ranks) == (self.topo.ts, self.topo.ranks):
+            return
+        self._reset(topo, self._kept())
+
+    def _kept(self) -> dict[str, tuple[float, list[float], float | None]]:
+        out = {}
+        for node, i in self.node_pos.items():
+            recent = self._recent(i)
+            if recent or self.offset[i]:
+                said = None if np.isnan(self.reported[i]) else float(self.reported[i])
+                out[node] = (float(self.offset[i]), recent, said)
+        return out
+
+    def _recent(self, i: int) -> list[float]:
+        """Node i's samples, oldest first."""
+        w, c = self.samples.shape[1], int(self.count[i])
+        if c <= w:
+            return self.samples[i, :c].tolist()
+        start = c % w
+        return np.concatenate((self.samples[i, start:], self.samples[i, :start])).tolist()
+
+    # --- what other parts ask -----------------------------------------------------------------------------
+
+    @property
+    def skewed(self) -> bool:
+        """Some node's times are corrected."""
+        return bool(self.offset.any())
+
+    def rank_offsets(self) -> np.ndarray:
+        """The applied offset of each rank's node."""
+        if self._rank_offset is None:
+            self._rank_offset = self.offset[self.topo.node_index] if self.topo.size else np.zeros(0)
+        return self._rank_offset
+
+    def offset_of(self, rec: Record) -> float:
+        """The applied offset of the node a record comes from (0.0: none, or not known)."""
+        if rec.kind in _NODE_KINDS or rec.kind in ("stack", "flight"):
+            i = self.node_pos.get(getattr(rec, "node", None))
+            return float(self.offset[i]) if i is not None else 0.0
+        rank = getattr(rec, "rank", None)
+        if rank is None or not 0 <= rank < self.topo.size:
+            return 0.0
+        return float(self.offset[self.topo.node_index[rank]])
+
+    def corrected(self, rec: Record) -> Record:
+        """`rec` with its node's offset taken out of its time (itself when there is none)."""
+        off = self.offset_of(rec) if self.skewed else 0.0
+        return dataclasses.replace(rec, ts=rec.ts - off) if off else rec
+
+    def corrected_run(self, run: RecordRun) -> RecordRun:
+        """`run` with every record's node offset taken out (itself when no node is corrected)."""
+        if not self.skewed:
+            return run
+        offs = self.rank_offsets()
+        pieces: list[Record | StepRows] = []
+        for p in run.pieces:
+            if type(p) is StepRows:
+                pieces.append(_shifted(p, offs))
+            else:
+                pieces.append(self.corrected(p))
+        return RecordRun(pieces)
+
+    def heard(self, rec: Record | StepRows) -> None:
+        """A record (or the first item of a `StepRows`) reached the job: its node's newest time moves (a record
+        of no node, the controller's say, counts as one more source)."""
+        if type(rec) is StepRows:
+            rank = rec.cols["rank"][0] if rec.beats is None or (rec.steps_at and rec.steps_at[0] == 0) \
+                else rec.beats["rank"][0]
+            ts = rec.ts[0]
+        else:
+            rank, ts = getattr(rec, "rank", None), rec.ts
+        if rank is not None:
+            if not 0 <= rank < self.topo.size:
+                return  # not a rank of this job: no source of its time
+            i = self.topo.node_index[rank]
+        else:
+            i = self.node_pos.get(getattr(rec, "node", None), len(self.newest) - 1)
+        if ts > self.newest[i]:
+            self.newest[i] = ts
+
+    def now(self) -> float:
+        """The job's time: the k-th newest corrected time among the nodes heard from (-inf before any)."""
+        heard = self.newest[np.isfinite(self.newest)]
+        if not len(heard):
+            return -math.inf
+        if self.skewed:
+            heard = (self.newest - np.append(self.offset, 0.0))[np.isfinite(self.newest)]
+        k = min(self.k, len(heard))
+        if k == 1:
+            return float(heard.max())
+        return float(np.partition(heard, len(heard) - k)[len(heard) - k])
+
+    # --- observe ----------------------------------------------------------------------------------------------
+
+    def observe(self, rec: Record) -> list[Finding]:
+        self.heard(rec)
+        if rec.kind != "step" or not self.learn or not 0 <= rec.rank < self.topo.size:
+            return []  # (a record stamped before the job record may be a node's clock behind: it teaches too)
+        return self._steps(np.array([rec.rank]), np.array([rec.step]), np.array([rec.ts]))
+
+    def observe_run(self, run: RecordRun) -> list[tuple[int, list[Finding]]]:
+        topo = self.topo
+        for kind in _RANK_KINDS:
+            if kind in run.by_kind:
+                if kind == "step":
+                    cols = run.steps()
+                    rank, ts = cols.rank, cols.ts
+                else:
+                    rank = np.array(run.lists(kind, "rank"), dtype=np.int64)
+                    ts = np.array(run.lists(kind, "ts"), dtype=np.float64)
+                ok = (rank >= 0) & (rank < topo.size)
+                if ok.any():
+                    np.maximum.at(self.newest, topo.node_index[rank[ok]], ts[ok])
+        for kind in _NODE_KINDS | _OTHER_KINDS:
+            for i in run.by_kind.get(kind, ()):
+                self.heard(run.record(i))
+        if "step" not in run.by_kind or not self.learn:
+            return []
+        cols = run.steps()
+        ok = (cols.rank >= 0) & (cols.rank < topo.size)
+        if not ok.all():
+                self._steps(cols.rank[ok], cols.step[ok], cols.ts[ok])
+        else:
+            self._steps(cols.rank, cols.step, cols.ts)
+        return []
+
+    def _steps(self, rank: np.ndarray, step: np.ndarray, ts: np.ndarray) -> list[Finding]:
+        """Step records, in order: each compared with its step's reference, and (until it is fixed) gathered for
+        it. Written so that a run of records leaves exactly what those records one by one leave (the run path):
+        a step's reference is fixed at the record that brings `close_frac` of the ranks, from those records; its
+        records before then are compared at that record, the later ones each at its own place; every node's
+        samples go to its ring in that order. (Offsets are applied when time moves: `advance`.)"""
+        n = len(step)
+        keep = self.config.keep_steps
+        top = np.maximum.accumulate(np.concatenate(([self.top], step)))[1:]  # the newest step at each record
+        ok = step > top - keep  # a step that far behind the newest is history: nothing to compare it with
+        self.top = int(top[-1]) if n else self.top
+        need = math.ceil(self.config.close_frac * self.topo.size)
+        at: list[np.ndarray] = []  # where each sample is written (its record's place, or the fixing record's)
+        devs: list[np.ndarray] = []
+        nodes: list[np.ndarray] = []
+        for s in np.unique(step[ok]).tolist():
+            idx = np.flatnonzero(ok & (step == s))
+            ref = self.refs.get(s)
+            if ref is None:
+                gathered = self.open.get(s)
+                have = 0 if gathered is None else len(gathered[0])
+                if have + len(idx) < need:  # not enough yet: gather
+                    r0, t0 = gathered if gathered is not None else (np.empty(0, np.int64), np.empty(0))
+                    self.open[s] = (np.concatenate((r0, rank[idx])), np.concatenate((t0, ts[idx])))
+                    continue
+                head, idx = idx[:need - have], idx[need - have:]
+                r0, t0 = gathered if gathered is not None else (np.empty(0, np.int64), np.empty(0))
+                r, t = np.concatenate((r0, rank[head])), np.concatenate((t0, ts[head]))
+                self.open.pop(s, None)
+                ref = self._fix(s, r, t)
+                at.append(np.full(len(r), head[-1]))
+                devs.append(t - ref[self.topo.pp[r]])
+                nodes.append(self.topo.node_index[r])
+            at.append(idx)
+            devs.append(ts[idx] - ref[self.topo.pp[rank[idx]]])
+            nodes.append(self.topo.node_index[rank[idx]])
+        for old in [x for x in self.open if x <= self.top - keep]:
+            del self.open[old]
+        if at:
+            order = np.argsort(np.concatenate(at), kind="stable")
+            self._write(np.concatenate(nodes)[order], np.concatenate(devs)[order])
+        return []
+
+    def _fix(self, s: int, r: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Step s's reference from the records gathered for it: each stage's median end time, where its ranks on
+        three nodes or more left the step together, else the whole job's, where all its ranks did."""
+        stage = self.topo.pp[r]
+        ref = np.full(self.stages, np.nan)
+        whole = self._median(r, t)  # the job's, for stages of too few nodes (when all stages end together)
+        for p in np.unique(stage).tolist():
+            mine = stage == p
+            ref[p] = self._median(r[mine], t[mine])
+            if np.isnan(ref[p]):
+                ref[p] = whole
+        self.refs[s] = ref
+        for old in [x for x in self.refs if x <= self.top - self.config.keep_steps]:
+            del self.refs[old]
+        return ref
+
+    def _median(self, r: np.ndarray, t: np.ndarray) -> float:
+        """The median end time of these records, if they come from three nodes or more (a median needs three
+        clocks to trust) that left the step together (most within `sync_s` of it); else NaN."""
+        if len(np.unique(self.topo.node_index[r])) < 3:
+            return math.nan
+        med = float(np.median(t))
+        return med if float(np.median(np.abs(t - med))) <= self.config.sync_s else math.nan
+
+    def _write(self, node: np.ndarray, dev: np.ndarray) -> None:
+        """Samples (a record's end time less its stage's reference) into their nodes' rings, in order."""
+        ok = ~np.isnan(dev)
+        node, dev = node[ok], dev[ok]
+        if not len(node):
+            return
+        w = self.samples.shape[1]
+        order = np.argsort(node, kind="stable")  # by node, each node's samples in order
+        node, dev = node[order], dev[order]
+        first = np.searchsorted(node, node, side="left")
+        k = np.arange(len(node)) - first  # the sample's place among its node's in this call
+        total = np.bincount(node, minlength=len(self.count))
+        last = k >= total[node] - w  # more than a ring's worth: the newest only
+        node, dev, k = node[last], dev[last], k[last]
+        self.samples[node, (self.count[node] + k) % w] = dev
+        self.count += total
+        self.touched.update(np.unique(node).tolist())
+
+    def advance(self, now: float) -> list[Finding]:
+        """Time moves: the offsets learned since the last move take effect (between two moves of time a run of
+        records and the same records one by one see the same offsets)."""
+        if not self.touched:
+            return []
+        nodes = np.array(sorted(self.touched), dtype=np.int64)
+        self.touched.clear()
+        return self._update(nodes, now)
+
+    def _update(self, nodes: np.ndarray, now: float) -> list[Finding]:
+        """Each node's offset from its recent samples; findings for offsets newly applied or drifted."""
+        cfg = self.config
+        enough = nodes[self.count[nodes] >= cfg.min_steps * self.per_node]
+        if not len(enough):
+            return []
+        rows = self.samples[enough]
+        est = np.nanmedian(rows, axis=1)
+        spread = np.nanmedian(np.abs(rows - est[:, None]), axis=1)
+        out = []
+        for i, e, sp in zip(enough.tolist(), est.tolist(), spread.tolist(), strict=True):
+            before = float(self.offset[i])
+            if sp <= cfg.max_spread_s and abs(e) >= cfg.tolerance_s:
+                self.offset[i] = e
+            elif before and abs(e) < cfg.tolerance_s / 2:
+                self.offset[i] = 0.0
+            if self.offset[i] != before:
+                self._rank_offset = None
+            said = self.reported[i]
+            if self.offset[i] and (np.isnan(said) or abs(self.offset[i] - said) >= cfg.tolerance_s):
+                self.reported[i] = self.offset[i]
+                out.append(self._finding(i, float(sp), now))
+            elif not self.offset[i] and not np.isnan(said):
+                self.reported[i] = np.nan  # back in tolerance: a later skew is news again
+        return out
+
+    def _finding(self, i: int, spread: float, now: float) -> Finding:
+        node, off = self.topo.nodes[i], float(self.offset[i])
+        return CLOCK_SKEW.finding(
+            ts=now, job=self.topo.job, detector="clocks", node=node,
+            key=(node, round(off, 1)), score=1.0, topo=self.topo,
+            evidence=ClockSkew(offset_s=round(off, 3), spread_s=round(spread, 3),
+                               steps=int(min(self.count[i], self.samples.shape[1]) // self.per_node),
+                               tolerance_s=self.config.tolerance_s))
+
+    # --- state -----------------------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        return {"config": asdict(self.config),
+                "newest": {n: float(self.newest[i]) for n, i in [*self.node_pos.items(), ("", -1)]
+                           if np.isfinite(self.newest[i])},
+                "nodes": {n: [o, r, s] for n, (o, r, s) in self._kept().items()},
+                "refs": {str(s): [None if np.isnan(x) else float(x) for x in ref] for s, ref in self.refs.items()},
+                "open": {str(s): [r.tolist(), t.tolist()] for s, (r, t) in self.open.items()},
+                "top": self.top, "touched": sorted(self.topo.nodes[i] for i in self.touched)}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], topo: Topology) -> ClockDetector:
+        det = cls(topo, ClockConfig(**state["config"]))
+        det._reset(topo, {n: (o, r, s) for n, (o, r, s) in state["nodes"].items()})
+        for n, ts in state["newest"].items():
+            if n in det.node_pos or n == "":
+                det.newest[det.node_pos.get(n, -1)] = ts
+        det.refs = {int(s): np.array([np.nan if x is None else x for x in ref], dtype=np.float64)
+                    for s, ref in state["refs"].items() if len(ref) == det.stages}
+        det.open = {int(s): (np.asarray(r, dtype=np.int64), np.asarray(t, dtype=np.float64))
+                    for s, (r, t) in state["open"].items()}
+        det.top = state["top"]
+        det.touched = {det.node_pos[n] for n in state["touched"] if n in det.node_pos}
+        return det
+
+
+def _shifted(rows: StepRows, offs: np.ndarray) -> StepRows:
+    """`rows` with each item's node offset taken out of its time (itself when none of its ranks has one)."""
+    size = len(offs)
+
+    def shift(cols: dict[str, Any]) -> dict[str, Any]:
+        rank = np.asarray(cols["rank"], dtype=np.int64)
+        ok = (rank >= 0) & (rank < size)
+        off = np.zeros(len(rank))
+        off[ok] = offs[rank[ok]]
+        return {**cols, "ts": (np.asarray(cols["ts"], dtype=np.float64) - off).tolist()}
+
+    steps = shift(rows.cols)
+    if rows.beats is None:
+        if steps["ts"] == list(rows.cols["ts"]):
+            return rows
+        return StepRows(rows.job, steps)
+    beats = shift(rows.beats)
+    ts = list(rows.ts)
+    for j, i in enumerate(rows.steps_at):
+        ts[i] = steps["ts"][j]
+    for j, i in enumerate(rows.beats_at):
+        ts[i] = beats["ts"][j]
+    return StepRows(rows.job, steps, beats, rows.steps_at, rows.beats_at, ts)
