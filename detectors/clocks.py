@@ -191,6 +191,13 @@ class ClockDetector(DetectorBase):
         if ts > self.newest[i]:
             self.newest[i] = ts
 
+    def latest(self) -> float:
+        """The newest corrected time any node has reached (-inf before any): where a finished input ends."""
+        heard = np.isfinite(self.newest)
+        if not heard.any():
+            return -math.inf
+        return float((self.newest - np.append(self.offset, 0.0))[heard].max())
+
     def now(self) -> float:
         """The job's time: the k-th newest corrected time among the nodes heard from (-inf before any)."""
         heard = self.newest[np.isfinite(self.newest)]

@@ -27,16 +27,18 @@ from typing import Any, ClassVar
 import numpy as np
 from gangwatch.detectors.config import BufferConfig, SdcConfig
 from gangwatch.detectors.registry import FindingType, Policy
-from gangwatch.detectors.steps import Closed, StepBuffer, StepScorer, median
+from gangwatch.detectors.steps import Closed, RecordRun, StepBuffer, StepScorer, median
 from gangwatch.detectors.steps import finite_or_none as _fin
 from gangwatch.detectors.topology import Topology
-from gangwatch.schemas import Finding
+from gangwatch.schemas import Finding, Record
 from gangwatch.schemas.evidence import Evidence
 
 _MAD_TO_SIGMA = 1.4826
 _METRICS = ("loss", "grad_norm")
 _FIELDS = {"replica_digest": "c", "loss": "nf", "grad_norm": "nf"}
 _MAX_LISTED = 16  # ranks listed in evidence
+_DIGEST = list(_FIELDS).index("replica_digest")  # its place in a buffered row
+_KEEP_VOTES = 256  # voted steps whose incomplete votes are kept for records that come later
 
 
 # --- digests --------------------------------------------------------------------------------------
@@ -177,6 +179,10 @@ class SdcDetector(StepScorer):
         self.topo = topo
         self.n_shards = int(topo.shard.max()) + 1 if n else 0
         self.buf = StepBuffer(n, _FIELDS, self.config.buffer)
+        self.buf.late = []  # records that came after their step was voted on: they vote too, late
+        self.replicas = np.bincount(topo.shard, minlength=self.n_shards) if n else np.zeros(0, dtype=np.int64)
+        self.ballots: dict[int, dict[int, dict[int, str]]] = {}  # step -> shard -> rank -> digest, of the shards
+        # some replica of which had not voted when the step closed
         self.epoch = 0
         self.warm = 0
         self.flagged = np.zeros(n, dtype=bool)
@@ -190,6 +196,69 @@ class SdcDetector(StepScorer):
         self._reset(topo)
 
     # --- feeding ---
+
+    def observe(self, rec: Record) -> list[Finding]:
+        found = super().observe(rec)  # the steps it closed, scored; then it, if it came after its step's vote
+        late, self.buf.late = self.buf.late, []
+        return found + [f for step, r, ts, row, _ in late for f in self._late_vote(step, r, ts, row)]
+
+    def observe_run(self, run: RecordRun) -> list[tuple[int, list[Finding]]]:
+        """As `observe` on each record in turn: the steps closed and the late records' votes, in record order
+        (at one record, what it closed first)."""
+        pos = run.by_kind.get("step")
+        if not pos:
+            return []
+        at: list[int] = []
+        closed = self.buf.add_columns(run.steps(), at)
+        late, self.buf.late = self.buf.late, []
+        events = sorted([(i, 0, k) for k, i in enumerate(at)] + [(row[4], 1, k) for k, row in enumerate(late)])
+        out: dict[int, list[Finding]] = {}
+        for i, what, k in events:
+            if what == 0:
+                found = self._score([closed[k]])
+            else:
+                step, r, ts, row, _ = late[k]
+                found = self._late_vote(step, r, ts, row)
+            if found:
+                out.setdefault(pos[i], []).extend(found)
+        return sorted(out.items())
+
+    def _late_vote(self, step: int, r: int, ts: float, row: tuple[Any, ...]) -> list[Finding]:
+        """A record of a step already voted on (a node's backlog, a spool flushed after the broker was away): its
+        digest joins its step's vote, counted again, so a replica that differed from step 80 is found at step 80
+        even when its records of steps 80 to 140, or its peers', came after the vote."""
+        sh = int(self.topo.shard[r])
+        ballot = self.ballots.get(step, {}).get(sh)
+        digest = row[_DIGEST]
+        if digest is None or ballot is None or r in ballot:
+            return []
+        ballot[r] = digest
+        counts: dict[str, int] = {}
+        for d in ballot.values():
+            counts[d] = counts.get(d, 0) + 1
+        top = sorted(counts.values(), reverse=True)
+        if top[0] < self.config.min_majority or (len(top) > 1 and top[1] == top[0]):
+            return []  # no majority yet
+        maj = next(d for d, k in counts.items() if k == top[0])
+        found = []
+        for q, d in sorted(ballot.items()):
+            if d == maj:
+                self.last_agree[q] = max(self.last_agree[q], step)
+            elif not self.flagged[q]:
+                self.flagged[q] = True
+                found.append(self._late_suspect(step, q, ts, ballot, maj, top[0]))
+        return found
+
+    def _late_suspect(self, step: int, r: int, ts: float, ballot: dict[int, str], maj: str, agree: int) -> Finding:
+        s, info = int(self.topo.shard[r]), self.topo.ranks[r]
+        minority = sorted(q for q, d in ballot.items() if d != maj)
+        return SDC_SUSPECT.finding(
+            ts=ts, job=self.topo.job, detector="sdc.digest", topo=self.topo, rank=r,
+            key=(r, step), score=agree / len(ballot),
+            evidence=ReplicaMismatch(
+                step=step, digest=ballot[r], majority_digest=maj, shard=s, tp=info.tp, pp=info.pp,
+                replicas=len(ballot), agree=agree, minority_ranks=minority[:_MAX_LISTED],
+                last_agreeing_step=int(self.last_agree[r]) if self.last_agree[r] >= 0 else None))
 
     def _score(self, closed: list[Closed]) -> list[Finding]:
         out: list[Finding] = []
@@ -207,6 +276,7 @@ class SdcDetector(StepScorer):
         if not (codes >= 0).any():
             return []
         vote = digest_vote(codes, self.topo.shard, self.n_shards, self.config.min_majority)
+        self._keep_ballots(c, vote)
         bad_shards = np.unique(self.topo.shard[vote.minority])
         multi = int((vote.total >= 2).sum())
         if bad_shards.size > max(2, self.config.widespread_frac * multi):
@@ -222,6 +292,20 @@ class SdcDetector(StepScorer):
         new = vote.minority & ~self.flagged
         self.flagged |= new
         return [self._suspect(c, int(r), vote) for r in np.flatnonzero(new)]
+
+    def _keep_ballots(self, c: Closed, vote: DigestVote) -> None:
+        """The digests of a voted step's shards that some replica did not vote in yet: its record may still come."""
+        short = np.flatnonzero((vote.total > 0) & (vote.total < self.replicas))
+        if not short.size:
+            return
+        vocab, codes, shard = c.vocab["replica_digest"], c.codes["replica_digest"], self.topo.shard
+        voted = np.flatnonzero((codes >= 0) & np.isin(shard, short))
+        ballots: dict[int, dict[int, str]] = {}
+        for r in voted.tolist():
+            ballots.setdefault(int(shard[r]), {})[r] = vocab[codes[r]]
+        self.ballots[c.step] = ballots
+        while len(self.ballots) > _KEEP_VOTES:
+            del self.ballots[min(self.ballots)]
 
     def _suspect(self, c: Closed, r: int, vote: DigestVote) -> Finding:
         vocab = c.vocab["replica_digest"]
@@ -303,7 +387,9 @@ class SdcDetector(StepScorer):
                 "last_agree": self.last_agree.tolist(),
                 "wide_episode": self.wide_episode, "wide_clean": self.wide_clean,
                 "hist": {m: list(h) for m, h in self.hist.items()}, "num_episode": dict(self.num_episode),
-                "num_normal": dict(self.num_normal)}
+                "num_normal": dict(self.num_normal),
+                "ballots": {str(st): {str(sh): {str(r): d for r, d in b.items()} for sh, b in m.items()}
+                            for st, m in self.ballots.items()}}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> SdcDetector:
@@ -321,4 +407,6 @@ class SdcDetector(StepScorer):
         det.agree_run = np.asarray(state["agree_run"], dtype=np.int32)
         det.last_agree = np.asarray(state["last_agree"], dtype=np.int64)
         det.wide_episode, det.wide_clean = state["wide_episode"], state["wide_clean"]
+        det.ballots = {int(st): {int(sh): {int(r): d for r, d in b.items()} for sh, b in m.items()}
+                       for st, m in state["ballots"].items()}
         return det

@@ -323,6 +323,10 @@ class StepBuffer:
         self.cap = max(self.config.max_open, min(64, self.config.reorder_cells // max(1, size)))
         self.epoch = self.dropped = 0
         self.votes: dict[int, int] = {}
+        # with `late` a list, the rows of records that came after their step closed are kept there for the scorer
+        # (step, rank, ts, row, their place in the batch being added: -1 one by one); None: dropped, as they are
+        self.late: list[tuple[int, int, float, tuple[Any, ...], int]] | None = None
+        self._at = -1
 
     # --- one record ---
 
@@ -341,6 +345,8 @@ class StepBuffer:
             return out
         if self.closed_upto is not None and step <= self.closed_upto:
             self._late(step, ts)
+            if self.late is not None:
+                self.late.append((step, rank, ts, row, self._at))
             return out
         slot = self.open.get(step)
         if slot is None:
@@ -351,6 +357,8 @@ class StepBuffer:
                     out += self._close_through(oldest, ts)
             if self.closed_upto is not None and step <= self.closed_upto:
                 self._late(step, ts)
+                if self.late is not None:
+                    self.late.append((step, rank, ts, row, self._at))
                 return out
             slot = self.open[step] = _Slot(step, ts, self.size, self.fields)
         if slot.seen[rank]:
@@ -430,6 +438,7 @@ class StepBuffer:
             behind = new and self.lag_upto is not None and s <= self.lag_upto  # may be late once due steps close
             if late or crowded or behind or e - a < _BATCH_MIN_RUN:
                 for i in range(a, e):
+                    self._at = i
                     got = self.add(s, int(ranks[i]), float(ts[i]), self._cached_row(cached, i))
                     if got:
                         out += got
@@ -437,6 +446,7 @@ class StepBuffer:
                             at += [i] * len(got)
             else:
                 out += self._add_run(s, a, e, ranks, ts, cached, at)
+        self._at = -1
         return out
 
     def _cached_row(self, cached: dict[str, Any], i: int) -> tuple[Any, ...]:

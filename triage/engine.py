@@ -160,6 +160,10 @@ class JobCore:
         t = self.monitor.clocks.now()
         return t if t > -math.inf else self.monitor.topo.ts
 
+    def latest(self) -> float:
+        """The newest time any of the job's nodes reached (corrected by its clock), or the job record's."""
+        return max(self.monitor.clocks.latest(), self.monitor.topo.ts)
+
     def _move_time(self, rec: Record | StepRows, out: Outputs) -> None:
         """A record (or a `StepRows`, by its first item) reached the job: its time moves to the job's clock less
         `lateness_s` when that passes the next grid point or a decision due (never by one node's time alone)."""
@@ -410,8 +414,9 @@ class Core:
             for rec in self.held.pop(job):
                 self._refuse(rec, "in the whole input", out)
         self.held_count = 0
-        end = max((core.now() for core in self.jobs.values()), default=-math.inf)
+        # the end of input is the newest (corrected) time seen: nothing is to come that a lone node's could race
+        end = max((core.latest() for core in self.jobs.values()), default=-math.inf)
         for job in sorted(self.jobs):
             core = self.jobs[job]
-            core.finish((end if self.silence else core.now()), out)
+            core.finish((end if self.silence else core.latest()), out)
         return out

@@ -120,6 +120,7 @@ def _v3_to_v4(old: State) -> State:
                              "step_ts": [None] * size, "milestones": [], "gap_since": {}, "gap_said": [],
                              "lag_since": {}})
     _fill(dets["life"], {"moved_ts": None, "top_step": -1, "failed_step": -1})  # (a move's time not known)
+    _fill(dets["sdc"], {"ballots": {}})  # no vote kept: records of steps voted before the save count no more
     state["v"] = 4
     return state
 

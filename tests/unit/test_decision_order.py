@@ -20,13 +20,15 @@ T0 = 1_800_000_000.0
 JOB = Job(ts=T0, job="j", heartbeat_s=2.0, ranks=[RankInfo(rank=r, node=f"n{r // 2 + 1}") for r in range(4)])
 
 
-def beats(ranks, start: float, end: float) -> list:
-    """A step and a heartbeat per rank every second in [start, end)."""
+def beats(ranks, start: float, end: float, steps: bool = True) -> list:
+    """A step (unless not `steps`: the gang waits in a collective) and a heartbeat per rank every second in
+    [start, end)."""
     out, t = [], start
     while t < end:
         for r in ranks:
-            out += [Step(ts=t, job="j", rank=r, step=int(t - T0), step_s=1.0), Heartbeat(ts=t + 0.01, job="j",
-                                                                                            rank=r)]
+            if steps:
+                out.append(Step(ts=t, job="j", rank=r, step=int(t - T0), step_s=1.0))
+            out.append(Heartbeat(ts=t + 0.01, job="j", rank=r))
         t += 1.0
     return out
 
@@ -44,13 +46,13 @@ def test_a_restart_just_past_a_due_decision_comes_after_it(runs):
     core, out = JobCore(JOB), Outputs()
     feed(core, [JOB, *beats(range(4), T0 + 1, T0 + 20)], runs, out)  # n2's ranks (2, 3) fall silent at T0 + 20
     t = T0 + 20
-    while core.triage.due() == float("inf"):  # n1 goes on until the silence is an incident
-        feed(core, beats((0, 1), t, t + 1), runs, out)
+    while core.triage.due() == float("inf"):  # n1 waits for n2 (no step) until the silence is an incident
+        feed(core, beats((0, 1), t, t + 1, steps=False), runs, out)
         t += 1
         assert t < T0 + 60, "n2's silence opened no incident"
     due, lateness, tick = core.triage.due(), core.config.lateness_s, core.config.tick_s
     last = due + lateness - 0.3  # n1's last records before the restart: the grid stands 0.3 s short of the decision
-    feed(core, [r for r in beats((0, 1), t, last) if r.ts < last]
+    feed(core, [r for r in beats((0, 1), t, last, steps=False) if r.ts < last]
          + [Heartbeat(ts=last, job="j", rank=r) for r in (0, 1)], runs, out)
     assert core.watermark < due < core.watermark + tick
     assert not out.actions

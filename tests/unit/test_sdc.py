@@ -227,3 +227,36 @@ def test_set_topology_resets_ranks_and_keeps_the_numeric_baseline(topo):
     assert det.flagged[3] and len(det.hist["loss"]) == 30
     det.set_topology(make_topology(256))
     assert det.flagged.shape == (256,) and not det.flagged.any() and len(det.hist["loss"]) == 30
+
+
+def _three_replicas(bad_from: int, steps: int = 30):
+    """Three data-parallel replicas of one shard (a node each), a digest every step; rank 1 differs from
+    `bad_from` on. Records in event-time order, one list per rank."""
+    from gangwatch.schemas import Job, RankInfo, Step
+
+    job = Job(ts=0.0, job="j", ranks=[RankInfo(rank=r, node=f"n{r}", gpu=0, dp=r) for r in range(3)])
+    per = {r: [Step(ts=10.0 + k + 0.001 * r, job="j", rank=r, step=k, step_s=1.0,
+                    replica_digest=f"d{k}" if r != 1 or k < bad_from else f"x{k}") for k in range(steps)]
+           for r in range(3)}
+    return job, per
+
+
+@pytest.mark.parametrize("order", ["its own backlog late", "its peers' backlogs late"])
+def test_a_replica_whose_records_come_after_the_vote_is_found_at_its_first_mismatching_step(order):
+    """A spool flushed in one burst after the broker was away: the records of steps already voted on vote late,
+    and the mismatch is found at the step it began (8), on the record path and the run path alike."""
+    from gangwatch.detectors.steps import RecordRun
+    from gangwatch.detectors.topology import Topology
+
+    job, per = _three_replicas(bad_from=8)
+    first = [per[0]] + ([per[2]] if order == "its own backlog late" else [per[1]])
+    later = [per[1]] if order == "its own backlog late" else [per[2]]
+    recs = sorted((r for rs in first for r in rs), key=lambda r: r.ts) + [r for rs in later for r in rs]
+    topo = Topology.from_job(job)
+    one, runs = SdcDetector(topo), SdcDetector(topo)
+    found_one = [f for r in recs for f in one.observe(r)] + one.advance(1e9)
+    found_runs = [f for i in range(0, len(recs), 7) for _, fs in runs.observe_run(RecordRun(recs[i:i + 7]))
+                  for f in fs] + runs.advance(1e9)
+    assert [(f.rank, f.evidence["step"]) for f in digest_findings(found_one)] == [(1, 8)]
+    assert [to_dict(f) for f in found_one] == [to_dict(f) for f in found_runs]
+    assert one.state() == runs.state()
