@@ -23,7 +23,11 @@ gangwatch taint), never an operator's own drain or cordon.
 
 Dry run is the default: the backend reads the node and says what it would do,
 changes nothing, and the applied log is read but not written. `act=True`
-changes the cluster.
+changes the cluster. A dry run needs no cluster: where the node cannot be read
+(no `scontrol` here, no Kubernetes API) it says what a real run would do and
+that a real run reads the node first (`unread`), and where the fleet's nodes
+cannot be counted it says so once and goes on without the breaker (a real run
+refuses to fence then, see below).
 
 Once means once. Delivery to the adapter is at least once (the topic can be
 re-read, a file re-run), and `Action.id` is an idempotency key. The ids of
@@ -102,6 +106,12 @@ def drain_reason(action: Action, limit: int = 200) -> str:
     """`gangwatch: <incident> <type>: <reason>` on one line, at most `limit` characters (Slurm and Kubernetes)."""
     text = " ".join(f"{REASON_PREFIX} {action.incident} {action.type}: {action.reason}".split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def unread(node: str, doing: str, why: str, *, would: bool = True) -> Outcome:
+    """A dry run's outcome for a node whose state could not be read (`why`): what a real run would do (`doing`)."""
+    return Outcome(node, f"would {doing} (dry run; its state could not be read: {why}; a real run reads it first)",
+                   would=would)
 
 
 Report = Callable[[Action, list[Outcome]], None]
@@ -248,6 +258,7 @@ class Fencer:
         self.count_ttl_s = count_ttl_s
         self._count: tuple[float, int] | None = None  # (when, the backend's node count)
         self._dry_fenced: list[tuple[float, str]] = []  # a dry run's would-be fences, for its breaker
+        self.uncounted = ""  # a dry run's reason the breaker was not checked (the fleet's nodes not countable)
 
     def handle(self, rec: Record) -> list[Outcome]:
         """Apply one record (only fencing actions do anything); returns what happened to each node."""
@@ -326,6 +337,13 @@ class Fencer:
             try:
                 watched, source = self.watched()
             except LookupError as e:  # like an unreachable scheduler: not applied, delivered again
+                if not self.act:  # a dry run needs no cluster: it goes on, and says once what a real run does
+                    if not self.uncounted:
+                        self.uncounted = str(e)
+                        log.warning("%s: the fleet breaker was not checked in this dry run: %s; a real run "
+                                    "checks it before fencing and fences nothing while the nodes cannot be "
+                                    "counted (--fleet-nodes gives the fleet's size)", self.backend.name, e)
+                    return None
                 log.error("%s: action %s not applied: the fleet breaker needs the watched nodes: %s",
                           self.backend.name, rec.id, e)
                 self._seen.discard(rec.id)

@@ -27,6 +27,11 @@ label selector, `{job}` replaced by the action's job, e.g.
 The fleet breaker's watched nodes, unless `--fleet-nodes` says how many, are
 the nodes the API server lists (`list_node`, 500 a page; RBAC `list` on nodes).
 
+A dry run needs no cluster: the CLI gives a backend without an API (`api=None`,
+`offline` saying why: no kubeconfig, the package not installed) when none can be
+had, and a node that cannot be read is said as what a real run would do
+(`fence.unread`).
+
 Restore (after a confirmed repair) removes gangwatch's taint and annotations and
 uncordons only if gangwatch had cordoned.
 """
@@ -37,7 +42,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from gangwatch.control.fence import Outcome, drain_reason
+from gangwatch.control.fence import Outcome, drain_reason, unread
 from gangwatch.schemas import Action
 
 TAINT_KEY = "gangwatch.io/fault"
@@ -66,19 +71,30 @@ def connect(kubeconfig: str | None = None, context: str | None = None) -> Any:
 
 
 class KubernetesBackend:
-    """Cordons, taints (and optionally drains) nodes through a `kubernetes.client.CoreV1Api`."""
+    """Cordons, taints (and optionally drains) nodes through a `kubernetes.client.CoreV1Api`.
+
+    `api=None`: no API server to talk to (`offline` says why); every read fails with that reason, so only a dry
+    run is of use (it says what a real run would do).
+    """
 
     name = "kubernetes"
 
     def __init__(self, api: Any, *, evict_pods: bool = False, pod_selector: str = "",
-                 grace_s: int | None = None, conflicts: int = 3) -> None:
-        self.api = api
+                 grace_s: int | None = None, conflicts: int = 3, offline: str = "no Kubernetes API") -> None:
+        self._api = api
+        self.offline = offline
         self.evict_pods = evict_pods
         self.pod_selector = pod_selector
         self.grace_s = grace_s
         self.conflicts = conflicts
         self.patches = 0  # node PATCHes that succeeded: the changes made
         self.evictions = 0
+
+    @property
+    def api(self) -> Any:
+        if self._api is None:
+            raise ConnectionError(self.offline)
+        return self._api
 
     def node_count(self) -> int:
         """How many nodes the API server lists (paged, 500 at a time)."""
@@ -101,6 +117,10 @@ class KubernetesBackend:
             except Exception as e:  # ApiException, or urllib3's connection errors
                 if _status(e) == 404:
                     return Outcome(node, "unknown to Kubernetes: skipped (map gangwatch's node ids with --node-map)")
+                if not act:  # a dry run needs no cluster
+                    pods = " and evict its pods" if self.evict_pods else ""
+                    return unread(node, f"cordon it and taint it {TAINT_KEY}={value}:{TAINT_EFFECT}{pods}, what of "
+                                        "it is not done already", _why(e))
                 return Outcome(node, "could not read the node", error=_why(e))
             taints = list(n.spec.taints or [])
             tainted = any(t.key == TAINT_KEY and t.effect == TAINT_EFFECT for t in taints)
@@ -177,6 +197,9 @@ class KubernetesBackend:
             except Exception as e:
                 if _status(e) == 404:
                     return Outcome(node, "unknown to Kubernetes: nothing to restore")
+                if not act:
+                    return unread(node, f"remove the taint {TAINT_KEY} and uncordon it, what of it gangwatch did",
+                                  _why(e), would=False)
                 return Outcome(node, "could not read the node", error=_why(e))
             taints = list(n.spec.taints or [])
             annotations = n.metadata.annotations or {}

@@ -10,6 +10,9 @@ through munge as the user running it; draining needs an operator or root):
 - count:  `scontrol show node -o` -> one line per node (the fleet breaker's watched nodes, unless
   `--fleet-nodes` says how many)
 
+A dry run needs no Slurm: where `scontrol` is missing or fails, it says what a
+real run would do (`fence.unread`).
+
 DRAIN lets the job running there finish or be requeued by its controller, and
 starts nothing new on the node; the reason names the incident, so `sinfo -R`
 tells an operator why. A node already drained is left alone: by gangwatch (any
@@ -24,7 +27,7 @@ import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from gangwatch.control.fence import REASON_PREFIX, Outcome, drain_reason
+from gangwatch.control.fence import REASON_PREFIX, Outcome, drain_reason, unread
 from gangwatch.schemas import Action
 
 Run = Callable[..., subprocess.CompletedProcess]
@@ -97,25 +100,31 @@ class SlurmBackend:
         return sum(1 for line in out.stdout.splitlines() if line.startswith("NodeName="))
 
     def fence(self, node: str, action: Action, *, cls: str, act: bool) -> Outcome:
+        reason = drain_reason(action)
+        drain = f"scontrol update NodeName={node} State=DRAIN Reason=\"{reason}\""
         try:
             st = self.node(node)
         except (SlurmError, OSError, subprocess.TimeoutExpired) as e:
+            if not act:  # a dry run needs no Slurm
+                return unread(node, f"drain it unless Slurm does not know it or it is drained already: {drain}",
+                              str(e))
             return Outcome(node, "could not read the node", error=str(e))
         if st is None:
             return Outcome(node, "unknown to Slurm: skipped (map gangwatch's node ids with --node-map)")
         if st.drained:
             who = "gangwatch" if st.ours else "someone else"
             return Outcome(node, f"already drained by {who} ({st.reason}): left as it is")
-        reason = drain_reason(action)
         if not act:
-            return Outcome(node, f"would drain (dry run): scontrol update NodeName={node} State=DRAIN "
-                                 f"Reason=\"{reason}\"", would=True)
+            return Outcome(node, f"would drain (dry run): {drain}", would=True)
         return self._update(node, "DRAIN", f"drained: {reason}", f"Reason={reason}")
 
     def restore(self, node: str, note: str, *, act: bool) -> Outcome:
         try:
             st = self.node(node)
         except (SlurmError, OSError, subprocess.TimeoutExpired) as e:
+            if not act:
+                return unread(node, f"resume it if gangwatch drained it: scontrol update NodeName={node} "
+                                    "State=RESUME", str(e), would=False)
             return Outcome(node, "could not read the node", error=str(e))
         if st is None:
             return Outcome(node, "unknown to Slurm: nothing to resume")

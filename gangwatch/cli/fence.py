@@ -118,6 +118,9 @@ def apply(args: argparse.Namespace, backend: Any, verify: Any = None) -> int:
           + (f", {failed} failed" if failed else "")
           + (f", {fencer.refused} refused by the fleet breaker" if fencer.refused else "")
           + ("" if args.act else "; dry run: nothing was changed (add --act)"), flush=True)
+    if fencer.uncounted:
+        print(f"dry run: the fleet breaker was not checked, the watched nodes could not be counted "
+              f"({fencer.uncounted}); a real run counts them first", flush=True)
     if failed:
         raise UserError(f"{failed} action(s) could not be applied (see ERROR above); they are not recorded as "
                         "applied, so running again retries them", EXIT_SERVICE)

@@ -12,16 +12,24 @@ from gangwatch.cli.options import UserError, at_least_zero, integer, opt
 def _backend(args: argparse.Namespace):
     from gangwatch.control.kubernetes import KubernetesBackend, connect
 
+    api, offline = None, ""
     try:
         api = connect(args.kubeconfig, args.context)
+    except ImportError as e:
+        if getattr(args, "act", False):
+            raise
+        offline = f"the kubernetes package is not installed ({e}; pip install 'gangwatch[kubernetes]')"
     except Exception as e:  # kubernetes.config.ConfigException and the file errors under it
         if type(e).__name__ != "ConfigException" and not isinstance(e, OSError):
             raise
-        raise UserError(f"no Kubernetes API to talk to: {e} (give --kubeconfig FILE / --context NAME, set "
-                        "KUBECONFIG, or run it in a pod with a service account)") from None
+        offline = (f"no Kubernetes API to talk to: {e} (give --kubeconfig FILE / --context NAME, set KUBECONFIG, "
+                   "or run it in a pod with a service account)")
+        if getattr(args, "act", False):
+            raise UserError(offline) from None
+    # a dry run (and `breaker`) goes on without a cluster: it says what a real run would do
     return KubernetesBackend(api, evict_pods=getattr(args, "evict_pods", False),
                              pod_selector=getattr(args, "pod_selector", None) or "",
-                             grace_s=getattr(args, "grace", None))
+                             grace_s=getattr(args, "grace", None), offline=offline or "no Kubernetes API")
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
