@@ -24,9 +24,15 @@ whole job stops, ends or restarts: a job stopped by its user, finished or restar
 silent on purpose, which is nobody's fault.
 
 A clean exit is the job's end only if the job ends with it. One rank leaving with code 0 while its peers
-still train (a stray `sys.exit(0)`) is that rank's failure: once a peer reports losing a remote rank after it,
-or when, `end_window_s` after it, most of the job's ranks still run, it is a `fail_stop` of that rank
-(cause `exit`, "exited with code 0 while ... still ran").
+still train (a stray `sys.exit(0)`) is that rank's failure: once a peer reports losing a remote rank after it
+(while most of the job has not exited cleanly: at a job's end, the last ranks see the first ones go), or when,
+`end_window_s` after it, most of the job's ranks still run, it is a `fail_stop` of that rank (cause `exit`,
+"exited with code 0 while ... still ran"). Every rank exiting cleanly within the window is the job's end, with
+or without a `stop` record (older clients sent none).
+
+When the input ends (`finish`, replay) just after peers reported losing a remote rank, before any silence
+could be timed out, the ranks that neither exited nor reported anything, silent since before those reports,
+are the ones that vanished: named from what there is (a fail-stop of their node), if they are a minority.
 
 A silence it reported stands only while no record of those ranks stamped before the finding turns up: a
 heartbeat held back by a loaded host or a slow link, arriving late, withdraws it (`silence_withdrawn`, naming
@@ -375,6 +381,8 @@ class FailStopDetector(DetectorBase):
                 ts=rec.ts, job=self.topo.job, detector="failstop.process", topo=self.topo, rank=rec.rank,
                 key=(rec.rank, "peer_lost", rec.ts), score=1.0,
                 evidence=PeerLoss(cause=rec.type, ranks=[rec.rank], message=(rec.message or "")[:500]))]
+            if 2 * int((~np.isnan(self.clean_ts)).sum()) >= self.topo.size:
+                return lost  # most of the job exited cleanly: it is ending, and this rank saw its peers go
             return self._left_early(rec.ts, f"rank {rank} then lost a remote peer") + lost
         if rec.kind == "framework" and rec.type in _CRASH_TYPES:
             if clean_exit(rec):
@@ -675,6 +683,33 @@ class FailStopDetector(DetectorBase):
                                   last_seen_ts=round(seen, 6), silent_s=round(silent_s, 3),
                                   lag_s=None if lag is None else round(lag, 3),
                                   peers_step=int(self.last_step.max())))
+
+    def finish(self) -> list[Finding]:
+        """The input ended (replay): a rank SIGKILLed in its last seconds is named from what there is, its peers'
+        reports of losing it, though its silence is not timed out yet (silence past the last record is still
+        no evidence: without such reports, nothing)."""
+        if math.isinf(self.peer_lost_ts):
+            return []
+        vanished = (self.status == LIVE) & ~self.lost_peer & (self.last_seen < self.peer_lost_ts)
+        if not vanished.any() or 2 * int(vanished.sum()) >= self.topo.size:
+            return []
+        out = []
+        for ni in np.unique(self.topo.node_index[vanished]).tolist():
+            node = self.topo.nodes[ni]
+            ranks = np.asarray(self.topo.node_ranks[node])
+            new = ranks[vanished[ranks]]
+            self.status[new] = SILENT
+            since = float(self.last_seen[new].min())
+            out.append(FAIL_STOP.finding(
+                ts=max(self.now, self.peer_lost_ts), job=self.topo.job, detector="failstop.heartbeat", node=node,
+                key=(node, since), score=len(new) / len(ranks), rank=int(new[0]) if len(new) == 1 else None,
+                topo=self.topo,
+                evidence=HeartbeatLoss(cause="heartbeat", ranks=new.tolist(), node_ranks=len(ranks),
+                                       whole_node=not ((self.status[ranks] == LIVE).any()),
+                                       first_silent_ts=round(since, 6),
+                                       last_seen_ts=round(float(self.last_seen[new].max()), 6),
+                                       timeout_s=self.timeout)))
+        return out
 
     def _wordless_node_elsewhere(self, ni: int) -> bool:
         """Another node has ranks gone silent and none that reported losing a peer: the one that vanished."""

@@ -139,7 +139,7 @@ def run(spec: DrillSpec, live: Live, workdir: Path, *, progress: Callable[[str],
                    "--offset-reset", "earliest", "--metrics-port", "0", "--session-timeout", "10",
                    "--heartbeat-interval", "1", "--commit-interval", "1", *live.settings,
                    *(["--store", live.store] if live.store else []),
-                   *(["--set", f"worker.max_future_s={60 + (live.speed - 1) * (limit + STARTUP_S):.0f}"]
+                   *(["--set", f"worker.max_future_s={3600 + (live.speed - 1) * (limit + STARTUP_S):.0f}"]
                      if live.speed > 1 else [])]
     controller_args = ["controller", "--simulate", str(truth), "--job", spec.job, "--bootstrap", live.bootstrap,
                        "--prefix", topics.prefix, "--speed", f"{live.speed:g}", "--clock-origin", repr(clock.origin),

@@ -130,19 +130,18 @@ class JobRunner:
     what was read before the outage are held; then they go to the core in event-time
     order, every producer's backlog in place, and silence counts from there.
 
-    Clock skew. Event time is the senders' clocks, so one clock far ahead would carry
-    its job's time with it and make every other rank look silent: a record more than
-    `max_future_s` ahead of this worker's wall clock (`wall`) when it arrives is not
-    processed but dead-lettered (cause `future`), naming the sender to fix (NTP).
-    Skew within it is absorbed: a rank is missing only after two heartbeat periods plus
-    slack, and timeouts run `lateness_s` behind the newest event time. Late records
-    (a clock behind, a backlog) are processed in event-time order like any other.
-    Replay has no wall clock: there the file's time is the only one.
+    Clock skew. Event time is the senders' clocks. Within a job, one node's clock ahead
+    cannot carry the job's time (the job's time is its nodes', `ClockDetector.now`), and
+    its offset is learned and taken out (`clock_skew`); a record more than `max_future_s`
+    (an hour) ahead of this worker's wall clock (`wall`) when it arrives is no clock at
+    all: not processed but dead-lettered (cause `future`), naming the sender to fix (NTP).
+    Late records (a clock behind, a backlog) are processed in event-time order like any
+    other. Replay has no wall clock: there the file's time is the only one.
     """
 
     def __init__(self, topics: TopicSettings, config: CoreConfig | None = None, *, hold_s: float = 600.0,
                  silence: bool = True, load: Callable[[str], bytes | None] = lambda job: None,
-                 keep_records: bool = False, reconnect_s: float = 15.0, max_future_s: float = 60.0,
+                 keep_records: bool = False, reconnect_s: float = 15.0, max_future_s: float = 3600.0,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.topics = topics
         self.keep_records = keep_records  # hand every input record to the sinks (Result.records)

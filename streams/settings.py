@@ -50,7 +50,8 @@ class WorkerSettings:
     fetch_wait_ms: int = 50  # the broker's longest wait on a fetch with no data (Faust hard-codes 1500 ms)
     fresh_s: float = 1.5  # no fetch answered for this long: the input path is down, and silence is no news
     reconnect_s: float = 15.0  # after it answers again, wait this long for every producer's backlog
-    max_future_s: float = 60.0  # a record this far ahead of the worker's clock is dead-lettered (clock skew)
+    max_future_s: float = 3600.0  # a record this far ahead of the worker's clock is dead-lettered (a clock that
+    # wrong is no clock; smaller skews are the job's clocks detector's: learned and corrected)
     stats_every_s: float = 10.0  # log a progress line this often (0: never)
     metrics_port: int = 9464  # serve Prometheus metrics on this port; 0: no endpoint
     sink_queue: int = 100_000  # records each sink's delivery queue holds; what finds it full is dead-lettered

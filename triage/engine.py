@@ -224,15 +224,19 @@ class JobCore:
 
     def finish(self, now: float, out: Outputs | None = None) -> Outputs:
         """End of input at event time `now`: timeouts up to it, then what collecting detectors hold (a partial
-        sweep, a storm still inside its window). An incident those open is decided when its class would decide
-        it: no more evidence is coming. (The end of a file is still not silence: no timeout runs past `now`.)"""
+        sweep, a storm still inside its window, peers' reports of a rank that vanished just before the end). The
+        open incident's decision is taken when it is due: no more evidence is coming (a crash loop's page, a
+        death's replacement, as live takes them seconds after the last record). The end of a file is still not
+        silence: no detector's timeout runs past `now`."""
         out = self.advance(now, out)
         findings = self.monitor.finish()
         if findings:
-            before = self.triage.incident
             self.triage.on_findings(findings, out)
-            opened = self.triage.incident if self.triage.incident is not before else None
-            until = max(now, max(f.ts for f in findings), opened.decide_at if opened is not None else now)
+        until = max([now, *(f.ts for f in findings)])
+        inc = self.triage.incident  # its decision, not an answer it may still be waiting for (live waits too)
+        if inc is not None and inc.decided_ts is None and math.isfinite(inc.decide_at):
+            until = max(until, inc.decide_at)
+        if until > now:
             self.triage.advance(until, out)
         return out
 

@@ -67,6 +67,10 @@ local rank 0 starts up late on a loaded host: its telemetry is held back
 `FAULT_LATE_S` (12) s after its first message (stamped on time, delivered
 late: the `send=` of its client waits) and it joins the first collective only
 after that, so the job's first step waits for it.
+
+`FAULT_CLOCK_NODE` names a node whose clock is off by `FAULT_CLOCK_S` (30) s
+(its NTP daemon died): every rank there stamps its records with that clock.
+The training itself is untouched.
 """
 
 from __future__ import annotations
@@ -300,8 +304,9 @@ def main() -> None:
     progress = Progress(rank)
     send = LateSend(fault.late_s) if fault.late_s else None  # (a fault: this rank's telemetry comes late)
     # gangwatch: rank 0 announces the topology (`send`: Kafka, unless the fault holds it back)
-    client = quiet_client(args.heartbeat) if replay else TrainerClient(gpus=False, heartbeat_s=args.heartbeat,
-                                                                       send=send)
+    skew = float(os.environ.get("FAULT_CLOCK_S", "30")) if node == os.environ.get("FAULT_CLOCK_NODE") else 0.0
+    client = quiet_client(args.heartbeat) if replay else TrainerClient(
+        gpus=False, heartbeat_s=args.heartbeat, send=send, clock=(lambda: time.time() + skew) if skew else time.time)
 
     model = mlp(args.hidden)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)

@@ -443,3 +443,30 @@ def test_a_late_start_up_evicts_nobody_and_two_nodes_killed_at_once_are_both_rep
     assert sorted(job.nodes()["out"]) == ["n2", "n4"]
     same_when_replayed(job, got, fault_figures, started, decided_s=round(decided_s, 1),
                        late_s=round(max(job.delivery_delays(2)), 1))
+
+
+CLOCK_S = 30.0  # how far ahead n3's clock runs: six fail-stop timeouts (4.5 s at this job's heartbeat)
+
+
+def test_a_node_whose_clock_runs_ahead_costs_no_machine_and_a_real_death_beside_it_only_the_dead_one(
+        live, fault_figures):
+    """Issue 34: three nodes of one rank; n3's NTP daemon died and its clock runs 30 s ahead, from the start (every
+    record of its rank says so); at step 40 n2 is SIGKILLed. The job's time is its nodes', not n3's: nobody looks
+    silent for it, n3 is named in one `clock_skew` (an operator's ticket), and only n2 is replaced. Replaying the
+    recorded telemetry gives the same."""
+    started = time.monotonic()
+    job = live(Fault("kill", step=40, node="n2"), nodes=("n1", "n2", "n3"), spares=("n4",), nproc=1,
+               fault_env={"FAULT_CLOCK_NODE": "n3", "FAULT_CLOCK_S": str(CLOCK_S)})
+    inc = decided(job, "fail_stop")
+    decided_s = time.monotonic() - started
+    assert inc["culprit_nodes"] == ["n2"], job.findings()
+    job.wait(lambda: job.attempts() > 1, 120.0, "the controller's restart on the spare")
+    job.stop_controller()
+    job.caught_up()
+    found = job.findings()
+    skews = [(f["node"], round(json.loads(f["evidence"])["offset_s"])) for f in found if f["type"] == "clock_skew"]
+    assert skews and {n for n, _ in skews} == {"n3"} and all(abs(off - CLOCK_S) <= 2 for _, off in skews), found
+    assert not [f for f in found if f["type"] in ("fail_stop", "telemetry_gap") and f["node"] in ("n1", "n3")], found
+    got = job.outcome()
+    assert got.evictions == (("replace", ("n2",)),) and got.pages == () and got.restarts == (), got
+    same_when_replayed(job, got, fault_figures, started, decided_s=round(decided_s, 1))

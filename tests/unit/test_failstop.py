@@ -437,3 +437,43 @@ def test_a_crashed_ranks_siblings_torn_down_by_their_launcher_are_no_node_fault(
     found = drive(FailStopDetector(t), sorted(recs, key=lambda r: r.ts))
     assert [(f.type, f.rank, f.evidence["cause"]) for f in found] == [("fail_stop", 2, "exception"),
                                                                      ("peer_lost", 3, "teardown")]
+
+
+def test_every_rank_exiting_cleanly_at_the_end_is_the_jobs_end_though_the_last_ones_see_their_peers_go():
+    """An older client's torchrun trace: every rank exits with code 0 at the end of training (no `stop` record),
+    and the ranks still in their last barrier lose the peers that left first: the job finished, nobody failed."""
+    t = topo(nodes=3, per_node=2)
+    end = T0 + 100
+    recs = beats(t, end, steps=True) + [r for r in exits(t, end + 0.2, code=0) if r.rank < 4] + [
+        Framework(ts=end + 0.3 + 0.01 * r, job="j", rank=r, type="exception",
+                  message="RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+        for r in (4, 5)]
+    recs.sort(key=lambda r: r.ts)
+    found = drive(FailStopDetector(t), recs, tail=60.0)
+    assert [f.type for f in found] == ["peer_lost", "peer_lost"]  # the last two saw the others go; no fail_stop
+    out = _through_core([job(nodes=3, per_node=2), *recs], end + 60)
+    assert "fail_stop" not in [f.type for f in out.findings] and out.actions == []
+
+
+@pytest.mark.parametrize("peers_said", [True, False])
+def test_a_rank_killed_in_the_last_seconds_of_a_trace_is_named_from_its_peers_reports(peers_said):
+    """SIGKILL on n1 two seconds before the recording ends: its silence is not timed out yet, but its peers' errors
+    name it (the rank that neither exited nor said anything); without them, the end of a file is no evidence."""
+    t = topo(nodes=3, per_node=2)
+    kill = T0 + 100
+    recs = beats(t, kill, steps=True)
+    if peers_said:
+        recs += [Framework(ts=kill + 0.2 + 0.01 * r, job="j", rank=r, type="exception",
+                           message="RuntimeError: Connection closed by peer") for r in (0, 1, 4, 5)]
+    recs.sort(key=lambda r: r.ts)
+    core = Core()
+    out = Outputs()
+    for r in [job(nodes=3, per_node=2), *recs]:
+        core.process(r, out)
+    out.extend(core.finish())
+    stops = [(f.type, f.node) for f in out.findings if f.type == "fail_stop"]
+    if peers_said:
+        assert stops == [("fail_stop", "n001")]
+        assert [(a.type, a.nodes) for a in out.actions] == [("replace", ["n001"])]  # decided at the end, as live
+    else:
+        assert stops == [] and out.actions == []
