@@ -137,7 +137,8 @@ def run(spec: DrillSpec, live: Live, workdir: Path, *, progress: Callable[[str],
     worker_args = ["worker", "--bootstrap", live.bootstrap, "--app-id", app, "--prefix", topics.prefix,
                    "--partitions", str(topics.partitions), "--table-store", "memory://", "--standby-replicas", "0",
                    "--offset-reset", "earliest", "--metrics-port", "0", "--session-timeout", "10",
-                   "--heartbeat-interval", "1", "--commit-interval", "1", *live.settings,
+                   "--heartbeat-interval", "1", "--commit-interval", "1",
+                   "--datadir", str(workdir / "faust"), *live.settings,
                    *(["--store", live.store] if live.store else []),
                    *(["--set", f"worker.max_future_s={3600 + (live.speed - 1) * (limit + STARTUP_S):.0f}"]
                      if live.speed > 1 else [])]

@@ -58,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import shutil
 import tempfile
 import threading
 import time
@@ -261,10 +262,11 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
 
 
 def run(s: WorkerSettings, *, loglevel: str = "info", create: bool = True) -> None:
-    """Create the topics (idempotent), then run one worker until TERM/INT. Does not return normally."""
-    import faust
-    from gangwatch.streams.metrics import serve_metrics
+    """Create the topics (idempotent), then run one worker until TERM/INT. Does not return normally.
 
+    Without a `datadir`, a worker whose tables are in memory gets a temporary one of its own, removed when it
+    stops; a `datadir` given (rocksdb:// tables need one) is kept.
+    """
     if create:
         made = create_topics(s.own_topics, s.bootstrap)
         if made:
@@ -287,6 +289,21 @@ def run(s: WorkerSettings, *, loglevel: str = "info", create: bool = True) -> No
     # scikit-learn (stack sweeps' clustering) takes seconds to import: imported on the first sweep, it stalled the
     # event loop, every job of the worker with it (6-9 s measured on a loaded host); imported here, beside the start
     threading.Thread(target=preload_stacks, name="gangwatch-preload", daemon=True).start()
+    own = None  # a data directory this process made, removed when it stops (tables in memory keep nothing there)
+    if not s.datadir and s.table_store.startswith("memory"):
+        own = Path(tempfile.mkdtemp(prefix=f"gangwatch-faust-{s.app_id}-"))
+        s = replace(s, datadir=str(own))
+    try:
+        _run_app(s, sinks, loglevel)
+    finally:
+        if own is not None:
+            shutil.rmtree(own, ignore_errors=True)
+
+
+def _run_app(s: WorkerSettings, sinks: list[Sink], loglevel: str) -> None:
+    import faust
+    from gangwatch.streams.metrics import serve_metrics
+
     app = make_app(s, sinks)
     if s.metrics_port:
         endpoint = serve_metrics(faust_adapter.attached(app).metrics, s.metrics_port)  # raises MetricsUnavailable

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from gangwatch.cli.options import EXIT_DRILL, UserError, integer, number, opt, positive, settings_opts
 from gangwatch.cli.replay import connect_timeout_opt
@@ -36,8 +38,6 @@ def _delay(raw: str) -> tuple[str, float]:
 def cmd_drill(args: argparse.Namespace) -> int:
     import logging
 
-    import orjson
-
     from gangwatch import drill, drill_live
     from gangwatch.cli.services import wait_for_kafka, wait_for_store
     from gangwatch.triage.config import Budgets
@@ -55,11 +55,31 @@ def cmd_drill(args: argparse.Namespace) -> int:
     wait_for_kafka(args.bootstrap, args.connect_timeout)
     if args.store:
         wait_for_store(args.store, args.connect_timeout)
-    passed = [*(["--config", args.config] if args.config else []),
-              *(a for s in args.set_settings for a in ("--set", s))]
+    settings = [*(["--config", args.config] if args.config else []),
+                *(a for s in args.set_settings for a in ("--set", s))]
     live = drill_live.Live(bootstrap=args.bootstrap, store=args.store, speed=args.speed, prefix=args.prefix,
-                           keep_topics=args.keep_topics, settings=passed, delays=dict(args.delay or ()))
+                           keep_topics=args.keep_topics, settings=settings, delays=dict(args.delay or ()))
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix=f"gangwatch-{spec.job}-"))
+    try:
+        passed = _drill(args, spec, live, budgets, workdir)
+    except BaseException:
+        if args.workdir is None:
+            print(f"  the drill's logs are kept in {workdir}", file=sys.stderr, flush=True)
+        raise
+    if args.workdir is None:  # a folder of its own: removed after a drill that passed, kept for one that did not
+        if passed:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"the drill's logs are kept in {workdir} (remove it when done)", file=sys.stderr, flush=True)
+    return 0 if passed else EXIT_DRILL
+
+
+def _drill(args: argparse.Namespace, spec: Any, live: Any, budgets: Any, workdir: Path) -> bool:
+    """Run the drill and print its report; whether it passed."""
+    import orjson
+
+    from gangwatch import drill, drill_live
+
     quiet = args.format == "json"
     say = None if quiet else (lambda line: print(f"  {line}", file=sys.stderr, flush=True))
     if say is not None:
@@ -83,7 +103,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
         print(drill.render(report, head))
         for note in notes:
             print(f"note: {note}")
-    return 0 if report.passed and not out.timed_out else EXIT_DRILL
+    return report.passed and not out.timed_out
 
 
 def _suffix() -> str:
@@ -139,7 +159,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         shown_default="gw.drill.JOB., deleted afterwards")
     d.add_argument("--keep-topics", action="store_true", help="keep the drill's own topics afterwards")
     opt(d, "--workdir", type=Path, help="where the worker's and controller's logs and the truth go",
-        shown_default="a new temporary folder")
+        shown_default="a new temporary folder, removed after a drill that passed")
     connect_timeout_opt(d)
     settings_opts(d)
     d.set_defaults(func=cmd_drill)

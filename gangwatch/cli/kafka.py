@@ -203,7 +203,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "scale takes minutes; at least twice the longest wait seen)")
     opt(w, "--table-store", setting="worker.table_store",
         help="Faust table store: memory:// (rebuilt from the changelog at start) or rocksdb://")
-    opt(w, "--datadir", setting="worker.datadir", help="Faust data directory, one per worker (default in the temp dir)")
+    opt(w, "--datadir", setting="worker.datadir", help="Faust data directory, one per worker, kept (default: a "
+        "temporary one, removed when the worker stops; rocksdb:// tables need one given)")
     opt(w, "--session-timeout", type=positive(number), setting="worker.session_timeout_s",
         help="Kafka consumer session timeout, seconds")
     opt(w, "--heartbeat-interval", type=positive(number), setting="worker.heartbeat_interval_s",
