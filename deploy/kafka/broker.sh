@@ -13,6 +13,7 @@ READY_TIMEOUT="${GANGWATCH_KAFKA_TIMEOUT:-90}"
 HEAP_OPTS="${GANGWATCH_KAFKA_HEAP_OPTS:--Xms256m -Xmx768m}"
 # the probe's Python: $PYTHON, else the checkout's .venv (what ./gw makes), else python3 (check_prereqs says what to do)
 VENV_PYTHON="$(cd "$HERE/../.." && pwd)/.venv/bin/python"
+PYTHON_GIVEN="${PYTHON:-}"
 PYTHON="${PYTHON:-$(if [[ -x "$VENV_PYTHON" ]]; then echo "$VENV_PYTHON"; else echo python3; fi)}"
 
 PID_FILE="$RUN_DIR/broker.pid"
@@ -125,6 +126,7 @@ ensure_libs() {
 }
 
 check_prereqs() {
+  say "readiness probe's Python: $PYTHON$([[ -n "${PYTHON_GIVEN:-}" ]] && echo " (\$PYTHON)" || { [[ "$PYTHON" == "$VENV_PYTHON" ]] && echo " (the checkout's .venv)" || echo " (no .venv in the checkout, no \$PYTHON: the one on the PATH)"; })"
   "$PYTHON" -c 'import kafka' 2>/dev/null || die "$PYTHON cannot import kafka-python (the readiness probe needs it): run ./gw up from the checkout (it makes .venv with it), or set PYTHON to a Python that has it (pip install kafka-python)"
   local java; java="$(java_bin)"
   [[ -x "$java" ]] || die "java not found (Kafka 4.x needs Java >= 17; set JAVA_HOME or apt-get install openjdk-17-jre-headless)"
