@@ -6,6 +6,10 @@ gangwatch's own argument parser: an option renamed or removed, a choice that is 
 does not exist fails here with the line it came from. `./gw up`, `./gw down` and `./gw test` are the wrapper's
 own commands (they start and stop the shared services) and are not run. Lines of output shown inside a block
 (`gangwatch worker: error: ...`) are not commands.
+
+The cheap ones also run as written, in an empty folder (`sql --list`, `sql NAME --explain`, `--help` forms,
+`config show`, `simulate` of a small job); those that need services (Kafka, ClickHouse), a cluster (Slurm,
+Kubernetes), a GPU or an earlier command's output are parsed only.
 """
 
 from __future__ import annotations
@@ -64,3 +68,39 @@ def test_each_doc_command_parses_as_written(where, argv):
             build_parser().parse_args(argv)
     except SystemExit as e:
         assert not e.code, f"{where}\n  {err.getvalue().strip().splitlines()[-1:]}"
+
+
+def _cheap(argv: list[str]) -> bool:
+    """Commands that need no service, cluster, GPU or earlier output: help, settings, the shipped queries' texts."""
+    if any(a in ("--help", "-h") for a in argv) or argv[:2] in (["config", "show"], ["sql", "--list"]):
+        return not any(a.startswith("--config") for a in argv)
+    if argv[0] == "simulate":  # a small job, written under gangwatch-out/
+        return "--duration" in argv and float(argv[argv.index("--duration") + 1]) <= 200
+    return argv[0] == "sql" and "--explain" in argv and len(argv) == 3
+
+
+RUNNABLE = [(w, a) for w, a in commands() if a[0] != "up" and _cheap(a)]
+
+
+@pytest.mark.parametrize(("where", "argv"), RUNNABLE, ids=lambda v: v if isinstance(v, str) else None)
+def test_cheap_doc_commands_run_as_written(where, argv, tmp_path, monkeypatch):
+    """Run in an empty folder: exit 0, something said, nothing written outside gangwatch-out/ (the rest need
+    services, a cluster, a GPU or an earlier command's output, and are only parsed above)."""
+    from gangwatch.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for var in [v for v in __import__("os").environ if v.startswith("GANGWATCH_")]:
+        monkeypatch.delenv(var)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(argv)
+        except SystemExit as e:  # --help exits 0
+            rc = e.code or 0
+    assert rc == 0, f"{where}\n  {err.getvalue().strip()[-400:]}"
+    assert (out.getvalue() + err.getvalue()).strip(), where
+    assert {p.name for p in tmp_path.iterdir()} <= {"gangwatch-out"}, where
+
+
+def test_some_doc_commands_run():
+    assert len(RUNNABLE) >= 3
