@@ -11,17 +11,26 @@ from gangwatch.cli.options import EXIT_INPUT, EXIT_USAGE, UserError, integer, is
 from gangwatch.cli.replay import connect_timeout_opt, print_rows, query_store
 
 DESCRIPTION = """\
-Mine a fleet's history for precursors of faults: a class of event A (correctable-ECC bursts, thermal throttling,
-link errors, NIC flaps, or a fault itself: nodes with repeated faults) followed on the same node by a fault of a
-target class within --horizon-days. Everything is counted in node-days: support is the node-days with an A burst
-(k or more A events within 24 h; k is learned), confidence the share of them followed by the fault on one of the
-next N days, base rate that share over all node-days, lift their ratio.
+Mine a fleet's history for rules that warn before a fault, of two kinds:
+
+- precursor: a class of event A (correctable-ECC bursts, thermal throttling, link errors, NIC flaps) on a node
+  that is up and healthy, followed on the same node by a fault of a target class within --horizon-days. Counted
+  in healthy node-days (not in repair, nor within --settle-days of a repair's end): support is the node-days
+  with an A burst (k or more A events within 24 h; k is learned), precision the share of them followed by the
+  fault on one of the next N days, base rate that share over all healthy node-days, lift their ratio;
+- probation: a repair of a fault of class A ends (the node is back) and a fault of class T follows within a
+  window counted from that end (6, 24, 72 or 168 h, learned): the node's first days back. Support is the
+  repairs that ended, precision the share followed by the fault, base rate the chance of such a fault in as
+  long a window on a healthy node.
 
 Rules are learned on the first --split of the history (by time) and kept only if they hold on the rest, which
-they were not learned on: enough test support, test lift at least --min-lift, and a one-sided binomial test of
-the test hits against the test base rate under --alpha (Bonferroni over the rules learned). Each suggestion comes
-with what to do: a detection rule (raise the node's risk, watch for the fault) and a soft scheduler taint for as
-long as the faults it warned of took to come. docs/fleet-history.md explains the definitions.
+they were not learned on: enough test support, test lift at least --min-lift, and the one-sided binomial test of
+the test hits against the test base rate under --alpha after a Benjamini-Hochberg correction over every rule
+learned (corrected_p). Recall is the share of the test part's faults of the target the rule warned of; nodes the
+distinct nodes of its hits (a rule from fewer than 10 is marked "support from N nodes"). Each suggestion comes
+with what to do: a detection rule and a soft scheduler taint for as long as the faults it warned of took to
+come, from the burst or from the repair's end. A history of faults only can teach probation rules only; it is
+said once. docs/fleet-history.md explains the definitions.
 
 The history is files in the import format (CSV with a header, or JSON lines: node, start, end, class,
 description) and/or gangwatch's own incidents from a store (each incident's latest version, one event per
@@ -69,7 +78,7 @@ def _params(args: argparse.Namespace):
 
     try:
         return Params(horizon_days=args.horizon_days, split=args.split,
-                      targets=DEFAULT_TARGETS + tuple(t.lower() for t in args.target),
+                      targets=DEFAULT_TARGETS + tuple(t.lower() for t in args.target), settle_days=args.settle_days,
                       min_support=args.min_support, min_lift=args.min_lift, alpha=args.alpha)
     except ValueError as e:
         raise UserError(str(e), EXIT_USAGE) from None
@@ -83,7 +92,7 @@ def cmd_suggest(args: argparse.Namespace) -> int:
     import orjson
 
     from gangwatch.fleet.history import in_order
-    from gangwatch.fleet.rules import day_of, mine, parts
+    from gangwatch.fleet.rules import day_of, mine, only_recurrence, parts
 
     params = _params(args)
     events = [e for path in args.history for e in _read_history(path)]
@@ -101,6 +110,9 @@ def cmd_suggest(args: argparse.Namespace) -> int:
     if not any(params.is_target(c) for c in classes):
         print(f"no class of the history is a target ({', '.join(params.targets)}): nothing to predict; name the "
               f"faults with --target CLASS (the history's classes: {', '.join(classes)})", file=sys.stderr)
+    elif only_recurrence(events, params):
+        print("the history holds faults only (no other event, such as a precursor, before them): only recurrence "
+              "can be learned from it (probation rules: faults after a repair's end)", file=sys.stderr)
     shown = rules if args.all else [r for r in rules if r.holds]
     if args.format == "json":
         doc = {"events": len(events), "nodes": len({e.node for e in events}),
@@ -119,12 +131,21 @@ def cmd_suggest(args: argparse.Namespace) -> int:
               "--all shows each with why)")
         return 0
     print_rows([{**r.row(), **({"verdict": r.verdict} if args.all else {})} for r in shown], "table")
+    print("(corrected_p: Benjamini-Hochberg over the rules learned; recall: faults of the test part warned of)")
     for r in (r for r in shown if r.holds):
-        a = r.actions()
-        print(f"- {r.name}: on {a['detect']['at_least']}x {r.antecedent} within {a['detect']['within_h']} h, "
-              f"raise the node's risk and watch it for {r.target} for {r.horizon_days} days; taint "
-              f"{a['taint']['key']}={a['taint']['value']}:{a['taint']['effect']} for {a['taint']['for_h']} h")
+        print(f"- {r.name}: {_advice(r)}" + (f" ({r.few_nodes_note})" if r.few_nodes_note else ""))
     return 0
+
+
+def _advice(r) -> str:
+    """What to do about a rule that holds, in words."""
+    a = r.actions()
+    taint = f"{a['taint']['key']}={a['taint']['value']}:{a['taint']['effect']} for {a['taint']['for_h']} h"
+    if a["taint"]["from"] == "repair_end":
+        return (f"when a repair of {r.antecedent} ends, watch the node for {r.target} for {a['detect']['watch_h']} h "
+                f"and taint it {taint} from the repair's end")
+    return (f"on {a['detect']['at_least']}x {r.antecedent} within {a['detect']['within_h']} h, raise the node's "
+            f"risk and watch it for {r.target} for {r.horizon_days} days; taint {taint}")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -167,11 +188,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a fault within this many days after the antecedent's day counts (default 7)")
     g.add_argument("--split", type=number, default=0.6,
                    help="the share of the history, by time, to learn on; the rest tests (default 0.6)")
+    g.add_argument("--settle-days", type=number, default=3.0,
+                   help="days after a repair's end that a node is not yet healthy: precursor rules leave them "
+                   "out (default 3)")
     g.add_argument("--min-support", type=positive(integer), default=10,
                    help="node-days with the antecedent a rule needs in each part (default 10)")
     g.add_argument("--min-lift", type=positive(number), default=2.0, help="least test lift (default 2)")
     g.add_argument("--alpha", type=number, default=0.01,
-                   help="significance of the test, shared by the rules learned (default 0.01)")
+                   help="false discovery rate of the rules kept: their test p-values, Benjamini-Hochberg corrected "
+                   "over the rules learned, must be under it (default 0.01)")
     g.add_argument("--target", action="append", default=[], metavar="CLASS",
                    help="another fault class to predict, or a shell pattern (defaults: fail_stop, sdc, hang, "
                    "fail_slow, unknown, xid_*); repeatable")
