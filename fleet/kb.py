@@ -22,8 +22,15 @@ Two signatures compare by weighted Jaccard: the weight of the features they shar
 features either has, each feature weighing `WEIGHTS[its prefix]` (1 for a prefix not listed); 0 when both are
 empty.
 
-Pure: the standard library only (`json` reads evidence text), no I/O, no clock, so triage can call `closest` at
-decision time with a `Signature` made by `Signature.of` from the findings it holds.
+A fleet history (`gangwatch.fleet.history`: tickets, a drain log, the import format) makes entries too
+(`from_history`), so "has this node failed like this before" is answered from a deployment's first day: one entry
+per fault of the history (an event of a fault class, or any event with an end: the machine was out), its class
+and node, onset at its start, recovered at its end, the history's description as its cause. Its signature is
+made from its class alone: `xid:N` for `xid_N` (so an Xid 79 incident is like a history's Xid 79s), `type:C` for
+an incident class C (`fail_stop`, `hang`, ...), else `class:C`.
+
+Pure: the standard library and `gangwatch.schemas` only (`json` reads evidence text), no I/O, no clock, so triage
+can call `closest` at decision time with a `Signature` made by `Signature.of` from the findings it holds.
 """
 
 from __future__ import annotations
@@ -31,10 +38,18 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING, Any
 
+from gangwatch.schemas.classes import CLASSES
+
+if TYPE_CHECKING:
+    from gangwatch.fleet.history import NodeEvent
+
+HISTORY_PATH = "history"  # the `path` and `job` of an entry made from a fleet history
+HISTORY_FAULTS = ("fail_stop", "sdc", "hang", "fail_slow", "unknown", "xid_*")  # fault classes (shell patterns)
 SIGNATURE_VERSION = 1  # bump when features are made differently: saved signatures of another version are refused
 WEIGHTS: dict[str, float] = {"type": 3.0, "xid": 4.0, "error": 2.0, "named": 2.0, "det": 1.0, "ev": 1.0}
 CATEGORICAL = ("cause", "source", "severity", "name", "reason", "metric", "counter", "desc", "op", "top_frame",
@@ -163,6 +178,7 @@ class Entry:
     stages: tuple[StageTime, ...]
     signature: Signature
     findings: tuple[str, ...]
+    description: str = ""  # a history entry's description (what the ticket said); '' for an incident
 
     @property
     def closed(self) -> bool:
@@ -185,8 +201,9 @@ class Entry:
 
     @property
     def reason(self) -> str:
+        """The decision's reason; a history entry's description when nothing was decided."""
         d = self.decision
-        return d.reason if d is not None else ""
+        return d.reason if d is not None else self.description
 
     @property
     def recover_s(self) -> float | None:
@@ -207,11 +224,12 @@ class Entry:
 
     @property
     def fix(self) -> str:
-        """What fixed it: the ending action and its nodes and path, else the resolution, else '-'."""
+        """What fixed it: the ending action and its nodes and path, else the resolution, else 'back in service' when
+        it recovered (a history's fault), else '-'."""
         a = self.ended_by
         if a is not None:
             return " ".join(x for x in (a.type, ",".join(a.nodes), f"({a.path})" if a.path else "") if x)
-        return self.resolution or "-"
+        return self.resolution or ("back in service" if self.times.get("recovered") is not None else "-")
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (`from_dict` reads it back)."""
@@ -226,7 +244,8 @@ class Entry:
                 "stages": [{"name": s.name, "seconds": s.seconds, "budget": s.budget, "over": s.over}
                            for s in self.stages],
                 "over_budget": self.over_budget, "signature": self.signature.to_json(),
-                "links": {"findings": list(self.findings), "actions": [a.id for a in self.actions]}}
+                "links": {"findings": list(self.findings), "actions": [a.id for a in self.actions]},
+                "description": self.description}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Entry:
@@ -244,7 +263,8 @@ class Entry:
                               for a in d.get("actions") or ()),
                 stages=tuple(StageTime(str(s["name"]), float(s["seconds"]), _float(s.get("budget")), bool(s["over"]))
                              for s in d.get("stages") or ()),
-                signature=Signature.from_json(d["signature"]), findings=tuple(d["links"]["findings"]))
+                signature=Signature.from_json(d["signature"]), findings=tuple(d["links"]["findings"]),
+                description=str(d.get("description") or ""))
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"not a knowledge-base entry: {type(e).__name__} {e} (want Entry.to_dict's form)"
                              ) from None
@@ -348,6 +368,41 @@ def entries(incident_rows: Iterable[Mapping[str, Any]], action_rows: Iterable[Ma
 
 def _onset(e: Entry) -> float | None:
     return e.times.get("onset") if e.times.get("onset") is not None else e.times.get("detected")
+
+
+# --- a fleet history ------------------------------------------------------------------------------------------
+
+
+def history_signature(cls: str) -> Signature:
+    """The signature of a history's fault of class `cls`: `xid:N` for `xid_N`, `type:C` for an incident class,
+    else `class:C`."""
+    m = re.fullmatch(r"xid[_-]?(\d+)", cls)
+    if m:
+        return Signature(frozenset({f"xid:{int(m.group(1))}"}))
+    return Signature(frozenset({f"type:{cls}" if cls in CLASSES else f"class:{_text(cls)}"}))
+
+
+def from_history(events: Iterable[NodeEvent], is_fault: Callable[[str], bool] | None = None) -> list[Entry]:
+    """The faults of a fleet history as entries, by onset: every event whose class `is_fault` (default: a shell
+    pattern of `HISTORY_FAULTS` matches it) or that has an end (the machine was out). Ids are `NODE@START/CLASS`
+    (start in ISO 8601), so the same history gives the same ids; an end still `open` is the resolution
+    `still out`, an unknown one `end not recorded`."""
+    def fault(cls: str) -> bool:
+        return is_fault(cls) if is_fault is not None else any(fnmatchcase(cls, p) for p in HISTORY_FAULTS)
+
+    out = []
+    for e in events:
+        if not fault(e.cls) and e.end is None:
+            continue
+        back = e.end if e.end is not None and e.end != float("inf") else None
+        resolution = "" if back is not None else "still out" if e.end is not None else "end not recorded"
+        out.append(Entry(id=f"{e.node}@{iso(e.start)}/{e.cls}", job=HISTORY_PATH, cls=e.cls, planned=False,
+                         times={m: e.start if m == "onset" else back if m == "recovered" else None
+                                for m in MILESTONES},
+                         culprit_nodes=(e.node,), evicted_nodes=(), path=HISTORY_PATH, resolution=resolution,
+                         actions=(), stages=(), signature=history_signature(e.cls), findings=(),
+                         description=e.description))
+    return sorted(out, key=lambda x: (_onset(x) or 0.0, x.id))
 
 
 # --- search --------------------------------------------------------------------------------------------------

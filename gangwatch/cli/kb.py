@@ -21,10 +21,17 @@ its cited findings were, without nodes, ranks or times), the actions it took, wh
 to recover, and its stages against their budgets (triage.budgets.*: --set, GANGWATCH_* or --config).
 --like ID ranks them by how alike their evidence is to incident ID's (weighted Jaccard of the signatures; ID
 may still be open); --node, --class and --cause (every word in the root cause, any case) filter. Without
---like, the most recent come first. docs/knowledge-base.md says how signatures are made."""
+--like, the most recent come first. docs/knowledge-base.md says how signatures are made.
+
+--history FILE adds a fleet history in the import format (docs/fleet-history.md: CSV or JSON lines, gzip too):
+each of its faults is an entry (class, node, start, end, description), so "has this node failed like this
+before" is answered from a deployment's first day, before gangwatch has closed any incident. With --history the
+store is read only when --store or --out is given; --class then takes the history's own class names, and --like
+an entry id of the history (NODE@START/CLASS) as well as an incident of the store."""
 
 ACTION_COLUMNS = "id, ts, incident, type, nodes, reason, evidence, path, shadow"
 FINDING_COLUMNS = "id, ts, job, type, detector, rank, node, score, evidence"
+DEFAULT_OUT = Path("gangwatch-out")
 REASON_WIDTH = 60  # characters of the decision's reason in the table
 
 
@@ -65,12 +72,27 @@ def _table_row(m: kb.Match, like: bool) -> dict[str, Any]:
 def cmd_search(args: argparse.Namespace) -> int:
     from gangwatch.schemas.classes import CLASSES
 
-    if args.cls is not None and args.cls not in CLASSES:
-        raise UserError(f"--class {args.cls}: not an incident class (one of {', '.join(CLASSES)})", EXIT_USAGE)
+    if args.cls is not None and not args.history and args.cls not in CLASSES:
+        raise UserError(f"--class {args.cls}: not an incident class (one of {', '.join(CLASSES)}; a history's own "
+                        "classes with --history)", EXIT_USAGE)
+    args.cls = args.cls.lower() if args.cls is not None else None
     budgets = dict(args.settings.get("triage.budgets"))
-    incidents, actions, findings = gather(lambda sql: query_store(args, sql))
-    like = _like(args.like, incidents, actions, findings, budgets) if args.like is not None else None
-    entries = kb.entries(incidents, actions, findings, budgets)
+    past = _history(args.history)
+    if not args.history or args.store is not None or args.out is not None:
+        args.out = args.out or DEFAULT_OUT
+        incidents, actions, findings = gather(lambda sql: query_store(args, sql))
+    else:
+        incidents, actions, findings = [], [], []
+    from_history = {e.id: e for e in past}
+    if args.like in from_history:
+        like: kb.Entry | None = from_history[args.like]
+    elif args.like is not None and args.out is None and args.store is None:
+        raise UserError(f"--like {args.like}: no fault {args.like!r} in the history (its ids are NODE@START/CLASS, "
+                        "listed by a search without --like; the store was not read: add --store or --out)",
+                        EXIT_USAGE)
+    else:
+        like = _like(args.like, incidents, actions, findings, budgets) if args.like is not None else None
+    entries = kb.entries(incidents, actions, findings, budgets) + past
     found = kb.search(entries, node=args.node, cls=args.cls, cause=args.cause, like=like, limit=args.limit)
     if args.format == "json":
         print_rows([{**({"similarity": m.similarity} if like is not None else {}), **m.entry.to_dict()}
@@ -87,9 +109,18 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
+def _history(paths: list[Path]) -> list[kb.Entry]:
+    """The faults of the history files as entries (none without files)."""
+    from gangwatch.cli.rules import read_history
+
+    return kb.from_history(e for path in paths for e in read_history(path))
+
+
 def _why_none(args: argparse.Namespace, incidents: list[dict], entries: list) -> str:
     """Why a search found nothing: no incidents, none closed yet, or none that the filters keep."""
-    if not incidents:
+    if not incidents and not entries and args.history:
+        return f"the history ({', '.join(map(str, args.history))}) holds no fault and the store was not read"
+    if not incidents and not entries:
         return "the store holds no incidents yet: replay or run something into it first"
     if not entries:
         n = len({r["id"] for r in incidents})
@@ -109,7 +140,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         epilog="examples:\n  gangwatch kb search --out gangwatch-demo\n"
                         "  gangwatch kb search --like i-0123456789abcdef --out gangwatch-demo\n"
                         "  gangwatch kb search --node n017 --class fail_stop --store clickhouse://ch1:9000/gangwatch\n"
-                        "  gangwatch kb search --cause 'fallen off the bus' --format json")
+                        "  gangwatch kb search --cause 'fallen off the bus' --format json\n"
+                        "  gangwatch kb search --history tickets.csv.gz --node gpu-a017 --class xid_79")
     s.add_argument("--node", metavar="N", help="only incidents that blamed or evicted node N")
     s.add_argument("--class", dest="cls", metavar="C", help="only incidents of class C (fail_stop, hang, ...)")
     s.add_argument("--cause", metavar="TEXT", help="only incidents whose root cause has every word of TEXT")
@@ -118,7 +150,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
     opt(s, "--store", env="GANGWATCH_STORE",
         help="chdb:PATH or clickhouse://HOST:PORT[/DB] (default: OUT/store, a replay's)")
-    opt(s, "--out", type=Path, default=Path("gangwatch-out"), help="a replay's output directory (its store/)")
+    opt(s, "--out", type=Path, shown_default=DEFAULT_OUT, help="a replay's output directory (its store/)")
+    s.add_argument("--history", nargs="+", action="extend", type=Path, default=[], metavar="FILE",
+                   help="also the faults of fleet history files in the import format (CSV or JSON lines, .gz "
+                   "too); repeatable; the store is then read only with --store or --out")
     connect_timeout_opt(s)
     settings_opts(s)
     s.set_defaults(func=cmd_search)

@@ -46,7 +46,8 @@ INCIDENTS_SQL = """SELECT id, argMax(job, version) AS last_job, argMax(class, ve
 FROM gw_incidents GROUP BY id ORDER BY id"""
 
 
-def _read_history(path: Path):
+def read_history(path: Path):
+    """A history file's events (gzipped or not); UserError (exit 3) naming the file when it is missing or wrong."""
     from gangwatch.fleet import history
 
     if not path.exists():
@@ -95,7 +96,7 @@ def cmd_suggest(args: argparse.Namespace) -> int:
     from gangwatch.fleet.rules import day_of, mine, only_recurrence, parts
 
     params = _params(args)
-    events = [e for path in args.history for e in _read_history(path)]
+    events = [e for path in args.history for e in read_history(path)]
     if not args.history or args.store or args.out:
         args.store = args.store or (None if args.history else os.environ.get("GANGWATCH_STORE") or None)
         args.out = args.out or Path("gangwatch-out")
