@@ -19,10 +19,12 @@ clock-sync round.
   the offset taken out, and one `clock_skew` finding names the node and the offset (an operator's ticket: fix
   NTP there; no incident, no eviction). A drift by another `tolerance_s` is reported again; an offset back
   within half the tolerance is dropped.
-- **The job's time** (`now()`) is not the newest time any record carried, but the `k`-th newest of the nodes'
-  newest corrected times (k = 2 for jobs of three nodes or more, 5 % of the nodes for large jobs): a lone node
-  ahead, before its offset is learned, cannot move the job's time, and a few dead nodes do not hold it back.
-  `JobCore` moves its watermark by it.
+- **The job's time** (`now()`) is not the newest time any record carried: it is the newest corrected time of
+  a node whose clock is known (learned over `min_steps` steps, its newest step agreeing), or the `k`-th newest
+  of all the nodes' newest corrected times (k = 2 for jobs of three nodes or more, 5 % of the nodes for large
+  jobs), whichever is later: a lone node ahead, before its offset is learned (start-up, a clock that just
+  jumped), cannot move the job's time, and dead or lagging nodes do not hold it back. `JobCore` moves its
+  watermark by it.
 
 Jobs of one or two nodes learn nothing (with two clocks, which one is wrong cannot be told) and take the
 newest time as it comes. The learning is read from the records' raw times only (this detector is first in the
@@ -88,13 +90,15 @@ class ClockDetector(DetectorBase):
         n, w = len(topo.nodes), self.config.window * self.per_node
         self.topo = topo
         self.node_pos = {node: i for i, node in enumerate(topo.nodes)}
-        self.learn = n >= 3
+        self.learn = n >= 3  # (of two clocks, which one is wrong cannot be told)
+        self.min_nodes = min(3, n // 2 + 1)  # clocks a step's reference rests on
         self.k = 1 if n <= 2 else max(2, math.ceil(0.05 * n))
         self.newest = np.full(n + 1, -np.inf)  # raw newest time per node, and (last) of records of no node
         self.offset = np.zeros(n)  # applied offset per node
         self.samples = np.full((n, w), np.nan)  # recent per-step offsets (ring)
         self.count = np.zeros(n, dtype=np.int64)  # samples written per node
         self.reported = np.full(n, np.nan)  # offset last reported per node (NaN: none)
+        self.checked = np.full(n, -np.inf)  # the raw time of each node's latest record compared with a reference
         self.open: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # step -> (ranks, ts) gathered until it is fixed
         self.top = -1  # the newest step seen
         self.touched: set[int] = set()  # nodes with new samples since time last moved
@@ -199,16 +203,37 @@ class ClockDetector(DetectorBase):
         return float((self.newest - np.append(self.offset, 0.0))[heard].max())
 
     def now(self) -> float:
-        """The job's time: the k-th newest corrected time among the nodes heard from (-inf before any)."""
-        heard = self.newest[np.isfinite(self.newest)]
-        if not len(heard):
+        """The job's time (-inf before any record): the newest corrected time of a node whose clock is known (its
+        offset rests on `min_steps` steps and its newest step agrees with it), the newest time of a record of no
+        node (the controller's, the launcher's), or the k-th newest corrected time of all nodes, whichever is
+        later. A node not known yet (start-up, a job without steps, a clock that just
+        jumped) moves the job's time only with others; a known one moves it alone (in a replay sorted by the
+        senders' times, a node whose clock ran ahead comes late: it must not hold the others back)."""
+        seen = np.isfinite(self.newest)
+        if not seen.any():
             return -math.inf
-        if self.skewed:
-            heard = (self.newest - np.append(self.offset, 0.0))[np.isfinite(self.newest)]
+        times = self.newest - np.append(self.offset, 0.0) if self.skewed else self.newest
+        heard = times[seen]
         k = min(self.k, len(heard))
-        if k == 1:
-            return float(heard.max())
-        return float(np.partition(heard, len(heard) - k)[len(heard) - k])
+        t = float(heard.max() if k == 1 else np.partition(heard, len(heard) - k)[len(heard) - k])
+        if k > 1:
+            t = max(t, float(times[-1]))  # the controller's and launcher's say (records of no node) is trusted
+            if self.learn:
+                known = self._known()
+                if known.any():
+                    t = max(t, float(times[:-1][known].max()))
+        return t
+
+    def _known(self) -> np.ndarray:
+        """Per node: its clock is known (enough samples, and its newest agrees with its applied offset)."""
+        n, w = len(self.count), self.samples.shape[1]
+        enough = self.count >= self.config.min_steps * self.per_node
+        if not enough.any():
+            return enough
+        latest = self.samples[np.arange(n), (self.count - 1) % w]
+        # (and nothing of it much newer than its newest record checked: a clock that jumps since is not known)
+        fresh = self.newest[:-1] <= self.checked + max(self.config.tolerance_s, 2 * self.topo.heartbeat_s)
+        return enough & fresh & (np.abs(latest - self.offset) < self.config.tolerance_s)
 
     # --- observe ----------------------------------------------------------------------------------------------
 
@@ -255,10 +280,13 @@ class ClockDetector(DetectorBase):
         top = np.maximum.accumulate(np.concatenate(([self.top], step)))[1:]  # the newest step at each record
         ok = step > top - keep  # a step that far behind the newest is history: nothing to compare it with
         self.top = int(top[-1]) if n else self.top
-        need = math.ceil(self.config.close_frac * self.topo.size)
+        # `close_frac` of the ranks, and enough of them to come from `min_nodes` nodes
+        need = min(self.topo.size, max(math.ceil(self.config.close_frac * self.topo.size),
+                                       self.per_node * (self.min_nodes - 1) + 1))
         at: list[np.ndarray] = []  # where each sample is written (its record's place, or the fixing record's)
         devs: list[np.ndarray] = []
         nodes: list[np.ndarray] = []
+        times: list[np.ndarray] = []
         for s in np.unique(step[ok]).tolist():
             idx = np.flatnonzero(ok & (step == s))
             ref = self.refs.get(s)
@@ -277,14 +305,16 @@ class ClockDetector(DetectorBase):
                 at.append(np.full(len(r), head[-1]))
                 devs.append(t - ref[self.topo.pp[r]])
                 nodes.append(self.topo.node_index[r])
+                times.append(t)
             at.append(idx)
             devs.append(ts[idx] - ref[self.topo.pp[rank[idx]]])
             nodes.append(self.topo.node_index[rank[idx]])
+            times.append(ts[idx])
         for old in [x for x in self.open if x <= self.top - keep]:
             del self.open[old]
         if at:
             order = np.argsort(np.concatenate(at), kind="stable")
-            self._write(np.concatenate(nodes)[order], np.concatenate(devs)[order])
+            self._write(np.concatenate(nodes)[order], np.concatenate(devs)[order], np.concatenate(times)[order])
         return []
 
     def _fix(self, s: int, r: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -304,22 +334,27 @@ class ClockDetector(DetectorBase):
         return ref
 
     def _median(self, r: np.ndarray, t: np.ndarray) -> float:
-        """The median end time of these records, if they come from three nodes or more (a median needs three
-        clocks to trust) that left the step together (most within `sync_s` of it); else NaN."""
-        if len(np.unique(self.topo.node_index[r])) < 3:
+        """The median end time of these records, if they come from `min_nodes` nodes or more (three, or the
+        majority of a smaller job: clocks that agree outvote one that does not) that left the step together (most
+        within `sync_s` of it); else NaN."""
+        if len(np.unique(self.topo.node_index[r])) < self.min_nodes:
             return math.nan
         med = float(np.median(t))
         return med if float(np.median(np.abs(t - med))) <= self.config.sync_s else math.nan
 
-    def _write(self, node: np.ndarray, dev: np.ndarray) -> None:
-        """Samples (a record's end time less its stage's reference) into their nodes' rings, in order."""
+    def _write(self, node: np.ndarray, dev: np.ndarray, ts: np.ndarray) -> None:
+        """Samples (a record's end time less its stage's reference) into their nodes' rings, in order; `ts`: the
+        records' own times (a node's newest sampled one is where its clock was last checked)."""
         ok = ~np.isnan(dev)
         node, dev = node[ok], dev[ok]
         if not len(node):
             return
+        ts = ts[ok]
         w = self.samples.shape[1]
         order = np.argsort(node, kind="stable")  # by node, each node's samples in order
-        node, dev = node[order], dev[order]
+        node, dev, ts = node[order], dev[order], ts[order]
+        uniq = np.unique(node)
+        self.checked[uniq] = ts[np.searchsorted(node, uniq, side="right") - 1]  # each node's newest checked
         first = np.searchsorted(node, node, side="left")
         k = np.arange(len(node)) - first  # the sample's place among its node's in this call
         total = np.bincount(node, minlength=len(self.count))
@@ -356,6 +391,8 @@ class ClockDetector(DetectorBase):
                 self.offset[i] = 0.0
             if self.offset[i] != before:
                 self._rank_offset = None
+                # its newest time by the clock it now has: the records before the change ran on the old one
+                self.newest[i] = min(self.newest[i], self.checked[i])
             said = self.reported[i]
             if self.offset[i] and (np.isnan(said) or abs(self.offset[i] - said) >= cfg.tolerance_s):
                 self.reported[i] = self.offset[i]
@@ -382,7 +419,9 @@ class ClockDetector(DetectorBase):
                 "nodes": {n: [o, r, s] for n, (o, r, s) in self._kept().items()},
                 "refs": {str(s): [None if np.isnan(x) else float(x) for x in ref] for s, ref in self.refs.items()},
                 "open": {str(s): [r.tolist(), t.tolist()] for s, (r, t) in self.open.items()},
-                "top": self.top, "touched": sorted(self.topo.nodes[i] for i in self.touched)}
+                "top": self.top, "touched": sorted(self.topo.nodes[i] for i in self.touched),
+                "checked": {n: float(self.checked[i]) for n, i in self.node_pos.items()
+                            if np.isfinite(self.checked[i])}}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> ClockDetector:
@@ -397,6 +436,9 @@ class ClockDetector(DetectorBase):
                     for s, (r, t) in state["open"].items()}
         det.top = state["top"]
         det.touched = {det.node_pos[n] for n in state["touched"] if n in det.node_pos}
+        for n, ts in state["checked"].items():
+            if n in det.node_pos:
+                det.checked[det.node_pos[n]] = ts
         return det
 
 

@@ -106,7 +106,8 @@ def _failslow(fs: dict[str, Any], topo: Topology) -> None:
 # keeps to tell a silent rank the gang's steps show alive from a dead one (arrivals, steps, telemetry gaps).
 
 # nothing learned: `newest` comes with the next records
-_CLOCKS = {"config": {}, "newest": {}, "nodes": {}, "refs": {}, "open": {}, "top": -1, "touched": []}
+_CLOCKS = {"config": {}, "newest": {}, "nodes": {}, "refs": {}, "open": {}, "top": -1, "touched": [],
+           "checked": {}}
 
 
 def _v3_to_v4(old: State) -> State:

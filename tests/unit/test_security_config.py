@@ -174,7 +174,7 @@ def test_mask_url(url, shown):
     assert mask_url(url) == shown
 
 
-def test_the_clickhouse_store_takes_credentials_from_the_url_and_masks_them(monkeypatch):
+def test_the_clickhouse_store_takes_credentials_from_the_url_and_masks_them(monkeypatch, tmp_path):
     import clickhouse_driver
     from gangwatch.sinks import store
 
@@ -191,10 +191,12 @@ def test_the_clickhouse_store_takes_credentials_from_the_url_and_masks_them(monk
             pass
 
     monkeypatch.setattr(clickhouse_driver, "Client", FakeClient)
-    s = store.open_store(f"clickhouses://gw:{CH_PW.replace('-', '%2D')}@ch1/gwdb?verify=0&ca_certs=/ca.pem")
+    ca = tmp_path / "ca.pem"
+    ca.write_text("(a CA bundle)")  # the file must exist: a missing one is refused, naming it
+    s = store.open_store(f"clickhouses://gw:{CH_PW.replace('-', '%2D')}@ch1/gwdb?verify=0&ca_certs={ca}")
     main, admin = made  # the store's client, and the one that creates its database (answering at once)
     assert main == {"host": "ch1", "port": 9440, "database": "gwdb", "user": "gw", "password": CH_PW,
-                    "secure": True, "verify": False, "ca_certs": "/ca.pem"}
+                    "secure": True, "verify": False, "ca_certs": str(ca)}
     assert admin == {**{k: v for k, v in main.items() if k != "database"},
                      "send_receive_timeout": store.HELLO_TIMEOUT_S}
     assert CH_PW not in repr(s) and repr(s) == "ClickHouseStore(clickhouses://gw:***@ch1:9440/gwdb)"
