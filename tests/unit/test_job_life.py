@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from gangwatch.schemas import Framework, Heartbeat, Job, Lifecycle, Ops, Outputs, RankInfo, Step
 from gangwatch.triage.config import CoreConfig, TriageConfig
-from gangwatch.triage.engine import Core
+from gangwatch.triage.engine import Core, JobCore
 
 from tests.helpers import replay_core
 
@@ -275,3 +275,23 @@ def test_a_user_stop_with_one_ranks_record_lost_is_still_a_stop():
             for r in range(RANKS) if r != 4]  # rank 4 was killed before its handler could send
     out = replay([r for r in first if r.ts <= end + 0.5] + stop, end + 120)
     assert out.actions == [] and out.incidents == []
+
+
+def test_late_step_records_after_a_failure_never_move_the_jobs_life_back():
+    """A crash loop, live: rank 2 raises at step 31; the step records its peers ended around then, and those held
+    back by a loaded host, arrive after the exception. The job stays `failed`: its life never runs backwards,
+    and no two moves share one instant. A step well past the failure (the job restarted in place) is running."""
+    recs, _ = run_of(T0, 0, 40)
+    crash = Framework(ts=T0 + 10 + 31 + 0.5, job="j", rank=2, type="exception", message="RuntimeError: boom")
+    late = [r for r in recs if r.kind == "step" and crash.ts - 1.0 <= r.ts]  # ended around it, or after it
+    first = [r for r in recs if r not in late]
+    stamped_before = [Step(ts=crash.ts - 0.2, job="j", rank=r, step=31, step_s=1.0) for r in (0, 1)]
+    again = Step(ts=crash.ts + 2 * HB, job="j", rank=0, step=42, step_s=1.0)
+    out = Outputs()
+    core = JobCore(recs[0])
+    for r in sorted(first[1:], key=lambda r: r.ts) + [crash] + stamped_before + late[:3]:
+        core.process(r, out)
+    assert states(out)[-1] == "failed"
+    core.process(again, out)
+    moves = [(f.evidence["state"], f.ts) for f in out.life]
+    assert [s for s, _ in moves[-2:]] == ["failed", "running"] and len({t for _, t in moves}) == len(moves)
