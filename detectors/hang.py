@@ -18,6 +18,18 @@ its section timeouts from observed sections); past that the job is hung.
 A job whose ranks exited (cleanly at its end, or crashing) after its last
 progress has stopped, not hung: fail-stop speaks for it, and no hang is reported
 until it makes progress again.
+
+Frozen ranks: a node agent heartbeats for a rank whose process lives but cannot
+run (`source: "agent"`, `proc_state` T stopped, t traced, D uninterruptible;
+producers/agent/frozen.py). The detector keeps each such rank as frozen from the
+agent's first report until the rank's own heartbeat or step after the agent's
+latest one, or until the agent's reports stop (2.5 heartbeat periods). A hang
+found while a rank is frozen names it: one `frozen_rank` finding per frozen rank
+with the hang (and one as soon as a rank freezes during a stall already
+reported), naming the rank, its node and its state. Its policy names the rank's
+node as what the stall waits on, and evicts nothing for it (triage waits for it
+to thaw, then tells a human); a py-spy sweep cannot see it (a stopped process
+answers no dump), so without it the stall would name nobody.
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ from gangwatch.detectors.steps import RecordRun, observe_each
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Record
 from gangwatch.schemas.evidence import Evidence
+from gangwatch.schemas.records import FROZEN_STATES
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +65,26 @@ HANG = FindingType("hang", HangEvidence, Policy(
     describe=lambda f, ev: f"no step progress for {ev.threshold_s} s after step {ev.last_step}"))
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FrozenRank(Evidence):
+    """The rank's process alive but frozen, as its node's agent reports it, while the job makes no progress."""
+
+    proc_state: str  # the /proc/PID/stat letter the agent read: T, t or D
+    state: str  # ... in words: stopped, stopped by a tracer, in uninterruptible sleep
+    since_ts: float  # the agent's first report of it frozen
+    last_report_ts: float  # its latest report when this finding was made
+    last_step: int  # the newest step any rank finished (the job waits since)
+
+
+# names the rank a stall waits on and its node, but evicts nothing for being frozen: triage waits for it to thaw
+FROZEN_RANK = FindingType("frozen_rank", FrozenRank, Policy(
+    incident="hang", opens=False, verdict=True, weight=0.9, onset="since_ts", frozen=True,
+    risk=lambda f, ev: 0.2 if ev.proc_state == "D" else 0.0,  # a hung filesystem or driver call is the node's
+    label=lambda f, ev: f"frozen_rank ({ev.proc_state})",
+    describe=lambda f, ev: f"rank {f.rank} on {f.node} is {ev.state} ({ev.proc_state}), its node's agent says"))
+
+_FROZEN_FRESH = 2.5  # heartbeat periods after the agent's latest report that a rank is still taken as frozen
+
 _STOPS = frozenset({"exit", "exception", "oom"})  # framework records of a process that stopped
 
 
@@ -59,8 +92,8 @@ class HangDetector(DetectorBase):
     """Job-wide step progress of one job."""
 
     name: ClassVar[str] = "hang"
-    kinds: ClassVar[frozenset[str]] = frozenset({"step", "framework", "lifecycle"})
-    finding_types: ClassVar[tuple[FindingType, ...]] = (HANG,)
+    kinds: ClassVar[frozenset[str]] = frozenset({"step", "framework", "lifecycle", "heartbeat"})
+    finding_types: ClassVar[tuple[FindingType, ...]] = (HANG, FROZEN_RANK)
 
     def __init__(self, topo: Topology, config: HangConfig | None = None) -> None:
         self.config = config or HangConfig()
@@ -79,6 +112,8 @@ class HangDetector(DetectorBase):
         self.stopped_ts = -np.inf  # the latest exit, exception or OOM of any rank
         self.paused: dict[int, tuple[float, str]] = {}  # rank (-1: the job) -> (since, what) of known pauses
         self._threshold: tuple[object, float] = (None, 0.0)  # cache: (intervals version, threshold)
+        self.frozen: dict[int, tuple[str, float, float]] = {}  # rank -> (state, since, latest agent report)
+        self.named: set[int] = set()  # frozen ranks named in the stall reported now
 
     def set_topology(self, topo: Topology) -> None:
         self._reset(topo)  # a restart keeps what the job's pauses take (`longest`)
@@ -89,15 +124,58 @@ class HangDetector(DetectorBase):
             return []
         if rec.rank >= self.topo.size:
             return []
+        if rec.kind == "heartbeat":
+            return self._beat(rec)
         if rec.kind == "framework":
             if rec.type in _STOPS:
                 self.stopped_ts = max(self.stopped_ts, rec.ts)
             return []
         if rec.step > self.last_step[rec.rank]:
             self.last_step[rec.rank] = rec.step
+        if self.frozen:
+            self._thaw(rec.rank, rec.ts)
         if rec.step > self.max_step:
             self.progress(rec.step, rec.ts)
         return []
+
+    def _beat(self, rec: Record) -> list[Finding]:
+        """A heartbeat: the agent's for a frozen rank (named at once during a stall already reported), or the
+        rank's own, which ends its freeze."""
+        state = rec.extra.get("proc_state") if rec.extra.get("source") == "agent" else None
+        if state not in FROZEN_STATES:
+            if self.frozen:
+                self._thaw(rec.rank, rec.ts)
+            return []
+        was = self.frozen.get(rec.rank)
+        fresh = was is not None and rec.ts - was[2] <= _FROZEN_FRESH * self.topo.heartbeat_s
+        self.frozen[rec.rank] = (was[0] if fresh else state, was[1] if fresh else rec.ts, max(rec.ts, was[2])
+                                 if fresh else rec.ts)
+        if self.reported and rec.rank not in self.named:
+            return self._name_frozen(rec.ts, [rec.rank])
+        return []
+
+    def _thaw(self, rank: int, ts: float) -> None:
+        """The rank's own record at `ts`: after the agent's latest report, it runs again."""
+        was = self.frozen.get(rank)
+        if was is not None and ts > was[2]:
+            del self.frozen[rank]
+
+    def frozen_at(self, now: float) -> list[int]:
+        """The ranks frozen at `now`: the agent reported them within `_FROZEN_FRESH` heartbeat periods."""
+        fresh = _FROZEN_FRESH * self.topo.heartbeat_s
+        return sorted(r for r, (_, _, last) in self.frozen.items() if now - last <= fresh)
+
+    def _name_frozen(self, ts: float, ranks: list[int]) -> list[Finding]:
+        out = []
+        for r in ranks:
+            state, since, last = self.frozen[r]
+            self.named.add(r)
+            out.append(FROZEN_RANK.finding(
+                ts=ts, job=self.topo.job, detector="hang.frozen", topo=self.topo, rank=r, score=1.0,
+                key=(r, since, self.topo.ts, self.reports),
+                evidence=FrozenRank(proc_state=state, state=FROZEN_STATES[state], since_ts=round(since, 6),
+                                    last_report_ts=round(last, 6), last_step=int(self.max_step))))
+        return out
 
     def _lifecycle(self, rec: Record) -> None:
         if rec.rank is not None and rec.rank >= self.topo.size:
@@ -128,6 +206,7 @@ class HangDetector(DetectorBase):
         self.max_step = step
         self.progress_ts = max(self.progress_ts, ts)
         self.reported = False
+        self.named.clear()
 
     def threshold_s(self) -> float:
         """Seconds without progress that count as a hang, from the job's recent rhythm."""
@@ -153,8 +232,9 @@ class HangDetector(DetectorBase):
         self.reports += 1
         lagging = np.flatnonzero(self.last_step < self.max_step)
         hint = lagging.tolist() if 0 < len(lagging) <= self.config.max_lagging_frac * self.topo.size else []
+        at = self.progress_ts + threshold
         return [HANG.finding(
-            ts=self.progress_ts + threshold, job=self.topo.job, detector="hang.progress",
+            ts=at, job=self.topo.job, detector="hang.progress",
             # the id may not depend on progress_ts: the step's first record to *arrive* sets it, which differs
             # between a live worker and a replay of what it read by a few ms (and the incident's id, and the ids of
             # the actions a controller answers, follow from this one)
@@ -164,7 +244,7 @@ class HangDetector(DetectorBase):
                 threshold_s=round(threshold, 3),
                 baseline_s=round(float(np.median(self.intervals)), 6) if self.intervals else None,
                 lagging_ranks=hint),
-        )]
+        ), *self._name_frozen(at, self.frozen_at(at))]  # after the hang: it opens the incident they join
 
     def state(self) -> dict[str, Any]:
         return {"config": asdict(self.config), "last_step": self.last_step.tolist(), "max_step": self.max_step,
@@ -172,7 +252,11 @@ class HangDetector(DetectorBase):
                 "seen_intervals": self.seen_intervals, "reported": self.reported, "reports": self.reports,
                 "stopped_ts": None if np.isinf(self.stopped_ts) else self.stopped_ts,
                 "paused": [[r, since, what] for r, (since, what) in sorted(self.paused.items())],
-                "longest": dict(self.longest)}
+                "longest": dict(self.longest),
+                # only while some rank is frozen: a state without them (saved before issue 35) is one with none
+                **({"frozen": [[r, st, since, last] for r, (st, since, last) in sorted(self.frozen.items())]}
+                   if self.frozen else {}),
+                **({"named": sorted(self.named)} if self.named else {})}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> HangDetector:
@@ -187,6 +271,9 @@ class HangDetector(DetectorBase):
         det.stopped_ts = -np.inf if state["stopped_ts"] is None else state["stopped_ts"]
         det.paused = {int(r): (since, what) for r, since, what in state["paused"]}
         det.longest = dict(state["longest"])
+        # saved before frozen ranks were kept: none frozen, none named
+        det.frozen = {int(r): (st, since, last) for r, st, since, last in state.get("frozen", ())}
+        det.named = set(state.get("named", ()))
         return det
 
     def observe_run(self, run: RecordRun) -> list[tuple[int, list[Finding]]]:
@@ -195,14 +282,35 @@ class HangDetector(DetectorBase):
         `observe`, record by record."""
         if "framework" in run.by_kind or "lifecycle" in run.by_kind:
             return observe_each(self, run)
+        out = self._beats(run) if "heartbeat" in run.by_kind else []
         cols = run.steps()
         ok = cols.rank < self.topo.size
         rank, step, ts = cols.rank[ok], cols.step[ok], cols.ts[ok]
         if step.size == 0:
-            return []
+            return out
         np.maximum.at(self.last_step, rank, step)
+        if self.frozen:  # a frozen rank's own step ends its freeze
+            for r in [r for r in self.frozen if r in set(rank.tolist())]:
+                self._thaw(r, float(ts[rank == r].max()))
         before = np.maximum.accumulate(np.concatenate(([self.max_step], step[:-1])))
         new = np.flatnonzero(step > before)
         for s, t in zip(step[new].tolist(), ts[new].tolist(), strict=True):
             self.progress(s, t)  # never a finding: hang finds only as time passes
-        return []
+        return out
+
+    def _beats(self, run: RecordRun) -> list[tuple[int, list[Finding]]]:
+        """The run's heartbeats: the agents' ones are records of their own (their extra fields keep them out of
+        the decoder's columns); the ranks' own, columns or records, matter only while some rank is frozen."""
+        out = []
+        recs = run.recs
+        for i in run.by_kind["heartbeat"]:
+            rec = recs[i]
+            if rec is not None and (rec.extra or self.frozen) and rec.rank < self.topo.size:
+                found = self._beat(rec)
+                if found:
+                    out.append((i, found))
+        if self.frozen:  # the ranks' own heartbeats from the decoder's columns
+            for r, t in zip(run.lists("heartbeat", "rank"), run.lists("heartbeat", "ts"), strict=True):
+                if r in self.frozen:
+                    self._thaw(r, t)
+        return out

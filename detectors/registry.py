@@ -79,6 +79,9 @@ class Policy:
     triage takes it out of its incident, cancels what was not decided yet, and gives an eviction back.
     `job_state`: the state of the job's life it reports (`detectors.life`): no fault, never gathered as
     evidence; triage keeps it to know when the job's silence is expected.
+    `frozen`: a rank alive but frozen (stopped, traced, in uninterruptible sleep, as its node's agent sees it):
+    it names the rank a stall waits on, and its node, but evicts nothing on its own; the stall waits for it to
+    thaw up to `stall_budget_s`, then a human is told who is frozen and how, saying `describe`.
     `grade`: a finer grade kept in the node profile (hardware severity). `label`: how an incident's summary
     names it (default: the type).
     """
@@ -103,6 +106,7 @@ class Policy:
     signature: Rule | None = None
     withdraws: Rule | None = None
     job_state: Rule | None = None
+    frozen: bool = False
     grade: Rule | None = None
     label: Rule | None = None
     describe: Rule | None = None
@@ -221,6 +225,10 @@ class Typed:
     def job_state(self) -> str | None:
         rule = self.policy.job_state
         return None if rule is None else self._ask(rule)
+
+    @property
+    def frozen(self) -> bool:
+        return self.policy.frozen
 
     @property
     def grade(self) -> str | None:
@@ -347,5 +355,7 @@ def _check(ft: FindingType) -> None:
                                 "(describe)")
     if p.sweep and p.describe is None:
         raise RegistrationError(f"{where}: asking for a sweep needs a `describe` (the reason the action gives)")
+    if p.frozen and p.describe is None:
+        raise RegistrationError(f"{where}: a frozen rank's finding says who is frozen and how (describe)")
     if p.sweep_result and not all(issubclass(s, SweepEvidence) for s in ft.shapes):
         raise RegistrationError(f"{where}: the result of a sweep carries SweepEvidence (its snapshot)")

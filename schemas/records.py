@@ -146,6 +146,11 @@ class Step:
     kind: str = field(default="step", init=False)
 
 
+# A node agent's heartbeat on behalf of a rank whose process lives but whose own threads cannot run carries
+# `source: "agent"` and `proc_state`, the /proc/PID/stat state letter (in `extra`): these letters, in words
+FROZEN_STATES = {"T": "stopped", "t": "stopped by a tracer", "D": "in uninterruptible sleep"}
+
+
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
     """The rank process is alive."""

@@ -10,6 +10,7 @@ cost (domain.md):
 | SDC with numeric corroboration only         | rollback + escalate             | manual     |
 | never started / all silent, no culprit      | escalate (saying which)         | manual     |
 | job-wide stall, no culprit, past its budget | escalate (saying how long)      | manual     |
+| stall on a frozen rank, past its budget     | escalate (naming it and how)    | manual     |
 | no culprit, or confidence below threshold   | escalate                        | manual     |
 | evidence narrowed to a group, not a node    | evict_group                     | hot / cold |
 | fail-slow whose true gain is below its cost | degrade (keep running, watch)   | non_stop   |
@@ -64,6 +65,8 @@ class Situation:
     software_ranks: tuple[int, ...] = ()  # ranks whose process exited / raised, without hardware evidence
     software_nodes: tuple[str, ...] = ()  # ... and their nodes (named in the action; never evicted for it)
     stalled_s: float = 0.0  # a job-wide stall: how long the job has made no progress
+    frozen: tuple[str, ...] = ()  # a stall waiting on ranks alive but frozen, and nothing else: who and how
+    frozen_nodes: tuple[str, ...] = ()  # ... and their nodes (named in the action; never evicted for it)
     numeric_only: bool = False  # SDC suspected from loss / grad-norm only
     job_level: tuple[str, ...] = ()  # what job-level findings (start-up timeouts, monitoring gaps) say, for a human
     summary: str = ""  # one line of what happened, for reasons
@@ -96,6 +99,12 @@ def decide(s: Situation) -> list[Decision]:
         why = f"{s.summary}; numeric anomaly with no suspect node"
         return [Decision("rollback", (), "manual", why + ": roll back to the last trusted checkpoint"),
                 Decision("escalate", (), "manual", why + ": a human must find the source")]
+    if s.frozen:
+        return [Decision("escalate", s.frozen_nodes, "manual",
+                         f"{s.summary}; no step progress for {s.stalled_s:.0f} s while {'; '.join(s.frozen)}: the "
+                         "job waits on it, and it trains on once it thaws; a frozen process is not evicted for it: "
+                         "a human must look (a stopped one wants SIGCONT or its owner, one in uninterruptible sleep "
+                         "its node's filesystems or driver)")]
     if loc.group and loc.group_nodes:
         nodes = tuple(loc.group_nodes)
         path = "hot" if _spares_for(s, len(nodes)) else "cold"

@@ -34,7 +34,15 @@ finding's typed view (`detectors.catalog.typed`) for it.
    onset, closing as `self_resolved` with no page when the job steps on (a
    checkpoint save, an evaluation pass), and escalates only if the job is still
    stalled then. A hang whose job steps on before its decision closes the same way.
-7. A crash loop: a software failure (a `signature`: cause, rank, message without
+7. A rank its node's agent reports frozen (stopped, traced, in uninterruptible
+   sleep: a `frozen_rank` finding with the hang) is what the stall waits on:
+   its node is named (the incident's `culprit_nodes`, the finding its evidence)
+   but, with no other verdict, never evicted for it. The incident waits like a
+   stall, up to `stall_budget_s` from its onset, for the process to thaw (the
+   job stepping on closes it `self_resolved`, still naming it); still frozen
+   then, a human is told who is frozen and how. Other evidence decides as
+   usual, and a frozen rank then lends it no weight.
+8. A crash loop: a software failure (a `signature`: cause, rank, message without
    its numbers) that recurs after a restart with no progress past the step it
    failed at is the same incident again, restarted at most
    `crash_loop_restarts` times; then it escalates, naming the rank's node. A
@@ -168,6 +176,7 @@ class Triage(ActiveDiagnosis, Stragglers):
                     inc.recovered_ts, inc.resolution = rec.ts, "self_resolved"  # it went on by itself: no page
                     if not any(t.verdict for t in self.gathered):
                         inc.cls = "stall"  # the whole job stalled and went on, nobody to blame
+                    self._name_suspects(inc, rec.ts)  # ... or a frozen rank thawed: the stall waited on it
                     self._close(rec.ts, out)
         elif rec.kind == "recovery":
             self._on_recovery(rec, out)
@@ -190,12 +199,14 @@ class Triage(ActiveDiagnosis, Stragglers):
             self._close(t.finding.ts, out)
 
     def _name_suspects(self, inc: Timeline, ts: float) -> None:
-        """An incident closed before its decision (the job ended first) still names, for its post-mortem, the
-        nodes a verdict finding named that localization holds to be culprits (nothing is done about them)."""
+        """An incident closed before its decision (the job ended first, or it stepped on by itself) still names,
+        for its post-mortem, the nodes a verdict finding named that localization holds to be culprits, and those
+        of the ranks frozen meanwhile (nothing is done about them)."""
         if inc.planned or self.topo is None:
             return
         named = {t.finding.node for t in self.gathered if t.verdict}
         culprits = set(localize(self.gathered, self.topo, self.config.confidence).culprits) & named
+        culprits |= {t.finding.node for t in self.gathered if t.frozen and t.finding.node is not None}
         if culprits:
             inc.culprit_nodes = sorted(set(inc.culprit_nodes) | culprits)
             inc.localized_ts = ts if inc.localized_ts is None else inc.localized_ts
@@ -413,17 +424,30 @@ class Triage(ActiveDiagnosis, Stragglers):
     def _decide(self, now: float, out: Outputs) -> None:
         inc = self.incident
         topo = self.topo
-        loc = localize(self.gathered, topo, self.config.confidence)
-        if inc.localized_ts is None and (loc.culprits or loc.group):
+        software = tuple(t.finding.rank for t in self.gathered if t.software and t.finding.rank is not None)
+        frozen = [t for t in self.gathered if t.frozen and t.finding.node is not None]
+        others = [t for t in self.gathered if not t.frozen] if frozen else self.gathered
+        held = bool(frozen) and not software and not any(t.verdict for t in others)  # the stall waits on them
+        # frozen ranks name their nodes only when nothing else explains the incident (what a sweep then finds odd
+        # is the frozen rank's victims); they never lend weight to evicting a node
+        loc = localize(frozen if held else others, topo, self.config.confidence)
+        frozen_nodes = tuple(sorted({t.finding.node for t in frozen})) if held else ()
+        if inc.localized_ts is None and (loc.culprits or loc.group or frozen_nodes):
             inc.localized_ts = now
+        if held:
+            inc.culprit_nodes = sorted(set(inc.culprit_nodes) | set(frozen_nodes))
+            stall_ends = inc.onset_ts + self.config.stall_budget_s
+            if inc.decided_ts is None and now < stall_ends:  # it may thaw by itself: wait, as for a stall
+                inc.decide_at = stall_ends
+                out.incidents.append(inc.record(now, self.config.budgets))
+                return
         if inc.cls == "fail_slow" and inc.decided_ts is None and loc.culprits and not loc.group and \
                 loc.confidence >= self.config.confidence:
             self._decide_stragglers(inc, loc, now, out)
             return
-        software = tuple(t.finding.rank for t in self.gathered if t.software and t.finding.rank is not None)
         job_level = tuple(t.describe for t in self.gathered if t.policy.job_level)
-        if CLASSES[inc.cls].self_resolves and not (loc.culprits or loc.group or software or job_level) and \
-                not any(t.policy.suspects is not None for t in self.gathered):
+        if CLASSES[inc.cls].self_resolves and not (held or loc.culprits or loc.group or software or job_level) \
+                and not any(t.policy.suspects is not None for t in self.gathered):
             stall_ends = inc.onset_ts + self.config.stall_budget_s
             if now < stall_ends:  # every rank alike and nobody named: wait for progress, up to the budget
                 if inc.cls != "stall":
@@ -441,6 +465,7 @@ class Triage(ActiveDiagnosis, Stragglers):
             software_ranks=software, software_nodes=tuple(sorted({topo.node_of(r) for r in software})),
             numeric_only=not loc.culprits and any(t.policy.incident == "sdc" for t in self.gathered),
             summary=self._summary(), job_level=job_level, stalled_s=max(0.0, now - inc.onset_ts),
+            frozen=tuple(t.describe for t in frozen) if held else (), frozen_nodes=frozen_nodes,
         )
         already = set(inc.evicted_nodes)
         decisions = [d for d in decide(situation) if not (d.nodes and set(d.nodes) <= already)]
@@ -450,7 +475,7 @@ class Triage(ActiveDiagnosis, Stragglers):
                          and not paged] + [d for d in decisions if d.type not in ("restart_in_process", "requeue")]
         decisions = self.guards.review(decisions, now, len(topo.nodes))
         if self.config.ladder and CLASSES[inc.cls].stops_the_job and not inc.planned and not software \
-                and not job_level and not (loc.culprits and loc.confidence >= self.config.confidence):
+                and not job_level and not held and not (loc.culprits and loc.confidence >= self.config.confidence):
             decisions = self._climb(inc, loc, decisions, now)
         first = inc.decided_ts is None
         evidence = loc.evidence or [t.finding.id for t in self.gathered[:16]]

@@ -21,7 +21,7 @@ call) cannot send its own heartbeats, and would look dead: fail-stop would have
 it replaced, though it trains on once the freeze ends. For such a rank the agent
 sends a `heartbeat` each period on its behalf (`ts` now, `source: "agent"`,
 `proc_state` the letter), so the core sees it alive and making no progress: a
-hang, swept for stacks and localized, not a death to evict. Ranks in `R` or `S`
+hang that names the frozen rank and its state, not a death to evict. Ranks in `R` or `S`
 beat by themselves and get nothing; a zombie or a vanished process is dead and
 gets nothing. `heartbeat_s` must not exceed the jobs' own heartbeat period (both
 default to 5 s); 0 turns the check off.

@@ -16,9 +16,10 @@ sends a `heartbeat` for it on the rank's behalf:
 
 (`source` and `proc_state` are kept in the record's `extra`). The core counts
 any heartbeat as a sign of life, so the rank stays live; its steps stop, so a
-freeze longer than the job's rhythm allows is a hang: triage asks for a stack
-sweep (which localizes it), and the job's stepping on again closes the incident
-with nobody evicted.
+freeze longer than the job's rhythm allows is a hang, and the hang detector
+names the frozen rank from these heartbeats (a `frozen_rank` finding: a py-spy
+sweep cannot dump a stopped process); the job's stepping on again closes the
+incident with nobody evicted.
 
 A process in `R` or `S` beats by itself: nothing is sent for it (no traffic in
 the common case). A zombie (`Z`, `X`) or a vanished process is dead: nothing is
@@ -32,11 +33,9 @@ import logging
 from typing import Any
 
 from gangwatch.producers.agent.procs import RankTable
+from gangwatch.schemas.records import FROZEN_STATES as FROZEN  # the process lives, its threads do not run
 
 log = logging.getLogger("gangwatch.agent")
-
-# /proc/PID/stat states in which the process lives but its own threads do not run
-FROZEN = {"T": "stopped", "t": "stopped by a tracer", "D": "in uninterruptible sleep"}
 
 
 class FrozenRanks:

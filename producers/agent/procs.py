@@ -71,6 +71,18 @@ def _stat(pid_dir: Path) -> list[str] | None:
     return fields or None
 
 
+def proc_state(pid: int, proc_root: Path = PROC) -> tuple[str | None, int | None]:
+    """(the `stat` state letter, the owner's uid) of process `pid`; (None, None) when it is gone."""
+    pid_dir = proc_root / str(pid)
+    fields = _stat(pid_dir)
+    if not fields:
+        return None, None
+    try:
+        return fields[0], pid_dir.stat().st_uid
+    except OSError:
+        return fields[0], None
+
+
 def _parent(pid_dir: Path) -> int | None:
     """The parent pid from `stat`."""
     fields = _stat(pid_dir)

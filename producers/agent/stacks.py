@@ -12,35 +12,77 @@ For an action naming a job with ranks on this node (`procs.rank_processes`),
 `StackSweeper` runs `py-spy dump --pid P` on each rank's process, in parallel,
 and makes each dump a `stack` record: format `py-spy`, snapshot = the action's
 id, so that the stack detector sees the dumps of every node as one sweep. An
-action delivered twice is answered once. py-spy on another user's process
-needs root or CAP_SYS_PTRACE.
+action delivered twice is answered once.
+
+A dump that fails is left out of the sweep, with its real cause in the log
+(`dump_failure`): the process's own state comes first (`/proc/PID/stat`: stopped
+`T`, stopped by a tracer `t`, in uninterruptible sleep `D`, exited), then a
+permission refusal for what it is: another user's process while the agent is
+not root (py-spy then needs root or CAP_SYS_PTRACE), or a refusal to root
+itself (ptrace restricted: `kernel.yama.ptrace_scope` 3, a seccomp or AppArmor
+profile, a container without CAP_SYS_PTRACE). Root is never told it lacks root.
+A rank frozen that way is named to the core by the agent's heartbeats for it
+(`frozen`): its stall names it even though the sweep has no stack of it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 import subprocess
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
-from gangwatch.producers.agent.procs import RankProcess
+from gangwatch.producers.agent.procs import PROC, RankProcess, proc_state
 from gangwatch.schemas import Action, decode
+from gangwatch.schemas.records import FROZEN_STATES
 from gangwatch.schemas.security import kafka_python_security
 from gangwatch.schemas.signature import TopicVerifier
 
 log = logging.getLogger("gangwatch.agent")
+
+# what ptrace and /proc refusals look like in py-spy's (and its libraries') messages
+_REFUSED = re.compile(r"permission denied|operation not permitted|os error (1|13)\b|EPERM|EACCES", re.IGNORECASE)
+
+
+def dump_failure(message: str, state: str | None, *, euid: int, owner: int | None) -> str:
+    """Why py-spy could not dump a process, in words: `message` is py-spy's (its last line of stderr, or a
+    timeout said in words), `state` the process's `/proc/PID/stat` letter (None: it is gone), `euid` the agent's
+    effective uid, `owner` the process's uid (None: unknown)."""
+    refused = bool(_REFUSED.search(message))
+    if state is None or state in "ZX":
+        return f"the process has exited ({'a zombie' if state else 'gone'}): nothing to dump ({message})"
+    if refused and euid != 0 and owner is not None and owner != euid:
+        return (f"another user's process (uid {owner}; the agent runs as uid {euid}): py-spy needs root or "
+                f"CAP_SYS_PTRACE for it ({message})")
+    if state in FROZEN_STATES:
+        how = {"T": "it dumps once it is continued (SIGCONT)",
+               "t": "a debugger, or another py-spy, holds it: one tracer at a time",
+               "D": "a hung filesystem or driver call: it dumps once the call returns"}[state]
+        return f"the process is {FROZEN_STATES[state]} ({state}), not a permission problem: {how} ({message})"
+    if refused and euid == 0:
+        return (f"refused although the agent runs as root: ptrace is restricted on this node "
+                f"(kernel.yama.ptrace_scope 3, a seccomp or AppArmor profile, or a container without "
+                f"CAP_SYS_PTRACE) ({message})")
+    if refused:
+        return f"refused: the agent (uid {euid}) may not trace it; give it CAP_SYS_PTRACE or run it as root ({message})"
+    return message
 
 
 class StackSweeper:
     """`py-spy dump` of every local rank of a job, as `stack` records of one snapshot."""
 
     def __init__(self, *, py_spy: str, processes: Callable[[], list[RankProcess]], timeout_s: float = 30.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, proc_root: Path = PROC,
+                 euid: Callable[[], int] = os.geteuid) -> None:
         self.py_spy, self.timeout_s = py_spy, timeout_s
         self._processes, self._clock = processes, clock
+        self.proc_root, self._euid = proc_root, euid
 
     def sweep(self, job: str, snapshot: str) -> list[dict[str, Any]]:
         """One `stack` record per rank of `job` on this node that py-spy could dump."""
@@ -66,13 +108,17 @@ class StackSweeper:
                         self.py_spy)
             return self._clock(), None
         except subprocess.TimeoutExpired:
-            log.warning("%s: no answer within %.0f s", what, self.timeout_s)
+            log.warning("%s failed: %s", what, self._cause(proc, f"no answer within {self.timeout_s:.0f} s"))
             return self._clock(), None
         if done.returncode != 0:
             why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-            log.warning("%s failed: %s (other users' processes need root or CAP_SYS_PTRACE)", what, why[:300])
+            log.warning("%s failed: %s", what, self._cause(proc, why[:300]))
             return self._clock(), None
         return self._clock(), done.stdout
+
+    def _cause(self, proc: RankProcess, message: str) -> str:
+        state, owner = proc_state(proc.pid, self.proc_root)
+        return dump_failure(message, state, euid=self._euid(), owner=owner)
 
 
 class ActionListener:

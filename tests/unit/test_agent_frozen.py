@@ -123,17 +123,18 @@ NODES = ("n1", "n2", "n3")
 RANKS = 6  # rank r on NODES[r // 2]
 
 
-def stopped_rank_3(proc: Path, *, agent: bool) -> tuple[list, float]:
+def stopped_rank_3(proc: Path, *, agent: bool, freeze_s: float = 30.0, state: str = "T") -> tuple[list, float]:
     """A job of 3 nodes x 2 ranks, a step a second, heartbeats every HB; rank 3 (on n2) is SIGSTOPped for
-    30 s after step 59: its own heartbeats and steps stop, and its peers wait in the next collective. With
-    `agent`, n2's agent (the real collector, on a fake /proc whose rank 3 is in T meanwhile) polls every HB."""
+    `freeze_s` after step 59: its own heartbeats and steps stop, and its peers wait in the next collective. With
+    `agent`, n2's agent (the real collector, on a fake /proc whose rank 3 is in `state` meanwhile) polls every
+    HB."""
     recs: list = [Job(ts=T0, job="j", heartbeat_s=HB,
                       ranks=[RankInfo(rank=r, node=NODES[r // 2], gpu=r % 2) for r in range(RANKS)])]
     stop = T0 + 10.0 + 60.0
-    cont = stop + 30.0
+    cont = stop + freeze_s
     t = T0 + 10.0
     for k in range(120):
-        step_s = 1.0 + (30.0 if k == 60 else 0.0)  # step 60 ends once rank 3 runs again
+        step_s = 1.0 + (freeze_s if k == 60 else 0.0)  # step 60 ends once rank 3 runs again
         t += step_s
         recs += [Step(ts=t + 0.01 * r, job="j", rank=r, step=k, step_s=step_s, compute_s=0.6, comm_wait_s=0.4)
                  for r in range(RANKS)]
@@ -148,7 +149,7 @@ def stopped_rank_3(proc: Path, *, agent: bool) -> tuple[list, float]:
         frozen = FrozenRanks(RankTable("n2", proc), every_s=HB)
         now = T0 + 3.7  # the agent's own phase
         while now <= t:
-            set_state(proc, 2003, "T" if stop <= now < cont else "S")
+            set_state(proc, 2003, state if stop <= now < cont else "S")
             recs += [decode_obj(r) for r in frozen.poll(now)]
             now += HB
     return recs, t
@@ -166,8 +167,30 @@ def test_a_rank_stopped_for_30_s_is_a_hang_that_ends_by_itself_not_a_death(proc)
     assert [f.type for f in out.findings if f.type == "fail_stop"] == []
     assert [(a.type, a.nodes) for a in out.actions] == [("collect_stacks", [])]  # a sweep, no eviction
     [inc] = {i.id: i for i in out.incidents}.values()
-    assert inc.cls in ("hang", "stall") and inc.extra["resolution"] == "self_resolved"
-    assert inc.evicted_nodes == []
+    assert inc.extra["resolution"] == "self_resolved" and inc.evicted_nodes == []
+    # the sweep cannot dump a stopped process, but the stall still names what it waited on (issue 35)
+    [frozen] = [f for f in out.findings if f.type == "frozen_rank"]
+    assert (frozen.rank, frozen.node, frozen.evidence["proc_state"], frozen.evidence["state"]) == (3, "n2", "T",
+                                                                                                  "stopped")
+    assert frozen.id in inc.extra["findings"]
+    assert inc.cls == "hang" and inc.culprit_nodes == ["n2"]
+
+
+@pytest.mark.parametrize("state,words", [("T", "stopped"), ("D", "in uninterruptible sleep")])
+def test_a_rank_frozen_past_the_stall_budget_is_a_page_naming_it_never_an_eviction(proc, state, words):
+    """Frozen for 10 minutes: the stall waits for it up to the stall budget (300 s from its onset), then a human
+    is told which rank of which node is frozen and how; nobody is evicted, and its thaw ends the incident."""
+    recs, end = stopped_rank_3(proc, agent=True, freeze_s=600.0, state=state)
+    out = replay(recs, end + 5)
+    assert [f.type for f in out.findings if f.type == "fail_stop"] == []
+    assert not [a for a in out.actions if a.type not in ("collect_stacks", "escalate")]
+    [page] = [a for a in out.actions if a.type == "escalate"]
+    assert page.nodes == ["n2"] and f"rank 3 on n2 is {words} ({state})" in page.reason
+    onset = min(i.onset_ts for i in out.incidents)
+    assert page.ts == pytest.approx(onset + 300.0)  # the stall budget, not the sweep's wait
+    last = out.incidents[-1]
+    assert last.cls == "hang" and last.culprit_nodes == ["n2"] and last.evicted_nodes == []
+    assert last.recovered_ts is not None and last.recovered_ts > page.ts  # it thawed and the job stepped on
 
 
 def test_without_the_agents_heartbeats_the_same_freeze_is_taken_for_a_death(proc):

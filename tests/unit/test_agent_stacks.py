@@ -8,24 +8,33 @@ from pathlib import Path
 
 import pytest
 from gangwatch.producers.agent.procs import RankProcess
-from gangwatch.producers.agent.stacks import ActionListener, StackSweeper
+from gangwatch.producers.agent.stacks import ActionListener, StackSweeper, dump_failure
 from gangwatch.schemas import Action, Stack, decode_obj
 
 from tests.helpers import data_path
+from tests.unit.test_agent_frozen import fake_process
 
 pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def proc(tmp_path) -> Path:
+    """An empty fake /proc tree (`fake_process` adds processes)."""
+    (tmp_path / "proc").mkdir()
+    return tmp_path / "proc"
 
 RANKS = [RankProcess(pid=4101, job="j1", rank=4), RankProcess(pid=4102, job="j1", rank=5),
          RankProcess(pid=5101, job="other", rank=0)]
 
 
-def fake_py_spy(tmp_path: Path, *, fail_pid: int | None = None) -> str:
+def fake_py_spy(tmp_path: Path, *, fail_pid: int | None = None,
+                error: str = "Error: Permission denied (os error 13)") -> str:
     """An executable that answers `dump --pid P` with a real rank's dump text (or fails for `fail_pid`)."""
     real = data_path("pyspy/dataloader-hang-8ranks/dump_rank5.txt")
     script = tmp_path / "py-spy"
     script.write_text(f"""#!/bin/sh
 [ "$1" = dump ] && [ "$2" = --pid ] || exit 64
-if [ "$3" = "{fail_pid}" ]; then echo "Error: Permission denied (os error 13)" >&2; exit 1; fi
+if [ "$3" = "{fail_pid}" ]; then echo "{error}" >&2; exit 1; fi
 echo "Process $3: python3 -u train.py"
 tail -n +2 {real}
 """)
@@ -46,12 +55,54 @@ def test_a_sweep_dumps_every_local_rank_of_the_job_into_one_snapshot(tmp_path):
     assert recs[0].dump.startswith("Process 4101: ") and "Thread 14154 (idle)" in recs[0].dump
 
 
-def test_a_rank_py_spy_cannot_dump_is_left_out_with_the_reason(tmp_path, caplog):
-    sweeper = StackSweeper(py_spy=fake_py_spy(tmp_path, fail_pid=4102), processes=lambda: RANKS)
+def test_a_rank_py_spy_cannot_dump_is_left_out_with_the_reason(tmp_path, proc, caplog):
+    """Another user's process (the fake /proc's, owned by whoever runs the test) and an agent that is not root."""
+    fake_process(proc, 4102, 1, None)
+    sweeper = StackSweeper(py_spy=fake_py_spy(tmp_path, fail_pid=4102), processes=lambda: RANKS, proc_root=proc,
+                           euid=lambda: proc.stat().st_uid + 1)
     with caplog.at_level(logging.WARNING, "gangwatch.agent"):
         recs = sweeper.sweep("j1", "a-1")
     assert [r["rank"] for r in recs] == [4]
-    assert "Permission denied" in caplog.text and "CAP_SYS_PTRACE" in caplog.text
+    assert "Permission denied" in caplog.text and "needs root or CAP_SYS_PTRACE" in caplog.text
+
+
+@pytest.mark.parametrize("state,said", [("T", "stopped (T)"), ("t", "stopped by a tracer (t)"),
+                                        ("D", "in uninterruptible sleep (D)")])
+def test_a_frozen_rank_py_spy_cannot_dump_is_said_frozen_to_root_never_short_of_root(tmp_path, proc, caplog,
+                                                                                       state, said):
+    """The live case of issue 35: the agent runs as root, rank 5 is SIGSTOPped, py-spy's ptrace is refused."""
+    fake_process(proc, 4102, 1, None, state=state)
+    sweeper = StackSweeper(py_spy=fake_py_spy(tmp_path, fail_pid=4102, error="Error: Operation not permitted "
+                                              "(os error 1)"), processes=lambda: RANKS, proc_root=proc,
+                           euid=lambda: 0)
+    with caplog.at_level(logging.WARNING, "gangwatch.agent"):
+        recs = sweeper.sweep("j1", "a-1")
+    assert [r["rank"] for r in recs] == [4]
+    assert f"rank 5 of job j1) failed: the process is {said}, not a permission problem" in caplog.text
+    assert "root" not in caplog.text and "CAP_SYS_PTRACE" not in caplog.text
+
+
+REFUSED = "Error: Operation not permitted (os error 1)"
+
+
+@pytest.mark.parametrize("message,state,euid,owner,want,never", [
+    (REFUSED, "T", 0, 1000, "is stopped (T), not a permission problem: it dumps once it is continued", "root"),
+    (REFUSED, "t", 0, 0, "stopped by a tracer (t), not a permission problem: a debugger, or another py-spy",
+     "root"),
+    ("no answer within 30 s", "D", 0, 1000, "in uninterruptible sleep (D), not a permission problem", "root"),
+    (REFUSED, "T", 1000, 1001, "another user's process (uid 1001; the agent runs as uid 1000): py-spy needs root "
+     "or CAP_SYS_PTRACE", "stopped"),
+    ("Error: Permission denied (os error 13)", "S", 0, 1000, "refused although the agent runs as root: ptrace is "
+     "restricted", "needs root"),
+    (REFUSED, "S", 1000, 1000, "refused: the agent (uid 1000) may not trace it", "another user"),
+    (REFUSED, None, 0, None, "the process has exited (gone)", "root"),
+    ("Error: Failed to find python version from target process", "R", 0, 1000,
+     "Error: Failed to find python version from target process", "root"),
+])
+def test_a_dump_failure_is_told_by_its_real_cause(message, state, euid, owner, want, never):
+    said = dump_failure(message, state, euid=euid, owner=owner)
+    assert want in said and never not in said.replace(message, "")
+    assert message in said  # py-spy's own words are kept
 
 
 def test_without_py_spy_the_sweep_says_how_to_get_it(tmp_path, caplog):

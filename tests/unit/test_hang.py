@@ -6,8 +6,9 @@ import json
 
 import pytest
 from gangwatch.detectors.hang import HangDetector
+from gangwatch.detectors.steps import RecordRun
 from gangwatch.detectors.topology import Topology
-from gangwatch.schemas import Framework, Job, Lifecycle, RankInfo, Step
+from gangwatch.schemas import Framework, Heartbeat, Job, Lifecycle, RankInfo, Step
 
 pytestmark = pytest.mark.unit
 
@@ -248,3 +249,85 @@ def test_a_pause_limit_is_learned_from_the_jobs_own_pauses():
     clone = HangDetector.from_state(json.loads(json.dumps(det.state())), topo())
     [f] = run(clone, [second], until=end + 200)
     assert abs(f.ts - (second.ts + 120.0)) <= 1.0
+
+
+# --- frozen ranks: the agent's heartbeats for a process alive but stopped, traced or in D (issue 35) ----------
+
+def agent_beats(rank: int, first: float, last: float, state: str = "T", every: float = 5.0) -> list[Heartbeat]:
+    """What a node agent sends for `rank` frozen in `state` (producers/agent/frozen.py), every `every` seconds."""
+    out, t = [], first
+    while t <= last:
+        out.append(Heartbeat(ts=round(t, 6), job="j", rank=rank, extra={"source": "agent", "proc_state": state}))
+        t += every
+    return out
+
+
+def frozen_stall(rank: int = 11, state: str = "T", *, from_s: float = 2.0, for_s: float = 60.0):
+    """Steps 0..100 (a step a second), then `rank` frozen from `from_s` after the last progress for `for_s`."""
+    recs, end = steps(0, 100, T0)
+    progress = min(r.ts for r in recs if r.step == 100)
+    return [*recs, *agent_beats(rank, progress + from_s, progress + from_s + for_s, state)], progress
+
+
+@pytest.mark.parametrize("state,words", [("T", "stopped"), ("t", "stopped by a tracer"),
+                                         ("D", "in uninterruptible sleep")])
+def test_a_hang_names_the_rank_its_agent_reports_frozen(state, words):
+    recs, progress = frozen_stall(state=state)
+    hang, frozen = run(HangDetector(topo()), sorted(recs, key=lambda r: r.ts), until=progress + 100)
+    assert hang.type == "hang" and frozen.type == "frozen_rank" and frozen.ts == hang.ts
+    assert (frozen.rank, frozen.node, frozen.gpu) == (11, "n001", 3)
+    ev = frozen.evidence
+    assert (ev["proc_state"], ev["state"], ev["since_ts"], ev["last_step"]) == (state, words, progress + 2.0, 100)
+    assert hang.ts - 2 * 5.0 <= ev["last_report_ts"] <= hang.ts
+
+
+def test_a_rank_that_freezes_during_a_reported_stall_is_named_at_once_and_once():
+    recs, progress = frozen_stall(from_s=40.0, for_s=60.0)  # the hang is reported 20 s after the last progress
+    found = run(HangDetector(topo()), sorted(recs, key=lambda r: r.ts), until=progress + 200)
+    assert [f.type for f in found] == ["hang", "frozen_rank"]
+    assert found[1].ts == progress + 40.0 and found[1].rank == 11
+
+
+def test_a_freeze_that_ended_names_nobody():
+    """Thawed before the stall (its own heartbeat after the agent's last report), or the agent's reports long
+    stopped: the hang names no frozen rank."""
+    recs, progress = frozen_stall(from_s=-30.0, for_s=10.0)  # frozen 30..20 s before the last progress
+    own = Heartbeat(ts=progress - 15.0, job="j", rank=11)
+    assert [f.type for f in run(HangDetector(topo()), sorted([*recs, own], key=lambda r: r.ts),
+                                until=progress + 100)] == ["hang"]
+    stale, progress = frozen_stall(from_s=-5.0, for_s=5.0)  # its agent's last report 20 s before the hang
+    assert [f.type for f in run(HangDetector(topo()), sorted(stale, key=lambda r: r.ts), until=progress + 100)] \
+        == ["hang"]
+
+
+def test_the_run_path_finds_what_the_record_path_finds_with_frozen_ranks():
+    recs, progress = frozen_stall(from_s=-3.0, for_s=80.0)
+    recs = sorted([*recs, Heartbeat(ts=progress - 4.0, job="j", rank=2)], key=lambda r: r.ts)
+    a, b = HangDetector(topo()), HangDetector(topo())
+    want = run(a, recs, until=progress + 100, tick=7.0)
+    got, i = [], 0
+    while i < len(recs):  # runs of the records with one time, as the core cuts them
+        j = i
+        while j < len(recs) and recs[j].ts == recs[i].ts:
+            j += 1
+        got += b.advance(recs[i].ts)
+        got += [f for _, fs in b.observe_run(RecordRun(recs[i:j])) for f in fs]
+        i = j
+    t = recs[-1].ts
+    while t < progress + 100:
+        t = min(progress + 100, t + 7.0)
+        got += b.advance(t)
+    assert got == want and [f.type for f in want] == ["hang", "frozen_rank"]
+    assert a.state() == b.state()
+
+
+def test_frozen_ranks_survive_a_state_round_trip_and_old_states_load():
+    recs, progress = frozen_stall(from_s=-3.0, for_s=80.0)
+    recs = sorted(recs, key=lambda r: r.ts)
+    cut = next(i for i, r in enumerate(recs) if r.ts > progress + 1)
+    det = HangDetector(topo())
+    run(det, recs[:cut])
+    clone = HangDetector.from_state(json.loads(json.dumps(det.state())), topo())
+    assert [f.type for f in run(clone, recs[cut:], until=progress + 100)] == ["hang", "frozen_rank"]
+    old = {k: v for k, v in det.state().items() if k not in ("frozen", "named")}  # saved before issue 35
+    assert [f.type for f in HangDetector.from_state(old, topo()).advance(progress + 100)] == ["hang"]
