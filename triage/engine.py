@@ -236,7 +236,7 @@ class JobCore:
         inc = self.triage.incident  # its decision, not an answer it may still be waiting for (live waits too)
         if inc is not None and inc.decided_ts is None and math.isfinite(inc.decide_at):
             until = max(until, inc.decide_at)
-        if until > now:
+        if findings or until > now:
             self.triage.advance(until, out)
         return out
 

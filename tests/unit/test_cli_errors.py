@@ -456,7 +456,9 @@ def test_kubernetes_without_a_cluster_to_talk_to_is_one_line(capsys, monkeypatch
     pytest.importorskip("kubernetes")
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    assert main(["kubernetes", "apply", "--from", str(tmp_path / "a.jsonl")]) == 2
+    (tmp_path / "a.jsonl").write_text("")
+    # (a dry run needs no cluster: tests/unit/test_fence_dry_run.py; acting does)
+    assert main(["kubernetes", "apply", "--act", "--from", str(tmp_path / "a.jsonl")]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("gangwatch kubernetes: error: no Kubernetes API to talk to") and "--kubeconfig" in line
 

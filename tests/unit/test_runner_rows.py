@@ -51,7 +51,7 @@ def node_items(node: int, k: int, t: float, rnd: random.Random, *, slow: bool = 
 
 def stream(seed: int) -> list[Msg]:
     """A job's telemetry as node sidecars send it, with what a live stream has: envelopes in event-time order or
-    not, whose time spans are apart or overlap, a bad item now and then, a clock far ahead, a node that falls
+    not, whose time spans are apart or overlap, a bad item now and then, a clock hours ahead, a node that falls
     silent, a slow rank, a crash reported on its own, a stall (heartbeats only: the ranks live on them), and the
     job record after some of its telemetry."""
     rnd = random.Random(seed)
@@ -78,7 +78,7 @@ def stream(seed: int) -> list[Msg]:
             if rnd.random() < 0.05:
                 items[rnd.randrange(len(items))] = spoiled(items[0], rnd)
             if rnd.random() < 0.02:
-                items[-1] = {**items[-1], "ts": WALL + 3600.0}  # a clock an hour ahead
+                items[-1] = {**items[-1], "ts": WALL + 7200.0}  # a clock two hours ahead: no clock at all
             cut = rnd.choice([len(items), len(items), len(items) // 2, 1])
             for part in (items[:cut], items[cut:]):
                 if part:
