@@ -171,9 +171,9 @@ def test_an_unknown_host_waits_with_one_line_then_says_why(capsys):
     assert err.count("waiting for Kafka") == 1 and len(err.splitlines()) == 2
 
 
-def _server(answer: bytes | None):
-    """A TCP server on a free port that answers every connection's first bytes with `answer` (None: silence),
-    as a port of another service does to Kafka's request; (port, close)."""
+def _server(answer):
+    """A TCP server on a free port that answers every connection's first bytes with `answer` (None: silence; a
+    function: of those bytes), as a port of another service does to Kafka's request; (port, close)."""
     import threading
 
     server = socket.create_server(("127.0.0.1", 0))
@@ -186,9 +186,9 @@ def _server(answer: bytes | None):
             except OSError:
                 return
             held.append(conn)
-            conn.recv(64)
-            if answer is not None:
-                conn.sendall(answer)
+            said = answer(conn.recv(64)) if callable(answer) else answer
+            if said is not None:
+                conn.sendall(said)
 
     threading.Thread(target=serve, daemon=True).start()
 
@@ -366,34 +366,18 @@ def test_a_bad_store_url_is_one_line_and_creates_nothing(capsys, monkeypatch, tm
 
 def test_a_store_that_answers_http_is_named_within_seconds(capsys, monkeypatch):
     """What ClickHouse's HTTP port does with the native hello: waits for the end of a request that never comes."""
-    import threading
     import time
 
     from gangwatch.sinks import store
 
-    server = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            held.append(conn)
-            if conn.recv(64).startswith(b"GET "):
-                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 4\r\n\r\nOk.\n")
-
-    threading.Thread(target=serve, daemon=True).start()
+    port, close = _server(lambda got: b"HTTP/1.0 200 OK\r\nContent-Length: 4\r\n\r\nOk.\n"
+                          if got.startswith(b"GET ") else None)
     monkeypatch.setattr(store, "HELLO_TIMEOUT_S", 1.0)
     started = time.monotonic()
     try:
-        code, _, err = run(capsys, "store", "query", "SELECT 1", "--store",
-                           f"clickhouse://127.0.0.1:{server.getsockname()[1]}/gw")
+        code, _, err = run(capsys, "store", "query", "SELECT 1", "--store", f"clickhouse://127.0.0.1:{port}/gw")
     finally:
-        server.close()
-        for conn in held:
-            conn.close()
+        close()
     assert code == EXIT_SERVICE and "looks like the HTTP port" in one_error(err) and "9000" in one_error(err)
     assert time.monotonic() - started < 10 and len(err.splitlines()) == 1
 
