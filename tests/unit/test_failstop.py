@@ -446,7 +446,7 @@ def test_every_rank_exiting_cleanly_at_the_end_is_the_jobs_end_though_the_last_o
     end = T0 + 100
     recs = beats(t, end, steps=True) + [r for r in exits(t, end + 0.2, code=0) if r.rank < 4] + [
         Framework(ts=end + 0.3 + 0.01 * r, job="j", rank=r, type="exception",
-                  message="RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+                  message="RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer")
         for r in (4, 5)]
     recs.sort(key=lambda r: r.ts)
     found = drive(FailStopDetector(t), recs, tail=60.0)
