@@ -295,8 +295,8 @@ def several_jobs(seconds: int = 40) -> list:
     [first] = [r for r in j3 if r.kind == "job"]
     restart = dataclasses.replace(first, ts=first.ts + 15.0004, ranks=[
         dataclasses.replace(ri, node="n029" if ri.node == "n021" else ri.node) for ri in first.ranks])
-    silent_from = first.ts + 22.0
-    j3 = [r for r in j3 if not (r.kind in ("step", "heartbeat") and r.rank >= 4 and r.ts >= silent_from)]
+    silent_from = first.ts + 22.0  # n029 dies: its ranks fall silent, and the gang waits for them (no more steps)
+    j3 = [r for r in j3 if not (r.ts >= silent_from and (r.kind == "step" or (r.kind == "heartbeat" and r.rank >= 4)))]
     return sorted([*j1, *j2, *j3, restart], key=lambda r: r.ts)
 
 
