@@ -814,8 +814,9 @@ class FailStopDetector(DetectorBase):
         if ((status == SILENT) | (status == GAP)).any() or self.lag_since or self._news_of_lag(rank, ts):  # a late
             return observe_each(self, run)  # record may withdraw a report of silence, end or show a telemetry gap
         self.arrived[rank] = np.maximum(self.arrived[rank], self.now)
-        if "heartbeat" in run.by_kind:  # a heartbeat's `step`: its rank's newest
-            beats = [(r, s) for r, s, t in zip(run.lists("heartbeat", "rank"), run.lists("heartbeat", "step"),
+        beat_steps = run.lists("heartbeat", "step") if "heartbeat" in run.by_kind else []
+        if any(s is not None for s in beat_steps):  # a heartbeat's `step`: its rank's newest
+            beats = [(r, s) for r, s, t in zip(run.lists("heartbeat", "rank"), beat_steps,
                                                run.lists("heartbeat", "ts"), strict=True)
                      if s is not None and 0 <= r < self.topo.size and t >= self.topo.ts]
             if beats:
