@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ sits besi
 from gangwatch.sinks.store import ChdbStore  # noqa: E402
 from gangwatch.sinks.tables import incident_row  # noqa: E402
 
-from gangwatch.queries import catalog, render  # noqa: E402
+from gangwatch.report.queries import catalog, render  # noqa: E402
 from tests.integration.test_shipped_sql import DAY, INCIDENTS, TELEMETRY  # noqa: E402
 
 RAW = ("(SELECT toDate(toUInt16(intDiv(toUInt32(event_time), 86400))) AS day, node, kind, count() AS records "

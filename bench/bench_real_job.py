@@ -31,7 +31,8 @@ import time
 import uuid
 from pathlib import Path
 
-from gangwatch.streams.topics import TopicSettings, create_topics
+from gangwatch.schemas.topics import TopicSettings
+from gangwatch.streams.topic_admin import create_topics
 from kafka.admin import KafkaAdminClient
 
 from tests.integration.livejob import FIVE, Fault, LiveJob

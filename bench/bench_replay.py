@@ -42,7 +42,7 @@ from gangwatch.producers.simulate import Scenario, write
 from gangwatch.schemas import DecodeError, decode
 from gangwatch.streams import replay
 from gangwatch.streams.replay import open_text
-from gangwatch.triage.engine import Core
+from gangwatch.triage.core import Core
 
 
 def scenario(n: int, duration_s: float) -> Scenario:

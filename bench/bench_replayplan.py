@@ -18,7 +18,7 @@ import time
 
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Job, RankInfo
-from gangwatch.triage.replayplan import ReplayPlan, localize, next_phase, plan
+from gangwatch.triage.rerun_plan import ReplayPlan, localize, next_phase, plan
 
 GPUS = 8
 LAYOUTS = [  # name, pp, dp, tp, order (a node's two tp-4 groups: "pp" two stages, "dp" two replicas)

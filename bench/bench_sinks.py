@@ -34,10 +34,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ sits beside the packages
 
+from gangwatch.schemas.topics import TopicSettings  # noqa: E402
 from gangwatch.sinks.queued import queued  # noqa: E402
 from gangwatch.sinks.webhook import WebhookSink  # noqa: E402
 from gangwatch.streams.runner import JobRunner, Msg  # noqa: E402
-from gangwatch.streams.topics import TopicSettings  # noqa: E402
 
 from tests.integration.kafkakit import messages, scenario  # noqa: E402
 

@@ -51,7 +51,8 @@ from pathlib import Path
 
 import orjson
 from gangwatch.schemas import DecodeError, Heartbeat, Hw, Job, RankInfo, Step, decode, encode, encode_batch
-from gangwatch.streams.topics import TopicSettings, create_topics
+from gangwatch.schemas.topics import TopicSettings
+from gangwatch.streams.topic_admin import create_topics
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient
 
@@ -347,7 +348,7 @@ def triggers(produced: list[tuple[str, bytes]], jobs: list[Job]) -> dict[str, fl
     output's latency is measured from the moment it became decidable, however long the
     detectors deliberately wait on event time (storm windows, settle times, grids).
     """
-    from gangwatch.triage.engine import Core
+    from gangwatch.triage.core import Core
 
     cores = {}
     for job in jobs:

@@ -112,7 +112,7 @@ from gangwatch.schemas.signature import (
     SignatureVerifier,
     TopicVerifier,
 )
-from gangwatch.streams.topics import TopicSettings, topic_for
+from gangwatch.schemas.topics import TopicSettings, topic_for
 
 log = logging.getLogger("gangwatch.controller")
 

@@ -77,7 +77,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gangwatch.control.follow import TopicReader
 from gangwatch.control.journal import AppliedLog, Outcome
 from gangwatch.schemas import Action, DecodeError, Record, decode
-from gangwatch.streams.topics import TopicSettings
+from gangwatch.schemas.topics import TopicSettings
 
 if TYPE_CHECKING:
     from gangwatch.schemas.signature import TopicVerifier

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
-from gangwatch.producers.simulate.controller import SimulatedController
+from gangwatch.producers.simulate.responder import SimulatedController
 from gangwatch.schemas import Action, Lifecycle, Record, Recovery
 
 log = logging.getLogger("gangwatch.controller")

@@ -62,7 +62,7 @@ class ReplayGroup:
 
 
 def replay_groups(a: Action) -> list[ReplayGroup]:
-    """The groups of a `replay` action (`extra.groups`, as triage/replayplan.py's `Phase.to_json` writes them); a
+    """The groups of a `replay` action (`extra.groups`, as triage/rerun_plan.py's `Phase.to_json` writes them); a
     ValueError saying what is wrong when there are none, or one has no id or no node, or two share an id."""
     raw = a.extra.get("groups")
     if not isinstance(raw, list) or not raw:

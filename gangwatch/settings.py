@@ -66,12 +66,12 @@ class Section:
 
 
 SECTIONS = (
-    Section("worker", "gangwatch.streams.settings:WorkerSettings",
+    Section("worker", "gangwatch.streams.worker_settings:WorkerSettings",
             exclude=("topics", "core", "lateness_s", *SINK_FIELDS)),
-    Section("sinks", "gangwatch.streams.settings:WorkerSettings", only=SINK_FIELDS),
-    Section("topics", "gangwatch.streams.topics:TopicSettings", exclude=("app",)),  # app: the worker's app id
-    Section("core", "gangwatch.triage.config:CoreConfig", exclude=("triage", "detectors")),
-    Section("triage", "gangwatch.triage.config:TriageConfig"),
+    Section("sinks", "gangwatch.streams.worker_settings:WorkerSettings", only=SINK_FIELDS),
+    Section("topics", "gangwatch.schemas.topics:TopicSettings", exclude=("app",)),  # app: the worker's app id
+    Section("core", "gangwatch.triage.budgets:CoreConfig", exclude=("triage", "detectors")),
+    Section("triage", "gangwatch.triage.budgets:TriageConfig"),
     Section("kafka_security", "gangwatch.schemas.security:KafkaSecurity"),  # SASL / SSL of every Kafka client
     # (not `kafka`: GANGWATCH_KAFKA, the tests' broker address, would be read as that whole section)
 )
@@ -387,12 +387,12 @@ class Loaded:
     # --- the runtime dataclasses --------------------------------------------------------------------------
 
     def topic_settings(self):
-        from gangwatch.streams.topics import TopicSettings
+        from gangwatch.schemas.topics import TopicSettings
 
         return _build(TopicSettings, self.values["topics"])
 
     def core_config(self):
-        from gangwatch.triage.config import CoreConfig, TriageConfig
+        from gangwatch.triage.budgets import CoreConfig, TriageConfig
 
         types = _detector_types()
         return CoreConfig(**self.values["core"], triage=_build(TriageConfig, self.values["triage"]),
@@ -418,7 +418,7 @@ class Loaded:
                 environ[variable] = str(value).lower() if isinstance(value, bool) else str(value)
 
     def worker_settings(self):
-        from gangwatch.streams.settings import WorkerSettings
+        from gangwatch.streams.worker_settings import WorkerSettings
 
         return WorkerSettings(**self.values["worker"], **self.values["sinks"], topics=self.topic_settings(),
                               lateness_s=self.values["core"]["lateness_s"], core=self.core_config())

@@ -3,7 +3,7 @@
 Pure (no I/O beyond reading the given environment mapping), so that every layer
 that builds a client can use it: the trainer client and the node agent
 (producers), the sinks, and the worker (streams, which adds the SSL context
-aiokafka and Faust need: `gangwatch.streams.security`).
+aiokafka and Faust need: `gangwatch.streams.client_security`).
 
 Kafka, from `GANGWATCH_KAFKA_*` variables (`KafkaSecurity.from_env`):
 

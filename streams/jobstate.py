@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 import orjson
-from gangwatch.triage.config import CoreConfig
-from gangwatch.triage.engine import JobCore
+from gangwatch.triage.budgets import CoreConfig
+from gangwatch.triage.core import JobCore
 
 if TYPE_CHECKING:
     from gangwatch.streams.items import Item

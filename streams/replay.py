@@ -29,8 +29,8 @@ from gangwatch.sinks.base import Sink
 from gangwatch.sinks.files import JsonlSink
 from gangwatch.sinks.store import Store
 from gangwatch.sinks.storesink import StoreSink
-from gangwatch.triage.config import CoreConfig
-from gangwatch.triage.engine import JOB_KEYED, RUN_KINDS, Core
+from gangwatch.triage.budgets import CoreConfig
+from gangwatch.triage.core import JOB_KEYED, RUN_KINDS, Core
 
 _CHUNK = 4096  # items fed at once: runs of records within them go through the core together
 

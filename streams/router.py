@@ -21,8 +21,8 @@ from typing import Any
 
 import orjson
 from gangwatch.schemas import DecodeError, Record, decode, encode_batch
+from gangwatch.schemas.topics import TopicSettings
 from gangwatch.streams.runner import MAX_PENDING, Lagging, Msg, Result, Send, reject
-from gangwatch.streams.topics import TopicSettings
 
 
 class NodeRouter:

@@ -40,11 +40,11 @@ from typing import NamedTuple
 import orjson
 from gangwatch.schemas import DeadLetter, DecodeError, Outputs, Record, decode, encode
 from gangwatch.schemas.columns import StepRows
+from gangwatch.schemas.topics import TopicSettings
 from gangwatch.streams.items import TS, Item, Msg, N, cut, in_order, is_job, item_of, last_of, one_by_one, ts_at
 from gangwatch.streams.jobstate import JobState, Taken, cover_of, pack_state, take_state, unpack_state
-from gangwatch.streams.topics import TopicSettings
-from gangwatch.triage.config import CoreConfig
-from gangwatch.triage.engine import JobCore
+from gangwatch.triage.budgets import CoreConfig
+from gangwatch.triage.core import JobCore
 
 _NODE_KINDS = frozenset({"hw", "gpu"})
 MAX_PENDING = 200_000  # records held per job (or node) waiting for their job record (or mapping)

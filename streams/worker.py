@@ -71,10 +71,10 @@ from gangwatch.sinks.base import Sink
 from gangwatch.streams import faust_adapter
 from gangwatch.streams.router import NodeRouter
 from gangwatch.streams.runner import JobRunner
-from gangwatch.streams.settings import WorkerSettings
-from gangwatch.streams.topics import create_topics
+from gangwatch.streams.topic_admin import create_topics
+from gangwatch.streams.worker_settings import WorkerSettings
 from gangwatch.streams.workerio import WorkerIO
-from gangwatch.triage.config import CoreConfig
+from gangwatch.triage.budgets import CoreConfig
 
 if TYPE_CHECKING:  # Faust, aiokafka and prometheus-client are imported where a worker starts, so that
     import faust  # `WorkerSettings` (and `gangwatch config show`) loads without the worker extra
@@ -127,7 +127,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     t = s.own_topics
     datadir = Path(s.datadir or Path(tempfile.gettempdir()) / "gangwatch-faust" / s.app_id)
     datadir.parent.mkdir(parents=True, exist_ok=True)  # Faust makes only the last level
-    from gangwatch.streams.security import faust_app_kwargs
+    from gangwatch.streams.client_security import faust_app_kwargs
 
     app = faust.App(
         s.app_id,
@@ -147,7 +147,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         web_enabled=s.web,
         web_port=s.web_port,
         producer_max_request_size=STATE_MAX_BYTES,
-        **faust_app_kwargs(),  # GANGWATCH_KAFKA_* SASL/SSL (streams/security.py); nothing for PLAINTEXT
+        **faust_app_kwargs(),  # GANGWATCH_KAFKA_* SASL/SSL (streams/client_security.py); nothing for PLAINTEXT
     )
     quiet = faust_adapter.ChangelogsNotYet(s.app_id)  # until _producer_knows
     faust_adapter.NormalStates(s.app_id, t.prefix)  # Faust's ERROR lines for normal states, said as INFO

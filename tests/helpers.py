@@ -37,7 +37,7 @@ def replay_core(recs: list, until: float, config: Any = None) -> Any:
     second at a time to `until` (as the worker's silence timer moves it when nothing arrives), then the end of
     input. Returns the `Outputs`."""
     from gangwatch.schemas import Outputs
-    from gangwatch.triage.engine import Core
+    from gangwatch.triage.core import Core
 
     core, out = Core(config), Outputs()
     for rec in sorted(recs, key=lambda r: r.ts):

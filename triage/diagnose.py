@@ -27,11 +27,11 @@ from typing import Any
 
 from gangwatch.fleet import kb
 from gangwatch.schemas import Outputs, Recovery
-from gangwatch.triage import replayplan
+from gangwatch.triage import rerun_plan as replayplan
 from gangwatch.triage.decide import Decision
 from gangwatch.triage.incident import Timeline
 from gangwatch.triage.localize import Localization
-from gangwatch.triage.replayplan import ReplayPlan
+from gangwatch.triage.rerun_plan import ReplayPlan
 
 RUNGS = ("group", "restart", "replay", "human")
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from gangwatch.schemas import Incident
 from gangwatch.schemas.classes import rank
-from gangwatch.triage.config import Budgets
+from gangwatch.triage.budgets import Budgets
 
 KEEP_WAITING = 16  # incidents of jobs that kept running, waiting for the controller's word, kept per job
 

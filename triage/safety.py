@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gangwatch.schemas import EVICTING_ACTIONS, Ops
-from gangwatch.triage.config import Safety
+from gangwatch.triage.budgets import Safety
 from gangwatch.triage.decide import Decision
 
 

@@ -28,8 +28,8 @@ from gangwatch.cli import (
     kafka,
     kb,
     kubernetes,
-    postmortem,
     replay,
+    report,
     rules,
     simulate,
     slurm,
@@ -47,7 +47,7 @@ from gangwatch.cli.options import (
     resolve,
 )
 
-COMMANDS = (replay, simulate, ingest, kafka, agent, controller, slurm, kubernetes, config, sql, postmortem, kb,
+COMMANDS = (replay, simulate, ingest, kafka, agent, controller, slurm, kubernetes, config, sql, report, kb,
             rules, spares, drill)
 
 # The extra that brings each optional top-level module.

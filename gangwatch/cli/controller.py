@@ -25,7 +25,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
     from gangwatch.control.controller import Controller, RecoveryPublisher, TopicSource, WebhookSource, run
     from gangwatch.control.launcher import JobSpec
     from gangwatch.schemas.signature import SECRET_ENV, TopicVerifier, topic_secret
-    from gangwatch.streams.topics import TopicSettings
+    from gangwatch.schemas.topics import TopicSettings
 
     if args.simulate:
         return cmd_simulated(args)

@@ -1,4 +1,4 @@
-"""`gangwatch drill`: a game day of the live pipeline on a simulated job (gangwatch/drill.py, drill_live.py)."""
+"""`gangwatch drill`: a game day of the live pipeline on a simulated job (gangwatch/evaluation/drill*.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ DELAY_NAMES = ("accept", "replace", "ckpt", "comm", "resume", "replay", "dual-ru
 
 
 def _kinds(raw: str) -> tuple[str, ...]:
-    from gangwatch.drill import KINDS
+    from gangwatch.evaluation.drill import KINDS
 
     kinds = tuple(k.strip() for k in raw.split(",") if k.strip())
     unknown = [k for k in kinds if k not in KINDS]
@@ -38,9 +38,9 @@ def _delay(raw: str) -> tuple[str, float]:
 def cmd_drill(args: argparse.Namespace) -> int:
     import logging
 
-    from gangwatch import drill, drill_live
     from gangwatch.cli.services import wait_for_kafka, wait_for_store
-    from gangwatch.triage.config import Budgets
+    from gangwatch.evaluation import drill, drill_live
+    from gangwatch.triage.budgets import Budgets
 
     try:
         spec = drill.DrillSpec(job=args.job or f"drill-{args.seed}-{_suffix()}", seed=args.seed,
@@ -78,7 +78,7 @@ def _drill(args: argparse.Namespace, spec: Any, live: Any, budgets: Any, workdir
     """Run the drill and print its report; whether it passed."""
     import orjson
 
-    from gangwatch import drill, drill_live
+    from gangwatch.evaluation import drill, drill_live
 
     quiet = args.format == "json"
     say = None if quiet else (lambda line: print(f"  {line}", file=sys.stderr, flush=True))

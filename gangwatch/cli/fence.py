@@ -79,7 +79,7 @@ def apply(args: argparse.Namespace, backend: Any, verify: Any = None) -> int:
     """`... apply`: every action from the files, or from the alert topic (checked by `verify`, from
     `topic_verifier`) until TERM / --idle-timeout."""
     from gangwatch.control.fence import ActionTopic, AppliedLog, Fencer, follow, read_records
-    from gangwatch.streams.topics import TopicSettings
+    from gangwatch.schemas.topics import TopicSettings
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     breaker = _breaker(args)

@@ -7,7 +7,7 @@ import math
 import sys
 from pathlib import Path
 
-from gangwatch.cli import report
+from gangwatch.cli import console
 from gangwatch.cli.options import (
     EXIT_CORRUPT,
     EXIT_EXTRA,
@@ -26,7 +26,7 @@ from gangwatch.cli.services import wait_for_kafka, wait_for_store
 
 
 def _topic_settings(args: argparse.Namespace):
-    from gangwatch.streams.topics import TopicSettings
+    from gangwatch.schemas.topics import TopicSettings
 
     return TopicSettings.from_env(prefix=args.prefix, partitions=args.partitions, replication=args.replication,
                                   app=getattr(args, "app_id", None))
@@ -61,7 +61,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_topics_create(args: argparse.Namespace) -> int:
-    from gangwatch.streams.topics import create_topics
+    from gangwatch.streams.topic_admin import create_topics
 
     wait_for_kafka(args.bootstrap, args.connect_timeout)
     s = _topic_settings(args)
@@ -72,7 +72,7 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
 
 
 def cmd_topics_list(args: argparse.Namespace) -> int:
-    from gangwatch.streams.topics import list_topics
+    from gangwatch.streams.topic_admin import list_topics
 
     wait_for_kafka(args.bootstrap, args.connect_timeout)
     for name, n in list_topics(args.bootstrap, _topic_settings(args).prefix).items():
@@ -109,7 +109,7 @@ def cmd_topics_tail(args: argparse.Namespace) -> int:
                     obj = orjson.loads(msg.value)
                 except orjson.JSONDecodeError:
                     obj = {"raw": msg.value[:200].decode(errors="replace")}
-                print(report.one_line(obj), flush=True)
+                print(console.one_line(obj), flush=True)
             shown += 1
             if args.max and shown >= args.max:
                 break
@@ -119,13 +119,13 @@ def cmd_topics_tail(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from gangwatch.streams.publish import kafka_send, publish
+    from gangwatch.streams.file_publish import kafka_send, publish
 
     check_inputs(args.files)
     wait_for_kafka(args.bootstrap, args.connect_timeout)
     send, close = kafka_send(args.bootstrap)
     show = args.progress if args.progress is not None else sys.stderr.isatty()
-    progress = report.ProgressLine("publishing") if show else None
+    progress = console.ProgressLine("publishing") if show else None
     try:
         done = publish(args.files, send, _topic_settings(args), envelope=args.envelope, rate=args.rate,
                        speed=args.realtime, progress=progress)

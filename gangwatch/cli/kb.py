@@ -37,7 +37,7 @@ REASON_WIDTH = 60  # characters of the decision's reason in the table
 
 def gather(run: Callable[[str], list[dict]]) -> tuple[list[dict], list[dict], list[dict]]:
     """Every incident (latest version), every action of an incident, and every finding an action cites."""
-    from gangwatch.postmortem import INCIDENT_COLUMNS
+    from gangwatch.report.postmortem import INCIDENT_COLUMNS
 
     incidents = run(f"SELECT {INCIDENT_COLUMNS} FROM gw_incidents FINAL ORDER BY ifNull(onset_ts, ts), id")
     if not incidents:
@@ -59,7 +59,7 @@ def _like(like: str, incidents: list[dict], actions: list[dict], findings: list[
 
 
 def _table_row(m: kb.Match, like: bool) -> dict[str, Any]:
-    from gangwatch.reporttext import iso, seconds
+    from gangwatch.report.text import iso, seconds
 
     e = m.entry
     reason = e.reason if len(e.reason) <= REASON_WIDTH else e.reason[:REASON_WIDTH - 3] + "..."

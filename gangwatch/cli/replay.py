@@ -9,7 +9,7 @@ from pathlib import Path
 
 import orjson
 
-from gangwatch.cli import report
+from gangwatch.cli import console
 from gangwatch.cli.options import (
     EXIT_CORRUPT,
     EXIT_INPUT,
@@ -74,7 +74,7 @@ def open_store_for(args: argparse.Namespace, out: Path):
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from gangwatch.streams import replay
-    from gangwatch.triage.engine import Core
+    from gangwatch.triage.core import Core
 
     st = args.settings  # detectors' thresholds, triage, topics and sinks: flags > GANGWATCH_* > --config > defaults
     check_inputs(args.files)
@@ -107,7 +107,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     responder = simulated_controller(args.simulate_controller) if args.simulate_controller else None
     store = open_store_for(args, out)
     show = args.progress if args.progress is not None else sys.stderr.isatty()
-    progress = report.ProgressLine() if show and not args.quiet else None
+    progress = console.ProgressLine() if show and not args.quiet else None
     try:
         summary = replay.run(args.files, out, store, telemetry=args.telemetry, progress=progress, sinks=extra,
                              append=args.append, core=Core(st.core_config()), responder=responder)
@@ -119,13 +119,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if summary.interrupted is not None:
         partial(out, summary, quiet=args.quiet)
     if not args.quiet:
-        print(report.summary(summary))
-        shown = report.outcome(out)
+        print(console.summary(summary))
+        shown = console.outcome(out)
         if shown:
             print(shown)
         why = summary.why_nothing()
         if why:
-            print(report.wrapped(f"nothing found: {why}", 0))
+            print(console.wrapped(f"nothing found: {why}", 0))
     if summary.stopped:
         raise UserError("; ".join(summary.stopped) + " (everything before it was replayed and stored)",
                         EXIT_CORRUPT)
@@ -145,7 +145,7 @@ def partial(out: Path, summary, *, quiet: bool) -> None:
                                "hold what was found up to then; incidents still open then were never decided.\n"
                                "Replay again (without --append) for complete outputs.\n")
     if not quiet:
-        print(report.summary(summary))
+        print(console.summary(summary))
     raise UserError(f"interrupted (Ctrl-C) after {summary.records:,} records ({summary.interrupted:.0%} of the "
                     f"input), up to event time {upto}: the outputs in {out} are partial (marked by "
                     f"{out / PARTIAL})", EXIT_INTERRUPTED)
@@ -260,7 +260,7 @@ def _cell(v: object) -> str:
 
 def simulated_controller(spec: str):
     """`--simulate-controller`: a scenario's ground truth (a .json file) or the faulty nodes, comma-separated."""
-    from gangwatch.producers.simulate.controller import SimulatedController, answers
+    from gangwatch.producers.simulate.responder import SimulatedController, answers
 
     if spec.endswith(".json"):
         path = Path(spec)
@@ -312,7 +312,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     opt(r, "--simulate-controller", metavar="TRUTH|NODES",
         help="answer the actions as a job controller would (recovery phases, replay results, dual-run digests), "
         "knowing the broken machines from a scenario's NAME.truth.json or from a list (n003,n007): the loop "
-        "of active diagnosis in replay (producers/simulate/controller.py)")
+        "of active diagnosis in replay (producers/simulate/responder.py)")
     connect_timeout_opt(r)
     settings_opts(r)
     r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,

@@ -1,115 +1,127 @@
-"""What the terminal shows a person: the replay summary, actions and incidents, and a progress line.
-
-Times are ISO 8601 UTC (the files keep epoch seconds); reasons are shown whole,
-wrapped to the terminal's width, never cut.
-"""
+"""`gangwatch report`: the post-mortem of an incident, a job or a period, from the store, in the terminal and as one
+self-contained HTML page (`--html`). The SQL goes through `query_store`, as `gangwatch sql`'s does; the model and
+the text are `gangwatch.report.postmortem`'s, the page `gangwatch.report.htmlpage`'s."""
 
 from __future__ import annotations
 
-import shutil
+import argparse
+import datetime as dt
+import math
 import sys
-import textwrap
-import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import orjson
+from gangwatch.cli.options import EXIT_INPUT, EXIT_USAGE, UserError, number, opt, positive, settings_opts
+from gangwatch.cli.replay import connect_timeout_opt, query_store
 
-from gangwatch.cli.options import iso
-
-
-def _width() -> int:
-    return max(60, min(shutil.get_terminal_size((100, 24)).columns, 140))
-
-
-def wrapped(text: str, indent: int) -> str:
-    pad = " " * indent
-    return textwrap.fill(text, width=_width(), initial_indent=pad, subsequent_indent=pad)
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+DESCRIPTION = """\
+The post-mortem of one incident (--incident ID): its timeline (onset, detected, localized, decided, recovered),
+the findings its actions cite in order, its root cause (class, culprit nodes, the decision and its reason), its
+recovery path, and each stage against its budget (triage.budgets.*: --set, GANGWATCH_* or --config, as the
+pipeline takes them), over-budget stages marked. Of one job (--job ID): its life (starts, pauses, stops, ends),
+its incidents and its ETTR (gangwatch/report/sql/ettr.sql). Of a period (--since T [--until T]): its incidents, counts
+per class and the ETTR of every job alive in it. With none of them, the latest incidents and their ids.
+--html FILE also writes the report as one self-contained page with its plots (no network needed to view it):
+step time per rank around the onset and a rank x step heat map (these need the raw telemetry: replay with
+--telemetry), the stages against their budgets; a period's interruptions over time and ETTR per job."""
 
 
-def summary(s: Any) -> str:
-    """The replay summary (a `streams.replay.Summary`)."""
-    span = (s.last_ts - s.first_ts) if s.first_ts is not None and s.last_ts is not None else 0.0
-    rate = s.records / s.wall_s if s.wall_s > 0 else 0.0
-    lines = [
-        f"replayed  {s.records:,} records in {s.wall_s:.2f} s ({rate:,.0f} records/s)",
-        f"event time {iso(s.first_ts)} .. {iso(s.last_ts)} ({span:,.0f} s)",
-        f"rejected  {s.rejected:,}" + ("  (reasons in rejected.jsonl)" if s.rejected else ""),
-        f"findings  {s.findings:,}" + "".join(f"\n  {k:<16} {v:,}" for k, v in sorted(s.by_type.items())),
-        f"actions   {s.actions:,}",
-        f"incidents {s.incidents:,} updates",
-        f"outputs   {s.out_dir}",
-    ]
-    return "\n".join(lines)
+def parse_time(raw: str) -> float:
+    """ISO 8601 (UTC unless it names an offset: 2026-01-01, 2026-01-01T06:00:00Z, 2026-01-01 08:00+02:00) or
+    epoch seconds, as epoch seconds; ValueError saying what it takes."""
+    try:
+        value = float(raw)
+    except ValueError:
+        pass
+    else:
+        if math.isfinite(value):
+            return value
+    try:
+        t = dt.datetime.fromisoformat(raw.strip())
+    except ValueError:
+        raise ValueError(f"{raw!r} is not a time: want ISO 8601 UTC (2026-01-01T00:00:00Z, 2026-01-01) or "
+                         "epoch seconds") from None
+    return (t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)).timestamp()
 
 
-def outcome(out_dir: Path) -> str:
-    """The actions (with full reasons) and the latest state of every incident, from a replay's outputs."""
-    lines = []
-    actions = _jsonl(out_dir / "actions.jsonl")
-    if actions:
-        lines.append("actions:")
-        for a in actions:
-            nodes = ",".join(a.get("nodes") or []) or "-"
-            path = f" path {a['path']}" if a.get("path") else ""
-            lines.append(f"  {iso(a['ts'])}  {a['type']} {nodes}{path}")
-            lines.append(wrapped(a.get("reason") or "", 6))
-    latest: dict[str, dict] = {}
-    for inc in _jsonl(out_dir / "incidents.jsonl"):
-        latest[inc["id"]] = inc
-    if latest:
-        lines.append("incidents:")
-        for inc in latest.values():
-            culprits = ",".join(inc.get("culprit_nodes") or []) or "-"
-            stages = ", ".join(f"{k} {v:.0f} s" for k, v in (inc.get("stage_s") or {}).items()) or "-"
-            over = f"; over budget: {', '.join(inc['over_budget'])}" if inc.get("over_budget") else ""
-            lines.append(f"  {inc['class']:<10} culprit {culprits:<10} path {inc.get('path') or '-':<9} "
-                         f"onset {iso(inc.get('onset_ts'))}")
-            lines.append(wrapped(f"stages: {stages}{over}", 6))
-    return "\n".join(lines)
+def _period(args: argparse.Namespace) -> tuple[float, float | None]:
+    if args.until is not None and args.since is None:
+        raise UserError("--until needs --since: a period is --since T [--until T]")
+    try:
+        since = parse_time(args.since)
+        until = None if args.until is None else parse_time(args.until)
+    except ValueError as e:
+        raise UserError(f"--since/--until: {e}") from None
+    if until is not None and until <= since:
+        raise UserError(f"--until ({args.until}) must be after --since ({args.since})")
+    return since, until
 
 
-def one_line(obj: dict[str, Any]) -> str:
-    """A record from a topic as one readable line: time, kind, job and what matters for that kind."""
-    kind = obj.get("kind", "?")
-    head = f"{iso(obj['ts']) if isinstance(obj.get('ts'), (int, float)) else '-'}  {kind:<9} {obj.get('job', '-')}"
-    if kind == "action":
-        return f"{head}  {obj.get('type')} {','.join(obj.get('nodes') or []) or '-'}: {obj.get('reason', '')}"
-    if kind == "finding":
-        where = obj.get("node") or (f"rank {obj['rank']}" if obj.get("rank") is not None else "-")
-        return f"{head}  {obj.get('type')} {where} (score {obj.get('score')})"
-    if kind == "incident":
-        return f"{head}  {obj.get('class')} culprit {','.join(obj.get('culprit_nodes') or []) or '-'} " \
-               f"path {obj.get('path') or '-'}"
-    if "reason" in obj:  # a dead letter
-        return f"{head}  rejected: {obj['reason']}"
-    return f"{head}  {orjson.dumps(obj)[:160].decode()}"
+def _report(args: argparse.Namespace) -> tuple[str, Callable[[], str] | None]:
+    """The terminal text and, for --html, what writes the page."""
+    from gangwatch.report import postmortem as pm
+    from gangwatch.report import text
+
+    def run(sql: str) -> list[dict]:
+        return query_store(args, sql)
+
+    budgets = dict(args.settings.get("triage.budgets"))
+    if args.incident is not None:
+        inc = pm.gather_incident(run, args.incident, budgets, window_s=args.window)
+        return text.incident_text(inc), lambda: _html().incident_html(inc)
+    if args.job is not None:
+        job = pm.gather_job(run, args.job)
+        return text.job_text(job), lambda: _html().job_html(job, budgets.get("total"))
+    if args.since is not None or args.until is not None:
+        since, until = _period(args)
+        period = pm.gather_period(run, since, until)
+        return text.period_text(period), lambda: _html().period_html(period)
+    if args.html is not None:
+        raise UserError("--html needs what to report: --incident ID, --job ID or --since T [--until T]")
+    return text.latest_text(pm.gather_latest(run)), None
 
 
-class ProgressLine:
-    """`replaying: 42% 1,234,567 records (210,000/s), ETA 0:07, 3 findings, 1 action` on stderr."""
+def _html():
+    from gangwatch.report import htmlpage
 
-    def __init__(self, verb: str = "replaying") -> None:
-        self.verb = verb
-        self.started = time.monotonic()
+    return htmlpage
 
-    def __call__(self, s: Any, fraction: float) -> None:
-        elapsed = time.monotonic() - self.started
-        rate = s.records / elapsed if elapsed > 0 else 0.0
-        eta = "?"
-        if 0 < fraction < 1 and elapsed > 0.5:
-            left = int(elapsed * (1 - fraction) / fraction)
-            eta = f"{left // 60}:{left % 60:02d}"
-        sys.stderr.write(f"\r\x1b[2K{self.verb}: {fraction:4.0%} {s.records:,} records ({rate:,.0f}/s), "
-                         f"ETA {eta}, {s.findings} findings, {s.actions} actions, {s.rejected} rejected")
-        sys.stderr.flush()
 
-    def done(self) -> None:
-        sys.stderr.write("\r\x1b[2K")
-        sys.stderr.flush()
+def cmd_report(args: argparse.Namespace) -> int:
+    from gangwatch.report import postmortem as pm
+
+    try:
+        text, page = _report(args)
+    except pm.EmptyStore as e:
+        raise UserError(str(e), EXIT_INPUT) from None
+    except pm.NotInStore as e:
+        raise UserError(str(e), EXIT_USAGE) from None
+    html = page() if args.html is not None and page is not None else None  # a missing extra fails before output
+    print(text)
+    if html is not None:
+        args.html.write_text(html, encoding="utf-8")
+        print(f"HTML report: {args.html}", file=sys.stderr)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    r = sub.add_parser("report", help="post-mortem of an incident, a job or a period (terminal, and --html with plots)",
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n  gangwatch report --out gangwatch-demo\n"
+                       "  gangwatch report --incident i-0123456789abcdef --out gangwatch-demo --html incident.html\n"
+                       "  gangwatch report --job llm-70b --store clickhouse://ch1:9000/gangwatch\n"
+                       "  gangwatch report --since 2026-01-01 --until 2026-02-01 --html january.html")
+    what = r.add_mutually_exclusive_group()
+    what.add_argument("--incident", metavar="ID", help="one incident (its id: `gangwatch report` lists the latest)")
+    what.add_argument("--job", metavar="ID", help="one job: its life, incidents and ETTR")
+    what.add_argument("--since", metavar="T", help="a period from T (ISO 8601 UTC, or epoch seconds)")
+    r.add_argument("--until", metavar="T", help="the period's end, T excluded (default: no end)")
+    r.add_argument("--html", type=Path, metavar="FILE", help="also write the report as one self-contained HTML page")
+    opt(r, "--window", type=positive(number), default=60.0, env=False,
+        help="seconds of step telemetry plotted before the onset and after the detection")
+    opt(r, "--store", env="GANGWATCH_STORE",
+        help="chdb:PATH or clickhouse://HOST:PORT[/DB] (default: OUT/store, a replay's)")
+    opt(r, "--out", type=Path, default=Path("gangwatch-out"), help="a replay's output directory (its store/)")
+    connect_timeout_opt(r)
+    settings_opts(r)
+    r.set_defaults(func=cmd_report)

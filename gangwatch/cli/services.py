@@ -151,7 +151,7 @@ def check_kafka_credentials(bootstrap: str, sec, timeout_s: float) -> None:
     they could not bootstrap). A broker that does not answer is no refusal: the caller's wait says that."""
     if sec.security_protocol == "PLAINTEXT":
         return
-    from gangwatch.streams.security import kafka_refusal
+    from gangwatch.streams.client_security import kafka_refusal
 
     refused = kafka_refusal(bootstrap, sec, timeout_s=timeout_s)
     if refused:

@@ -55,9 +55,9 @@ def cmd_simulated(args: argparse.Namespace) -> int:
     from gangwatch.cli.services import wait_for_kafka
     from gangwatch.control import simulated
     from gangwatch.control.controller import Publisher, TopicSource
-    from gangwatch.producers.simulate.controller import Delays
+    from gangwatch.producers.simulate.responder import Delays
     from gangwatch.schemas.signature import SECRET_ENV, TopicVerifier, topic_secret
-    from gangwatch.streams.topics import TopicSettings
+    from gangwatch.schemas.topics import TopicSettings
 
     if not args.job:
         raise UserError("--job is required")

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gangwatch.cli import report
+from gangwatch.cli import console
 from gangwatch.cli.options import EXIT_FLOOR, EXIT_USAGE, UserError, command_name, integer, number, opt, positive
 
 
@@ -57,7 +57,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from gangwatch import evaluate
+    from gangwatch.evaluation import suite as evaluate
 
     scenarios = _suite(args.suite, args.size, args.only)
     show = (lambda s: print(f"  {s.scenario}: {'ok' if s.ok else 'NOT ok'} ({s.records:,} records, "
@@ -98,8 +98,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     finally:
         if store is not None:
             store.close()
-    print(report.summary(summary))
-    print(report.outcome(out))
+    print(console.summary(summary))
+    print(console.outcome(out))
     if store is not None:
         print(f"\nSQL over the store: {command_name()} store query \"SELECT class, culprit_nodes, stage_names, "
               f"stage_seconds FROM gw_incidents FINAL\" --out {out}")

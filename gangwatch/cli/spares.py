@@ -86,7 +86,7 @@ def _when(t: float) -> str:
 def job_machines(args: argparse.Namespace) -> int:
     """The machines of job `args.job` from the store: its latest topology (a `job` record in gw_telemetry),
     else the distinct nodes its telemetry names; UserError saying to pass --machines when neither is there."""
-    from gangwatch.queries import Param, literal
+    from gangwatch.report.queries import Param, literal
 
     job = literal(Param("job", "String", "''", ""), args.job)
     [row] = query_store(args, f"""
@@ -137,17 +137,17 @@ def cmd_spares(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from gangwatch import spares_eval
+    from gangwatch.evaluation import spares_backtest
 
-    results = spares_eval.evaluate()
+    results = spares_backtest.evaluate()
     if args.format == "json":
-        doc = {"summary": spares_eval.summary(results), "floors": spares_eval.FLOORS,
+        doc = {"summary": spares_backtest.summary(results), "floors": spares_backtest.FLOORS,
                "seeds": [{"seed": r.seed, **r.holdout.to_dict()} for r in results],
-               "below": spares_eval.check(results)}
+               "below": spares_backtest.check(results)}
         sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
     else:
-        print("\n".join(spares_eval.table(results)))
-    below = spares_eval.check(results)
+        print("\n".join(spares_backtest.table(results)))
+    below = spares_backtest.check(results)
     for line in below:
         print(f"below the floor: {line}", file=sys.stderr)
     return EXIT_FLOOR if below else 0

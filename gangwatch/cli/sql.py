@@ -1,4 +1,4 @@
-"""`gangwatch sql`: the analysts' shipped queries (gangwatch/sql/*.sql), listed, explained and run."""
+"""`gangwatch sql`: the analysts' shipped queries (gangwatch/report/sql/*.sql), listed, explained and run."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from gangwatch.cli.options import EXIT_USAGE, UserError, opt
 from gangwatch.cli.replay import connect_timeout_opt, print_rows, query_store
 
 DESCRIPTION = """\
-Run one of the queries gangwatch ships for analysts (one file each in gangwatch/sql/, the same SQL on a
+Run one of the queries gangwatch ships for analysts (one file each in gangwatch/report/sql/, the same SQL on a
 ClickHouse server and on the embedded chDB store): open incidents, time to recover per job and week, stage
 budgets against what was observed and the budgets to revise them to, interruptions by class (planned apart),
 planned against the platform's downtime per job, top offender nodes and GPUs, ETTR per job, what stragglers
@@ -21,7 +21,7 @@ never as SQL."""
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    from gangwatch import queries
+    from gangwatch.report import queries
 
     shipped = queries.catalog()
     if args.list or not args.name:

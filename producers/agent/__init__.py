@@ -80,9 +80,9 @@ from gangwatch.producers.agent.stacks import ActionListener, StackSweeper
 from gangwatch.producers.nvml import Nvml, RealNvml, gpu_indices
 from gangwatch.producers.trainer.delivery import KafkaSend, Send
 from gangwatch.schemas.signature import TopicVerifier, topic_secret
+from gangwatch.schemas.topics import TopicSettings
 
 log = logging.getLogger("gangwatch.agent")
-ACTIONS = "actions"  # the alert topic's suffix (as streams/topics.py names it)
 
 
 def default_node() -> str:
@@ -156,7 +156,8 @@ class Agent:
         if secret is None:
             log.info("collect_stacks actions are answered unchecked: set GANGWATCH_WEBHOOK_SECRET (the worker's) "
                      "to refuse unsigned, forged, stale and replayed ones")
-        self.listener = ActionListener(settings.bootstrap, settings.topic_prefix + ACTIONS, settings.node,
+        actions = TopicSettings(prefix=settings.topic_prefix).actions
+        self.listener = ActionListener(settings.bootstrap, actions, settings.node,
                                        StackSweeper(py_spy=settings.py_spy, processes=processes, clock=clock),
                                        verify=TopicVerifier(secret) if secret else None)
         self.collectors: list[Collector] = []

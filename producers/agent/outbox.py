@@ -61,19 +61,20 @@ from typing import Any
 from gangwatch.producers.trainer.delivery import Delivery, Send
 from gangwatch.producers.trainer.spool import Spool
 from gangwatch.schemas import DecodeError, Record, decode_obj
+from gangwatch.schemas.topics import TopicSettings
 
 log = logging.getLogger("gangwatch.agent")
-# topic suffixes (as streams/topics.py names them)
-NODE_EVENTS, TELEMETRY, TRACES = "node-events", "telemetry", "traces"
+
 
 
 def destination(rec: Record, prefix: str) -> tuple[str, str]:
     """(topic, key) of an agent record: node events keyed by node, heartbeats (of frozen ranks) and traces by job."""
+    topics = TopicSettings(prefix=prefix)
     if rec.kind in ("hw", "gpu"):
-        return prefix + NODE_EVENTS, rec.node
+        return topics.node_events, rec.node
     if rec.kind == "heartbeat":
-        return prefix + TELEMETRY, rec.job
-    return prefix + TRACES, rec.job
+        return topics.telemetry, rec.job
+    return topics.traces, rec.job
 
 
 def spool_name(key: str) -> str:

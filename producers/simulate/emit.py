@@ -13,8 +13,8 @@ from operator import itemgetter
 
 import numpy as np
 from gangwatch.producers.simulate.physics import Plan, Segment, simulate
+from gangwatch.producers.simulate.placement import gpu_bus, nic_bus, rng
 from gangwatch.producers.simulate.scenario import Scenario
-from gangwatch.producers.simulate.topology import gpu_bus, nic_bus, rng
 from gangwatch.producers.simulate.traces import stall_records
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gangwatch.producers.simulate.placement import Topology, rng
 from gangwatch.producers.simulate.scenario import CO_STALL_KINDS, NODE_KINDS, STALL_KINDS, Fault, Scenario
-from gangwatch.producers.simulate.topology import Topology, rng
 
 
 @dataclass(frozen=True)

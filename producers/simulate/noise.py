@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from gangwatch.producers.simulate.placement import Topology, rng
 from gangwatch.producers.simulate.scenario import Scenario
-from gangwatch.producers.simulate.topology import Topology, rng
 
 
 @dataclass(frozen=True)

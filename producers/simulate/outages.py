@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 from gangwatch.fleet.history import OPEN, NodeEvent, in_order
-from gangwatch.producers.simulate.topology import rng
+from gangwatch.producers.simulate.placement import rng
 
 DAY = 86400.0
 START = 1767571200.0  # 2026-01-05T00:00:00Z, a Monday

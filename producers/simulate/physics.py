@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from gangwatch.producers.simulate.faults import Resolved, resolve
 from gangwatch.producers.simulate.noise import Benign, decaying, grad_curve, loss_curve, plan_benign
+from gangwatch.producers.simulate.placement import Topology, rng
 from gangwatch.producers.simulate.scenario import STALL_KINDS, Scenario
-from gangwatch.producers.simulate.topology import Topology, rng
 
 COMPUTE_FRAC = 0.82  # share of base_step_s spent computing on an average stage
 COMM_FRAC = 0.15  # share of base_step_s in the collectives once everyone arrived

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 from gangwatch.producers.simulate.physics import Plan, Segment, Stop
-from gangwatch.producers.simulate.topology import GROUP_DESC, rng
+from gangwatch.producers.simulate.placement import GROUP_DESC, rng
 
 DEAD, DP_WAIT, TP_FWD, PP_RECV_FWD, PP_RECV_BWD, DATA, PP_WRONG = range(7)
 N_TP, N_PP, N_DP = 64, 16, 1

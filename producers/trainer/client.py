@@ -90,13 +90,13 @@ from typing import Any
 
 from gangwatch.producers import metrics
 from gangwatch.producers.trainer.delivery import Delivery, KafkaSend, Send
-from gangwatch.producers.trainer.launch import JOBS, TELEMETRY, Launch
+from gangwatch.producers.trainer.jobrecord import job_record
+from gangwatch.producers.trainer.launch import Launch
 from gangwatch.producers.trainer.loop import StepContext
 from gangwatch.producers.trainer.optimizer import watch_optimizer
 from gangwatch.producers.trainer.relay import RELAY_ENV, RelayLink, relay_path
 from gangwatch.producers.trainer.sections import CpuSection, CudaPair, CudaSection, EventPool, resolve
 from gangwatch.producers.trainer.spool import Spool
-from gangwatch.producers.trainer.topology import job_record
 from gangwatch.schemas import Framework, Heartbeat, Lifecycle, Record, Step
 
 log = logging.getLogger("gangwatch.trainer")
@@ -367,7 +367,7 @@ class TrainerClient:
             recs = self._collect(wait_gpu=final)
             jobs = [r for r in recs if r.kind == "job"]
             telemetry = sorted((r for r in recs if r.kind != "job"), key=lambda r: r.ts)
-            by_topic = [(self.launch.topic(JOBS), jobs), (self.launch.topic(TELEMETRY), telemetry)]
+            by_topic = [(self.launch.topics.jobs, jobs), (self.launch.topics.telemetry, telemetry)]
             ts, deadline = self._clock(), self._close_deadline if final else None
             if (self.relay is None or self.delivery.spool  # an own backlog first: the rank's records in order
                     or not self.relay.hand_over([(t, r) for t, r in by_topic if r], ts, deadline)):

@@ -21,7 +21,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-TELEMETRY, JOBS = "telemetry", "jobs"  # topic suffixes; the names are `prefix + suffix`
+from gangwatch.schemas.topics import TopicSettings
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,10 @@ class Launch:
         values.update(given)
         return cls(**values)
 
-    def topic(self, suffix: str) -> str:
-        return f"{self.topic_prefix}{suffix}"
+    @property
+    def topics(self) -> TopicSettings:
+        """The names of gangwatch's topics under this job's prefix."""
+        return TopicSettings(prefix=self.topic_prefix)
 
 
 def job_id(env: Mapping[str, str], node: str) -> str:

@@ -63,7 +63,7 @@ class Import:
 
     @property
     def top(self) -> str:
-        """The layer for project modules (`gangwatch.triage.job` -> `triage`), else the top-level module."""
+        """The layer for project modules (`gangwatch.triage.triage` -> `triage`), else the top-level module."""
         parts = self.module.split(".")
         if parts[0] == "gangwatch" and len(parts) > 1 and parts[1] in LAYERS:
             return parts[1]

@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 import pytest
 from gangwatch.schemas import encode
-from gangwatch.triage.engine import Core
+from gangwatch.triage.core import Core
 
 from tests.contract.harness import SC_IDS, stream
 

@@ -12,7 +12,8 @@ import socket
 import uuid
 
 import pytest
-from gangwatch.streams.topics import TopicSettings, create_topics
+from gangwatch.schemas.topics import TopicSettings
+from gangwatch.streams.topic_admin import create_topics
 
 from tests.conftest import FIGURE_PROPERTY
 from tests.integration.kafkakit import WorkerProc

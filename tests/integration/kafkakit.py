@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gangwatch.schemas import Heartbeat, Hw, Job, RankInfo, Record, Step, encode, encode_batch
-from gangwatch.streams.topics import TopicSettings, topic_for
+from gangwatch.schemas.topics import TopicSettings, topic_for
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient
 

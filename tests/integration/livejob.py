@@ -45,11 +45,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gangwatch.control.launcher import checkpoints, descendants, free_port, process_start
-from gangwatch.producers.simulate.controller import SimulatedController, answers
+from gangwatch.producers.simulate.responder import SimulatedController, answers
 from gangwatch.schemas import Action, DecodeError, Incident, Job, RankInfo, decode, encode
 from gangwatch.schemas.signature import SECRET_ENV
+from gangwatch.schemas.topics import TopicSettings
 from gangwatch.sinks.store import ClickHouseStore
-from gangwatch.streams.topics import TopicSettings
 
 from tests.integration.daemons import metric_samples
 from tests.integration.kafkakit import REPO, WorkerProc, caught_up, read_all, worker_args
@@ -381,7 +381,7 @@ class LiveJob:
         """The run's inputs replayed (see the module's docstring), up to now. With a simulated `controller`, the
         answers of active diagnosis (replay and dual-run results) are its own instead of the recorded ones."""
         from gangwatch.streams import replay
-        from gangwatch.triage.engine import Core
+        from gangwatch.triage.core import Core
 
         name = "replay" if controller is None else "replay-simulated"  # both kept, to compare when they differ
         src = self.workdir / f"{name}-input.jsonl"

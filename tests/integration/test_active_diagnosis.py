@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from gangwatch.producers.simulate.controller import Delays, SimulatedController
+from gangwatch.producers.simulate.responder import Delays, SimulatedController
 from gangwatch.schemas import RESTARTING_ACTIONS
 
 from tests.integration.livejob import Fault, LiveJob, Outcome

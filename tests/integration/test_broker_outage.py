@@ -26,7 +26,8 @@ import time
 import uuid
 
 import pytest
-from gangwatch.streams.topics import TopicSettings, create_topics
+from gangwatch.schemas.topics import TopicSettings
+from gangwatch.streams.topic_admin import create_topics
 
 from tests.integration.conftest import PARTITIONS
 from tests.integration.kafkakit import PrivateBroker, caught_up

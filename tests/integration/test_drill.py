@@ -16,10 +16,10 @@ import re
 
 import pytest
 from gangwatch.schemas import Action, Lifecycle, Recovery, decode
-from gangwatch.streams.topics import TopicSettings
+from gangwatch.schemas.topics import TopicSettings
 
 from gangwatch.cli import main
-from gangwatch.drill import RESTARTS, DrillSpec, injections
+from gangwatch.evaluation.drill import RESTARTS, DrillSpec, injections
 from tests.integration.kafkakit import read_all
 
 pytestmark = pytest.mark.integration

@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 import pytest
-from gangwatch.streams.publish import kafka_send
-from gangwatch.streams.topics import TopicSettings
+from gangwatch.schemas.topics import TopicSettings
+from gangwatch.streams.file_publish import kafka_send
 
 from tests.integration.daemons import free_port, worker_metrics
 from tests.integration.kafkakit import (

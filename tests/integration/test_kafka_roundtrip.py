@@ -56,7 +56,8 @@ def test_a_100k_rank_job_record_fits_the_topics_gangwatch_creates(kafka_bootstra
     (topics are created with `max.message.bytes` at that limit)."""
     from gangwatch.schemas import Job, RankInfo
     from gangwatch.schemas.codec import MAX_MESSAGE_BYTES
-    from gangwatch.streams.topics import TopicSettings, create_topics
+    from gangwatch.schemas.topics import TopicSettings
+    from gangwatch.streams.topic_admin import create_topics
 
     t = TopicSettings(prefix=f"{unique}.")
     create_topics(t, kafka_bootstrap)

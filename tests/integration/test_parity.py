@@ -40,8 +40,8 @@ from pathlib import Path
 import orjson
 import pytest
 from gangwatch.schemas import decode
+from gangwatch.schemas.topics import TopicSettings
 from gangwatch.streams import replay
-from gangwatch.streams.topics import TopicSettings
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from tests.integration.kafkakit import (

@@ -42,7 +42,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from gangwatch.streams.topics import TopicSettings, create_topics
+from gangwatch.schemas.topics import TopicSettings
+from gangwatch.streams.topic_admin import create_topics
 from kafka.admin import KafkaAdminClient
 
 from tests.integration.conftest import PARTITIONS

@@ -25,7 +25,8 @@ import uuid
 import pytest
 from gangwatch.producers.trainer import TrainerClient
 from gangwatch.schemas import DecodeError, decode
-from gangwatch.streams.topics import TopicSettings, create_topics
+from gangwatch.schemas.topics import TopicSettings
+from gangwatch.streams.topic_admin import create_topics
 
 from tests.integration.kafkakit import PrivateBroker, WorkerProc, read_all, wait_for
 from tests.integration.test_agent_kafka import agent_args, log_has

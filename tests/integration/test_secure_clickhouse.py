@@ -16,7 +16,7 @@ import sys
 import uuid
 
 import pytest
-from gangwatch.streams.topics import TopicSettings
+from gangwatch.schemas.topics import TopicSettings
 
 from tests.integration.daemons import PrivateClickHouse, make_pki
 from tests.integration.kafkakit import REPO, scenario, write_jsonl

@@ -26,7 +26,7 @@ import pytest
 from gangwatch.producers.trainer import TrainerClient
 from gangwatch.schemas import DecodeError, decode
 from gangwatch.schemas.security import KafkaSecurity
-from gangwatch.streams.topics import TopicSettings
+from gangwatch.schemas.topics import TopicSettings
 
 from tests.helpers import data_path
 from tests.integration.conftest import PARTITIONS

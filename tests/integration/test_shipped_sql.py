@@ -1,4 +1,4 @@
-"""The analysts' shipped queries (gangwatch/sql/*.sql) on both engines, against figures computed here.
+"""The analysts' shipped queries (gangwatch/report/sql/*.sql) on both engines, against figures computed here.
 
 A month of a 32-job fleet is drawn from a seed: each job's incidents of every class (planned ones
 too), most recovered, some still open, each written twice as the worker writes an incident that
@@ -31,10 +31,10 @@ from gangwatch.schemas.classes import CLASSES as INCIDENT_CLASSES
 from gangwatch.schemas.records import Gpu, Hw, Record, Step
 from gangwatch.sinks.store import open_store
 from gangwatch.sinks.tables import DDL, finding_row, incident_row, job_row, telemetry_row
-from gangwatch.triage.config import Budgets
+from gangwatch.triage.budgets import Budgets
 
 from gangwatch.cli import main
-from gangwatch.queries import FOLDER, catalog
+from gangwatch.report.queries import FOLDER, catalog
 
 pytestmark = pytest.mark.integration
 
@@ -577,7 +577,7 @@ def test_machines_down_per_day(store_url, sql):
 
 
 def test_every_shipped_query_is_tested_here():
-    """Every query shipped in gangwatch/sql/ runs here, on chDB and on the ClickHouse server."""
+    """Every query shipped in gangwatch/report/sql/ runs here, on chDB and on the ClickHouse server."""
     tested = {"open_incidents", "time_to_recover", "stages_vs_budget", "interruptions_by_class", "top_offender_nodes",
               "ettr", "planned_vs_platform", "failslow_cost", "innocent_evictions", "stage_budget_revision",
               "top_offender_gpus", "machines_down"}

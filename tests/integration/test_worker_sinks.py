@@ -140,7 +140,8 @@ def test_an_action_still_queued_for_the_controller_survives_a_worker_kill(kafka_
 
 
 def test_replay_can_publish_to_the_alert_topic(kafka_bootstrap, unique, tmp_path, monkeypatch):
-    from gangwatch.streams.topics import TopicSettings, create_topics
+    from gangwatch.schemas.topics import TopicSettings
+    from gangwatch.streams.topic_admin import create_topics
 
     from gangwatch.cli import main
     from tests.integration.kafkakit import write_jsonl

@@ -41,7 +41,7 @@ def test_the_parts_read_the_declaration():
     from gangwatch.detectors.registry import INCIDENT_CLASSES as OPENED_BY_FINDINGS
     from gangwatch.triage.shadow import STOPS_THE_JOB
 
-    from gangwatch.evaluate import FLOORS
+    from gangwatch.evaluation.suite import FLOORS
 
     assert set(OPENED_BY_FINDINGS) == {"fail_stop", "fail_slow", "hang", "sdc", "unknown"}
     assert STOPS_THE_JOB == {"fail_stop", "hang", "stall", "unknown"}

@@ -523,17 +523,17 @@ def test_ctrl_c_during_a_replay_says_what_was_read_and_marks_the_outputs_partial
     found so far and say they are partial, the summary and one line say how far it got, exit 130."""
     from gangwatch.producers.simulate import Fault, Scenario, write
 
-    from gangwatch.cli import report
+    from gangwatch.cli import console
 
     sc = Scenario("ctrlc", seed=5, tp=4, pp=1, dp=4, gpus_per_node=4, duration_s=600.0,
                   faults=(Fault("xid79", at_s=400.0, node="n001", params={"gpu": 1}),))
     path, _ = write(sc, tmp_path / "sim")
 
-    class CtrlC(report.ProgressLine):
+    class CtrlC(console.ProgressLine):
         def __call__(self, s, fraction: float) -> None:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(report, "ProgressLine", CtrlC)
+    monkeypatch.setattr(console, "ProgressLine", CtrlC)
     out = tmp_path / "o"
     code, stdout, err = run(capsys, "replay", str(path), "--out", str(out), "--progress")
     line = one_error(err)

@@ -1,6 +1,6 @@
 """A command loads what it runs and nothing more: `--help`, `config show` and `sql --list` start without numpy,
-Faust, the core or the worker (the settings are plain dataclasses: detectors/config.py, triage/config.py,
-streams/settings.py); the detectors' settings table is the one the catalog's detectors take."""
+Faust, the core or the worker (the settings are plain dataclasses: detectors/config.py, triage/budgets.py,
+streams/worker_settings.py); the detectors' settings table is the one the catalog's detectors take."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from gangwatch.detectors.monitor import detector_configs
 
 pytestmark = pytest.mark.unit
 
-HEAVY = ("numpy", "faust", "aiokafka", "chdb", "sklearn", "matplotlib", "gangwatch.triage.engine",
+HEAVY = ("numpy", "faust", "aiokafka", "chdb", "sklearn", "matplotlib", "gangwatch.triage.core",
          "gangwatch.detectors.monitor", "gangwatch.streams.worker", "gangwatch.streams.workerio")
 PROBE = """
 import sys
@@ -39,8 +39,8 @@ def test_a_command_that_runs_nothing_heavy_loads_nothing_heavy(argv):
 
 def test_the_probe_sees_a_heavy_import():
     p = subprocess.run([sys.executable, "-c", PROBE.format(heavy=HEAVY).replace("main(sys.argv[1:])",
-                        "import gangwatch.triage.engine"), "--help"], capture_output=True, text=True, timeout=120)
-    assert "numpy" in p.stdout and "gangwatch.triage.engine" in p.stdout
+                        "import gangwatch.triage.core"), "--help"], capture_output=True, text=True, timeout=120)
+    assert "numpy" in p.stdout and "gangwatch.triage.core" in p.stdout
 
 
 def test_the_settings_table_of_the_detectors_is_the_catalogs():

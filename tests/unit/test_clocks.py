@@ -12,7 +12,7 @@ from gangwatch.detectors.clocks import ClockDetector
 from gangwatch.detectors.topology import Topology
 from gangwatch.producers.simulate import Fault, Scenario, generate
 from gangwatch.schemas import DecodeError, Heartbeat, Job, RankInfo, Step, decode, decode_obj
-from gangwatch.triage.engine import Core, JobCore
+from gangwatch.triage.core import Core, JobCore
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 from gangwatch.schemas import Heartbeat, Job, Lifecycle, Outputs, RankInfo, Step
-from gangwatch.triage.engine import JobCore
+from gangwatch.triage.core import JobCore
 
 pytestmark = pytest.mark.unit
 

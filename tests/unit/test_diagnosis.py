@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from gangwatch.schemas import Recovery
-from gangwatch.triage.config import TriageConfig
-from gangwatch.triage.job import Triage
+from gangwatch.triage.budgets import TriageConfig
+from gangwatch.triage.triage import Triage
 
 from tests.unit import test_triage
 from tests.unit.test_triage import T0, run, sdc_decided
@@ -75,7 +75,7 @@ def test_a_missing_digest_and_no_answer_go_to_a_human(topo):
 def climb(tri, items, controller, until, step=5.0):
     """Feed `items`, then let event time run to `until` in `step`s as a worker's ticks would, feeding what
     `controller` answers to every action at the answer's time."""
-    from gangwatch.producers.simulate.controller import answers
+    from gangwatch.producers.simulate.responder import answers
     from gangwatch.schemas import Outputs
 
     seen = run(tri, items)
@@ -99,7 +99,7 @@ def test_a_stall_nobody_explains_pages_then_is_replayed_to_the_machine(topo, fau
     """Every rank alike and the sweep names nobody (a hang with identical stacks everywhere): a human is paged at
     the stall budget; still stalled a budget later, the job is replayed in groups and the failing groups
     intersect into the machine, which is replaced; the rungs and the replay's cost are on the incident."""
-    from gangwatch.producers.simulate.controller import SimulatedController
+    from gangwatch.producers.simulate.responder import SimulatedController
 
     from tests.unit.test_triage import hang
 
@@ -121,7 +121,7 @@ def test_a_stall_nobody_explains_pages_then_is_replayed_to_the_machine(topo, fau
 
 
 def test_a_fault_that_does_not_reproduce_in_replay_goes_to_a_human_and_silence_too(topo):
-    from gangwatch.producers.simulate.controller import SimulatedController
+    from gangwatch.producers.simulate.responder import SimulatedController
 
     from tests.unit.test_triage import hang
 
@@ -141,9 +141,9 @@ def test_a_fault_that_does_not_reproduce_in_replay_goes_to_a_human_and_silence_t
 def test_a_restart_that_does_not_cure_climbs_to_replay_when_the_fault_comes_back(topo):
     """Two suspects whose group is over the blast radius: a restart, watched; the job steps again (recovered),
     then the same fault comes back within the watch: no second restart, the next rung (replay) finds the node."""
-    from gangwatch.producers.simulate.controller import SimulatedController
+    from gangwatch.producers.simulate.responder import SimulatedController
     from gangwatch.schemas import Step
-    from gangwatch.triage.config import Safety
+    from gangwatch.triage.budgets import Safety
 
     from tests.unit.test_triage import hang, outlier
 

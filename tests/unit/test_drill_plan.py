@@ -1,6 +1,6 @@
-"""The drill's logic (gangwatch/drill.py) without a broker: what is injected where and when, the job's episodes,
-the score. The pipeline here is an in-process `Core` and the controller's simulated mode on a fake clock that
-ticks every half second, so a drill runs as the live one would, deterministically."""
+"""The drill's logic (gangwatch/evaluation/drill.py) without a broker: what is injected where and when, the
+job's episodes, the score. The pipeline here is an in-process `Core` and the controller's simulated mode on a
+fake clock that ticks every half second, so a drill runs as the live one would, deterministically."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 from gangwatch.control.simulated import SimulatedMode
-from gangwatch.producers.simulate.controller import Delays, SimulatedController
+from gangwatch.producers.simulate.responder import Delays, SimulatedController
 from gangwatch.schemas import Action, Job, Lifecycle, Recovery, Step
-from gangwatch.triage.config import Budgets
-from gangwatch.triage.engine import Core, CoreConfig
+from gangwatch.triage.budgets import Budgets
+from gangwatch.triage.core import Core, CoreConfig
 
 from gangwatch.cli import main
-from gangwatch.drill import (
+from gangwatch.evaluation.drill import (
     DEFAULT_KINDS,
     HOLD_S,
     Drill,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gangwatch import evaluate
 from gangwatch.cli import main
 from gangwatch.cli.options import EXIT_FLOOR
-from gangwatch.evaluate import FaultScore, Floor, ScenarioScore, check, score
+from gangwatch.evaluation import suite as evaluate
+from gangwatch.evaluation.suite import FaultScore, Floor, ScenarioScore, check, score
 
 pytestmark = pytest.mark.unit
 

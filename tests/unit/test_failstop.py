@@ -9,7 +9,7 @@ from gangwatch.detectors.catalog import typed
 from gangwatch.detectors.failstop import FailStopDetector
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Framework, Heartbeat, Job, Lifecycle, Outputs, RankInfo, Step
-from gangwatch.triage.engine import Core
+from gangwatch.triage.core import Core
 
 from tests.helpers import drive
 

@@ -1,4 +1,4 @@
-"""What the incident plots show (gangwatch/figures.py), from records through the store's own row functions.
+"""What the incident plots show (gangwatch/report/figures.py), from records through the store's own row functions.
 
 Each class's view must point at the culprit: the series it highlights is the culprit's and no other, and the
 steps it masks (warm-up, a checkpoint, a known pause) are out of its colour scale. Expected values are computed
@@ -14,8 +14,8 @@ import pytest
 from gangwatch.schemas import Frame, Heartbeat, Hw, Job, Lifecycle, RankInfo, Stack, Step
 from gangwatch.sinks.tables import telemetry_row
 
-from gangwatch import figures as fg
-from gangwatch import postmortem as pm
+from gangwatch.report import figures as fg
+from gangwatch.report import postmortem as pm
 
 pytestmark = pytest.mark.unit
 

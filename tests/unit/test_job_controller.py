@@ -397,7 +397,7 @@ def test_lifecycle_the_broker_refuses_never_stops_the_action(setup):
 
 def test_the_publisher_sends_each_record_to_its_topic_keyed_by_job(monkeypatch):
     import kafka
-    from gangwatch.streams.topics import TopicSettings
+    from gangwatch.schemas.topics import TopicSettings
 
     got: list[tuple[str, bytes, bytes]] = []
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 from gangwatch.schemas import Framework, Heartbeat, Job, Lifecycle, Ops, Outputs, RankInfo, Step
-from gangwatch.triage.config import CoreConfig, TriageConfig
-from gangwatch.triage.engine import Core, JobCore
+from gangwatch.triage.budgets import CoreConfig, TriageConfig
+from gangwatch.triage.core import Core, JobCore
 
 from tests.helpers import replay_core
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 from gangwatch.schemas import Heartbeat, Job, Lifecycle, RankInfo, Step
-from gangwatch.triage.engine import Core
+from gangwatch.triage.core import Core
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ from gangwatch.detectors.linkerrors import LinkErrorDetector, LinkErrorRate
 from gangwatch.detectors.topology import Topology
 from gangwatch.producers.simulate import FAULT_CLASS, Fault, Scenario, generate, truth
 from gangwatch.schemas import Gpu, Job, RankInfo, decode_obj
-from gangwatch.triage.engine import Core
+from gangwatch.triage.core import Core
 
 from tests.helpers import drive
 

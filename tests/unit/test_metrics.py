@@ -24,9 +24,9 @@ from gangwatch.producers.agent import Agent
 from gangwatch.producers.nvml import FakeNvml
 from gangwatch.producers.trainer import TrainerClient
 from gangwatch.schemas import DecodeError, Heartbeat, Incident, Job, Outputs, RankInfo, Step, encode
+from gangwatch.schemas.topics import TopicSettings
 from gangwatch.streams.metrics import WorkerMetrics
 from gangwatch.streams.runner import JobRunner, Msg, Result
-from gangwatch.streams.topics import TopicSettings
 from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.integration.kafkakit import messages, scenario

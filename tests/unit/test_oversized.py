@@ -13,9 +13,9 @@ import orjson
 import pytest
 from gangwatch.producers import dumps, flight
 from gangwatch.schemas import DecodeError, Heartbeat, codec, decode, encode
+from gangwatch.schemas.topics import TopicSettings
 from gangwatch.streams import replay
 from gangwatch.streams.runner import JobRunner, Msg
-from gangwatch.streams.topics import TopicSettings
 
 from gangwatch.cli import main
 

@@ -1,4 +1,4 @@
-"""`gangwatch report`'s model and text (gangwatch/postmortem.py) from rows built here, its SQL on chDB, and its
+"""`gangwatch report`'s model and text (gangwatch/report/postmortem.py) from rows built here, its SQL on chDB, and its
 one-line errors.
 
 The rows are what the store holds: contract records through the sink's own row functions (sinks/tables.py).
@@ -18,10 +18,10 @@ from gangwatch.schemas import Action, Finding, Incident, Job, RankInfo, Step
 from gangwatch.sinks.store import open_store
 from gangwatch.sinks.tables import action_row, finding_row, incident_row, job_row, telemetry_row
 
-from gangwatch import postmortem as pm
-from gangwatch import reporttext
 from gangwatch.cli import main
 from gangwatch.cli.options import EXIT_EXTRA, EXIT_INPUT, EXIT_USAGE
+from gangwatch.report import postmortem as pm
+from gangwatch.report import text as reporttext
 
 pytestmark = pytest.mark.unit
 

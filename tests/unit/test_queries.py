@@ -1,10 +1,10 @@
-"""The shipped queries' files and how parameters reach their text (gangwatch/queries.py)."""
+"""The shipped queries' files and how parameters reach their text (gangwatch/report/queries.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gangwatch.queries import BUILTINS, catalog, parse, render
+from gangwatch.report.queries import BUILTINS, catalog, parse, render
 
 pytestmark = pytest.mark.unit
 

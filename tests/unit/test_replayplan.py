@@ -14,7 +14,7 @@ import orjson
 import pytest
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Job, RankInfo
-from gangwatch.triage.replayplan import Phase, ReplayPlan, Verdict, localize, next_phase, plan
+from gangwatch.triage.rerun_plan import Phase, ReplayPlan, Verdict, localize, next_phase, plan
 
 pytestmark = pytest.mark.unit
 

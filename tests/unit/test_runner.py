@@ -7,10 +7,10 @@ import random
 import orjson
 import pytest
 from gangwatch.schemas import Gpu, Heartbeat, Hw, Job, Lifecycle, RankInfo, decode, encode, encode_batch
+from gangwatch.schemas.topics import TopicSettings, topic_for
 from gangwatch.streams.router import NodeRouter
 from gangwatch.streams.runner import JobRunner, Msg
-from gangwatch.streams.topics import TopicSettings, topic_for
-from gangwatch.triage.engine import Core
+from gangwatch.triage.core import Core
 
 from tests.integration.kafkakit import T0, messages, scenario
 

@@ -13,10 +13,10 @@ import pytest
 from gangwatch.detectors.steps import RecordRun
 from gangwatch.schemas import DecodeError, Framework, Heartbeat, Job, RankInfo, Step, columns, decode, encode, to_dict
 from gangwatch.schemas.columns import StepRows
+from gangwatch.schemas.topics import TopicSettings, topic_for
 from gangwatch.streams import runner as runner_module
 from gangwatch.streams.runner import JobRunner, Msg
-from gangwatch.streams.topics import TopicSettings, topic_for
-from gangwatch.triage.engine import JobCore
+from gangwatch.triage.core import JobCore
 
 from tests.unit.test_runpath import spoiled, view
 

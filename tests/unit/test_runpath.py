@@ -24,7 +24,7 @@ from gangwatch.schemas import (
 )
 from gangwatch.schemas.columns import StepRows
 from gangwatch.streams import replay
-from gangwatch.triage.engine import Core, JobCore
+from gangwatch.triage.core import Core, JobCore
 
 pytestmark = pytest.mark.unit
 

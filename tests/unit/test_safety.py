@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from gangwatch.schemas import Ops
-from gangwatch.triage.config import Safety
+from gangwatch.triage.budgets import Safety
 from gangwatch.triage.decide import Decision
 from gangwatch.triage.safety import Guards
 

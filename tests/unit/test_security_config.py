@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from gangwatch.schemas.security import ENV, KafkaSecurity, kafka_python_security, mask_url
-from gangwatch.streams.security import aiokafka_kwargs, faust_app_kwargs, faust_credentials, ssl_context
+from gangwatch.streams.client_security import aiokafka_kwargs, faust_app_kwargs, faust_credentials, ssl_context
 
 from gangwatch.cli import main
 
@@ -210,8 +210,8 @@ def test_the_clickhouse_store_takes_credentials_from_the_url_and_masks_them(monk
 
 
 def test_a_worker_app_built_with_sasl_logs_no_secret(monkeypatch, caplog, tmp_path):
-    from gangwatch.streams.settings import WorkerSettings
     from gangwatch.streams.worker import make_app
+    from gangwatch.streams.worker_settings import WorkerSettings
 
     for k, v in _env(security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512", username="gw",
                      password=KAFKA_PW).items():
@@ -280,7 +280,7 @@ SASL = dict(security_protocol="SASL_SSL", username="gw", password="pw-Zq81", ssl
      "KafkaConnectionError: Connection at 127.0.0.1:9094 closed", "its listener may speak TLS"),
 ])
 def test_a_refused_bootstrap_is_one_line_naming_what_to_change(sec, reason, says):
-    from gangwatch.streams.security import _explain
+    from gangwatch.streams.client_security import _explain
 
     line = _explain("127.0.0.1:9094", KafkaSecurity(**sec), reason)
     assert line.startswith("Kafka at 127.0.0.1:9094") and says in line and "pw-Zq81" not in line
@@ -290,7 +290,7 @@ def test_a_refused_bootstrap_is_one_line_naming_what_to_change(sec, reason, says
 def test_a_broker_that_is_only_unreachable_is_no_refusal():
     import socket
 
-    from gangwatch.streams.security import _explain, kafka_refusal
+    from gangwatch.streams.client_security import _explain, kafka_refusal
 
     assert _explain("h:1", KafkaSecurity(**SASL), "[Errno 111] Connect call failed ('127.0.0.1', 1)") is None
     with socket.socket() as s:  # bound, not listening: connections to it are refused
@@ -300,7 +300,7 @@ def test_a_broker_that_is_only_unreachable_is_no_refusal():
 
 
 def test_tls_files_that_do_not_load_are_one_line(tmp_path):
-    from gangwatch.streams.security import kafka_refusal
+    from gangwatch.streams.client_security import kafka_refusal
 
     (tmp_path / "ca.pem").write_text("not a certificate")
     for ca in (tmp_path / "missing.pem", tmp_path / "ca.pem"):

@@ -38,9 +38,9 @@ def gangwatch(*argv: str, env: dict[str, str] | None = None) -> subprocess.Compl
 
 def test_every_field_of_the_runtime_dataclasses_is_a_setting_with_its_default():
     from gangwatch.detectors.monitor import detector_configs
-    from gangwatch.streams.settings import WorkerSettings
-    from gangwatch.streams.topics import TopicSettings
-    from gangwatch.triage.config import TriageConfig
+    from gangwatch.schemas.topics import TopicSettings
+    from gangwatch.streams.worker_settings import WorkerSettings
+    from gangwatch.triage.budgets import TriageConfig
 
     values = {r.setting: r.value for r in S.load(environ={}).rows()}
 
@@ -73,8 +73,8 @@ def test_every_field_of_the_runtime_dataclasses_is_a_setting_with_its_default():
 
 
 def test_default_settings_build_the_default_runtime_objects():
-    from gangwatch.streams.topics import TopicSettings
-    from gangwatch.triage.config import CoreConfig, TriageConfig
+    from gangwatch.schemas.topics import TopicSettings
+    from gangwatch.triage.budgets import CoreConfig, TriageConfig
 
     loaded = S.load(environ={})
     core = loaded.core_config()
@@ -89,9 +89,9 @@ def test_default_settings_build_the_default_runtime_objects():
 def test_each_app_id_reads_its_own_re_keyed_node_events_and_shares_the_rest():
     """Workers of another --app-id never read this app's node events re-keyed by job (issue 24: a second app id
     read the first's re-keyed GPU samples as well as its own)."""
+    from gangwatch.schemas.topics import TopicSettings
     from gangwatch.streams.runner import JobRunner
-    from gangwatch.streams.settings import WorkerSettings
-    from gangwatch.streams.topics import TopicSettings
+    from gangwatch.streams.worker_settings import WorkerSettings
 
     a, b = WorkerSettings(app_id="a").own_topics, WorkerSettings(app_id="b").own_topics
     assert (a.by_job, b.by_job) == ("gw.a.by-job", "gw.b.by-job")
@@ -101,7 +101,7 @@ def test_each_app_id_reads_its_own_re_keyed_node_events_and_shares_the_rest():
 
 
 def test_help_shows_the_default_of_the_dataclass(capsys):
-    from gangwatch.streams.settings import WorkerSettings
+    from gangwatch.streams.worker_settings import WorkerSettings
 
     with pytest.raises(SystemExit):
         main(["worker", "--help"])
@@ -150,7 +150,7 @@ def test_the_older_flat_variables_still_work_below_the_nested_ones():
     assert loaded.get("topics.prefix") == "old."
     both = S.load({}, {"GANGWATCH_BATCH_MAX": "9", "GANGWATCH_WORKER__BATCH_MAX": "10"})
     assert both.get("worker.batch_max") == 10
-    from gangwatch.streams.topics import TopicSettings  # what `topics`, `publish` and the controller read
+    from gangwatch.schemas.topics import TopicSettings  # what `topics`, `publish` and the controller read
 
     assert TopicSettings.from_env({"GANGWATCH_TOPICS__PREFIX": "n.", "GANGWATCH_TOPIC_PREFIX": "o."}).prefix == "n."
 
@@ -267,7 +267,7 @@ def test_a_hang_threshold_from_the_environment_changes_when_the_hang_fires(hang_
 def test_a_failstop_miss_factor_reaches_the_detector_of_a_job():
     from gangwatch.detectors.config import FailStopConfig
     from gangwatch.schemas import Heartbeat, Job, RankInfo
-    from gangwatch.triage.engine import JobCore
+    from gangwatch.triage.core import JobCore
 
     def silent_after(miss_factor: float | None) -> list[float]:
         env = {} if miss_factor is None else {"GANGWATCH_DETECTORS__FAILSTOP__MISS_FACTOR": str(miss_factor)}
@@ -292,8 +292,8 @@ def test_a_failstop_miss_factor_reaches_the_detector_of_a_job():
 def test_a_restored_job_runs_with_todays_settings_not_the_saved_ones():
     from gangwatch.detectors.config import HangConfig
     from gangwatch.schemas import Job, RankInfo, Step
-    from gangwatch.triage.config import CoreConfig
-    from gangwatch.triage.engine import JobCore
+    from gangwatch.triage.budgets import CoreConfig
+    from gangwatch.triage.core import JobCore
 
     t0 = 1_700_000_000.0
     job = Job(ts=t0, job="j", ranks=[RankInfo(rank=r, node="n0", gpu=r) for r in range(2)])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from gangwatch.producers.simulate.controller import Delays, SimulatedController
+from gangwatch.producers.simulate.responder import Delays, SimulatedController
 from gangwatch.schemas import Action
 
 from gangwatch.cli import main

@@ -14,7 +14,7 @@ from gangwatch.control.simulated import (
     controller_of,
     truth_checkpoints,
 )
-from gangwatch.producers.simulate.controller import Delays, SimulatedController
+from gangwatch.producers.simulate.responder import Delays, SimulatedController
 from gangwatch.schemas import Action, Lifecycle, Recovery
 
 from gangwatch.cli import main

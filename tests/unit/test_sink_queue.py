@@ -120,8 +120,8 @@ def test_the_worker_keeps_each_sinks_metric_name_and_leaves_async_sinks_alone(tm
 
 
 def test_the_worker_sizes_its_queues_and_pause_from_its_settings(tmp_path: Path) -> None:
-    from gangwatch.streams.settings import WorkerSettings
     from gangwatch.streams.worker import make_app
+    from gangwatch.streams.worker_settings import WorkerSettings
 
     app = make_app(WorkerSettings(app_id="t-queues", sink_queue=7, sink_pause_s=1.5, sink_give_up_s=30.0,
                                   datadir=str(tmp_path)),
@@ -175,8 +175,8 @@ def test_the_worker_only_enqueues_and_publishes_sinks_dead_letters_on_the_dlq_to
     import asyncio
     from types import SimpleNamespace
 
+    from gangwatch.schemas.topics import TopicSettings
     from gangwatch.streams.runner import JobRunner, Result
-    from gangwatch.streams.topics import TopicSettings
     from gangwatch.streams.workerio import WorkerIO
 
     sent: list[tuple[str, bytes, bytes]] = []
@@ -384,8 +384,8 @@ def test_a_worker_stopping_mid_batch_feeds_no_closed_sink_and_saves_no_state_ove
     import logging
     from types import SimpleNamespace
 
+    from gangwatch.schemas.topics import TopicSettings
     from gangwatch.streams.runner import JobRunner, Result
-    from gangwatch.streams.topics import TopicSettings
     from gangwatch.streams.workerio import WorkerIO
 
     h = StoreHarness(tmp_path)

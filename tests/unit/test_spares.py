@@ -27,7 +27,7 @@ from gangwatch.sinks.tables import incident_row, job_row, telemetry_row
 
 from gangwatch import cli, spares_eval
 from gangwatch.cli import spares as spares_cli
-from gangwatch.queries import catalog, render
+from gangwatch.report.queries import catalog, render
 
 pytestmark = pytest.mark.unit
 

@@ -18,7 +18,7 @@ from gangwatch.detectors.catalog import typed
 from gangwatch.detectors.hardware import HardwareDetector, gpus_from_gpu_last
 from gangwatch.detectors.linkerrors import LinkErrorDetector, nodes_from_links
 from gangwatch.schemas import Outputs, to_dict
-from gangwatch.triage.engine import JobCore
+from gangwatch.triage.core import JobCore
 from gangwatch.triage.incident import Timeline
 from gangwatch.triage.migrate import MIGRATIONS, OLDEST, STATE_VERSION, migrate
 

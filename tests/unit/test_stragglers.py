@@ -8,10 +8,10 @@ from gangwatch.detectors.hardware import HW_FAULT, GpuCondition
 from gangwatch.detectors.linkerrors import LINK_ERRORS, LinkErrorRate
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Job, Outputs, RankInfo
-from gangwatch.triage.config import Safety, TriageConfig
+from gangwatch.triage.budgets import Safety, TriageConfig
 from gangwatch.triage.decide import Situation, decide, straggler_plan
-from gangwatch.triage.job import Triage
 from gangwatch.triage.localize import Localization
+from gangwatch.triage.triage import Triage
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from gangwatch.streams import worker
-from gangwatch.streams.settings import WorkerSettings
+from gangwatch.streams.worker_settings import WorkerSettings
 
 from gangwatch.cli import drill as drill_cli
 from gangwatch.cli import main

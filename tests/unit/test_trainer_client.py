@@ -13,11 +13,11 @@ import threading
 import time
 
 import pytest
-from gangwatch.producers.simulate.topology import Topology as SimTopology
+from gangwatch.producers.simulate.placement import Topology as SimTopology
 from gangwatch.producers.trainer import TrainerClient
+from gangwatch.producers.trainer.jobrecord import coordinates, job_record
 from gangwatch.producers.trainer.launch import Launch, job_id
 from gangwatch.producers.trainer.sections import EventPool
-from gangwatch.producers.trainer.topology import coordinates, job_record
 from gangwatch.schemas import Framework, Heartbeat, Job, Step, decode
 
 from tests.unit.trainercases import T0, FakeTime, Recorder, fake_clients  # noqa: F401 - fake_clients: `fake`
@@ -361,10 +361,10 @@ def test_the_launcher_environment_and_its_overrides():
     got = Launch.from_env(env)
     assert (got.job, got.rank, got.world_size, got.local_rank, got.local_world_size, got.node) == (
         "run-7", 13, 32, 5, 8, "gpu-017")
-    assert got.bootstrap == "k1:9092" and got.topic("telemetry") == "prod.telemetry"
+    assert got.bootstrap == "k1:9092" and got.topics.telemetry == "prod.telemetry"
     assert Launch.from_env({**env, "GANGWATCH_NODE": "n1"}, rank=3).node == "n1"
     assert Launch.from_env(env, rank=3, job="mine").rank == 3
-    assert Launch.from_env({}).topic("jobs") == "gw.jobs"
+    assert Launch.from_env({}).topics.jobs == "gw.jobs"
 
 
 def test_the_job_id_every_rank_agrees_on():

@@ -9,8 +9,8 @@ from gangwatch.detectors.sdc import SDC_SUSPECT, NumericAnomaly, ReplicaMismatch
 from gangwatch.detectors.stacks import STACK_OUTLIER, StackOutlier
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Job, Ops, RankInfo, Recovery, Step
-from gangwatch.triage.config import Safety, TriageConfig
-from gangwatch.triage.job import Triage
+from gangwatch.triage.budgets import Safety, TriageConfig
+from gangwatch.triage.triage import Triage
 
 pytestmark = pytest.mark.unit
 

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 from gangwatch.schemas import Heartbeat, encode
+from gangwatch.schemas.topics import TopicSettings
 from gangwatch.streams.faust_adapter import seek_to_committed
 from gangwatch.streams.jobstate import JobState, Taken, seal
 from gangwatch.streams.runner import JobRunner, Result
-from gangwatch.streams.topics import TopicSettings
 from gangwatch.streams.workerio import WorkerIO
 
 from tests.integration.kafkakit import T0, messages, scenario
@@ -206,8 +206,8 @@ def test_states_are_compressed_off_the_event_loop_while_batches_go_on() -> None:
 def test_the_state_changelog_takes_a_100k_rank_jobs_state(tmp_path) -> None:
     """A 100k-rank job's saved state is ~0.8 MB compressed (bench): its changelog topic is made for more than the
     broker's 1 MB default, and the producer may send it."""
-    from gangwatch.streams.settings import WorkerSettings
     from gangwatch.streams.worker import STATE_MAX_BYTES, make_app
+    from gangwatch.streams.worker_settings import WorkerSettings
 
     app = make_app(WorkerSettings(bootstrap="127.0.0.1:1", datadir=str(tmp_path / "faust"), metrics_port=0))
     changelog = app.tables["core-state"].changelog_topic

@@ -8,8 +8,8 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from gangwatch.schemas.topics import TopicSettings
 from gangwatch.streams.runner import JobRunner
-from gangwatch.streams.topics import TopicSettings
 from gangwatch.streams.workerio import WorkerIO, event_time_text
 
 pytestmark = pytest.mark.unit

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from gangwatch.streams.topics import TopicSettings
-from gangwatch.triage.config import CoreConfig
+from gangwatch.schemas.topics import TopicSettings
+from gangwatch.triage.budgets import CoreConfig
 
 
 @dataclass(frozen=True)

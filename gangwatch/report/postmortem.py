@@ -3,9 +3,9 @@
 Two halves, kept apart. Gathering (`gather_incident`, `gather_job`, `gather_period`, `gather_latest`) runs SQL
 through a callable that returns rows (the command line passes the `query_store` of `gangwatch sql`, so the
 same stores, the same errors); the SQL keeps to ClickHouse 18.16: no JOINs, no lambdas that read columns,
-`FINAL` on the ReplacingMergeTrees, values put in as literals by `gangwatch.queries.literal`. The report
+`FINAL` on the ReplacingMergeTrees, values put in as literals by `gangwatch.report.queries.literal`. The report
 model (`incident_report`, `job_report`, `period_report`) is pure functions of those rows: no I/O, no clock.
-`*_text` renders a model for the terminal; `gangwatch.htmlreport` renders the same model as HTML.
+`*_text` renders a model for the terminal; `gangwatch.report.htmlpage` renders the same model as HTML.
 
 Times are event-time floats (epoch s) in the model and ISO 8601 UTC in the text. A stage's budget is the
 `triage.budgets.*` setting the report runs with (a stage without one, `decide`, has none): a stage is over
@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from gangwatch.fleet.kb import ActionTaken
-from gangwatch.queries import Param, catalog, literal, render
+from gangwatch.report.queries import Param, catalog, literal, render
 
 Rows = list[dict[str, Any]]
 Run = Callable[[str], Rows]
@@ -223,7 +223,7 @@ class Move:
 
 @dataclass(frozen=True)
 class Ettr:
-    """A job's effective training time ratio, as `gangwatch/sql/ettr.sql` defines it (None: no wall time)."""
+    """A job's effective training time ratio, as `gangwatch/report/sql/ettr.sql` defines it (None: no wall time)."""
 
     job: str
     wall_s: float

@@ -1,6 +1,6 @@
-"""What an incident's plots show, as data: pure functions of a `gangwatch.postmortem.StepWindow`, no drawing.
+"""What an incident's plots show, as data: pure functions of a `gangwatch.report.postmortem.StepWindow`, no drawing.
 
-`gangwatch.htmlreport` draws these; the tests check them (the highlighted series is the culprit, masked steps
+`gangwatch.report.htmlpage` draws these; the tests check them (the highlighted series is the culprit, masked steps
 are out of the colour scale) without matplotlib. Each incident class gets the view that points at its culprit:
 
 - fail-stop: every rank's heartbeat age over time (a live rank stays under its heartbeat period, a dead one
@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gangwatch.detectors.config import FailSlowConfig
-from gangwatch.postmortem import Event, StepWindow
+from gangwatch.report.postmortem import Event, StepWindow
 
 WARMUP_STEPS = FailSlowConfig().warmup_steps
 PAUSE_FACTOR = 2.5  # a step whose median step time is this many times the window's is a pause of the whole job

@@ -1,7 +1,8 @@
 """What `gangwatch report` prints on a terminal: an incident, a job, a period, the latest incidents.
 
 Times are ISO 8601 UTC, durations in seconds with the budget beside them; reasons are shown whole, wrapped.
-The report's model and how it is gathered from the store: `gangwatch.postmortem`; its HTML: `gangwatch.htmlreport`.
+The report's model and how it is gathered from the store: `gangwatch.report.postmortem`; its HTML:
+`gangwatch.report.htmlpage`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import datetime as dt
 import textwrap
 from collections.abc import Iterable
 
-from gangwatch.postmortem import (
+from gangwatch.report.postmortem import (
     MILESTONES,
     Ettr,
     IncidentLine,
@@ -132,7 +133,7 @@ def ettr_lines(rows: Iterable[Ettr]) -> list[str]:
 
 def job_text(r: JobReport) -> str:
     """The terminal report of one job: its life, state by state, its incidents and its ETTR."""
-    lines = [f"job {r.job}", "", "ETTR (gangwatch/sql/ettr.sql)"]
+    lines = [f"job {r.job}", "", "ETTR (gangwatch/report/sql/ettr.sql)"]
     lines += ettr_lines([r.ettr]) if r.ettr else ["  - (no life stored for this job)"]
     counts = ", ".join(f"{k} {r.entered.get(k, 0)}" for k in ("starting", "paused", "stopped", "finished", "failed",
                                                             "restarting"))

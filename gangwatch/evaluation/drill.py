@@ -8,7 +8,7 @@
             drill.observe(rec)
     report = score(drill, Budgets())     # one row per injected event; actions that should not have happened
 
-This module is the drill's logic and keeps no clock of its own: the runner (`gangwatch.drill_live`: the real
+This module is the drill's logic and keeps no clock of its own: the runner (`gangwatch.evaluation.drill_live`: the real
 broker, a worker, the controller's simulated mode) passes the time and what it read.
 
 **What is injected.** `injections` draws `faults` events from the seed: their kinds (every kind of `kinds`
@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gangwatch.schemas import Action, Heartbeat, Incident, Lifecycle, Record, Recovery, decode_obj
-from gangwatch.triage.config import Budgets
+from gangwatch.triage.budgets import Budgets
 
 FAULTS = ("node_loss", "xid79", "dataloader_hang", "pp_deadlock", "thermal_straggler", "sdc")
 BENIGN = ("pause", "stop")

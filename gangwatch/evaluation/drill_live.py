@@ -1,4 +1,4 @@
-"""`gangwatch drill` on the real services: the drill's job (gangwatch.drill) through a live pipeline.
+"""`gangwatch drill` on the real services: the drill's job (gangwatch.evaluation.drill) through a live pipeline.
 
     outcome = run(DrillSpec(job="drill-7", seed=7), Live(bootstrap="127.0.0.1:9092", speed=10), workdir)
 
@@ -31,11 +31,12 @@ from pathlib import Path
 import orjson
 
 from gangwatch.control.simulated import EventClock
-from gangwatch.drill import HOLD_S, Drill, DrillSpec, injections, truth_of
+from gangwatch.evaluation.drill import HOLD_S, Drill, DrillSpec, injections, truth_of
 from gangwatch.schemas import DecodeError, decode
 from gangwatch.schemas.security import kafka_python_security
 from gangwatch.schemas.signature import SECRET_ENV
-from gangwatch.streams.topics import TopicSettings, create_topics
+from gangwatch.schemas.topics import TopicSettings
+from gangwatch.streams.topic_admin import create_topics
 
 STARTUP_S = 120.0  # wall seconds the worker and the controller get to join their groups
 
@@ -118,8 +119,8 @@ def run(spec: DrillSpec, live: Live, workdir: Path, *, progress: Callable[[str],
     from kafka import KafkaConsumer, TopicPartition
     from kafka.admin import KafkaAdminClient
 
-    from gangwatch.streams.publish import Publisher, kafka_send
-    from gangwatch.streams.topics import list_topics
+    from gangwatch.streams.file_publish import Publisher, kafka_send
+    from gangwatch.streams.topic_admin import list_topics
 
     workdir.mkdir(parents=True, exist_ok=True)
     app = f"gangwatch-{spec.job}"

@@ -24,8 +24,8 @@ from typing import Any
 
 from gangwatch.schemas import DeadLetter, DecodeError, Record, encode, encode_batch
 from gangwatch.schemas.security import kafka_python_security
+from gangwatch.schemas.topics import TopicSettings, topic_for
 from gangwatch.streams.replay import InputFile, merged, unusable
-from gangwatch.streams.topics import TopicSettings, topic_for
 
 
 @dataclass

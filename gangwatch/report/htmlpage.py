@@ -1,4 +1,4 @@
-"""The post-mortem as one self-contained HTML file: a `gangwatch.postmortem` model, its plots as inline SVG.
+"""The post-mortem as one self-contained HTML file: a `gangwatch.report.postmortem` model, its plots as inline SVG.
 
 Nothing is fetched when the page is viewed: no script, no stylesheet, font or image from elsewhere. Each plot
 is matplotlib's SVG (Agg backend; text left as text in the browser's own sans-serif), inlined in a
@@ -21,8 +21,8 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-from gangwatch import figures as fg
-from gangwatch.postmortem import (
+from gangwatch.report import figures as fg
+from gangwatch.report.postmortem import (
     MILESTONES,
     Ettr,
     IncidentLine,
@@ -34,7 +34,7 @@ from gangwatch.postmortem import (
     Stage,
     StepWindow,
 )
-from gangwatch.reporttext import iso, seconds
+from gangwatch.report.text import iso, seconds
 
 BAND_RANKS = 64  # above this many ranks, the step plot draws the spread of the others, not a line each
 HIGHLIGHT_MAX = 16  # ranks drawn as their own line at most (named ranks first)
@@ -666,7 +666,7 @@ def job_html(r: JobReport, total_budget: float | None = None) -> str:
     body = [f"<h1>Job <code>{_e(r.job)}</code></h1>",
             "<p>ETTR <b>" + ("-" if e is None or e.ettr is None else f"{e.ettr:.3f}") + "</b>"
             + ("" if e is None else f" (running {seconds(e.running_s)}, lost to incidents {seconds(e.lost_s)}, "
-               f"wall {seconds(e.wall_s)}; gangwatch/sql/ettr.sql)") + "</p>",
+               f"wall {seconds(e.wall_s)}; gangwatch/report/sql/ettr.sql)") + "</p>",
             "<h2>Life</h2>"]
     body.append(_plot("life", life_plot(r.moves, r.incidents), "the job's states over time, and its incidents")
                 if r.moves or any(i.onset_ts is not None for i in r.incidents) else _empty("life", "no life stored"))

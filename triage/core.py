@@ -26,9 +26,9 @@ import numpy as np
 from gangwatch.detectors.monitor import JobMonitor, RecordRun
 from gangwatch.schemas import DecodeError, Job, Outputs, Record, encode
 from gangwatch.schemas.columns import StepRows
-from gangwatch.triage.config import CoreConfig
-from gangwatch.triage.job import Triage
+from gangwatch.triage.budgets import CoreConfig
 from gangwatch.triage.migrate import STATE_VERSION, migrate
+from gangwatch.triage.triage import Triage
 
 HOLD_RECORDS = 100_000  # records held, all jobs together, for job records not seen yet (replay)
 JOB_KEYED = frozenset({"step", "heartbeat", "framework", "lifecycle", "stack", "flight", "recovery"})

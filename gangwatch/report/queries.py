@@ -1,4 +1,4 @@
-"""The analysts' SQL, shipped as files: `gangwatch/sql/NAME.sql`, one documented, parameterised query each.
+"""The analysts' SQL, shipped as files: `gangwatch/report/sql/NAME.sql`, one documented, parameterised query each.
 
 A file starts with comment lines: what the query answers and what each row is, then one line per parameter,
 

@@ -72,7 +72,7 @@ from gangwatch.schemas import (
     to_dict,
 )
 from gangwatch.schemas.classes import CLASSES
-from gangwatch.triage.config import TriageConfig
+from gangwatch.triage.budgets import TriageConfig
 from gangwatch.triage.decide import Decision, Situation, decide
 from gangwatch.triage.diagnose import ActiveDiagnosis
 from gangwatch.triage.incident import KEEP_WAITING, Timeline

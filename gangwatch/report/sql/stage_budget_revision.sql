@@ -1,4 +1,4 @@
--- Stage budgets to revise: per stage that has a budget (triage/config.py Budgets; `decide` has none), in stage
+-- Stage budgets to revise: per stage that has a budget (triage/budgets.py Budgets; `decide` has none), in stage
 -- order, how many unplanned incidents reached it, the median (p50) and p95 of its seconds (exact: the value at index
 -- floor(q x n) of the n sorted ones, counted from 0), the budget in force (the parameter of the stage, by default
 -- triage's) and how many took longer, then a suggested budget and how many would take longer than it. Suggested:
