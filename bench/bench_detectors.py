@@ -31,9 +31,9 @@ import tracemalloc  # noqa: E402
 import orjson  # noqa: E402
 from gangwatch.detectors.config import FailSlowConfig, SlowdownConfig  # noqa: E402
 from gangwatch.detectors.failslow import FailSlowDetector  # noqa: E402
+from gangwatch.detectors.runs import StepColumns  # noqa: E402
 from gangwatch.detectors.sdc import SdcDetector  # noqa: E402
 from gangwatch.detectors.slowdown import JobSlowdownDetector  # noqa: E402
-from gangwatch.detectors.steps import StepColumns  # noqa: E402
 from gangwatch.detectors.topology import Topology  # noqa: E402
 
 from tests.unit.stepgen import Straggler, gen_steps, make_topology  # noqa: E402

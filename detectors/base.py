@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, ClassVar, Protocol
 
+from gangwatch.detectors.runs import observe_each
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Record
 
@@ -49,15 +50,13 @@ class Detector(Protocol):
 class DetectorBase:
     """The defaults every detector inherits (`Detector` is what they all implement).
 
-    `observe_run(run)`: the findings of a run of records (`steps.RecordRun`) as (position in the run, findings),
+    `observe_run(run)`: the findings of a run of records (`runs.RecordRun`) as (position in the run, findings),
     what `observe` on each of its records in turn gives; a detector with a faster way overrides it and falls
     back to this whenever the shortcut could differ. `finish()`: what it makes of what it still holds when the
     input ends (replay); nothing by default.
     """
 
     def observe_run(self, run: Any) -> list[tuple[int, list[Finding]]]:
-        from gangwatch.detectors.steps import observe_each
-
         return observe_each(self, run)
 
     def finish(self) -> list[Finding]:

@@ -42,7 +42,7 @@ import numpy as np
 from gangwatch.detectors.base import DetectorBase
 from gangwatch.detectors.config import ClockConfig
 from gangwatch.detectors.registry import FindingType, Policy
-from gangwatch.detectors.steps import RecordRun
+from gangwatch.detectors.runs import RecordRun
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Record
 from gangwatch.schemas.columns import StepRows

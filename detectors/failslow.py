@@ -66,6 +66,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 from gangwatch.detectors.config import BufferConfig, FailSlowConfig
+from gangwatch.detectors.floats import decode_floats, encode_floats, median
+from gangwatch.detectors.floats import finite_or_none as _fin
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.slowscore import (
     group_stats,
@@ -81,8 +83,8 @@ from gangwatch.detectors.slowscore import (
     step_costs,
     threshold,
 )
-from gangwatch.detectors.steps import Closed, StepBuffer, StepScorer, decode_floats, encode_floats, median
-from gangwatch.detectors.steps import finite_or_none as _fin
+from gangwatch.detectors.step_buffer import Closed, StepBuffer
+from gangwatch.detectors.step_scorer import StepScorer
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding
 from gangwatch.schemas.evidence import Evidence

@@ -93,15 +93,9 @@ from typing import Any, ClassVar
 import numpy as np
 from gangwatch.detectors.base import DetectorBase
 from gangwatch.detectors.config import FailStopConfig
+from gangwatch.detectors.floats import decode_floats, encode_floats, finite_or_none
 from gangwatch.detectors.registry import FindingType, Policy
-from gangwatch.detectors.steps import (
-    RecordRun,
-    decode_floats,
-    encode_floats,
-    finite_or_none,
-    observe_each,
-    ranks_and_times,
-)
+from gangwatch.detectors.runs import RecordRun, observe_each, ranks_and_times
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Framework, Record
 from gangwatch.schemas.evidence import Evidence

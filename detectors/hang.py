@@ -41,7 +41,7 @@ import numpy as np
 from gangwatch.detectors.base import DetectorBase
 from gangwatch.detectors.config import HangConfig
 from gangwatch.detectors.registry import FindingType, Policy
-from gangwatch.detectors.steps import RecordRun, observe_each
+from gangwatch.detectors.runs import RecordRun, observe_each
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Record
 from gangwatch.schemas.evidence import Evidence

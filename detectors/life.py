@@ -31,7 +31,7 @@ from gangwatch.detectors.base import DetectorBase
 from gangwatch.detectors.config import LifeConfig
 from gangwatch.detectors.failstop import PEER_LOST, clean_exit
 from gangwatch.detectors.registry import FindingType, Policy
-from gangwatch.detectors.steps import RecordRun, observe_each
+from gangwatch.detectors.runs import RecordRun, observe_each
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Record, decode_obj, to_dict
 from gangwatch.schemas.evidence import Evidence

@@ -22,7 +22,7 @@ from typing import Any
 from gangwatch.detectors.base import Detector
 from gangwatch.detectors.catalog import DEFAULT_DETECTORS  # the detectors every job gets, in emission order
 from gangwatch.detectors.clocks import ClockDetector
-from gangwatch.detectors.steps import RecordRun
+from gangwatch.detectors.runs import RecordRun
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Job, Record, to_dict
 from gangwatch.schemas.codec import decode_obj

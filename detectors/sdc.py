@@ -26,9 +26,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 from gangwatch.detectors.config import BufferConfig, SdcConfig
+from gangwatch.detectors.floats import finite_or_none as _fin
+from gangwatch.detectors.floats import median
 from gangwatch.detectors.registry import FindingType, Policy
-from gangwatch.detectors.steps import Closed, RecordRun, StepBuffer, StepScorer, median
-from gangwatch.detectors.steps import finite_or_none as _fin
+from gangwatch.detectors.runs import RecordRun
+from gangwatch.detectors.step_buffer import Closed, StepBuffer
+from gangwatch.detectors.step_scorer import StepScorer
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Record
 from gangwatch.schemas.evidence import Evidence

@@ -16,14 +16,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 from gangwatch.detectors.config import BufferConfig, SlowdownConfig
+from gangwatch.detectors.floats import finite_or_none, median
 from gangwatch.detectors.registry import FindingType, Policy
-from gangwatch.detectors.steps import (
-    Closed,
-    StepBuffer,
-    StepScorer,
-    finite_or_none,
-    median,
-)
+from gangwatch.detectors.step_buffer import Closed, StepBuffer
+from gangwatch.detectors.step_scorer import StepScorer
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding
 from gangwatch.schemas.evidence import Evidence

@@ -11,7 +11,7 @@ import math
 from typing import TYPE_CHECKING
 
 import numpy as np
-from gangwatch.detectors.steps import median
+from gangwatch.detectors.floats import median
 
 if TYPE_CHECKING:
     from gangwatch.detectors.config import FailSlowConfig

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import orjson
-from gangwatch.detectors.steps import StepColumns
+from gangwatch.detectors.runs import StepColumns
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Job, RankInfo, Step
 

@@ -105,7 +105,7 @@ def test_the_clock_learns_the_same_from_runs_as_from_records_and_restores_from_i
     recs.sort(key=lambda r: r.ts)
     topo = Topology.from_job(j)
     a, b = ClockDetector(topo), ClockDetector(topo)
-    from gangwatch.detectors.steps import RecordRun
+    from gangwatch.detectors.runs import RecordRun
 
     for r in recs:
         a.observe(r)

@@ -395,7 +395,7 @@ def heavy(topo, n_steps, seed, mode, straggler=None, start=100, factor=1.3):
     """Columns of a job whose compute times are heavy-tailed, as on real CPU jobs (p90 ~ 1.5 x median):
     `common`: the whole job's step varies that much (contention), each rank 1.5 % on top; `spikes`: 5 % of
     rank-steps take 1.5 x as long; `mixed`: common, 10 % per rank and 3 % spikes."""
-    from gangwatch.detectors.steps import StepColumns
+    from gangwatch.detectors.runs import StepColumns
 
     rng = np.random.default_rng(seed)
     n, t = topo.size, 0.0

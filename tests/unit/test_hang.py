@@ -6,7 +6,7 @@ import json
 
 import pytest
 from gangwatch.detectors.hang import HangDetector
-from gangwatch.detectors.steps import RecordRun
+from gangwatch.detectors.runs import RecordRun
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Framework, Heartbeat, Job, Lifecycle, RankInfo, Step
 

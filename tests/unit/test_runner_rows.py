@@ -10,7 +10,7 @@ from collections import Counter
 
 import orjson
 import pytest
-from gangwatch.detectors.steps import RecordRun
+from gangwatch.detectors.runs import RecordRun
 from gangwatch.schemas import DecodeError, Framework, Heartbeat, Job, RankInfo, Step, columns, decode, encode, to_dict
 from gangwatch.schemas.columns import StepRows
 from gangwatch.schemas.topics import TopicSettings, topic_for

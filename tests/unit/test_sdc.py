@@ -245,7 +245,7 @@ def _three_replicas(bad_from: int, steps: int = 30):
 def test_a_replica_whose_records_come_after_the_vote_is_found_at_its_first_mismatching_step(order):
     """A spool flushed in one burst after the broker was away: the records of steps already voted on vote late,
     and the mismatch is found at the step it began (8), on the record path and the run path alike."""
-    from gangwatch.detectors.steps import RecordRun
+    from gangwatch.detectors.runs import RecordRun
     from gangwatch.detectors.topology import Topology
 
     job, per = _three_replicas(bad_from=8)

@@ -9,8 +9,9 @@ import orjson
 import pytest
 from gangwatch.detectors.config import BufferConfig, SlowdownConfig
 from gangwatch.detectors.failslow import FailSlowDetector
+from gangwatch.detectors.runs import StepColumns
 from gangwatch.detectors.slowdown import JobSlowdownDetector
-from gangwatch.detectors.steps import StepBuffer, StepColumns
+from gangwatch.detectors.step_buffer import StepBuffer
 from gangwatch.schemas import Step, to_dict
 from hypothesis import given, settings
 from hypothesis import strategies as st
