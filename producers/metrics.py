@@ -36,7 +36,7 @@ The trainer client, its `Delivery` and the agent's `Outbox` already keep the
 counts they need (records handed over by kind, messages acknowledged, sends
 that failed, records lost, queue lengths, spool bytes). `watch(obj)` adds an
 object to the one collector of this process, which reads those counts on each
-scrape through the readers below (`trainer_samples`, `agent_samples`). So the
+scrape through its reader (`metric_samples` beside `TrainerClient` and `Agent`). So the
 training thread never touches prometheus-client, nothing costs anything while
 nobody scrapes, and all metric names and help texts are in this one file. The
 reads are of plain ints, `len()` of deques and C-level copies of small dicts:
@@ -86,9 +86,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-if TYPE_CHECKING:  # no runtime import: the trainer client imports this module
-    from gangwatch.producers.agent import Agent
-    from gangwatch.producers.trainer.client import TrainerClient
+if TYPE_CHECKING:
     from gangwatch.producers.trainer.delivery import Delivery
 
 log = logging.getLogger("gangwatch.metrics")
@@ -241,44 +239,6 @@ def delivery_samples(deliveries: Iterable[Delivery]) -> Iterator[Sample]:
     yield SENT_RECORDS, (), sent_records
     yield SEND_FAILURES, (), failures
     yield SPOOL_BYTES, (), spool
-
-
-def trainer_samples(client: TrainerClient) -> Iterator[Sample]:
-    """What a `TrainerClient` reports: its identity, last step, queues, losses and its delivery's counts."""
-    launch = client.launch
-    yield TRAINER_INFO, (launch.job, str(launch.rank), str(launch.local_rank), launch.node), 1
-    if client.last_step is not None:
-        yield LAST_STEP, (), client.last_step
-    for queue, n in client.queue_depths().items():
-        yield QUEUE_DEPTH, (queue,), n
-    yield DROPPED, (), client.dropped
-    yield from delivery_samples([client.delivery])
-    link = client.relay
-    if link is not None:
-        for outcome, n in (("accepted", link.accepted), ("refused", link.refused), ("failed", link.failed)):
-            yield TRAINER_RELAY_RECORDS, (outcome,), n
-        yield TRAINER_RELAY_CONNECTED, (), int(link.connected)
-
-
-def agent_samples(agent: Agent) -> Iterator[Sample]:
-    """What an `Agent` reports: its node, its collectors' polls and failures, its outbox's queue and delivery."""
-    yield AGENT_INFO, (agent.settings.node,), 1
-    for name, n in sorted(dict(agent.polls).items()):
-        yield POLLS, (name,), n
-    for name, n in sorted(dict(agent.poll_failures).items()):
-        yield POLL_FAILURES, (name,), n
-    box = agent.outbox
-    yield QUEUE_DEPTH, ("outbox",), box.queue_depth
-    yield DROPPED, (), box.dropped
-    yield from delivery_samples(box.deliveries())
-    relay = agent.relay
-    if relay is not None:
-        yield QUEUE_DEPTH, ("relay",), relay.queue_depth
-        yield RELAY_RECORDS, ("accepted",), relay.records
-        yield RELAY_RECORDS, ("refused",), relay.refused
-        yield RELAY_BAD_FRAMES, (), relay.bad_frames
-        yield RELAY_ENVELOPES, (), relay.envelopes
-        yield RELAY_CLIENTS, (), relay.clients
 
 
 class ProducerCollector:

@@ -5,7 +5,7 @@ one job that the record path accepts as it stands, they come back as one `StepRo
 item (the replay path's way through the core for step batches). With `heartbeats=True` too, a batch of such
 steps and heartbeats of one job (as a node sidecar sends them) is one `StepRows` as well (the worker's way).
 A module of its own because it is a specialisation of the record decoder that a reader of the decoder can
-skip: it builds on the codec's per-field fast checks (`codec.fast_test`), and the codec reaches it only when
+skip: it builds on the codec's per-field fast checks (`validators.fast_test`), and the codec reaches it only when
 asked for columns.
 """
 
@@ -19,8 +19,8 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from gangwatch.schemas.codec import _slot_setters, fast_test, unwrap
 from gangwatch.schemas.records import KINDS, VERSION, WIRE_NAMES, Record
+from gangwatch.schemas.validators import fast_test, slot_setters, unwrap
 
 
 class StepRows:
@@ -167,7 +167,7 @@ def _makers() -> dict[str, Callable[..., Record]]:
     for kind in ("step", "heartbeat"):
         cls = KINDS[kind]
         fields = [f.name for f in dataclasses.fields(cls) if f.name not in ("extra", "kind")]
-        env, lines = _slot_setters(cls, [f"{n}={n}" for n in fields])
+        env, lines = slot_setters(cls, [f"{n}={n}" for n in fields])
         env["cls"] = cls
         src = [f"def make({', '.join(fields)}):", "    extra = new_extra()", "    rec = new(cls)",
                *(f"    {line}" for line in lines), "    return rec"]

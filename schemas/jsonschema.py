@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from gangwatch.schemas.codec import unwrap
 from gangwatch.schemas.records import KINDS, VERSION, WIRE_NAMES, Meta
+from gangwatch.schemas.validators import unwrap
 
 _DRAFT = "https://json-schema.org/draft/2020-12/schema"
 

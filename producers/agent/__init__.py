@@ -63,7 +63,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -182,7 +182,7 @@ class Agent:
         for c in everyone:  # every key exists before the threads start: a scrape never sees the dicts grow
             self.polls[c.name] = self.poll_failures[c.name] = 0
         if self.settings.metrics_port:
-            metrics.COLLECTOR.watch(self, metrics.agent_samples)
+            metrics.COLLECTOR.watch(self, metric_samples)
             metrics.start(self.settings.metrics_port, f"agent of node {self.settings.node}")
         self._start_relay()
         threads = [threading.Thread(target=self._keep_polling, args=(c,), name=f"gangwatch-agent {c.name}",
@@ -257,3 +257,24 @@ class Agent:
             r = self.relay
             log.info("relay: %d records of the training processes in %d envelopes; %d refused (full or closing), "
                      "%d bad frames", r.records, r.envelopes, r.refused, r.bad_frames)
+
+
+def metric_samples(agent: Agent) -> Iterator[metrics.Sample]:
+    """What an `Agent` reports: its node, its collectors' polls and failures, its outbox's queue and delivery."""
+    yield metrics.AGENT_INFO, (agent.settings.node,), 1
+    for name, n in sorted(dict(agent.polls).items()):
+        yield metrics.POLLS, (name,), n
+    for name, n in sorted(dict(agent.poll_failures).items()):
+        yield metrics.POLL_FAILURES, (name,), n
+    box = agent.outbox
+    yield metrics.QUEUE_DEPTH, ("outbox",), box.queue_depth
+    yield metrics.DROPPED, (), box.dropped
+    yield from metrics.delivery_samples(box.deliveries())
+    relay = agent.relay
+    if relay is not None:
+        yield metrics.QUEUE_DEPTH, ("relay",), relay.queue_depth
+        yield metrics.RELAY_RECORDS, ("accepted",), relay.records
+        yield metrics.RELAY_RECORDS, ("refused",), relay.refused
+        yield metrics.RELAY_BAD_FRAMES, (), relay.bad_frames
+        yield metrics.RELAY_ENVELOPES, (), relay.envelopes
+        yield metrics.RELAY_CLIENTS, (), relay.clients

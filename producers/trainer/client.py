@@ -84,7 +84,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -201,7 +201,7 @@ class TrainerClient:
             self._install_signal_hooks()
         port = metrics.port_from_env() if metrics_port is None else metrics_port
         if port:
-            metrics.COLLECTOR.watch(self, metrics.trainer_samples)
+            metrics.COLLECTOR.watch(self, metric_samples)
             metrics.start(port + self.launch.local_rank, f"trainer client of rank {self.launch.rank}")
 
     # --- what the training loop calls ------------------------------------------------------------
@@ -534,3 +534,20 @@ def _detached(v: Any) -> Any:
 def _number(v: Any) -> float | None:
     """A Python float from a float, a numpy scalar or a one-element tensor (read here, on the sending thread)."""
     return None if v is None else float(v)
+
+
+def metric_samples(client: TrainerClient) -> Iterator[metrics.Sample]:
+    """What a `TrainerClient` reports: its identity, last step, queues, losses and its delivery's counts."""
+    launch = client.launch
+    yield metrics.TRAINER_INFO, (launch.job, str(launch.rank), str(launch.local_rank), launch.node), 1
+    if client.last_step is not None:
+        yield metrics.LAST_STEP, (), client.last_step
+    for queue, n in client.queue_depths().items():
+        yield metrics.QUEUE_DEPTH, (queue,), n
+    yield metrics.DROPPED, (), client.dropped
+    yield from metrics.delivery_samples([client.delivery])
+    link = client.relay
+    if link is not None:
+        for outcome, n in (("accepted", link.accepted), ("refused", link.refused), ("failed", link.failed)):
+            yield metrics.TRAINER_RELAY_RECORDS, (outcome,), n
+        yield metrics.TRAINER_RELAY_CONNECTED, (), int(link.connected)

@@ -17,10 +17,16 @@ body raises is not reported: the exception goes on up to the training code.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from gangwatch.producers.trainer.client import TrainerClient
+
+class StepReporter(Protocol):
+    """What the loop and the optimizer hook call on the trainer client (`TrainerClient` is one)."""
+
+    def begin_step(self) -> None: ...
+
+    def step(self, step: int, *, loss: Any = None, grad_norm: Any = None, replica_digest: str | None = None,
+             **extra: Any) -> None: ...
 
 
 class StepContext:
@@ -28,7 +34,7 @@ class StepContext:
 
     __slots__ = ("client", "step", "loss", "grad_norm", "replica_digest")
 
-    def __init__(self, client: TrainerClient, step: int) -> None:
+    def __init__(self, client: StepReporter, step: int) -> None:
         self.client, self.step = client, step
         self.loss: Any = None
         self.grad_norm: Any = None

@@ -16,15 +16,13 @@ Returns the hook's handle: `handle.remove()` stops reporting.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gangwatch.producers.trainer.digest import grad_norm, replica_digest
-
-if TYPE_CHECKING:
-    from gangwatch.producers.trainer.client import TrainerClient
+from gangwatch.producers.trainer.loop import StepReporter
 
 
-def watch_optimizer(client: TrainerClient, optimizer: Any, *, first_step: int = 0, digest_every: int = 0,
+def watch_optimizer(client: StepReporter, optimizer: Any, *, first_step: int = 0, digest_every: int = 0,
                     grad_norms: bool = True) -> Any:
     """Register the post-hook on `optimizer`; returns its removable handle."""
     step = first_step - 1

@@ -48,8 +48,8 @@ from gangwatch.detectors.clocks import ClockDetector
 from gangwatch.detectors.monitor import DEFAULT_DETECTORS
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import KINDS, DecodeError, Finding, Job, RankInfo, Record, decode, decode_obj, encode, to_dict
-from gangwatch.schemas.codec import unwrap
 from gangwatch.schemas.records import WIRE_NAMES
+from gangwatch.schemas.validators import unwrap
 
 from tests.contract.harness import (
     _LATENESS_S,

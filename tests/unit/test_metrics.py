@@ -21,8 +21,10 @@ import time
 import pytest
 from gangwatch.producers import metrics as pm
 from gangwatch.producers.agent import Agent
+from gangwatch.producers.agent import metric_samples as agent_metric_samples
 from gangwatch.producers.nvml import FakeNvml
 from gangwatch.producers.trainer import TrainerClient
+from gangwatch.producers.trainer.client import metric_samples as trainer_metric_samples
 from gangwatch.schemas import DecodeError, Heartbeat, Incident, Job, Outputs, RankInfo, Step, encode
 from gangwatch.schemas.topics import TopicSettings
 from gangwatch.streams.metrics import WorkerMetrics
@@ -220,7 +222,7 @@ def test_the_trainer_clients_queues_records_and_delivery_are_read_at_scrape_time
     client = TrainerClient(job="j7", rank=3, world_size=8, local_rank=1, node="n2", send=send, background=False,
                            exit_hooks=False, spool_dir=tmp_path, metrics_port=0, timer=lambda: now[0])
     try:
-        reg = scrape((client, pm.trainer_samples))
+        reg = scrape((client, trainer_metric_samples))
         for k in range(5):
             now[0] += 1.0
             client.step(k)
@@ -252,7 +254,7 @@ def test_a_live_agent_reports_polls_per_collector_and_its_outbox(tmp_path):
     kafka = FakeKafka()
     agent = Agent(settings(tmp_path, gpu_every_s=0.05), send=kafka, nvml=lambda: FakeNvml([{"temp_c": 40.0}] * 2))
     agent.listener.connect_timeout_s = 0.1  # no broker in a unit test: the listener just keeps trying
-    reg = scrape((agent, pm.agent_samples))
+    reg = scrape((agent, agent_metric_samples))
     runner = threading.Thread(target=agent.run, kwargs={"close_timeout_s": 4.0})
     runner.start()
     try:

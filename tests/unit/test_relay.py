@@ -24,11 +24,12 @@ import time
 from pathlib import Path
 
 import pytest
-from gangwatch.producers import metrics as pm
 from gangwatch.producers.agent import Agent, AgentSettings
+from gangwatch.producers.agent import metric_samples as agent_metric_samples
 from gangwatch.producers.agent.outbox import Outbox
 from gangwatch.producers.agent.relay import Packer, Relay, RelayUnavailable, Ticket
 from gangwatch.producers.trainer import TrainerClient
+from gangwatch.producers.trainer.client import metric_samples as trainer_metric_samples
 from gangwatch.producers.trainer.relay import ACCEPTED, BAD, HEADER, default_path, frame, relay_path
 from gangwatch.schemas import Framework, Heartbeat, Hw, Step, decode, encode, encode_batch
 
@@ -505,12 +506,12 @@ def test_the_agent_relays_its_nodes_records_and_reports_its_counts(tmp_path, pat
         client.step(0)
         client.flush()
         assert client.relay.accepted == 3  # the job record, a heartbeat, a step
-        samples = {(f.name, labels): v for f, labels, v in pm.agent_samples(agent)}
+        samples = {(f.name, labels): v for f, labels, v in agent_metric_samples(agent)}
         assert samples[("gangwatch_agent_relay_records", ("accepted",))] == 3
         assert samples[("gangwatch_agent_relay_envelopes", ())] == 2  # one on jobs, one on telemetry
         assert samples[("gangwatch_agent_relay_clients", ())] == 1
         assert samples[("gangwatch_producer_queue_depth", ("relay",))] == 0
-        trainer = {(f.name, labels): v for f, labels, v in pm.trainer_samples(client)}
+        trainer = {(f.name, labels): v for f, labels, v in trainer_metric_samples(client)}
         assert trainer[("gangwatch_trainer_relay_records", ("accepted",))] == 3
         assert trainer[("gangwatch_trainer_relay_connected", ())] == 1
         client.close()

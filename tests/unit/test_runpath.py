@@ -224,11 +224,11 @@ def test_steps_as_columns_are_the_records_the_record_path_gives():
 @pytest.mark.parametrize("throttle", [[], ["hw_slowdown"], ["x" * 256], ["x" * 257], [1], ["a"] * 64, ["a"] * 65,
                                       [None], "hw", None])
 def test_a_list_of_strings_is_kept_as_parsed_only_when_the_full_check_keeps_it(throttle):
-    from gangwatch.schemas.codec import _compile_base
     from gangwatch.schemas.records import ID, Meta
+    from gangwatch.schemas.validators import compile_base
     msg = orjson.dumps({"kind": "gpu", "v": 1, "ts": 1.0, "node": "n0", "gpu": 0, "throttle": throttle})
     got = decode(msg)[0]
-    full = _compile_base(list[ID], Meta(max_len=64))
+    full = compile_base(list[ID], Meta(max_len=64))
     try:
         want = None if throttle is None else full(throttle, "throttle")
     except Exception:  # noqa: BLE001 - the full check's own rejection
