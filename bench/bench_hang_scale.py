@@ -22,7 +22,7 @@ import orjson  # noqa: E402
 from gangwatch.producers.simulate import Fault, Scenario, write  # noqa: E402
 from gangwatch.streams import replay  # noqa: E402
 
-from gangwatch.evaluation.suite import EVICTING  # noqa: E402
+from gangwatch.evaluation.scoring import EVICTING  # noqa: E402
 
 
 def run(n: int, kind: str, tmp: Path) -> dict:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from gangwatch.schemas import DeadLetter, Outputs, Record, encode
 from gangwatch.schemas.security import kafka_python_security
-from gangwatch.sinks.base import DeliveryError
+from gangwatch.sinks.interface import DeliveryError
 from kafka import KafkaProducer
 
 if TYPE_CHECKING:

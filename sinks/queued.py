@@ -71,7 +71,7 @@ from typing import Any
 
 import orjson
 from gangwatch.schemas import DeadLetter, Outputs, Record, encode
-from gangwatch.sinks.base import AsyncSink, DeliveryError, Sink
+from gangwatch.sinks.interface import AsyncSink, DeliveryError, Sink
 from gangwatch.sinks.store import store_error_transient
 
 log = logging.getLogger(__name__)

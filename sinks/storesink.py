@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 from gangwatch.schemas import DeadLetter, Outputs, Record
-from gangwatch.sinks.base import DeliveryError
+from gangwatch.sinks.interface import DeliveryError
 from gangwatch.sinks.store import Store, store_error_transient
 from gangwatch.sinks.tables import ROW_OF, action_row, job_row, profile_row, rejected_row, telemetry_row
 

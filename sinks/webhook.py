@@ -73,7 +73,7 @@ from gangwatch.schemas.signature import (
     secret_bytes,
     sign,
 )
-from gangwatch.sinks.base import DeliveryError
+from gangwatch.sinks.interface import DeliveryError
 
 log = logging.getLogger(__name__)
 

@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gangwatch.detectors.stacks import preload as preload_stacks
-from gangwatch.sinks.base import Sink
+from gangwatch.sinks.interface import Sink
 from gangwatch.streams import faust_adapter
 from gangwatch.streams.router import NodeRouter
 from gangwatch.streams.runner import JobRunner

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from gangwatch.sinks.base import Sink
+from gangwatch.sinks.interface import Sink
 from gangwatch.streams import faust_adapter
 from gangwatch.streams.checkpoint import Checkpoint
 from gangwatch.streams.checkpoint import tp as _tp

@@ -57,7 +57,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from gangwatch.evaluation import suite as evaluate
+    from gangwatch.evaluation import scoring as evaluate
 
     scenarios = _suite(args.suite, args.size, args.only)
     show = (lambda s: print(f"  {s.scenario}: {'ok' if s.ok else 'NOT ok'} ({s.records:,} records, "

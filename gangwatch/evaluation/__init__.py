@@ -1,6 +1,6 @@
 """How well gangwatch does, measured: the scored scenario suite, the game-day drills and the spares backtest.
 
-- `suite`: simulated scenarios with known faults, scored against floors (`gangwatch eval`);
+- `scoring`: simulated scenarios with known faults, scored against floors (`gangwatch eval`);
 - `drill` and `drill_live`: a game day of the live pipeline on a simulated job (`gangwatch drill`);
 - `spares_backtest`: the spare-pool estimators replayed on histories (`gangwatch spares --evaluate`).
 """

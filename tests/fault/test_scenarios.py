@@ -11,7 +11,7 @@ import pytest
 from gangwatch.producers.simulate import Fault, Noise, Scenario, write
 from gangwatch.streams import replay
 
-from gangwatch.evaluation.suite import EVICTING
+from gangwatch.evaluation.scoring import EVICTING
 
 pytestmark = pytest.mark.fault
 

@@ -6,8 +6,8 @@ import pytest
 
 from gangwatch.cli import main
 from gangwatch.cli.options import EXIT_FLOOR
-from gangwatch.evaluation import suite as evaluate
-from gangwatch.evaluation.suite import FaultScore, Floor, ScenarioScore, check, score
+from gangwatch.evaluation import scoring as evaluate
+from gangwatch.evaluation.scoring import FaultScore, Floor, ScenarioScore, check, score
 
 pytestmark = pytest.mark.unit
 

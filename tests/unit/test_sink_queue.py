@@ -14,7 +14,7 @@ import pytest
 from clickhouse_driver.errors import ErrorCodes, NetworkError, ServerException
 from gangwatch.schemas import DeadLetter, Outputs, decode
 from gangwatch.sinks.alertmanager import AlertmanagerSink
-from gangwatch.sinks.base import DeliveryError
+from gangwatch.sinks.interface import DeliveryError
 from gangwatch.sinks.queued import QueuedSink, RetryPolicy, SinkPause, classify, queued
 from gangwatch.sinks.storesink import StoreSink
 from gangwatch.sinks.webhook import WebhookSink
