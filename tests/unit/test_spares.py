@@ -25,8 +25,9 @@ from gangwatch.schemas import Incident, Job, RankInfo
 from gangwatch.sinks.store import open_store
 from gangwatch.sinks.tables import incident_row, job_row, telemetry_row
 
-from gangwatch import cli, spares_eval
+from gangwatch import cli
 from gangwatch.cli import spares as spares_cli
+from gangwatch.evaluation import spares_backtest as spares_eval
 from gangwatch.report.queries import catalog, render
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,4 @@
-"""Replay planning (`triage.replayplan`): every single faulty node, and every pair of them (a seeded sample on
+"""Replay planning (`triage.rerun_plan`): every single faulty node, and every pair of them (a seeded sample on
 the largest jobs), is named exactly, within two phases wherever the job has the replicas for it; the groups of a
 phase share no node, and each runs every (tp, pp) shard of the model equally often."""
 

@@ -1,4 +1,4 @@
-"""Benchmark: what replay planning (`triage.replayplan`) costs to find one or two faulty machines.
+"""Benchmark: what replay planning (`triage.rerun_plan`) costs to find one or two faulty machines.
 
 For each layout (pp x dp, TP 8 on 8-GPU nodes unless named: tp 4 puts two TP groups on a node, two
 replicas of one stage or two stages of one replica; tp 16 spreads one over two nodes) it builds the plan, then
@@ -7,7 +7,7 @@ node), and reports: the kinds of node (k) and pipelines (d); phase 1's replay ru
 runs); for a single fault and for a pair, the most phases, replay runs and machine-runs all phases took, and
 whether every verdict named exactly the faulty nodes; and the time to plan. Prints figures; asserts nothing.
 
-    PYTHONPATH=. python bench/bench_replayplan.py [--pairs 300] [--seed 0]
+    PYTHONPATH=. python bench/bench_rerun_plan.py [--pairs 300] [--seed 0]
 """
 
 from __future__ import annotations
