@@ -11,17 +11,22 @@ give the same findings. Finding ids are derived from what was found, so a
 replay or a restarted worker emits the same ids again.
 
 A detector also lists the finding types it emits (`finding_types`, declared
-beside it: see `detectors.registry`) and builds its findings through them.
+beside it: see `detectors.registry`) and builds its findings through them, and
+brings its own saved state of an older job state version up to date
+(`upgrade_state`, called by triage/migrate.py, which keeps the versions).
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 from typing import Any, ClassVar, Protocol
 
 from gangwatch.detectors.runs import observe_each
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Record
+from gangwatch.schemas.codec import decode_obj
 
 
 class Detector(Protocol):
@@ -46,6 +51,33 @@ class Detector(Protocol):
 
     def finish(self) -> list[Finding]: ...
 
+    @classmethod
+    def upgrade_state(cls, state: dict[str, Any] | None, version: int, job: SavedJob) -> dict[str, Any] | None: ...
+
+
+class SavedJob:
+    """What a detector's `upgrade_state` may read of the whole job state being brought up to date: the job
+    record as saved (a wire dict), the job's watermark then, and (built when first asked for) its topology."""
+
+    def __init__(self, job: dict[str, Any], watermark: float) -> None:
+        self.job, self.watermark = job, watermark
+
+    @property
+    def size(self) -> int:
+        """Ranks in the saved job record."""
+        return len(self.job["ranks"])
+
+    @functools.cached_property
+    def topo(self) -> Topology:
+        return Topology.from_job(decode_obj(self.job))
+
+
+def fill_missing(d: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """Add to `d` (a saved state being upgraded) a copy of each default it lacks, in `defaults`' order."""
+    for k, v in defaults.items():
+        if k not in d:
+            d[k] = copy.deepcopy(v)
+
 
 class DetectorBase:
     """The defaults every detector inherits (`Detector` is what they all implement).
@@ -54,6 +86,12 @@ class DetectorBase:
     what `observe` on each of its records in turn gives; a detector with a faster way overrides it and falls
     back to this whenever the shortcut could differ. `finish()`: what it makes of what it still holds when the
     input ends (replay); nothing by default.
+
+    `upgrade_state(state, version, job)`: this detector's part of a job state saved by `version`, in the shape
+    of `version + 1` (`state` is a copy: change it in place or return another); `state` is None for a version
+    that had no such detector, and so is the answer until the version that added it, which returns its state
+    of a job that had it from the start. Unchanged by default. The values it adds are written out in it, not
+    taken from today's code, so that it goes on making its version's shape (see triage/migrate.py).
     """
 
     def observe_run(self, run: Any) -> list[tuple[int, list[Finding]]]:
@@ -61,6 +99,10 @@ class DetectorBase:
 
     def finish(self) -> list[Finding]:
         return []
+
+    @classmethod
+    def upgrade_state(cls, state: dict[str, Any] | None, version: int, job: SavedJob) -> dict[str, Any] | None:
+        return state
 
 
 def stable_id(prefix: str, *parts: object) -> str:

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from gangwatch.detectors.base import DetectorBase
+from gangwatch.detectors.base import DetectorBase, SavedJob
 from gangwatch.detectors.config import ClockConfig
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.runs import RecordRun
@@ -440,6 +440,14 @@ class ClockDetector(DetectorBase):
             if n in det.node_pos:
                 det.checked[det.node_pos[n]] = ts
         return det
+
+    @classmethod
+    def upgrade_state(cls, state: dict[str, Any] | None, version: int, job: SavedJob) -> dict[str, Any] | None:
+        """Its saved state brought up to date (`DetectorBase.upgrade_state`)."""
+        if version == 3 and state is None:  # added in version 4 (issue 34): nothing learned, `newest` comes with
+            return {"config": {}, "newest": {}, "nodes": {}, "refs": {}, "open": {}, "top": -1, "touched": [],
+                    "checked": {}}  # the next records
+        return state
 
 
 def _shifted(rows: StepRows, offs: np.ndarray) -> StepRows:

@@ -65,6 +65,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
 import numpy as np
+from gangwatch.detectors.base import SavedJob, fill_missing
 from gangwatch.detectors.config import BufferConfig, FailSlowConfig
 from gangwatch.detectors.floats import decode_floats, encode_floats, median
 from gangwatch.detectors.floats import finite_or_none as _fin
@@ -159,6 +160,10 @@ HETEROGENEOUS = FindingType("heterogeneous", Heterogeneity, Policy(
 
 # --- the detector -------------------------------------------------------------------------------
 
+
+# fail-slow's saved state from before it calibrated (job state version 2): what it keeps when brought up to date
+_KEPT_BEFORE_CALIBRATION = frozenset({"config", "buffer", "epoch", "warm", "hist", "in_episode", "flag_ts",
+                                      "clean_run"})
 
 class FailSlowDetector(StepScorer):
     """Stragglers of one job, from per-rank compute and collective-wait times, and its steadily slower ranks."""
@@ -481,3 +486,19 @@ class FailSlowDetector(StepScorer):
             det.ring_step = decode_floats(state["ring_step"])[0]
             det.ring_at = state["ring_at"]
         return det
+
+    @classmethod
+    def upgrade_state(cls, state: dict[str, Any] | None, version: int, job: SavedJob) -> dict[str, Any] | None:
+        """Its saved state brought up to date (`DetectorBase.upgrade_state`): one saved before calibration has its
+        baselines learnt again; one saved before `calib_ts` was kept has it unknown (judged at once: it calibrated
+        long ago)."""
+        state = super().upgrade_state(state, version, job)
+        if version != 2:
+            return state
+        if "calib" not in state or "flag_ts" not in state:
+            empty = cls(job.topo).state()
+            if "calib" not in state:  # what it kept then stays; the rest, baselines of another kind, starts afresh
+                state.update({k: v for k, v in empty.items() if k not in _KEPT_BEFORE_CALIBRATION})
+            fill_missing(state, {"flag_ts": empty["flag_ts"]})
+        fill_missing(state, {"calib_ts": None, "het_wait": False})
+        return state

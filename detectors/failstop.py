@@ -91,7 +91,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from gangwatch.detectors.base import DetectorBase
+from gangwatch.detectors.base import DetectorBase, SavedJob, fill_missing
 from gangwatch.detectors.config import FailStopConfig
 from gangwatch.detectors.floats import decode_floats, encode_floats, finite_or_none
 from gangwatch.detectors.registry import FindingType, Policy
@@ -785,6 +785,20 @@ class FailStopDetector(DetectorBase):
         det.gap_said = set(state["gap_said"])
         det.lag_since = {int(n): t for n, t in state["lag_since"].items()}
         return det
+
+    @classmethod
+    def upgrade_state(cls, state: dict[str, Any] | None, version: int, job: SavedJob) -> dict[str, Any] | None:
+        """Its saved state brought up to date (`DetectorBase.upgrade_state`)."""
+        if version == 2:  # grew without a version change: any of this may be missing
+            fill_missing(state, {"peer_lost_ts": None, "lost_peer": [], "crashed": {}, "clean": {}, "reported": {},
+                                 "late_s": {}, "stepped": True})  # (a job saved before `stepped` was kept was past
+            # start-up)
+        elif version == 3:  # issue 34: arrivals, steps and telemetry gaps (a silent rank the gang's steps show alive)
+            # a saved job's arrivals are not known: its ranks count as arrived when last seen (as before: by times)
+            fill_missing(state, {"now": job.watermark, "arrived": [None] * job.size, "last_step": [-1] * job.size,
+                                 "step_ts": [None] * job.size, "milestones": [], "gap_since": {}, "gap_said": [],
+                                 "lag_since": {}})
+        return state
 
     def observe_run(self, run: RecordRun) -> list[tuple[int, list[Finding]]]:
         """Heartbeats and steps of ranks not exited nor silent, none of them due before the next tick: each only

@@ -51,6 +51,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
+from gangwatch.detectors.base import SavedJob, fill_missing
 from gangwatch.detectors.config import FlightConfig
 from gangwatch.detectors.registry import FindingType, Policy, Typed
 from gangwatch.detectors.sweeps import Sweep, SweepDetector, SweepEvidence
@@ -518,6 +519,15 @@ class FlightDetector(SweepDetector):
                                      {int(r): _view_from_state(v) for r, v in s["views"]})
         det.done.extend(state["done"])
         return det
+
+    @classmethod
+    def upgrade_state(cls, state: dict[str, Any] | None, version: int, job: SavedJob) -> dict[str, Any] | None:
+        """Its saved state brought up to date (`DetectorBase.upgrade_state`)."""
+        if version == 2:  # grew without a version change: a pending sweep's views may lack any of this
+            for sweep in state["pending"].values():
+                for _, view in sweep["views"]:
+                    fill_missing(view, {"waits_on": [], "p2p": [], "collectives": {}})
+        return state
 
 
 def _view_state(v: RankView) -> dict[str, Any]:

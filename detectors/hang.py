@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from gangwatch.detectors.base import DetectorBase
+from gangwatch.detectors.base import DetectorBase, SavedJob, fill_missing
 from gangwatch.detectors.config import HangConfig
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.runs import RecordRun, observe_each
@@ -275,6 +275,13 @@ class HangDetector(DetectorBase):
         det.frozen = {int(r): (st, since, last) for r, st, since, last in state.get("frozen", ())}
         det.named = set(state.get("named", ()))
         return det
+
+    @classmethod
+    def upgrade_state(cls, state: dict[str, Any] | None, version: int, job: SavedJob) -> dict[str, Any] | None:
+        """Its saved state brought up to date (`DetectorBase.upgrade_state`)."""
+        if version == 2:  # grew without a version change: any of this may be missing
+            fill_missing(state, {"stopped_ts": None, "paused": [], "longest": {}, "reports": int(state["reported"])})
+        return state
 
     def observe_run(self, run: RecordRun) -> list[tuple[int, list[Finding]]]:
         """Steps: each rank's last step is the largest it reported; only a step past the job's newest one (a

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from gangwatch.detectors.base import DetectorBase
+from gangwatch.detectors.base import DetectorBase, SavedJob
 from gangwatch.detectors.config import HardwareConfig
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.topology import Topology
@@ -347,6 +347,13 @@ class HardwareDetector(DetectorBase):
         det.nic_down = copy.deepcopy(state["nic_down"])
         det.gpus = {k: _NodeGpus.from_state(v) for k, v in state["gpus"].items()}
         return det
+
+    @classmethod
+    def upgrade_state(cls, state: dict[str, Any] | None, version: int, job: SavedJob) -> dict[str, Any] | None:
+        """Its saved state brought up to date (`DetectorBase.upgrade_state`)."""
+        if version == 2 and "gpu_last" in state:  # unpacked, before issue 11 packed the GPUs per node
+            state["gpus"] = gpus_from_gpu_last(state.pop("gpu_last"))
+        return state
 
 
 def gpus_from_gpu_last(gpu_last: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

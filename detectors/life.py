@@ -27,7 +27,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from gangwatch.detectors.base import DetectorBase
+from gangwatch.detectors.base import DetectorBase, SavedJob, fill_missing
 from gangwatch.detectors.config import LifeConfig
 from gangwatch.detectors.failstop import PEER_LOST, clean_exit
 from gangwatch.detectors.registry import FindingType, Policy
@@ -213,3 +213,12 @@ class JobLifeDetector(DetectorBase):
         det.moved_ts = -math.inf if state["moved_ts"] is None else state["moved_ts"]
         det.top_step, det.failed_step = state["top_step"], state["failed_step"]
         return det
+
+    @classmethod
+    def upgrade_state(cls, state: dict[str, Any] | None, version: int, job: SavedJob) -> dict[str, Any] | None:
+        """Its saved state brought up to date (`DetectorBase.upgrade_state`)."""
+        if version == 2 and state is None:  # added in version 3: the job record's `starting`, long past, is not
+            return {**cls(job.topo).state(), "pending": []}  # reported again
+        if version == 3:
+            fill_missing(state, {"moved_ts": None, "top_step": -1, "failed_step": -1})  # (a move's time not known)
+        return state

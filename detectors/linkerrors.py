@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from gangwatch.detectors.base import DetectorBase
+from gangwatch.detectors.base import DetectorBase, SavedJob
 from gangwatch.detectors.config import LinkErrorConfig
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.topology import Topology
@@ -215,6 +215,16 @@ class LinkErrorDetector(DetectorBase):
         det = cls(topo, LinkErrorConfig(**state["config"]))
         det.nodes = {k: _NodeLinks.from_state(v) for k, v in state["nodes"].items()}
         return det
+
+    @classmethod
+    def upgrade_state(cls, state: dict[str, Any] | None, version: int, job: SavedJob) -> dict[str, Any] | None:
+        """Its saved state brought up to date (`DetectorBase.upgrade_state`)."""
+        if version == 2:
+            if state is None:  # added in version 3 (it may also be missing from a state saved as version 2)
+                return cls(job.topo).state()
+            if "links" in state:  # unpacked, before issue 11 packed the links per node
+                state["nodes"] = nodes_from_links(state.pop("links"))
+        return state
 
 
 def nodes_from_links(links: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -28,7 +28,6 @@ evidence (`lambda f, ev: 0.9 if ev.whole_node else 0.7`).
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -262,14 +261,11 @@ class Registry:
         self._shapes: dict[str, list[tuple[type[Evidence], FindingType]]] = {}
 
     @classmethod
-    def load(cls, entries: Iterable[str]) -> Registry:
-        """A registry of the detectors named `"gangwatch.detectors.MODULE:CLASS"`, in that order."""
+    def of(cls, detectors: Iterable[type]) -> Registry:
+        """A registry of these detector classes, in that order."""
         reg = cls()
-        for entry in entries:
-            module, _, name = entry.partition(":")
-            if not module.startswith("gangwatch.detectors.") or not name:
-                raise RegistrationError(f"{entry!r}: a detector is named gangwatch.detectors.MODULE:CLASS")
-            reg.register(getattr(importlib.import_module(module), name))
+        for det_cls in detectors:
+            reg.register(det_cls)
         return reg
 
     @property

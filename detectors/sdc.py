@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+from gangwatch.detectors.base import SavedJob, fill_missing
 from gangwatch.detectors.config import BufferConfig, SdcConfig
 from gangwatch.detectors.floats import finite_or_none as _fin
 from gangwatch.detectors.floats import median
@@ -413,3 +414,13 @@ class SdcDetector(StepScorer):
         det.ballots = {int(st): {int(sh): {int(r): d for r, d in b.items()} for sh, b in m.items()}
                        for st, m in state["ballots"].items()}
         return det
+
+    @classmethod
+    def upgrade_state(cls, state: dict[str, Any] | None, version: int, job: SavedJob) -> dict[str, Any] | None:
+        """Its saved state brought up to date (`DetectorBase.upgrade_state`)."""
+        state = super().upgrade_state(state, version, job)
+        if version == 2:  # grew without a version change
+            fill_missing(state, {"last_agree": [-1] * state["buffer"]["size"]})
+        elif version == 3:  # no vote kept: records of steps voted before the save count no more
+            fill_missing(state, {"ballots": {}})
+        return state

@@ -21,6 +21,7 @@ from operator import attrgetter
 from typing import Any
 
 import numpy as np
+from gangwatch.detectors.base import fill_missing
 from gangwatch.detectors.config import BufferConfig
 from gangwatch.detectors.floats import decode_floats, encode_floats
 from gangwatch.detectors.runs import StepColumns
@@ -304,6 +305,14 @@ class StepBuffer:
                 "closed_ts": self.closed_ts if math.isfinite(self.closed_ts) else None, "epoch": self.epoch,
                 "dropped": self.dropped,
                 "votes": [[k, v] for k, v in self.votes.items()], "open": slots}
+
+    @staticmethod
+    def upgrade_state(st: dict[str, Any], version: int) -> dict[str, Any]:
+        """`state()` saved by job state `version`, in the shape of `version + 1` (see `DetectorBase.upgrade_state`).
+        """
+        if version == 2:  # (saved before the reorder window: a step was due once it closed)
+            fill_missing(st, {"lag_upto": st["closed_upto"], "closed_ts": None})
+        return st
 
     def load(self, st: dict[str, Any]) -> None:
         """Restore `state()` into this (empty) buffer of the same size and fields."""

@@ -7,9 +7,9 @@ record path (`observe`), a batch (`observe_many`) or a run (`observe_run`), with
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from gangwatch.detectors.base import DetectorBase
+from gangwatch.detectors.base import DetectorBase, SavedJob
 from gangwatch.detectors.runs import RecordRun, StepColumns
 from gangwatch.detectors.step_buffer import Closed, StepBuffer
 from gangwatch.schemas import Finding, Record
@@ -50,3 +50,10 @@ class StepScorer(DetectorBase):
 
     def _score(self, closed: list[Closed]) -> list[Finding]:
         raise NotImplementedError
+
+    @classmethod
+    def upgrade_state(cls, state: dict[str, Any] | None, version: int, job: SavedJob) -> dict[str, Any] | None:
+        """Its step buffer's saved state brought up to date; a subclass adds its own part."""
+        if state is not None:
+            StepBuffer.upgrade_state(state["buffer"], version)
+        return state

@@ -7,12 +7,14 @@ refused with a `ValueError` naming the versions.
 
 Adding a migration: when a change alters what a state holds (a key added, renamed or reshaped, a detector added),
 raise `STATE_VERSION` by one and add to `MIGRATIONS` the function that turns a whole state of the version before
-into one of the new version, setting `v`, and leaves its input unchanged. Then the `from_state` that read the
-old shape reads the new one only, and tests/data/states/ gets a state saved by the version before (its README
-says how). The values a migration adds are written out in it, not taken from today's classes, so it goes on
-making its version's shape when a later version changes them; where it needs a detector's code (packing an old
-layout, the empty state of a detector for the job's topology), the tests of the later migration, which start
-from literal old states, show whether both still fit together.
+into one of the new version, setting `v`, and leaves its input unchanged. What a detector keeps is its own: the
+function calls `_detectors`, and each detector of the catalog brings its part up to date in its `upgrade_state`
+(`detectors.base.DetectorBase`); this module keeps the versions and what the rest of the state (triage) holds.
+Then the `from_state` that read the old shape reads the new one only, and tests/data/states/ gets a state saved
+by the version before (its README says how). The values a migration adds are written out in it, not taken from
+today's classes, so it goes on making its version's shape when a later version changes them; where it needs a
+detector's code (packing an old layout, the empty state of a detector for the job's topology), the tests of the
+later migration, which start from literal old states, show whether both still fit together.
 
 A detector's saved `config` is never migrated: `JobMonitor.from_state` replaces it with today's settings.
 """
@@ -23,105 +25,55 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from gangwatch.detectors.failslow import FailSlowDetector
-from gangwatch.detectors.hardware import gpus_from_gpu_last
-from gangwatch.detectors.life import JobLifeDetector
-from gangwatch.detectors.linkerrors import LinkErrorDetector, nodes_from_links
-from gangwatch.detectors.topology import Topology
-from gangwatch.schemas.codec import decode_obj
+from gangwatch.detectors.base import SavedJob, fill_missing
+from gangwatch.detectors.catalog import DEFAULT_DETECTORS
 
 STATE_VERSION = 4
 
 State = dict[str, Any]
 
-# --- version 2 -> 3 ------------------------------------------------------------------------------------------------
-# Version 2 grew without a version change; a state saved as version 2 can lack any of what follows, or hold the
-# GPUs and links of the hardware and link-error detectors unpacked (issue 11 packed them per node).
 
-_FAILSTOP = {"peer_lost_ts": None, "lost_peer": [], "crashed": {}, "clean": {}, "reported": {}, "late_s": {},
-             "stepped": True}  # (a job saved before `stepped` was kept was past start-up)
-_HANG = {"stopped_ts": None, "paused": [], "longest": {}}
-_FLIGHT_VIEW = {"waits_on": [], "p2p": [], "collectives": {}}
+def _detectors(state: State, version: int) -> None:
+    """Each detector of the catalog brings its part of `state` (a copy, saved by `version`) to `version + 1`."""
+    dets = state["monitor"]["detectors"]
+    job = SavedJob(state["monitor"]["job"], state["watermark"])
+    for cls in DEFAULT_DETECTORS:  # (a detector added in a version is appended: the order they were added in)
+        det = cls.upgrade_state(dets.get(cls.name), version, job)
+        if det is not None:
+            dets[cls.name] = det
+
+
+# --- version 2 -> 3 ------------------------------------------------------------------------------------------------
+# Version 2 grew without a version change; a state saved as version 2 can lack any of what follows (and of what its
+# detectors add: the link-error and life detectors, ...), or hold the GPUs and links of the hardware and link-error
+# detectors unpacked (issue 11 packed them per node).
+
 _TRIAGE = {"spares_reported": None, "kept": {}, "replacing": [], "restarting": None, "life": None, "run_ts": None,
            "loops": {}, "shadow": [], "shadow_ops": None, "watch": None, "precedents": [], "acted": []}
 _TIMELINE = {"restarts": [], "resolution": None, "attempts": 0, "signature": None, "withdrawn": [], "shadow": False,
              "awaiting": None, "proof": None, "rungs": []}
-_STEP_BUFFERS = ("failslow", "slowdown", "sdc")  # detectors whose `buffer` is a steps.StepBuffer
-# fail-slow's state from before it calibrated: what it keeps (the rest, baselines of another kind, starts afresh)
-_FAILSLOW_KEPT = frozenset({"config", "buffer", "epoch", "warm", "hist", "in_episode", "flag_ts", "clean_run"})
-
-
-def _fill(d: dict[str, Any], defaults: dict[str, Any]) -> None:
-    for k, v in defaults.items():
-        if k not in d:
-            d[k] = copy.deepcopy(v)
 
 
 def _v2_to_v3(old: State) -> State:
     state = copy.deepcopy(old)
-    dets = state["monitor"]["detectors"]
-    topo = Topology.from_job(decode_obj(state["monitor"]["job"]))
-    if "linkerrors" not in dets:
-        dets["linkerrors"] = LinkErrorDetector(topo).state()
-    if "life" not in dets:  # the job record's `starting`, long past, is not reported again
-        dets["life"] = {**JobLifeDetector(topo).state(), "pending": []}
-    hw, links = dets["hardware"], dets["linkerrors"]
-    if "gpu_last" in hw:
-        hw["gpus"] = gpus_from_gpu_last(hw.pop("gpu_last"))
-    if "links" in links:
-        links["nodes"] = nodes_from_links(links.pop("links"))
-    for name in _STEP_BUFFERS:
-        buf = dets[name]["buffer"]
-        _fill(buf, {"lag_upto": buf["closed_upto"], "closed_ts": None})  # (saved before the reorder window: a step
-        # was due once it closed)
-    _failslow(dets["failslow"], topo)
-    _fill(dets["failstop"], _FAILSTOP)
-    hang = dets["hang"]
-    _fill(hang, {**_HANG, "reports": int(hang["reported"])})
-    _fill(dets["sdc"], {"last_agree": [-1] * dets["sdc"]["buffer"]["size"]})
-    for sweep in dets["flight"]["pending"].values():
-        for _, view in sweep["views"]:
-            _fill(view, _FLIGHT_VIEW)
+    _detectors(state, 2)
     tri = state["triage"]
-    _fill(tri, _TRIAGE)
+    fill_missing(tri, _TRIAGE)
     for timeline in ([tri["incident"]] if tri["incident"] else []) + tri["waiting"]:
-        _fill(timeline, _TIMELINE)
+        fill_missing(timeline, _TIMELINE)
     state["v"] = 3
     return state
 
 
-def _failslow(fs: dict[str, Any], topo: Topology) -> None:
-    """Fail-slow's state in today's shape: one saved before calibration has its baselines learnt again; one saved
-    before `calib_ts` was kept has it unknown (judged at once: it calibrated long ago)."""
-    if "calib" not in fs or "flag_ts" not in fs:
-        empty = FailSlowDetector(topo).state()
-        if "calib" not in fs:
-            fs.update({k: v for k, v in empty.items() if k not in _FAILSLOW_KEPT})
-        _fill(fs, {"flag_ts": empty["flag_ts"]})
-    _fill(fs, {"calib_ts": None, "het_wait": False})
-
-
 # --- version 3 -> 4 ------------------------------------------------------------------------------------------------
 # Issue 34 (time you can trust): the `clocks` detector (node clock offsets, the job's own time), and what fail-stop
-# keeps to tell a silent rank the gang's steps show alive from a dead one (arrivals, steps, telemetry gaps).
-
-# nothing learned: `newest` comes with the next records
-_CLOCKS = {"config": {}, "newest": {}, "nodes": {}, "refs": {}, "open": {}, "top": -1, "touched": [],
-           "checked": {}}
+# keeps to tell a silent rank the gang's steps show alive from a dead one (arrivals, steps, telemetry gaps): all of
+# it the detectors' own.
 
 
 def _v3_to_v4(old: State) -> State:
     state = copy.deepcopy(old)
-    dets = state["monitor"]["detectors"]
-    size = len(state["monitor"]["job"]["ranks"])
-    if "clocks" not in dets:
-        dets["clocks"] = copy.deepcopy(_CLOCKS)
-    # a saved job's arrivals are not known: its ranks count as arrived when last seen (as before: by their times)
-    _fill(dets["failstop"], {"now": state["watermark"], "arrived": [None] * size, "last_step": [-1] * size,
-                             "step_ts": [None] * size, "milestones": [], "gap_since": {}, "gap_said": [],
-                             "lag_since": {}})
-    _fill(dets["life"], {"moved_ts": None, "top_step": -1, "failed_step": -1})  # (a move's time not known)
-    _fill(dets["sdc"], {"ballots": {}})  # no vote kept: records of steps voted before the save count no more
+    _detectors(state, 3)
     state["v"] = 4
     return state
 
