@@ -55,6 +55,21 @@ def check_partitions(settings: TopicSettings, bootstrap: str) -> None:
                            + ", ".join(wrong))
 
 
+def missing_topics(bootstrap: str, names: tuple[str, ...], *, timeout_s: float) -> list[str]:
+    """The topics of `names` the broker does not have, asked once within `timeout_s` (a producer sending to a
+    missing topic waits for its metadata a whole minute before it fails)."""
+    from kafka.admin import KafkaAdminClient
+
+    ms = max(1000, int(timeout_s * 1000))
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="gangwatch-topics", request_timeout_ms=ms,
+                             bootstrap_timeout_ms=ms, **kafka_python_security())
+    try:
+        existing = set(admin.list_topics())
+    finally:
+        admin.close()
+    return [t for t in names if t not in existing]
+
+
 def list_topics(bootstrap: str, prefix: str = "") -> dict[str, int]:
     """Existing topics whose names start with `prefix`, with their partition counts."""
     from kafka import KafkaConsumer

@@ -11,6 +11,7 @@ from gangwatch.cli import console
 from gangwatch.cli.options import (
     EXIT_CORRUPT,
     EXIT_EXTRA,
+    EXIT_SERVICE,
     UserError,
     at_least_zero,
     integer,
@@ -120,9 +121,18 @@ def cmd_topics_tail(args: argparse.Namespace) -> int:
 
 def cmd_publish(args: argparse.Namespace) -> int:
     from gangwatch.streams.file_publish import kafka_send, publish
+    from gangwatch.streams.topic_admin import missing_topics
 
     check_inputs(args.files)
     wait_for_kafka(args.bootstrap, args.connect_timeout)
+    topics = _topic_settings(args)
+    missing = missing_topics(args.bootstrap, (*topics.inputs, topics.dlq), timeout_s=args.connect_timeout)
+    if missing:
+        raise UserError(f"{args.bootstrap} has no topic {missing[0]}"
+                        + (f" (nor {len(missing) - 1} more of gangwatch's topics)" if len(missing) > 1 else "")
+                        + f": create gangwatch's topics first: gangwatch topics create --bootstrap {args.bootstrap}"
+                        + (f" --prefix {topics.prefix}" if topics.prefix != type(topics)().prefix else ""),
+                        EXIT_SERVICE)
     send, close = kafka_send(args.bootstrap)
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     progress = console.ProgressLine("publishing") if show else None

@@ -92,3 +92,25 @@ def test_publishing_a_file_without_one_valid_line_is_an_input_error(kafka_bootst
     assert len(consume(kafka_bootstrap, topics.dlq, unique, lines)) == lines
     assert main(["publish", str(empty), *common]) == 3
     assert f"{empty} is empty: not one record" in capsys.readouterr().err
+
+
+def test_publishing_to_a_broker_without_gangwatchs_topics_says_to_create_them(kafka_bootstrap, unique, tmp_path,
+                                                                                capsys):
+    """A prefix with no topics: one line naming a missing topic and the command that creates them, exit 5 (asked
+    within --connect-timeout, not after the producer's minute of waiting for metadata); nothing is created."""
+    from gangwatch.cli import main
+
+    run = tmp_path / "run.jsonl"
+    run.write_bytes(orjson.dumps(SAMPLES["step"]) + b"\n")
+    prefix = f"{unique}."
+    assert main(["publish", str(run), "--bootstrap", kafka_bootstrap, "--prefix", prefix,
+                 "--connect-timeout", "3"]) == 5
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"has no topic {prefix}" in err
+    assert f"gangwatch topics create --bootstrap {kafka_bootstrap} --prefix {prefix}" in err
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id=unique)
+    try:
+        assert not [t for t in admin.list_topics() if t.startswith(prefix)]
+    finally:
+        admin.close()
