@@ -24,7 +24,9 @@ Properties, per detector and scenario:
 - ranks beyond the topology, unknown nodes and a topology that grows (then shrinks)
   mid-stream raise nothing.
 
-A detector added to `DEFAULT_DETECTORS` is covered automatically.
+A detector added to `DEFAULT_DETECTORS` is covered automatically. The properties that need no test runner are
+`gangwatch.detectors.contract` (`check_detector` runs them all, for a detector of one's own); the tests here
+run them per detector and scenario, and add those that need one.
 """
 
 from __future__ import annotations
@@ -34,39 +36,23 @@ import datetime
 import functools
 import hashlib
 import os
-import random
 import subprocess
 import sys
 import typing
-from collections.abc import Sequence
 from typing import Any
 from unittest import mock
 
 import orjson
 import pytest
-from gangwatch.detectors.clocks import ClockDetector
+from gangwatch.detectors import contract
+from gangwatch.detectors.contract import resized_job, run, wire_list
 from gangwatch.detectors.monitor import DEFAULT_DETECTORS
 from gangwatch.detectors.topology import Topology
-from gangwatch.schemas import KINDS, DecodeError, Finding, Job, RankInfo, Record, decode, decode_obj, encode, to_dict
+from gangwatch.schemas import KINDS, DecodeError, Record, decode, decode_obj, encode
 from gangwatch.schemas.records import WIRE_NAMES
 from gangwatch.schemas.validators import unwrap
 
-from tests.contract.harness import (
-    _LATENESS_S,
-    DET_IDS,
-    DETECTORS,
-    REPO,
-    SC_IDS,
-    SCENARIOS,
-    Driver,
-    kinds_and_nodes,
-    reference,
-    run,
-    stream,
-    wire,
-    wire_list,
-)
-from tests.helpers import assert_json_safe
+from tests.contract.harness import DET_IDS, DETECTORS, REPO, SC_IDS, reference, stream, wire
 
 pytestmark = pytest.mark.contract
 
@@ -83,19 +69,8 @@ def test_every_detector_finds_something(det_name, other_process):  # other_proce
 
 @pytest.mark.parametrize("det_name", DET_IDS)
 def test_detector_protocol(det_name):
-    cls = DETECTORS[det_name]
-    assert isinstance(cls.name, str) and cls.name
-    assert isinstance(cls.kinds, frozenset) and cls.kinds and cls.kinds <= set(KINDS) - {"job"}
-    for method in ("observe", "advance", "set_topology", "state"):
-        assert callable(getattr(cls, method, None)), method
-    assert isinstance(cls.__dict__.get("from_state"), classmethod)
+    contract.check_protocol(DETECTORS[det_name], stream("xid79")[0])
     assert len(DETECTORS) == len(DEFAULT_DETECTORS), "detector names must be unique (JobMonitor keys state by name)"
-    topo = Topology.from_job(stream("xid79")[0])
-    st = cls(topo).state()
-    assert_json_safe(st)
-    assert orjson.loads(orjson.dumps(cls.from_state(orjson.loads(orjson.dumps(st)), topo).state())) == st
-    for f in cls(topo).advance(topo.ts + 3600.0):  # silence from the start (fail-stop: nobody ever came up)
-        assert decode(encode(f)) == [f]
 
 
 # --- 1. determinism -----------------------------------------------------------------------------
@@ -104,23 +79,13 @@ def test_detector_protocol(det_name):
 @pytest.mark.parametrize("sc_name", SC_IDS)
 @pytest.mark.parametrize("det_name", DET_IDS)
 def test_deterministic(det_name, sc_name):
-    again = run(DETECTORS[det_name], stream(sc_name))
-    assert wire_list(again) == wire_list(reference(det_name, sc_name))
+    contract.check_deterministic(DETECTORS[det_name], stream(sc_name), reference(det_name, sc_name))
 
 
 @pytest.mark.parametrize("sc_name", SC_IDS)
 @pytest.mark.parametrize("det_name", DET_IDS)
 def test_findings_are_contract_records(det_name, sc_name):
-    findings = reference(det_name, sc_name)
-    ids = [f.id for f in findings]
-    assert len(ids) == len(set(ids)), "finding ids identify one finding each"
-    for f in findings:
-        assert isinstance(f, Finding)
-        [back] = decode(encode(f))
-        assert not isinstance(back, DecodeError), f"{back}: {f}"
-        assert back == f
-        assert f.job == SCENARIOS[sc_name].job_id
-        assert f.detector.split(".")[0] == det_name, "a detector's findings carry its name"
+    contract.check_findings_are_contract_records(DETECTORS[det_name], stream(sc_name), reference(det_name, sc_name))
 
 
 _DIGEST_SCRIPT = """
@@ -173,81 +138,19 @@ def other_process():
 # --- 2. state round trip ------------------------------------------------------------------------
 
 
-def cut_points(det_name: str, sc_name: str) -> list[int]:
-    """Where to save and restore: 25/50/75% of the records and of the event time, the middle record of
-    each kind the detector observes (mid-sweep, mid-storm), and right after its first and last findings
-    (episode and "reported" flags set)."""
-    cls, recs = DETECTORS[det_name], stream(sc_name)
-    n, t0, t1 = len(recs), recs[0].ts, recs[-1].ts
-    cuts = {int(q * n) for q in (0.25, 0.5, 0.75)}
-    cuts |= {next(i for i, r in enumerate(recs) if r.ts >= t0 + q * (t1 - t0)) for q in (0.25, 0.5, 0.75)}
-    for kind in sorted(cls.kinds):
-        at = [i for i, r in enumerate(recs) if r.kind == kind]
-        if at:
-            cuts.add(at[len(at) // 2])
-    drv, emitted = Driver.fresh(cls, recs), []
-    for i, rec in enumerate(recs):
-        if drv.feed(rec):
-            emitted.append(i + 1)
-    cuts |= {emitted[0], emitted[-1]} if emitted else set()
-    return sorted(c for c in cuts if 0 < c < n)
-
-
 @pytest.mark.parametrize("sc_name", SC_IDS)
 @pytest.mark.parametrize("det_name", DET_IDS)
 def test_state_round_trip(det_name, sc_name):
-    cls, recs = DETECTORS[det_name], stream(sc_name)
-    cuts = set(cut_points(det_name, sc_name))
-    orig = Driver.fresh(cls, recs)
-    out: list[Finding] = []
-    snaps = []  # (cut, state object, its bytes, findings so far, topology, the clock's state)
-    orig_last = []  # the driver's time after each record
-    for i, rec in enumerate(recs):
-        if i in cuts:
-            st = orig.det.state()
-            assert_json_safe(st)
-            clock = None if orig.clock is orig.det else orjson.dumps(orig.clock.state())  # the job's clock, saved too
-            snaps.append((i, st, orjson.dumps(st), len(out), orig.topo, clock))
-        out += orig.feed(rec)
-        orig_last.append(orig.last_ts)
-    out += orig.finish()
-    for i, st, blob, n, topo, clock in snaps:
-        assert orjson.dumps(st) == blob, f"cut {i}: the state snapshot changed as the detector went on (aliasing)"
-        given = orjson.loads(blob)
-        restored = cls.from_state(given, topo)
-        again = orjson.loads(orjson.dumps(restored.state()))
-        assert again == orjson.loads(blob), f"cut {i}: state -> from_state -> state is not the same state"
-        resumed = Driver(restored, topo, None if clock is None else ClockDetector.from_state(orjson.loads(clock), topo))
-        resumed.last_ts = orig_last[i - 1]
-        later = resumed.run(recs[i:])
-        assert wire_list(later) == wire_list(out[n:]), f"cut {i} of {len(recs)}: the restored detector diverged"
-        assert orjson.dumps(given) == blob, f"cut {i}: the restored detector changed the state it was given"
-    assert wire_list(out) == wire_list(reference(det_name, sc_name))
+    contract.check_state_round_trip(DETECTORS[det_name], stream(sc_name), reference(det_name, sc_name))
 
 
 # --- 3. input records are not mutated -----------------------------------------------------------
 
 
-@functools.cache
-def wire_bytes(sc_name: str) -> tuple[bytes, ...]:
-    """Each record's wire bytes, from a private decode (the shared records may already have been fed)."""
-    return tuple(orjson.dumps(to_dict(decode_obj(d))) for d in wire(sc_name))
-
-
 @pytest.mark.parametrize("sc_name", SC_IDS)
 @pytest.mark.parametrize("det_name", DET_IDS)
 def test_input_not_mutated(det_name, sc_name):
-    cls, recs, before = DETECTORS[det_name], stream(sc_name), wire_bytes(sc_name)
-    run(cls, recs)
-    # bytes, not dicts: to_dict shares nested dicts (extra) with the record. Records of other kinds never
-    # reach the detector (advance takes no record), so only the kinds it observes are compared.
-    changed = [i for i, r in enumerate(recs) if r.kind in cls.kinds and orjson.dumps(to_dict(r)) != before[i]]
-    if changed:
-        i = changed[0]
-        now = orjson.dumps(to_dict(recs[i]))
-        at = next(k for k in range(min(len(now), len(before[i]))) if now[k] != before[i][k]) if now != before[i] else 0
-        pytest.fail(f"{len(changed)} records mutated, first {i}: ...{before[i][at:at + 120]!r} -> "
-                    f"...{now[at:at + 120]!r}")
+    contract.check_input_not_mutated(DETECTORS[det_name], stream(sc_name), wire(sc_name))
 
 
 # --- 4. missing optional fields -----------------------------------------------------------------
@@ -330,37 +233,12 @@ def test_missing_optional_fields(det_name, sc_name, how):
 # --- 5. out of order within a small lateness ------------------------------------------------------
 
 
-def jitter(recs: Sequence[Record], seed: int, lateness_s: float = _LATENESS_S) -> list[Record]:
-    """Swap about half of the adjacent pairs closer than `lateness_s` (deterministic; `job` records stay)."""
-    rng = random.Random(seed)
-    out = list(recs)
-    i = 0
-    while i < len(out) - 1:
-        a, b = out[i], out[i + 1]
-        if "job" not in (a.kind, b.kind) and b.ts - a.ts < lateness_s and rng.random() < 0.5:
-            out[i], out[i + 1] = b, a
-            i += 2
-        else:
-            i += 1
-    return out
-
-
 @pytest.mark.parametrize("sc_name", SC_IDS)
 @pytest.mark.parametrize("det_name", DET_IDS)
 def test_out_of_order_within_lateness(det_name, sc_name):
-    """The same kinds of findings from the same detectors on the same nodes.
-
-    Not the same findings byte for byte, legitimately: ids and timestamps key on event times that
-    depend on arrival order (the hang detector's progress time is the first record of the newest
-    step; a heartbeat timeout fires from whichever record came last), and `advance` sees a slightly
-    different clock when it is driven by the records' own (now non-monotonic) times.
-    """
-    cls, recs = DETECTORS[det_name], stream(sc_name)
-    shuffled = jitter(recs, seed=sum(map(ord, det_name + sc_name)))
-    moved = sum(a is not b for a, b in zip(recs, shuffled, strict=True))
-    assert moved > len(recs) // 10, "the shuffle must actually reorder the stream"
-    findings = run(cls, shuffled)
-    assert kinds_and_nodes(findings) == kinds_and_nodes(reference(det_name, sc_name))
+    """The same kinds of findings from the same detectors on the same nodes (`contract.check_out_of_order...`)."""
+    contract.check_out_of_order_within_lateness(DETECTORS[det_name], stream(sc_name), sum(map(ord, det_name + sc_name)),
+                                                reference(det_name, sc_name))
 
 
 # --- 6. no wall clock ---------------------------------------------------------------------------
@@ -474,64 +352,10 @@ def test_fake_clock_raises_in_project_code():
 # --- 7. unknown ranks and nodes, topology changes ---------------------------------------------------
 
 
-def resized_job(topo: Topology, n: int, ts: float) -> Job:
-    """A `job` record of the same job with `n` ranks: the first ranks keep their placement, new ranks land
-    on new nodes (``x000``, ...) as further data-parallel replicas."""
-    size, dp = topo.size, int(topo.dp.max()) + 1
-    ranks = []
-    for r in range(n):
-        base = topo.ranks[r % size]
-        if r < size:
-            ranks.append(base)
-        else:
-            ranks.append(RankInfo(r, f"x{(r - size) // 8:03d}", (r - size) % 8, base.tp, base.pp,
-                                  base.dp + dp * (r // size)))
-    return Job(ts=ts, job=topo.job, ranks=ranks, heartbeat_s=topo.heartbeat_s)
-
-
-def with_strangers(recs: Sequence[Record], size: int) -> list[Record]:
-    """The stream plus copies of some records from ranks beyond the topology and from unknown nodes/GPUs."""
-    out: list[Record] = []
-    for i, rec in enumerate(recs):
-        out.append(rec)
-        if rec.kind == "job" or i % 5:
-            continue
-        d = to_dict(rec)
-        if "rank" in d and rec.kind != "job":
-            for rank in (size + i % 7, size * 2 + 3, 10**6):
-                out.append(decode_obj({**d, "rank": rank}))
-            if rec.kind == "flight":
-                groups = [{**g, "ranks": [*g["ranks"], size + 1, 10**6]} for g in d.get("groups", [])]
-                out.append(decode_obj({**d, "groups": groups}))
-        if "node" in d and rec.kind in ("hw", "gpu"):
-            out.append(decode_obj({**d, "node": "n-unknown"}))
-            if "gpu" in d:
-                out.append(decode_obj({**d, "gpu": 9}))
-    bad = [r for r in out if isinstance(r, DecodeError)]
-    assert not bad, bad[:3]
-    return out
-
-
 @pytest.mark.parametrize("sc_name", SC_IDS)
 @pytest.mark.parametrize("det_name", DET_IDS)
 def test_unknown_ranks_and_topology_changes(det_name, sc_name):
-    recs = stream(sc_name)
-    size = Topology.from_job(recs[0]).size
-    extended = with_strangers(recs, size)
-    grow_at, shrink_at = int(0.4 * len(extended)), int(0.8 * len(extended))
-    drv = Driver.fresh(DETECTORS[det_name], extended)
-    findings: list[Finding] = []
-    for i, rec in enumerate(extended):
-        if i == grow_at:
-            drv.set_topology(Topology.from_job(resized_job(drv.topo, 2 * size, rec.ts)))
-        elif i == shrink_at:
-            drv.set_topology(Topology.from_job(resized_job(drv.topo, size // 2, rec.ts)))
-        findings += drv.feed(rec)
-    findings += drv.finish()
-    for f in findings:
-        [back] = decode(encode(f))
-        assert back == f, back
-        assert f.rank is None or f.rank < 2 * size, f"a finding names rank {f.rank}, in no topology it was given"
+    contract.check_unknown_ranks_and_topology_changes(DETECTORS[det_name], stream(sc_name))
 
 
 def test_resized_job_is_a_valid_topology():
@@ -540,6 +364,12 @@ def test_resized_job_is_a_valid_topology():
     assert big.size == 2 * topo.size and len(big.nodes) == 2 * len(topo.nodes)
     assert len(set(zip(big.tp.tolist(), big.pp.tolist(), big.dp.tolist(), strict=True))) == big.size
     assert Topology.from_job(resized_job(topo, topo.size // 2, topo.ts + 1)).size == topo.size // 2
+
+
+def test_check_detector_runs_every_check():
+    """What a third party runs: every packaged check on one detector and one stream, its findings back."""
+    assert wire_list(contract.check_detector(DETECTORS["hang"], stream("hang"))) == \
+        wire_list(reference("hang", "hang"))
 
 
 # --- last: determinism across processes (the child process started with the first test) ---------------
