@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -420,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
             made += create_topics(t2, args.bootstrap)
             lat = latency(args.bootstrap, t2, f"{run}-lat", args.ranks, args.jobs, args.rate, args.seconds,
                           args.xid_every, logs / "latency.log")
+    except BaseException:
+        print(f"bench_worker: the workers' logs are kept in {logs}", file=sys.stderr)
+        raise
     finally:
         mine = [x for x in admin.list_topics() if x.startswith(run)]
         if mine:
@@ -453,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'measure':<40} {'value':<36} target")
     for name, value, target in rows:
         print(f"{name:<40} {value:<36} {target}")
-    print(f"worker logs: {logs}")
+    shutil.rmtree(logs, ignore_errors=True)  # a run that ended well; one that did not keeps them and says where
     return 0
 
 
