@@ -169,6 +169,9 @@ def pytest_collection_modifyitems(config, items):
 FIGURES_ENV = "GANGWATCH_FAULT_TABLE"
 FIGURE_PROPERTY = "gangwatch_fault_figure"  # user_properties entries: (FIGURE_PROPERTY, (fault, figure, value))
 _FIGURES: list[tuple[str, str, str]] = []  # (fault, figure, value) in the order the tests reported them
+# tests/integration/test_doc_run.py's counts, a document each: (DOC_RUN_PROPERTY, (document, ran, {reason: marked}))
+DOC_RUN_PROPERTY = "gangwatch_doc_run"
+_DOC_RUNS: list[tuple[str, int, dict[str, int]]] = []
 
 
 def pytest_runtest_logreport(report):
@@ -177,6 +180,8 @@ def pytest_runtest_logreport(report):
     for name, value in getattr(report, "user_properties", ()):
         if name == FIGURE_PROPERTY:
             _FIGURES.append(tuple(value))
+        elif name == DOC_RUN_PROPERTY:
+            _DOC_RUNS.append(tuple(value))
 
 
 def _figures_table() -> str:
@@ -189,7 +194,19 @@ def _figures_table() -> str:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if not _FIGURES or os.environ.get("PYTEST_XDIST_WORKER"):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if _DOC_RUNS:
+        marked: dict[str, int] = {}
+        for _, _, by_reason in _DOC_RUNS:
+            for reason, n in by_reason.items():
+                marked[reason] = marked.get(reason, 0) + n
+        terminalreporter.section("doc commands")
+        terminalreporter.write_line(f"{sum(r[1] for r in _DOC_RUNS)} ran as written in {len(_DOC_RUNS)} documents, "
+                                    f"{sum(marked.values())} marked not to run:")
+        for reason, n in sorted(marked.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"  {n:3d}  {reason}")
+    if not _FIGURES:
         return
     table = _figures_table()
     target = os.environ.get(FIGURES_ENV)

@@ -1,15 +1,11 @@
 """Every `gangwatch ...` and `./gw ...` command README.md and docs/*.md show in a shell block parses as written.
 
-The commands are extracted from the ```bash blocks (continuation lines joined, comments, redirections and
-`&` cut, commands chained with `&&`, `;` or `|` split, leading `VAR=value` assignments dropped) and given to
-gangwatch's own argument parser: an option renamed or removed, a choice that is not one, a sub-command that
-does not exist fails here with the line it came from. `./gw up`, `./gw down` and `./gw test` are the wrapper's
-own commands (they start and stop the shared services) and are not run. Lines of output shown inside a block
-(`gangwatch worker: error: ...`) are not commands.
-
-The cheap ones also run as written, in an empty folder (`sql --list`, `sql NAME --explain`, `--help` forms,
-`config show`, `simulate` of a small job); those that need services (Kafka, ClickHouse), a cluster (Slurm,
-Kubernetes), a GPU or an earlier command's output are parsed only.
+The commands are the ones tests/docrun.py cuts from the shell blocks (the real check,
+tests/integration/test_doc_run.py, runs them); here each is split further (comments, redirections and `&` cut,
+commands chained with `&&`, `;` or `|` split, leading `VAR=value` assignments dropped) and given to gangwatch's
+own argument parser, marked ones too: an option renamed or removed, a choice that is not one, a sub-command that
+does not exist fails here, in a second, with the line it came from. `./gw up`, `./gw down` and `./gw test` are
+the wrapper's own commands. Also: how the blocks are cut, and that every mark says why with a known reason.
 """
 
 from __future__ import annotations
@@ -18,26 +14,23 @@ import contextlib
 import io
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 
 from gangwatch.cli import build_parser
+from tests import docrun
 
 pytestmark = pytest.mark.unit
 
-REPO = Path(__file__).resolve().parents[2]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-WRAPPER_ONLY = {"up", "down", "test"}  # ./gw's own commands: the services (needs them stopped or started: skipped)
-BLOCK = re.compile(r"```(?:bash|sh|shell)\n(.*?)```", re.S)
+WRAPPER_ONLY = {"up", "down", "test"}  # ./gw's own commands: the services and the test suite
 
 
 def commands() -> list[tuple[str, list[str]]]:
     """(where, argv) of every gangwatch command in the docs' shell blocks."""
     out = []
-    for doc in DOCS:
-        for block in BLOCK.finditer(doc.read_text(encoding="utf-8")):
-            for line in block[1].replace("\\\n", " ").splitlines():
+    for doc in docrun.DOCS:
+        for cmd in docrun.commands(doc):
+            for line in cmd.text.replace("\\\n", " ").splitlines():
                 line = re.sub(r"\s#.*$", "", line).strip()
                 for part in re.split(r"\s*(?:&&|\|\||;|\||&\s*$)\s*", line):
                     part = re.sub(r"\s[12]?>>?\s*\S+", "", part)
@@ -51,7 +44,7 @@ def commands() -> list[tuple[str, list[str]]]:
                         continue
                     if words[0] == "./gw" and words[1] in WRAPPER_ONLY:
                         continue
-                    out.append((f"{doc.name}: {part}", words[1:]))
+                    out.append((f"{doc.name}:{cmd.line}: {part}", words[1:]))
     return out
 
 
@@ -70,37 +63,48 @@ def test_each_doc_command_parses_as_written(where, argv):
         assert not e.code, f"{where}\n  {err.getvalue().strip().splitlines()[-1:]}"
 
 
-def _cheap(argv: list[str]) -> bool:
-    """Commands that need no service, cluster, GPU or earlier output: help, settings, the shipped queries' texts."""
-    if any(a in ("--help", "-h") for a in argv) or argv[:2] in (["config", "show"], ["sql", "--list"]):
-        return not any(a.startswith("--config") for a in argv)
-    if argv[0] == "simulate":  # a small job, written under gangwatch-out/
-        return "--duration" in argv and float(argv[argv.index("--duration") + 1]) <= 200
-    return argv[0] == "sql" and "--explain" in argv and len(argv) == 3
+def test_a_block_is_cut_into_the_commands_a_shell_runs(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("""text
+<!-- doc-run: skip "--act" — needs a Slurm cluster -->
+```bash
+mkdir -p out   # where it goes
+#   shown output, not a command
+gangwatch slurm apply --from a.jsonl \\
+    --act
+python -c "
+print('it is one command')"
+cat > out/x.jsonl <<'EOF'
+{"a": "it's in the file"}
+EOF
+for s in a b; do
+  echo $s
+done
+```
+<!-- doc-run: exits 2 -->
+```console
+$ gangwatch worker --bad
+gangwatch worker: error: ...
+```
+""", encoding="utf-8")
+    cmds = docrun.commands(doc)
+    assert [c.text.splitlines()[0] for c in cmds] == [
+        "mkdir -p out   # where it goes", "gangwatch slurm apply --from a.jsonl \\", 'python -c "',
+        "cat > out/x.jsonl <<'EOF'", "for s in a b; do", "gangwatch worker --bad"]
+    assert [c.text.count("\n") for c in cmds] == [0, 1, 1, 2, 2, 0]
+    assert [c.skip for c in cmds] == [None, "needs a Slurm cluster", None, None, None, None]
+    assert [c.exits for c in cmds] == [0, 0, 0, 0, 0, 2]
 
 
-RUNNABLE = [(w, a) for w, a in commands() if a[0] != "up" and _cheap(a)]
+def test_a_mark_without_a_known_reason_is_refused(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- doc-run: skip — slow -->\n```bash\ngangwatch demo\n```\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="reason"):
+        docrun.commands(doc)
 
 
-@pytest.mark.parametrize(("where", "argv"), RUNNABLE, ids=lambda v: v if isinstance(v, str) else None)
-def test_cheap_doc_commands_run_as_written(where, argv, tmp_path, monkeypatch):
-    """Run in an empty folder: exit 0, something said, nothing written outside gangwatch-out/ (the rest need
-    services, a cluster, a GPU or an earlier command's output, and are only parsed above)."""
-    from gangwatch.cli import main
-
-    monkeypatch.chdir(tmp_path)
-    for var in [v for v in __import__("os").environ if v.startswith("GANGWATCH_")]:
-        monkeypatch.delenv(var)
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(argv)
-        except SystemExit as e:  # --help exits 0
-            rc = e.code or 0
-    assert rc == 0, f"{where}\n  {err.getvalue().strip()[-400:]}"
-    assert (out.getvalue() + err.getvalue()).strip(), where
-    assert {p.name for p in tmp_path.iterdir()} <= {"gangwatch-out"}, where
-
-
-def test_some_doc_commands_run():
-    assert len(RUNNABLE) >= 3
+def test_the_docs_marks_say_why_and_most_commands_run():
+    cmds = [c for doc in docrun.DOCS for c in docrun.commands(doc)]  # an unknown reason raises here
+    marked = [c for c in cmds if c.skip]
+    assert marked and all(c.skip.startswith(docrun.MARK_REASONS) for c in marked)
+    assert len(cmds) - len(marked) > len(marked)
