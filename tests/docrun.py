@@ -37,7 +37,7 @@ EXITS = re.compile(r"<!--\s*doc-run:\s*exits\s+(\d+)\s*-->")
 MARK_REASONS = ("needs a Slurm cluster", "needs a Kubernetes cluster", "needs a GPU", "needs root",
                 "runs until stopped", "needs another machine", "reads the deployment's own files",
                 "needs another service", "installs packages", "runs the whole test suite",
-                "starts or stops the services", "takes several minutes")
+                "starts or stops the services", "takes minutes")
 # The docs' example addresses and what they stand for here (the services CI starts; the store is a database of
 # this run's own, the topics carry this run's own prefix).
 KAFKA_HOSTS = re.compile(r"\b(?:kafka1|127\.0\.0\.1):9092\b")
