@@ -26,6 +26,10 @@ so replacing a straggler gains only down to the next-slowest rank or group
 gain over the horizon against the replacements it takes, for all the slow
 groups of one decision together.
 
+Which rows an incident can take is its class's `decided_by` (`schemas/classes.py`): `nobody` (planned) gets no
+action, `dual_run` (SDC) the rollback rows, `budget` (a job-wide stall) the stall row, `stragglers` (fail-slow) the
+straggler rows; `culprit` the rest.
+
 Safety guards (blast radius, silences) are applied afterwards by `triage.safety`.
 """
 
@@ -34,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from gangwatch.schemas.classes import CLASSES
 from gangwatch.triage.localize import Localization
 
 
@@ -67,7 +72,6 @@ class Situation:
     stalled_s: float = 0.0  # a job-wide stall: how long the job has made no progress
     frozen: tuple[str, ...] = ()  # a stall waiting on ranks alive but frozen, and nothing else: who and how
     frozen_nodes: tuple[str, ...] = ()  # ... and their nodes (named in the action; never evicted for it)
-    numeric_only: bool = False  # SDC suspected from loss / grad-norm only
     job_level: tuple[str, ...] = ()  # what job-level findings (start-up timeouts, monitoring gaps) say, for a human
     summary: str = ""  # one line of what happened, for reasons
     extra: dict = field(default_factory=dict)
@@ -86,9 +90,10 @@ def decide(s: Situation) -> list[Decision]:
     loc = s.loc
     culprits = tuple(loc.culprits)
     conf = f"confidence {loc.confidence:.2f}"
-    if s.cls == "planned":
+    how = CLASSES[s.cls].decided_by
+    if how == "nobody":
         return []
-    if s.cls == "sdc":
+    if how == "dual_run":
         if culprits:
             path = "hot" if _spares_for(s, len(culprits)) else "cold"
             why = f"{s.summary}; suspected silent data corruption on {', '.join(culprits)} ({conf})"
@@ -114,7 +119,7 @@ def decide(s: Situation) -> list[Decision]:
                          f"{loc.innocent_nodes} presumably healthy nodes{_pool(s)}")]
     if s.software_ranks and not culprits:
         return _software(s)
-    if s.cls == "stall" and not culprits:
+    if how == "budget" and not culprits:
         return [Decision("escalate", (), "manual",
                          f"{s.summary}; job-wide stall: no step progress for {s.stalled_s:.0f} s and no culprit "
                          "(every rank looks alike): a human must look")]
@@ -123,7 +128,7 @@ def decide(s: Situation) -> list[Decision]:
     if not culprits or loc.confidence < s.threshold:
         hint = f"; weak suspects {sorted(loc.per_node)[:8]}" if loc.per_node else ""
         return [Decision("escalate", (), "manual", f"{s.summary}; no culprit with confidence{hint}")]
-    if s.cls == "fail_slow":
+    if how == "stragglers":
         return _straggler(s, culprits)
     if s.software_ranks and len(set(s.software_ranks)) == 1 and loc.confidence < 0.7:
         return _software(s)

@@ -7,17 +7,19 @@ Three answers come back as `recovery` records of the action that asked:
   (`dual_run_result`, `digests`, `reference`). Equal digests clear a suspect (it is readmitted and the incident
   closes as `not_confirmed`); a different one confirms the SDC (the node stays out and the incident keeps the
   digests as its proof). A missing digest, or no answer within `dual_run_timeout_s`, goes to a human.
-- **Replay** (a fault nobody can be blamed for): `triage.replayplan` plans which machine groups replay the job's
+- **Replay** (a fault nobody can be blamed for): `triage.rerun_plan` plans which machine groups replay the job's
   step, phase by phase; each `replay_result` says which groups failed, and the failing groups intersect into the
   culprit.
 - **The escalation ladder**, when localization fails: evict the smallest group holding every suspect (when the
   blast-radius guard allows), else restart the job and watch for the fault to come back, else replay, else a
   human. Each rung tried is recorded on the incident with when it was tried, against the localize budget.
-  A `stall` (every rank waited alike past its budget, nobody named) skips the restart: whatever the whole job
-  waits on (a filesystem, a long save) a restart would not cure, and it would lose the work since the last save.
+  A class decided by its budget (`stall`: every rank waited alike past its budget, nobody named) skips the
+  restart: whatever the whole job waits on (a filesystem, a long save) a restart would not cure, and it would
+  lose the work since the last save.
 
-Pure: the records in, verdicts and decisions out. `ActiveDiagnosis` is the part of `triage.job.Triage` that
-asks and reads the answers (a mixin: the job's state stays in `Triage`).
+Pure: the records in, verdicts and decisions out. `ActiveDiagnosis` is the collaborator of `triage.triage.Triage`
+that asks and reads the answers; it keeps no state of its own (what an incident waits for is on the incident) and
+acts only through `triage.handle.TriageHandle`.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gangwatch.fleet import kb
 from gangwatch.schemas import Outputs, Recovery
+from gangwatch.schemas.classes import CLASSES
 from gangwatch.triage import rerun_plan as replayplan
 from gangwatch.triage.decide import Decision
+from gangwatch.triage.handle import TriageHandle
 from gangwatch.triage.incident import Timeline
-from gangwatch.triage.localize import Localization
+from gangwatch.triage.localize import Localization, localize
 from gangwatch.triage.rerun_plan import ReplayPlan
 
 RUNGS = ("group", "restart", "replay", "human")
@@ -86,10 +89,13 @@ def rungs_said(rungs: list[dict]) -> str:
 
 
 class ActiveDiagnosis:
-    """`Triage`'s active diagnosis: the ladder's rungs, replay phases and dual runs asked for, and their answers.
-    Uses `Triage`'s state and its `_act`, `_summary`, `spares_left` and `pool`."""
+    """The job's active diagnosis: the ladder's rungs, replay phases and dual runs asked for, and their answers."""
 
-    def _on_answer(self, w: Timeline, rec: Recovery, out: Outputs) -> None:
+    def __init__(self, triage: TriageHandle) -> None:
+        self.triage = triage
+
+    def answer(self, w: Timeline, rec: Recovery, out: Outputs) -> None:
+        """The answer `w` waited for (`w.awaiting`): a dual run's digests or a replay phase's results."""
         asked, w.awaiting = w.awaiting, None
         if asked["kind"] == "dual_run":
             self._on_dual_run(w, asked, rec, out)
@@ -99,6 +105,7 @@ class ActiveDiagnosis:
     def _on_replay(self, w: Timeline, asked: dict[str, Any], rec: Recovery, out: Outputs) -> None:
         """A replay phase's results: the next phase, or the culprit its failing groups intersect into (replaced),
         or a human when the fault did not reproduce or stays ambiguous."""
+        tri = self.triage
         results = {**asked["results"], **{str(k): str(v) for k, v in (rec.results or {}).items()}}
         plan = ReplayPlan.from_json(asked["plan"])
         now = rec.ts
@@ -106,8 +113,8 @@ class ActiveDiagnosis:
         d = self._replay(w, now, results, plan)
         if d is not None:
             step["outcome"] = f"phase {d.data['phase']} asked"
-            self._act(d, now, list(w.findings[:16]), out, w, results=results)
-            out.incidents.append(w.record(now, self.config.budgets))
+            tri.act(d, now, list(w.findings[:16]), out, w, results=results)
+            out.incidents.append(w.record(now, tri.config.budgets))
             return
         v = replayplan.localize(plan, results)
         cost = plan.cost
@@ -119,56 +126,58 @@ class ActiveDiagnosis:
             culprits = tuple(sorted(v.culprits))
             w.localized_ts = w.localized_ts or now
             w.culprit_nodes = sorted(set(w.culprit_nodes) | set(culprits))
-            left = self.spares_left()
-            pool = f" (pool: {self.pool()})" if self.pool() else ""
-            decisions = [Decision("replace", culprits, "hot", f"{self._summary()}; {said}: replace{pool}")
+            left = tri.spares_left()
+            pool = f" (pool: {tri.pool()})" if tri.pool() else ""
+            decisions = [Decision("replace", culprits, "hot", f"{tri.summarize()}; {said}: replace{pool}")
                          if left is None or left >= len(culprits) else
-                         Decision("requeue", culprits, "cold", f"{self._summary()}; {said}: no hot spare left"
+                         Decision("requeue", culprits, "cold", f"{tri.summarize()}; {said}: no hot spare left"
                                   f"{pool}, full requeue without it")]
         else:
             w.rungs.append({"rung": "human", "outcome": "paged", "ts": round(now, 6),
                             "after_s": round(now - w.detected_ts, 3),
-                            "over_budget": now - w.detected_ts > self.config.budgets.localize})
+                            "over_budget": now - w.detected_ts > tri.config.budgets.localize})
             decisions = [Decision("escalate", tuple(sorted(v.candidates | v.culprits)), "manual",
-                                  f"{self._summary()}; {said}; the escalation ladder tried: "
+                                  f"{tri.summarize()}; {said}; the escalation ladder tried: "
                                   f"{rungs_said(w.rungs[:-1])}: a human must look", {"rung": "human"})]
-        for d in self.guards.review(decisions, now, len(self.topo.nodes)):
-            self._act(d, now, list(w.findings[:16]), out, w)
-        out.incidents.append(w.record(now, self.config.budgets))
+        for d in tri.guards.review(decisions, now, len(tri.topo.nodes)):
+            tri.act(d, now, list(w.findings[:16]), out, w)
+        out.incidents.append(w.record(now, tri.config.budgets))
 
     def _on_dual_run(self, w: Timeline, asked: dict[str, Any], rec: Recovery, out: Outputs) -> None:
         """Equal digests readmit a suspect; a different one confirms the SDC; a missing one goes to a human."""
+        tri = self.triage
         v = judge_dual_run(asked["nodes"], rec)
         w.proof = v.proof
         said = describe_dual_run(v)
         if v.cleared:
-            self.guards.give_back(list(v.cleared))
-            self._act(Decision("readmit", v.cleared, w.path or "hot",
-                               f"{said}: the same step gives the same result on {', '.join(v.cleared)}: "
-                               "not confirmed, return to service"), rec.ts, [], out, w)
+            tri.guards.give_back(list(v.cleared))
+            tri.act(Decision("readmit", v.cleared, w.path or "hot",
+                             f"{said}: the same step gives the same result on {', '.join(v.cleared)}: "
+                             "not confirmed, return to service"), rec.ts, [], out, w)
         if v.missing:
-            self._act(Decision("escalate", v.missing, "manual", f"{said}: the dual run did not say; a human must "
-                               "confirm or clear the suspect"), rec.ts, [], out, w)
+            tri.act(Decision("escalate", v.missing, "manual", f"{said}: the dual run did not say; a human must "
+                             "confirm or clear the suspect"), rec.ts, [], out, w)
         w.resolution = "confirmed" if v.confirmed else "not_confirmed" if v.conclusive else "unconfirmed"
         if v.confirmed:
             w.culprit_nodes = sorted(v.confirmed)
         if not v.confirmed and v.conclusive:  # nothing was wrong after all: the incident is over
             w.culprit_nodes, w.recovered_ts = [], w.recovered_ts or rec.ts
-        if w.recovered_ts is not None and w in self.waiting:  # answered, and the job resumed already
-            self.waiting.remove(w)
-        out.incidents.append(w.record(rec.ts, self.config.budgets))
+        tri.done_asking(w)  # answered: once the job resumed it waits no more
+        out.incidents.append(w.record(rec.ts, tri.config.budgets))
 
-    def _climb(self, inc: Timeline, loc: Localization, decisions: list[Decision], now: float) -> list[Decision]:
-        """Localization failed: the next rung of the escalation ladder (`triage.diagnose`), recorded on the
-        incident; a human once every rung configured was tried."""
+    def climb(self, inc: Timeline, loc: Localization, decisions: list[Decision], now: float) -> list[Decision]:
+        """Localization failed: the next rung of the escalation ladder, recorded on the incident; a human once
+        every rung configured was tried."""
+        tri, cfg = self.triage, self.triage.config
         tried = {r["rung"] for r in inc.rungs}
+        budget = CLASSES[inc.cls].decided_by == "budget"  # a job-wide wait: whatever it waits on a restart won't cure
 
         def rung(name: str, outcome: str) -> None:
             inc.rungs.append({"rung": name, "outcome": outcome, "ts": round(now, 6),
                               "after_s": round(now - inc.detected_ts, 3),
-                              "over_budget": now - inc.detected_ts > self.config.budgets.localize})
+                              "over_budget": now - inc.detected_ts > cfg.budgets.localize})
 
-        for name in self.config.ladder:
+        for name in cfg.ladder:
             if name in tried:
                 continue
             if name == "group":
@@ -179,22 +188,22 @@ class ActiveDiagnosis:
                     rung("group", "refused by the blast-radius guard")
                 continue  # no group holds the suspects: not a rung for this fault
             if name == "restart":
-                if inc.cls == "stall":
+                if budget:
                     continue  # the whole job waits alike (a filesystem, a long save): a restart would only lose work
                 rung("restart", "restarted, watching")
                 return [Decision("requeue", (), "cold",
-                                 f"{self._summary()}; no culprit: restart the job and watch for the fault to come "
-                                 f"back within {self.config.ladder_watch_s:.0f} s (escalation ladder)")]
+                                 f"{tri.summarize()}; no culprit: restart the job and watch for the fault to come "
+                                 f"back within {cfg.ladder_watch_s:.0f} s (escalation ladder)")]
             if name == "replay":
-                if inc.cls == "stall" and not any(r["rung"] == "page" for r in inc.rungs):
+                if budget and not any(r["rung"] == "page" for r in inc.rungs):
                     # a job-wide wait: a human first; a replay only if the job is still stalled a budget later
-                    rung("page", f"paged; replay at +{now - inc.detected_ts + self.config.stall_budget_s:.0f} s "
+                    rung("page", f"paged; replay at +{now - inc.detected_ts + cfg.stall_budget_s:.0f} s "
                                  "if still stalled")
                     inc.awaiting = {"kind": "ladder", "action": None, "nodes": [], "asked": now,
-                                    "until": now + self.config.stall_budget_s}
+                                    "until": now + cfg.stall_budget_s}
                     return [d if d.type != "escalate" else
                             Decision(d.type, d.nodes, d.path, f"{d.reason}; if it is still stalled in "
-                                     f"{self.config.stall_budget_s:.0f} s it will be replayed to find the machine")
+                                     f"{cfg.stall_budget_s:.0f} s it will be replayed to find the machine")
                             for d in decisions]
                 d = self._replay(inc, now, None)
                 if d is not None:
@@ -206,11 +215,19 @@ class ActiveDiagnosis:
         said = rungs_said(inc.rungs)
         rung("human", "paged")
         pages = [d for d in decisions if d.type == "escalate"] or [
-            Decision("escalate", tuple(loc.group_nodes), "manual", f"{self._summary()}; no culprit with confidence")]
+            Decision("escalate", tuple(loc.group_nodes), "manual", f"{tri.summarize()}; no culprit with confidence")]
         if not said or said == "none":
             return pages
         return [Decision("escalate", d.nodes, "manual", f"{d.reason}; the escalation ladder tried: {said}",
                          {"rung": "human"}) for d in pages]
+
+    def next_rung(self, w: Timeline, out: Outputs) -> None:
+        """The wait before `w`'s next rung (`awaiting` kind `ladder`) is over: climb on, on the evidence gathered."""
+        tri = self.triage
+        until, w.awaiting = w.awaiting["until"], None
+        for d in self.climb(w, localize(tri.gathered, tri.topo, tri.config.confidence), [], until):
+            tri.act(d, until, list(w.findings[:16]), out, w)
+        out.incidents.append(w.record(until, tri.config.budgets))
 
     def _replay(self, inc: Timeline, now: float, results: dict[str, str] | None = None,
                 plan: ReplayPlan | None = None) -> Decision | None:
@@ -218,7 +235,7 @@ class ActiveDiagnosis:
         far; None when there is none (a topology no group can run, or nothing left to tell apart)."""
         if plan is None:
             try:
-                plan = replayplan.plan(self.topo)
+                plan = replayplan.plan(self.triage.topo)
             except ValueError:
                 return None
         else:
@@ -229,30 +246,17 @@ class ActiveDiagnosis:
         phase = plan.phases[-1]
         nodes = tuple(sorted({n for g in phase.groups for n in g.nodes}))
         return Decision("replay", nodes, "cold",
-                        f"{self._summary()}; no culprit: replay the step from the last checkpoint on {phase.runs} "
-                        f"group{'s' if phase.runs != 1 else ''} of machines at once ({phase.machine_runs} machines), "
-                        f"phase {phase.number}; the failing groups intersect into the culprit (escalation ladder)",
+                        f"{self.triage.summarize()}; no culprit: replay the step from the last checkpoint on "
+                        f"{phase.runs} group{'s' if phase.runs != 1 else ''} of machines at once "
+                        f"({phase.machine_runs} machines), phase {phase.number}; the failing groups intersect into "
+                        "the culprit (escalation ladder)",
                         data={**phase.to_json(), "plan": plan.to_json()})
 
-    def _unanswered(self, w: Timeline, now: float, out: Outputs) -> None:
+    def unanswered(self, w: Timeline, now: float, out: Outputs) -> None:
+        """What `w` asked for got no answer in time: a human finishes the diagnosis."""
         asked, w.awaiting = w.awaiting, None
-        self._act(Decision("escalate", tuple(asked["nodes"]), "manual",
-                           f"{asked['kind'].replace('_', ' ')} asked at {asked['asked']:.0f} got no answer within "
-                           f"{now - asked['asked']:.0f} s: a human must finish the diagnosis"), now, [], out, w)
-        if w.recovered_ts is not None and w in self.waiting:
-            self.waiting.remove(w)
-        out.incidents.append(w.record(now, self.config.budgets))
-
-    def _cite(self, decisions: list[Decision], evidence: list[str]) -> list[Decision]:
-        """The first decision's reason names the closest past incident of the job (`fleet.kb`), when one is alike."""
-        if not decisions or not self.precedents:
-            return decisions
-        cited = set(evidence)
-        sig = kb.Signature.of((t.finding.type, t.finding.detector, t.finding.node, t.finding.evidence)
-                              for t in self.gathered if t.finding.id in cited)
-        match = kb.closest(sig, self.precedents)
-        if match is None:
-            return decisions
-        first = decisions[0]
-        return [Decision(first.type, first.nodes, first.path, f"{first.reason}; {match.cite()}", first.data),
-                *decisions[1:]]
+        self.triage.act(Decision("escalate", tuple(asked["nodes"]), "manual",
+                              f"{asked['kind'].replace('_', ' ')} asked at {asked['asked']:.0f} got no answer within "
+                              f"{now - asked['asked']:.0f} s: a human must finish the diagnosis"), now, [], out, w)
+        self.triage.done_asking(w)
+        out.incidents.append(w.record(now, self.triage.config.budgets))

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gangwatch.schemas import Incident
-from gangwatch.schemas.classes import rank
+from gangwatch.schemas.classes import decided_by, rank
 from gangwatch.triage.budgets import Budgets
 
 KEEP_WAITING = 16  # incidents of jobs that kept running, waiting for the controller's word, kept per job
@@ -51,8 +51,9 @@ class Timeline:
     rungs: list[dict[str, Any]] = field(default_factory=list)  # the escalation ladder's rungs tried
 
     def promote(self, cls: str) -> bool:
-        """Raise the class if `cls` explains more (a hang that turns out to be a dead node is fail_stop)."""
-        if self.cls != "planned" and rank(cls) > rank(self.cls):  # precedence: schemas/classes.py
+        """Raise the class if `cls` explains more (a hang that turns out to be a dead node is fail_stop); one
+        decided by nobody (planned: recorded, never acted on) stays what it is."""
+        if decided_by(self.cls) != "nobody" and rank(cls) > rank(self.cls):  # precedence: schemas/classes.py
             self.cls = cls
             return True
         return False

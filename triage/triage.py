@@ -52,6 +52,7 @@ finding's typed view (`detectors.catalog.typed`) for it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from gangwatch.detectors.base import stable_id
@@ -71,7 +72,7 @@ from gangwatch.schemas import (
     decode_obj,
     to_dict,
 )
-from gangwatch.schemas.classes import CLASSES
+from gangwatch.schemas.classes import CLASSES, decided_by
 from gangwatch.triage.budgets import TriageConfig
 from gangwatch.triage.decide import Decision, Situation, decide
 from gangwatch.triage.diagnose import ActiveDiagnosis
@@ -86,8 +87,14 @@ _CORROBORATE_S = 1800.0  # a numeric anomaly this soon after an SDC decision bel
 _KEEP_PRECEDENTS = 32
 
 
-class Triage(ActiveDiagnosis, Stragglers):
-    """Incidents and decisions of one job."""
+class Triage:
+    """Incidents and decisions of one job.
+
+    It holds the job's state and carries decisions out (`act`); two collaborators decide what it hands them,
+    through the interface of `triage.handle.TriageHandle` (which `Triage` implements): `stragglers`, the incidents of
+    classes declared `decided_by="stragglers"`, and `diagnosis`, active diagnosis (the escalation ladder, replays,
+    dual runs) and the answers to it. Which path an incident takes is read from its class's declaration
+    (`schemas/classes.py`), never from its name."""
 
     def __init__(self, job: str, config: TriageConfig, topo: Topology | None = None) -> None:
         self.job = job
@@ -103,8 +110,8 @@ class Triage(ActiveDiagnosis, Stragglers):
         self.spares_used = 0  # hot replacements decided (against `config.spares`, or since the controller's count)
         self.spares_reported: int | None = None  # warm spares the controller last said it holds for the job
         self.max_step = -1
-        self.degraded: dict[str, float] = {}  # node -> when it was last left running as a straggler
-        self.kept: dict[str, float] = {}  # node -> what its straggler costs (of each step) since it was kept
+        self.stragglers = Stragglers(self)  # fail-slow decisions, and the stragglers kept running
+        self.diagnosis = ActiveDiagnosis(self)  # the ladder, replays, dual runs, and their answers
         self.replacing: set[str] = set()  # nodes evicted since the job (re)started: their replacement is under way
         self.finished: set[int] = set()  # ranks that exited cleanly since the job (re)started
         # a waiting incident whose job-stopping action the controller accepted, until when its restart may take
@@ -120,6 +127,11 @@ class Triage(ActiveDiagnosis, Stragglers):
         self.precedents: list[kb.Entry] = []  # this job's closed incidents (newest last): a decision cites the closest
         self.acted: list[dict[str, Any]] = []  # the open incident's actions, for its entry once it closes
 
+    @property
+    def kept(self) -> dict[str, float]:
+        """Node -> what its straggler costs (of each step) since it was kept (`Stragglers.kept`)."""
+        return self.stragglers.kept
+
     # --- inputs ---------------------------------------------------------------
 
     def on_topology(self, topo: Topology) -> None:
@@ -130,7 +142,7 @@ class Triage(ActiveDiagnosis, Stragglers):
         self.finished = set()
         self.run_ts = topo.ts
         self.max_step = -1  # a new run: its progress is measured from its own first step
-        self.kept = {}  # a restart: stragglers are measured afresh
+        self.stragglers.restarted()  # a restart: stragglers are measured afresh
         self.replacing = set()
         self.restarting = None  # the new run is watched afresh
 
@@ -172,7 +184,8 @@ class Triage(ActiveDiagnosis, Stragglers):
                 if inc and inc.decided_ts is not None and rec.step > inc.stall_step and rec.ts > inc.decided_ts:
                     inc.recovered_ts = rec.ts
                     self._close(rec.ts, out)
-                elif inc and inc.decided_ts is None and CLASSES[inc.cls].self_resolves and rec.step > inc.stall_step:
+                elif inc and inc.decided_ts is None and CLASSES[inc.cls].self_resolves and \
+                        rec.step > inc.stall_step:
                     inc.recovered_ts, inc.resolution = rec.ts, "self_resolved"  # it went on by itself: no page
                     if not any(t.verdict for t in self.gathered):
                         inc.cls = "stall"  # the whole job stalled and went on, nobody to blame
@@ -257,7 +270,7 @@ class Triage(ActiveDiagnosis, Stragglers):
         if rec.phase in ("dual_run_result", "replay_result"):
             for w in (self.incident, *self.waiting):
                 if w is not None and w.awaiting and w.awaiting["action"] == rec.action:
-                    self._on_answer(w, rec, out)
+                    self.diagnosis.answer(w, rec, out)
                     return
             return  # an answer nobody waits for (late, or asked before a restart): recorded, nothing more
         inc = self.incident
@@ -318,12 +331,9 @@ class Triage(ActiveDiagnosis, Stragglers):
         for w in (self.incident, *self.waiting):
             if w is not None and w.awaiting and now >= w.awaiting["until"]:
                 if w.awaiting["kind"] == "ladder":  # the wait before the next rung is over
-                    until, w.awaiting = w.awaiting["until"], None
-                    for d in self._climb(w, localize(self.gathered, self.topo, self.config.confidence), [], until):
-                        self._act(d, until, list(w.findings[:16]), out, w)
-                    out.incidents.append(w.record(until, self.config.budgets))
+                    self.diagnosis.next_rung(w, out)
                 else:
-                    self._unanswered(w, w.awaiting["until"], out)
+                    self.diagnosis.unanswered(w, w.awaiting["until"], out)
         if self.shadow.watch:
             self.shadow.advance(now, out)
         return out
@@ -335,14 +345,12 @@ class Triage(ActiveDiagnosis, Stragglers):
             return  # recorded in the profiles; a job stopped, ended or restarting on purpose has nothing to recover
         f, p = t.finding, t.policy
         cls = t.incident_class
-        if p.incident == "fail_slow" and f.node in self.degraded and \
-                f.ts - self.degraded[f.node] < self.config.safety.failslow_cooldown_s and not self._worse(t):
-            return  # already decided to live with this straggler: no flapping (unless it got much worse)
-        if p.incident == "fail_slow" and f.node in self.replacing:
-            return  # already being replaced: it straggles until the controller swaps it out
+        path = decided_by(p.incident)
+        if path == "stragglers" and self.stragglers.settled(t):
+            return  # kept running (no flapping unless it got much worse), or being replaced already
         inc = self.incident
-        if inc is None and p.incident == "sdc" and f.rank is None:
-            recent = [w for w in self.waiting if w.cls == "sdc" and f.ts - w.detected_ts <= _CORROBORATE_S]
+        if inc is None and path == "dual_run" and f.rank is None:
+            recent = [w for w in self.waiting if w.cls == p.incident and f.ts - w.detected_ts <= _CORROBORATE_S]
             if recent:  # the numbers going bad after a replica mismatch: the same corruption surfacing
                 recent[-1].findings.append(f.id)
                 out.incidents.append(recent[-1].record(f.ts, self.config.budgets))
@@ -357,7 +365,7 @@ class Triage(ActiveDiagnosis, Stragglers):
             inc = self._open(t, cls)
             inc.findings.append(f.id)
             self.gathered.append(t)
-            if p.sweep and inc.cls != "planned":  # a planned stop is no stall to debug
+            if p.sweep and CLASSES[inc.cls].decided_by != "nobody":  # a planned stop is no stall to debug
                 self._collect_stacks(t, out)
         else:
             changed = cls is not None and inc.promote(cls)
@@ -366,8 +374,8 @@ class Triage(ActiveDiagnosis, Stragglers):
                 inc.decide_at = min(inc.decide_at, f.ts + self.config.settle_s)
             inc.findings.append(f.id)
             self.gathered.append(t)
-        if inc.cls == "fail_slow" and inc.decided_ts is None:
-            self._corroborate(inc, t)
+        if CLASSES[inc.cls].decided_by == "stragglers" and inc.decided_ts is None:
+            self.stragglers.corroborate(inc, t)
         if inc.decided_ts is not None and t.verdict and f.node not in inc.culprit_nodes:
             self._decide(f.ts, out)  # a new culprit after the decision: decide again for it
 
@@ -384,8 +392,8 @@ class Triage(ActiveDiagnosis, Stragglers):
             del self.loops[sig]  # it got further this time: the restarts help
         onset = t.onset_ts
         planned = self.guards.is_planned(f.ts)
-        wait = {"hang": self.config.hang_collect_s, "fail_slow": self.config.safety.failslow_hold_s}.get(
-            cls, self.config.settle_s)
+        wait = {"settle": self.config.settle_s, "sweep": self.config.hang_collect_s,
+                "hold": self.config.safety.failslow_hold_s}[CLASSES[cls].waits]
         if t.policy.sweep_result:
             wait = 0.0  # a finished sweep is already all the evidence there will be
         inc = Timeline(id=stable_id("i", self.job, f.id), job=self.job, cls="planned" if planned else cls,
@@ -441,9 +449,9 @@ class Triage(ActiveDiagnosis, Stragglers):
                 inc.decide_at = stall_ends
                 out.incidents.append(inc.record(now, self.config.budgets))
                 return
-        if inc.cls == "fail_slow" and inc.decided_ts is None and loc.culprits and not loc.group and \
-                loc.confidence >= self.config.confidence:
-            self._decide_stragglers(inc, loc, now, out)
+        if CLASSES[inc.cls].decided_by == "stragglers" and inc.decided_ts is None and loc.culprits and \
+                not loc.group and loc.confidence >= self.config.confidence:
+            self.stragglers.decide(inc, loc, now, out)
             return
         job_level = tuple(t.describe for t in self.gathered if t.policy.job_level)
         if CLASSES[inc.cls].self_resolves and not (held or loc.culprits or loc.group or software or job_level) \
@@ -463,8 +471,7 @@ class Triage(ActiveDiagnosis, Stragglers):
             slowdown_frac=max((s for t in self.gathered if t.finding.node in loc.culprits
                                and (s := t.slowdown_frac) is not None), default=0.0),
             software_ranks=software, software_nodes=tuple(sorted({topo.node_of(r) for r in software})),
-            numeric_only=not loc.culprits and any(t.policy.incident == "sdc" for t in self.gathered),
-            summary=self._summary(), job_level=job_level, stalled_s=max(0.0, now - inc.onset_ts),
+            summary=self.summarize(), job_level=job_level, stalled_s=max(0.0, now - inc.onset_ts),
             frozen=tuple(t.describe for t in frozen) if held else (), frozen_nodes=frozen_nodes,
         )
         already = set(inc.evicted_nodes)
@@ -476,7 +483,7 @@ class Triage(ActiveDiagnosis, Stragglers):
         decisions = self.guards.review(decisions, now, len(topo.nodes))
         if self.config.ladder and CLASSES[inc.cls].stops_the_job and not inc.planned and not software \
                 and not job_level and not held and not (loc.culprits and loc.confidence >= self.config.confidence):
-            decisions = self._climb(inc, loc, decisions, now)
+            decisions = self.diagnosis.climb(inc, loc, decisions, now)
         first = inc.decided_ts is None
         evidence = loc.evidence or [t.finding.id for t in self.gathered[:16]]
         decisions = self._cite(decisions, evidence)
@@ -485,7 +492,7 @@ class Triage(ActiveDiagnosis, Stragglers):
             inc.stall_step = self.max_step
         inc.culprit_nodes = sorted(set(inc.culprit_nodes) | set(loc.culprits) | set(loc.group_nodes))
         for d in decisions:
-            self._act(d, now, evidence, out)
+            self.act(d, now, evidence, out)
         if first and inc.path in ("non_stop", None) and not any(d.type == "escalate" for d in decisions):
             inc.recovered_ts = now  # kept running: nothing to recover from
             self._close(now, out)
@@ -493,9 +500,8 @@ class Triage(ActiveDiagnosis, Stragglers):
         out.incidents.append(inc.record(now, self.config.budgets))
         if first and CLASSES[inc.cls].keeps_training:
             # the job did not stop, so steps going on prove nothing: wait for the controller's word
-            self.waiting = [*self.waiting[-(KEEP_WAITING - 1):], inc]
-            self.incident = None
-            self.gathered = []
+            self.await_controller(inc)
+            self.let_go()
 
     def _crash_loop(self, inc: Timeline, d: Decision) -> Decision:
         """Restarting again would fail again: a human, told the signature, the count and where."""
@@ -507,8 +513,25 @@ class Triage(ActiveDiagnosis, Stragglers):
                         f"progress past step {inc.stall_step}: no more restarts; a software failure evicts no "
                         "machine; a human must fix the code, the data or the configuration")
 
-    def _act(self, d: Decision, now: float, evidence: list[str], out: Outputs, inc: Timeline | None = None,
-             results: dict[str, str] | None = None) -> None:
+    def _cite(self, decisions: list[Decision], evidence: list[str]) -> list[Decision]:
+        """The first decision's reason names the closest past incident of the job (`fleet.kb`), when one is alike."""
+        if not decisions or not self.precedents:
+            return decisions
+        cited = set(evidence)
+        sig = kb.Signature.of((t.finding.type, t.finding.detector, t.finding.node, t.finding.evidence)
+                              for t in self.gathered if t.finding.id in cited)
+        match = kb.closest(sig, self.precedents)
+        if match is None:
+            return decisions
+        first = decisions[0]
+        return [Decision(first.type, first.nodes, first.path, f"{first.reason}; {match.cite()}", first.data),
+                *decisions[1:]]
+
+    # --- what the collaborators may do (`triage.handle.TriageHandle`) ------------------------
+
+    def act(self, d: Decision, now: float, evidence: list[str], out: Outputs, inc: Timeline | None = None,
+            results: dict[str, str] | None = None) -> None:
+        """Carry out `d` for `inc` (the open incident when None): its action, sent or shadowed."""
         inc = inc or self.incident
         again = (inc.attempts,) if inc.attempts else ()  # a crash loop's later restarts are actions of their own
         data = dict(d.data or {})
@@ -529,7 +552,7 @@ class Triage(ActiveDiagnosis, Stragglers):
             if d.type in EVICTING_ACTIONS:
                 self.guards.give_back(list(d.nodes))  # nothing was evicted: the blast radius is untouched
             if d.type == "degrade":
-                self.degraded.update({n: now for n in d.nodes})
+                self.stragglers.kept_running(d.nodes, now)
             return
         if inc is self.incident:
             self.acted.append(to_dict(a))
@@ -550,12 +573,10 @@ class Triage(ActiveDiagnosis, Stragglers):
             if d.type != "requeue" and d.path == "hot":
                 self.spares_used += len(new)
         if d.type == "degrade":
-            for n in d.nodes:
-                self.degraded[n] = now
+            self.stragglers.kept_running(d.nodes, now)
         elif d.type in EVICTING_ACTIONS:
-            for n in d.nodes:
-                self.kept.pop(n, None)
-                self.replacing.add(n)
+            self.stragglers.evicted(d.nodes)
+            self.replacing.update(d.nodes)
 
     def _shadowed(self) -> bool:
         return self.config.shadow if self.shadow_ops is None else self.shadow_ops
@@ -579,7 +600,22 @@ class Triage(ActiveDiagnosis, Stragglers):
         self.incident = None
         self.gathered = []
 
-    def _summary(self, of: list[Typed] | None = None) -> str:
+    def await_controller(self, inc: Timeline) -> None:
+        """`inc` is decided and its job trains on: it waits for the controller's word (the newest few are kept)."""
+        self.waiting = [*self.waiting[-(KEEP_WAITING - 1):], inc]
+
+    def done_asking(self, inc: Timeline) -> None:
+        """`inc` got its answer (or gave up on it): once its job has recovered it waits no more."""
+        if inc.recovered_ts is not None and inc in self.waiting:
+            self.waiting.remove(inc)
+
+    def let_go(self) -> None:
+        """The open incident is decided and handed on: no incident is open, no evidence gathered."""
+        self.incident = None
+        self.gathered = []
+
+    def summarize(self, of: Sequence[Typed] | None = None) -> str:
+        """One line of what the findings (the open incident's when None) say, for a reason."""
         kinds: dict[str, int] = {}
         for t in self.gathered if of is None else of:
             kinds[t.label] = kinds.get(t.label, 0) + 1
@@ -600,7 +636,8 @@ class Triage(ActiveDiagnosis, Stragglers):
                 "profiles": {n: p.to_dict() for n, p in sorted(self.profiles.items())},
                 "guards": self.guards.to_dict(), "spares_used": self.spares_used, "max_step": self.max_step,
                 "spares_reported": self.spares_reported,
-                "degraded": dict(self.degraded), "kept": dict(self.kept), "replacing": sorted(self.replacing),
+                "degraded": dict(self.stragglers.degraded), "kept": dict(self.stragglers.kept),
+                "replacing": sorted(self.replacing),
                 "finished": sorted(self.finished),
                 "restarting": list(self.restarting) if self.restarting else None,
                 "life": self.life, "run_ts": None if self.run_ts == float("-inf") else self.run_ts,
@@ -618,8 +655,8 @@ class Triage(ActiveDiagnosis, Stragglers):
         tri.spares_used = state["spares_used"]
         tri.spares_reported = state["spares_reported"]
         tri.max_step = state["max_step"]
-        tri.degraded = dict(state["degraded"])
-        tri.kept = dict(state["kept"])
+        tri.stragglers.degraded = dict(state["degraded"])
+        tri.stragglers.kept = dict(state["kept"])
         tri.replacing = set(state["replacing"])
         tri.finished = set(state["finished"])
         tri.restarting = tuple(state["restarting"]) if state["restarting"] else None

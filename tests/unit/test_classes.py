@@ -26,7 +26,8 @@ def test_every_class_the_contract_allows_is_declared_and_no_other():
 def test_a_class_without_one_of_its_fields_or_with_a_bad_one_cannot_be_made():
     fields = {f.name for f in dataclasses.fields(IncidentClass)}
     whole = dict(name="x", meaning="m", rank=1, severity="warning", opened_by_findings=True, stops_the_job=False,
-                 keeps_training=True, self_resolves=False, floor=Floor())
+                 keeps_training=True, self_resolves=False, waits="settle", decided_by="culprit",
+                 floor=Floor())
     assert set(whole) == fields
     for missing in fields:
         with pytest.raises(TypeError):
@@ -41,7 +42,7 @@ def test_the_parts_read_the_declaration():
     from gangwatch.detectors.registry import INCIDENT_CLASSES as OPENED_BY_FINDINGS
     from gangwatch.triage.shadow import STOPS_THE_JOB
 
-    from gangwatch.evaluation.suite import FLOORS
+    from gangwatch.evaluation.scoring import FLOORS
 
     assert set(OPENED_BY_FINDINGS) == {"fail_stop", "fail_slow", "hang", "sdc", "unknown"}
     assert STOPS_THE_JOB == {"fail_stop", "hang", "stall", "unknown"}
