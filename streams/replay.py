@@ -25,8 +25,8 @@ from typing import IO
 from gangwatch.schemas import Action, DeadLetter, DecodeError, Outputs, Record, codec, decode, encode
 from gangwatch.schemas.codec import oversized
 from gangwatch.schemas.columns import StepRows
-from gangwatch.sinks.interface import Sink
 from gangwatch.sinks.files import JsonlSink
+from gangwatch.sinks.interface import Sink
 from gangwatch.sinks.store import Store
 from gangwatch.sinks.storesink import StoreSink
 from gangwatch.triage.budgets import CoreConfig
