@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -48,19 +47,3 @@ def replay_core(recs: list, until: float, config: Any = None) -> Any:
         core.advance(now, out)
     out.extend(core.finish())
     return out
-
-
-def assert_json_safe(obj: Any, path: str = "$") -> None:
-    """Only plain JSON values: dicts with str keys, lists, str, int, finite float, bool, None (exact types)."""
-    t = type(obj)
-    if t is dict:
-        for k, v in obj.items():
-            assert type(k) is str, f"{path}: key {k!r} is a {type(k).__name__}, not a str"
-            assert_json_safe(v, f"{path}.{k}")
-    elif t is list:
-        for i, v in enumerate(obj):
-            assert_json_safe(v, f"{path}[{i}]")
-    elif t is float:
-        assert math.isfinite(obj), f"{path}: {obj} (JSON has no NaN/Infinity; orjson would write null)"
-    else:
-        assert obj is None or t in (str, int, bool), f"{path}: a {t.__module__}.{t.__name__} is not a JSON value"

@@ -19,11 +19,10 @@ from typing import Any
 
 import numpy as np
 import orjson
+from gangwatch.detectors.contract import assert_json_safe  # noqa: F401 - re-exported for the step-detector tests
 from gangwatch.detectors.runs import StepColumns
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Job, RankInfo, Step
-
-from tests.helpers import assert_json_safe  # noqa: F401 - re-exported for the step-detector tests
 
 
 def make_job(n_ranks: int = 128, *, gpus_per_node: int = 8, tp: int = 8, pp: int = 4, job: str = "j1",
