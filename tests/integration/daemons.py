@@ -11,6 +11,7 @@ KILL) even when the test fails.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -41,16 +42,28 @@ def require_program(*names: str, package: str) -> str:
 _HANDED_OUT: set[int] = set()
 
 
+# Ports handed out come from below the kernel's ephemeral range (net.ipv4.ip_local_port_range, 32768-60999 by
+# default): a port the kernel gave out for `bind(0)` is also what it gives the next outgoing connection, so a
+# test's client could take a broker's port between the pick and the broker's bind (seen: "Address already in
+# use" while the doc run's clients were busy). Picked at random, so the test processes rarely pick alike.
+_PORTS = range(20000, 32000)
+_pick = random.Random(os.getpid() ^ time.time_ns())
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago, and not handed out before in this process (the kernel
-    may give a just-closed port again: a broker's two listeners once got the same one)."""
+    """A TCP port on 127.0.0.1 that was free a moment ago, outside the ephemeral range, and not handed out before
+    in this process."""
     while True:
+        port = _pick.choice(_PORTS)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
 
 
 def free_port_range(n: int) -> int:
