@@ -67,9 +67,8 @@ log = logging.getLogger("gangwatch.agent")
 
 
 
-def destination(rec: Record, prefix: str) -> tuple[str, str]:
+def destination(rec: Record, topics: TopicSettings) -> tuple[str, str]:
     """(topic, key) of an agent record: node events keyed by node, heartbeats (of frozen ranks) and traces by job."""
-    topics = TopicSettings(prefix=prefix)
     if rec.kind in ("hw", "gpu"):
         return topics.node_events, rec.node
     if rec.kind == "heartbeat":
@@ -171,6 +170,7 @@ class Outbox:
                  flush_s: float = 1.0, spool_bytes: int = 64 << 20, send_wait_s: float = 1.0, cycle_s: float = 0.5,
                  clock: Callable[[], float] = time.time, timer: Callable[[], float] = time.monotonic) -> None:
         self.send, self.spool_dir, self.topic_prefix = PatientSend(send, send_wait_s), Path(spool_dir), topic_prefix
+        self.topics = TopicSettings(prefix=topic_prefix)
         self.queue_max, self.flush_s, self.spool_bytes, self.cycle_s = queue_max, flush_s, spool_bytes, cycle_s
         self._clock, self._timer = clock, timer
         self._lock = threading.Lock()
@@ -274,7 +274,7 @@ class Outbox:
                 self._queue.clear()
             groups: dict[str, dict[str, list[Record]]] = {}
             for rec in recs:
-                topic, key = destination(rec, self.topic_prefix)
+                topic, key = destination(rec, self.topics)
                 groups.setdefault(key, {}).setdefault(topic, []).append(rec)
             ts = self._clock()
             for key, by_topic in groups.items():
