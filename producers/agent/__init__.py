@@ -150,7 +150,7 @@ class Agent:
         self.poll_failures: dict[str, int] = {}
 
         def processes() -> list[RankProcess]:
-            return rank_processes(settings.node, proc_root)
+            return rank_processes(settings.node, proc_root, prefix=settings.topic_prefix)
 
         secret = topic_secret()
         if secret is None:
@@ -173,7 +173,8 @@ class Agent:
             self.collectors.append(FlightWatcher(settings.flight_dir, processes=processes,
                                                  sweep_of=self.listener.sweep_of, from_start=settings.from_start))
         if settings.heartbeat_s > 0:
-            self.collectors.append(FrozenRanks(RankTable(settings.node, proc_root), settings.heartbeat_s))
+            self.collectors.append(FrozenRanks(RankTable(settings.node, proc_root, prefix=settings.topic_prefix),
+                                                         settings.heartbeat_s))
 
     def run(self, close_timeout_s: float = 10.0) -> None:
         """Run every collector (and the action listener) until `stop()`; then send what is left and return."""

@@ -13,7 +13,10 @@ is pointed at (the real hung-job dumps in tests/data are of that process).
 A rank that names its node (`GANGWATCH_NODE`, as the trainer client reports it)
 belongs to that node's agent: when several named nodes share one machine (a test
 bed, or containers sharing a PID namespace) each agent claims only its own, so a
-sweep dumps each rank once.
+sweep dumps each rank once. Likewise a rank that names its topic prefix
+(`GANGWATCH_TOPIC_PREFIX`) belongs to the agents of that prefix: two gangwatch
+deployments on one machine (staging beside production, or two test beds) never
+report each other's ranks into their topics.
 
 Reading another user's `/proc/PID/environ` needs root or CAP_SYS_PTRACE;
 processes the agent may not read are skipped.
@@ -34,6 +37,7 @@ from gangwatch.producers.trainer.launch import job_id
 
 PROC = Path("/proc")
 # where PyTorch writes flight-recorder dumps: this prefix + the rank (the older name of the variable second)
+PREFIX_VAR = "GANGWATCH_TOPIC_PREFIX"  # the topics a rank sends to (launch.py); its agent sends to the same
 FR_PREFIX_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 
 
@@ -97,8 +101,9 @@ def _started(fields: list[str]) -> str:
     return fields[19] if len(fields) > 19 else ""
 
 
-def rank_processes(node: str, proc_root: Path = PROC) -> list[RankProcess]:
-    """The ranks running on this node, one process per (job, rank), sorted by job and rank.
+def rank_processes(node: str, proc_root: Path = PROC, *, prefix: str | None = None) -> list[RankProcess]:
+    """The ranks running on this node, one process per (job, rank), sorted by job and rank; with `prefix`, only
+    those that name that topic prefix or none (see the module's docstring).
 
     A rank with neither a job variable nor a rendezvous address is a job of its own
     (`launch.job_id`); the id the agent derives for it names nothing and no action finds it.
@@ -107,7 +112,7 @@ def rank_processes(node: str, proc_root: Path = PROC) -> list[RankProcess]:
     for pid_dir in proc_root.iterdir():
         if not pid_dir.name.isdigit():
             continue
-        proc = _rank_of(pid_dir, node)
+        proc = _rank_of(pid_dir, node, prefix)
         if proc is not None:
             found[proc.pid] = (proc, _parent(pid_dir))
     tops: dict[tuple[str, int], RankProcess] = {}
@@ -119,11 +124,13 @@ def rank_processes(node: str, proc_root: Path = PROC) -> list[RankProcess]:
     return [tops[k] for k in sorted(tops)]
 
 
-def _rank_of(pid_dir: Path, node: str) -> RankProcess | None:
-    """The rank this process is of (its environment says), if any and if it is this node's."""
+def _rank_of(pid_dir: Path, node: str, prefix: str | None) -> RankProcess | None:
+    """The rank this process is of (its environment says), if any and if it is this node's (and prefix's)."""
     env = _environ(pid_dir)
     if not env or "RANK" not in env or env.get("GANGWATCH_NODE", node) != node:
         return None  # not a rank, or another node's
+    if prefix is not None and env.get(PREFIX_VAR, prefix) != prefix:
+        return None  # another deployment's
     try:
         rank = int(env["RANK"])
     except ValueError:
@@ -156,8 +163,9 @@ class RankTable:
     parent pid alone.
     """
 
-    def __init__(self, node: str, proc_root: Path = PROC, *, recheck_s: float = 300.0) -> None:
-        self.node, self.proc_root, self.recheck_s = node, Path(proc_root), recheck_s
+    def __init__(self, node: str, proc_root: Path = PROC, *, prefix: str | None = None,
+                 recheck_s: float = 300.0) -> None:
+        self.node, self.proc_root, self.prefix, self.recheck_s = node, Path(proc_root), prefix, recheck_s
         self._seen: dict[int, _Seen] = {}
         self._pending: set[int] = set()  # listed once, classified at the next listing
         self._first = True
@@ -207,7 +215,8 @@ class RankTable:
             fields = _stat(pid_dir)
             if fields is None:
                 continue  # gone since the listing
-            self._seen[pid] = _Seen(started=_started(fields), proc=_rank_of(pid_dir, self.node), worker=False)
+            self._seen[pid] = _Seen(started=_started(fields), proc=_rank_of(pid_dir, self.node, self.prefix),
+                                    worker=False)
             try:
                 parents[pid] = int(fields[1])
             except (ValueError, IndexError):

@@ -85,6 +85,14 @@ def test_a_rank_started_later_is_watched_from_its_second_listing_and_a_reused_pi
     assert frozen.poll(20.0) == [] and frozen.poll(25.0) == []
 
 
+def test_a_frozen_rank_of_another_deployment_gets_no_heartbeat_from_this_agent(proc):
+    """Its heartbeat would land in this deployment's topics as a job it never hears of again."""
+    fake_process(proc, 500, 1, {**rank_env(0), "GANGWATCH_TOPIC_PREFIX": "other."}, state="T")
+    fake_process(proc, 501, 1, {**rank_env(1), "GANGWATCH_TOPIC_PREFIX": "gw."}, state="T")
+    frozen = FrozenRanks(RankTable("n1", proc, prefix="gw."), every_s=5.0)
+    assert beats(frozen.poll(0.0)) == [("j", 1, "T")]
+
+
 def test_a_worker_left_behind_by_a_dead_rank_is_not_taken_for_the_rank(proc):
     fake_process(proc, 400, 1, rank_env(2), state="S")
     fake_process(proc, 401, 400, rank_env(2), state="D", comm="pt_data_worker")

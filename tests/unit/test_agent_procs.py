@@ -75,3 +75,14 @@ def test_a_rank_naming_another_node_is_that_nodes_agents_not_ours(proc):
     fake_process(proc, 12, 1, {"GANGWATCH_JOB": "j", "RANK": "3"})
     assert [p.rank for p in rank_processes("n1", proc)] == [0, 3]
     assert [p.rank for p in rank_processes("n2", proc)] == [2, 3]
+
+
+def test_a_rank_naming_another_topic_prefix_is_another_deployments(proc):
+    """Two gangwatch deployments on one machine (or two test beds): an agent claims the ranks that name its
+    prefix or none, so it never reports another deployment's ranks into its own topics."""
+    fake_process(proc, 10, 1, {"GANGWATCH_JOB": "a", "RANK": "0", "GANGWATCH_TOPIC_PREFIX": "staging."})
+    fake_process(proc, 11, 1, {"GANGWATCH_JOB": "b", "RANK": "0", "GANGWATCH_TOPIC_PREFIX": "gw."})
+    fake_process(proc, 12, 1, {"GANGWATCH_JOB": "c", "RANK": "0"})
+    assert [p.job for p in rank_processes("n1", proc, prefix="staging.")] == ["a", "c"]
+    assert [p.job for p in rank_processes("n1", proc, prefix="gw.")] == ["b", "c"]
+    assert [p.job for p in rank_processes("n1", proc)] == ["a", "b", "c"]
