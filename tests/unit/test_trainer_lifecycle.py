@@ -68,7 +68,10 @@ def test_heartbeats_go_on_from_their_thread_during_a_pause(tmp_path):
 
 
 STOPPED = (
-    "import os, sys, time\n"
+    "import os, signal, sys, time\n"
+    # Ctrl-C raises KeyboardInterrupt, as in a terminal, even where the tests run as a background job (which
+    # starts every process with SIGINT ignored: the client would rightly leave it ignored)
+    "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
     "from gangwatch.producers.trainer import TrainerClient\n"
     "out = open(sys.argv[1], 'ab')\n"
     "def send(t, k, v):\n"
@@ -116,7 +119,7 @@ def test_a_previous_sigterm_handler_is_still_called_after_the_stop(tmp_path):
     script_head = ("import signal\n"
                    "signal.signal(signal.SIGTERM, lambda s, f: (print('mine', flush=True), sys.exit(7)))\n")
     script = tmp_path / "train.py"
-    head = "import os, sys, time\n"
+    head = "import os, signal, sys, time\n"
     script.write_text(STOPPED.format(body=body).replace(head, head + script_head))
     sent = tmp_path / "sent.jsonl"
     proc = subprocess.Popen([sys.executable, str(script), str(sent), str(tmp_path / "spool")],
