@@ -480,17 +480,25 @@ class TrainerClient:
             except (ValueError, OSError, RuntimeError):
                 pass  # not on the main thread: ours stays, and only passes signals on from now
 
+    def _say_stop(self) -> None:
+        try:
+            self.lifecycle("stop", self.stopped_by)
+            self.flush(self._signal_flush_s)
+        except Exception:
+            log.exception("gangwatch: the stop record could not be sent")
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         """A stop on purpose: the `stop` record goes out (waiting at most `signal_flush_s`), then the signal is
         handed on as if this hook were not there; it is never swallowed."""
         previous = self._previous_signals.get(signum, signal.SIG_DFL)
         if not self._closed and self.stopped_by is None and os.getpid() == self._pid:
             self.stopped_by = STOP_SIGNALS.get(signum, f"signal {signum}")
-            try:
-                self.lifecycle("stop", self.stopped_by)
-                self.flush(self._signal_flush_s)
-            except Exception:
-                log.exception("gangwatch: the stop record could not be sent")
+            # said from a thread of its own: this one may have been interrupted inside the client, holding a lock
+            # that is not reentrant (the `_wake` event's, in a step's `set()`), and taking it again here would
+            # hang it for good; at worst the stop is queued and goes out once the interrupted code lets go
+            sayer = threading.Thread(target=self._say_stop, name="gangwatch-stop", daemon=True)
+            sayer.start()
+            sayer.join(self._signal_flush_s)
         if callable(previous):
             previous(signum, frame)
         elif previous == signal.SIG_IGN:

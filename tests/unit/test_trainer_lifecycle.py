@@ -170,3 +170,19 @@ def test_signal_hooks_can_be_turned_off_and_are_removed_at_close(tmp_path):
     t.join()
     assert signal.getsignal(signal.SIGTERM) is before  # off the main thread: no hooks, and no error
     made[0].close()
+
+
+def test_a_signal_that_comes_while_the_training_thread_holds_the_clients_wake_lock_still_stops(tmp_path):
+    """A step (with the relay), an event or a pause wakes the sending thread through a `threading.Event`, whose
+    lock is not reentrant: a signal handled inside that `set()` must not take the same lock on the same thread
+    (it hung for good). Here the training thread holds the lock when Ctrl-C comes: the handler still hands the
+    signal on within `signal_flush_s`, and the stop goes out once the lock is let go."""
+    body = ("try:\n"
+            "    with client._wake._cond:  # as inside Event.set() from client.step()\n"
+            f"        {READY}        time.sleep(60)\n"
+            "except KeyboardInterrupt:\n    print('interrupted', flush=True)\n    raise\n")
+    started = time.monotonic()
+    proc, recs = _stopped_by(tmp_path, signal.SIGINT, body)
+    assert "interrupted" in proc.stdout, proc.stderr
+    assert time.monotonic() - started < 30  # signal_flush_s (2 s) and the close, not the 60 s sleep
+    assert [(r.event, r.reason) for r in recs if isinstance(r, Lifecycle)] == [("stop", "SIGINT")]
