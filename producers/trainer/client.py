@@ -489,26 +489,28 @@ class TrainerClient:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         """A stop on purpose: the `stop` record goes out (waiting at most `signal_flush_s`), then the signal is
-        handed on as if this hook were not there; it is never swallowed."""
+        handed on as if this hook were not there; it is never swallowed. It is handed on also when another
+        signal's handler raises meanwhile (torchrun's SIGTERM reaches a rank's DataLoader workers too, and
+        PyTorch's SIGCHLD handler raises "worker killed" in the rank): the rank dies of the stop, not of that."""
         previous = self._previous_signals.get(signum, signal.SIG_DFL)
-        if not self._closed and self.stopped_by is None and os.getpid() == self._pid:
-            self.stopped_by = STOP_SIGNALS.get(signum, f"signal {signum}")
-            # said from a thread of its own: this one may have been interrupted inside the client, holding a lock
-            # that is not reentrant (the `_wake` event's, in a step's `set()`), and taking it again here would
-            # hang it for good; at worst the stop is queued and goes out once the interrupted code lets go
-            sayer = threading.Thread(target=self._say_stop, name="gangwatch-stop", daemon=True)
-            sayer.start()
-            sayer.join(self._signal_flush_s)
-        if callable(previous):
-            previous(signum, frame)
-        elif previous == signal.SIG_IGN:
-            return
-        else:  # SIG_DFL (or a handler Python did not install: None): the default action, e.g. die by SIGTERM
-            try:
-                signal.signal(signum, signal.SIG_DFL)
-            except (ValueError, OSError, RuntimeError):
-                pass
-            os.kill(os.getpid(), signum)
+        try:
+            if not self._closed and self.stopped_by is None and os.getpid() == self._pid:
+                self.stopped_by = STOP_SIGNALS.get(signum, f"signal {signum}")
+                # said from a thread of its own: this one may have been interrupted inside the client, holding a
+                # lock that is not reentrant (the `_wake` event's, in a step's `set()`), and taking it again here
+                # would hang it for good; at worst the stop is queued and goes out once the interrupted code lets go
+                sayer = threading.Thread(target=self._say_stop, name="gangwatch-stop", daemon=True)
+                sayer.start()
+                sayer.join(self._signal_flush_s)
+        finally:
+            if callable(previous):
+                previous(signum, frame)  # an exception it raises (KeyboardInterrupt) replaces one raised meanwhile
+            elif previous != signal.SIG_IGN:  # SIG_DFL (or a handler Python did not install: None): the default
+                try:  # action, e.g. die by SIGTERM
+                    signal.signal(signum, signal.SIG_DFL)
+                except (ValueError, OSError, RuntimeError):
+                    pass
+                os.kill(os.getpid(), signum)
 
 
 class Pause:

@@ -186,3 +186,37 @@ def test_a_signal_that_comes_while_the_training_thread_holds_the_clients_wake_lo
     assert "interrupted" in proc.stdout, proc.stderr
     assert time.monotonic() - started < 30  # signal_flush_s (2 s) and the close, not the 60 s sleep
     assert [(r.event, r.reason) for r in recs if isinstance(r, Lifecycle)] == [("stop", "SIGINT")]
+
+
+def test_another_handler_raising_while_the_stop_is_said_does_not_turn_the_stop_into_a_crash(tmp_path):
+    """torchrun's SIGTERM goes to the whole process group: a DataLoader worker dies of it too, and PyTorch's SIGCHLD
+    handler raises "DataLoader worker ... is killed by signal" in the rank while its stop is being said (a real
+    run: exit code 1 and an `exception` record, read as a software crash). Here SIGUSR1's handler raises at that
+    moment (the sending thread sends it on seeing the `stop`): the process still dies by SIGTERM, as it would
+    without the hook, and reports no exception."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        "from gangwatch.producers.trainer import TrainerClient\n"
+        "def worker_died(signum, frame):\n"
+        "    raise RuntimeError('DataLoader worker (pid 1) is killed by signal: Terminated.')\n"
+        "signal.signal(signal.SIGUSR1, worker_died)\n"
+        "out = open(sys.argv[1], 'ab')\n"
+        "def send(t, k, v):\n"
+        "    out.write(v + b'\\n'); out.flush()\n"
+        "    if b'\"stop\"' in v:\n"
+        "        os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "        time.sleep(0.5)  # the main thread, waiting for the stop to be said, runs the handler meanwhile\n"
+        "client = TrainerClient(job='j9', rank=1, world_size=2, send=send, spool_dir=sys.argv[2])\n"
+        "client.step(0)\n"
+        f"{READY}time.sleep(60)\n")
+    sent = tmp_path / "sent.jsonl"
+    proc = subprocess.Popen([sys.executable, str(script), str(sent), str(tmp_path / "spool")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM, err
+    recs = [r for line in sent.read_bytes().splitlines() for r in decode(line)]
+    assert [(r.event, r.reason) for r in recs if isinstance(r, Lifecycle)] == [("stop", "SIGTERM")]
+    assert [r.type for r in recs if r.kind == "framework"] == []
