@@ -37,7 +37,6 @@ from gangwatch.producers.trainer.launch import job_id
 
 PROC = Path("/proc")
 # where PyTorch writes flight-recorder dumps: this prefix + the rank (the older name of the variable second)
-PREFIX_VAR = "GANGWATCH_TOPIC_PREFIX"  # the topics a rank sends to (launch.py); its agent sends to the same
 FR_PREFIX_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 
 
@@ -129,8 +128,8 @@ def _rank_of(pid_dir: Path, node: str, prefix: str | None) -> RankProcess | None
     env = _environ(pid_dir)
     if not env or "RANK" not in env or env.get("GANGWATCH_NODE", node) != node:
         return None  # not a rank, or another node's
-    if prefix is not None and env.get(PREFIX_VAR, prefix) != prefix:
-        return None  # another deployment's
+    if prefix is not None and (env.get("GANGWATCH_TOPIC_PREFIX") or prefix) != prefix:
+        return None  # another deployment's (the topics it sends to, launch.py: empty or unset names none)
     try:
         rank = int(env["RANK"])
     except ValueError:

@@ -72,10 +72,12 @@ STOPPED = (
     # Ctrl-C raises KeyboardInterrupt, as in a terminal, even where the tests run as a background job (which
     # starts every process with SIGINT ignored: the client would rightly leave it ignored)
     "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    "{head}"
     "from gangwatch.producers.trainer import TrainerClient\n"
     "out = open(sys.argv[1], 'ab')\n"
     "def send(t, k, v):\n"
     "    out.write(v + b'\\n'); out.flush()\n"
+    "{on_send}"
     "client = TrainerClient(job='j9', rank=1, world_size=2, send=send, spool_dir=sys.argv[2])\n"
     "client.step(0)\n"
     "{body}"
@@ -83,9 +85,12 @@ STOPPED = (
 READY = "print('ready', flush=True)\n"  # the body says it once the signal may come (inside its try, if any)
 
 
-def _stopped_by(tmp_path, sig: int, body: str = READY + "time.sleep(60)\n") -> tuple[subprocess.CompletedProcess, list]:
+def _stopped_by(tmp_path, sig: int, body: str = READY + "time.sleep(60)\n", *, head: str = "",
+                on_send: str = "") -> tuple[subprocess.CompletedProcess, list]:
+    """Run STOPPED (`head`: lines before the client is made; `on_send`: lines of `send`, after it wrote `v`),
+    send `sig` once it is ready, and return how it ended and what it sent."""
     script = tmp_path / "train.py"
-    script.write_text(STOPPED.format(body=body))
+    script.write_text(STOPPED.format(body=body, head=head, on_send=on_send))
     sent = tmp_path / "sent.jsonl"
     proc = subprocess.Popen([sys.executable, str(script), str(sent), str(tmp_path / "spool")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -115,20 +120,9 @@ def test_sigint_sends_a_stop_and_still_raises_keyboard_interrupt(tmp_path):
 
 
 def test_a_previous_sigterm_handler_is_still_called_after_the_stop(tmp_path):
-    body = READY + "time.sleep(60)\n"
-    script_head = ("import signal\n"
-                   "signal.signal(signal.SIGTERM, lambda s, f: (print('mine', flush=True), sys.exit(7)))\n")
-    script = tmp_path / "train.py"
-    head = "import os, signal, sys, time\n"
-    script.write_text(STOPPED.format(body=body).replace(head, head + script_head))
-    sent = tmp_path / "sent.jsonl"
-    proc = subprocess.Popen([sys.executable, str(script), str(sent), str(tmp_path / "spool")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline() == "ready\n"
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 7 and "mine" in out, err
-    recs = [r for line in sent.read_bytes().splitlines() for r in decode(line)]
+    mine = "signal.signal(signal.SIGTERM, lambda s, f: (print('mine', flush=True), sys.exit(7)))\n"
+    proc, recs = _stopped_by(tmp_path, signal.SIGTERM, head=mine)
+    assert proc.returncode == 7 and "mine" in proc.stdout, proc.stderr
     assert [(r.event, r.reason) for r in recs if isinstance(r, Lifecycle)] == [("stop", "SIGTERM")]
     assert [r.type for r in recs if r.kind == "framework"] == []  # the stop said it: no `exit` at close
 
@@ -143,8 +137,8 @@ def test_a_forked_child_that_gets_sigterm_says_nothing_and_dies_by_it(tmp_path):
             "print('child', os.WIFSIGNALED(status) and os.WTERMSIG(status), flush=True)\n"
             "client.close()\n")
     script = tmp_path / "train.py"
-    script.write_text(STOPPED.format(body=body).replace("spool_dir=sys.argv[2])", "spool_dir=sys.argv[2], "
-                                                        "background=False)"))
+    script.write_text(STOPPED.format(body=body, head="", on_send="")
+                      .replace("spool_dir=sys.argv[2])", "spool_dir=sys.argv[2], background=False)"))
     sent = tmp_path / "sent.jsonl"
     proc = subprocess.run([sys.executable, str(script), str(sent), str(tmp_path / "spool")], capture_output=True,
                           text=True, timeout=60)
@@ -194,29 +188,13 @@ def test_another_handler_raising_while_the_stop_is_said_does_not_turn_the_stop_i
     run: exit code 1 and an `exception` record, read as a software crash). Here SIGUSR1's handler raises at that
     moment (the sending thread sends it on seeing the `stop`): the process still dies by SIGTERM, as it would
     without the hook, and reports no exception."""
-    script = tmp_path / "train.py"
-    script.write_text(
-        "import os, signal, sys, time\n"
-        "from gangwatch.producers.trainer import TrainerClient\n"
-        "def worker_died(signum, frame):\n"
-        "    raise RuntimeError('DataLoader worker (pid 1) is killed by signal: Terminated.')\n"
-        "signal.signal(signal.SIGUSR1, worker_died)\n"
-        "out = open(sys.argv[1], 'ab')\n"
-        "def send(t, k, v):\n"
-        "    out.write(v + b'\\n'); out.flush()\n"
-        "    if b'\"stop\"' in v:\n"
-        "        os.kill(os.getpid(), signal.SIGUSR1)\n"
-        "        time.sleep(0.5)  # the main thread, waiting for the stop to be said, runs the handler meanwhile\n"
-        "client = TrainerClient(job='j9', rank=1, world_size=2, send=send, spool_dir=sys.argv[2])\n"
-        "client.step(0)\n"
-        f"{READY}time.sleep(60)\n")
-    sent = tmp_path / "sent.jsonl"
-    proc = subprocess.Popen([sys.executable, str(script), str(sent), str(tmp_path / "spool")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline() == "ready\n"
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGTERM, err
-    recs = [r for line in sent.read_bytes().splitlines() for r in decode(line)]
+    worker_died = ("def worker_died(signum, frame):\n"
+                   "    raise RuntimeError('DataLoader worker (pid 1) is killed by signal: Terminated.')\n"
+                   "signal.signal(signal.SIGUSR1, worker_died)\n")
+    on_send = ("    if b'\"stop\"' in v:\n"
+               "        os.kill(os.getpid(), signal.SIGUSR1)\n"
+               "        time.sleep(0.5)  # the main thread, waiting for the stop to be said, runs the handler\n")
+    proc, recs = _stopped_by(tmp_path, signal.SIGTERM, head=worker_died, on_send=on_send)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr
     assert [(r.event, r.reason) for r in recs if isinstance(r, Lifecycle)] == [("stop", "SIGTERM")]
     assert [r.type for r in recs if r.kind == "framework"] == []
