@@ -25,6 +25,14 @@ A process in `R` or `S` beats by itself: nothing is sent for it (no traffic in
 the common case). A zombie (`Z`, `X`) or a vanished process is dead: nothing is
 sent, so its silence is a fail-stop as before. One state is read, the main
 thread's: a heartbeat thread blocked alone while the main thread runs is not seen.
+
+A rank stopped under py-spy (`t`, its `TracerPid` a process named py-spy) is
+being looked at, not frozen: `py-spy dump` stops the process for the tenth of a
+second it reads the stack, and `py-spy record` does so at every sample. The
+agent's own stack sweep is such a look, and it runs exactly when a stall is
+being diagnosed: a poll that fell inside the sweep's dump of rank 0 named rank
+0 frozen and turned a whole job's pause into a hang of rank 0's node. Any other
+tracer (a debugger at a breakpoint) is a freeze.
 """
 
 from __future__ import annotations
@@ -32,10 +40,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from gangwatch.producers.agent.procs import RankTable
+from gangwatch.producers.agent.procs import RankTable, tracer
 from gangwatch.schemas.records import FROZEN_STATES as FROZEN  # the process lives, its threads do not run
 
 log = logging.getLogger("gangwatch.agent")
+SAMPLERS = frozenset({"py-spy"})  # tracers that stop a process only while they read it
 
 
 class FrozenRanks:
@@ -51,7 +60,7 @@ class FrozenRanks:
         recs: list[dict[str, Any]] = []
         frozen: dict[tuple[str, int, int], str] = {}
         for proc, state in self.table.states(now):
-            if state not in FROZEN:
+            if state not in FROZEN or (state == "t" and tracer(proc.pid, self.table.proc_root) in SAMPLERS):
                 continue
             key = (proc.job, proc.rank, proc.pid)
             frozen[key] = state

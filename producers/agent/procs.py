@@ -86,6 +86,25 @@ def proc_state(pid: int, proc_root: Path = PROC) -> tuple[str | None, int | None
         return fields[0], None
 
 
+def tracer(pid: int, proc_root: Path = PROC) -> str | None:
+    """The command name of the process tracing `pid` (`TracerPid` in its `status`), None when none is (or
+    `pid` is gone); "" when a tracer is named but its name cannot be read."""
+    try:
+        status = (proc_root / str(pid) / "status").read_text(errors="replace")
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("TracerPid:"):
+            traced_by = line.split(":", 1)[1].strip()
+            if traced_by in ("", "0"):
+                return None
+            try:
+                return (proc_root / traced_by / "comm").read_text(errors="replace").strip()
+            except OSError:
+                return ""
+    return None
+
+
 def _parent(pid_dir: Path) -> int | None:
     """The parent pid from `stat`."""
     fields = _stat(pid_dir)

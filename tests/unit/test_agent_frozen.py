@@ -3,6 +3,7 @@ a fake /proc tree and a fake send, and one job through the core (issue 23: froze
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,65 @@ def test_a_frozen_rank_of_another_deployment_gets_no_heartbeat_from_this_agent(p
     fake_process(proc, 501, 1, {**rank_env(1), "GANGWATCH_TOPIC_PREFIX": "gw."}, state="T")
     frozen = FrozenRanks(RankTable("n1", proc, prefix="gw."), every_s=5.0)
     assert beats(frozen.poll(0.0)) == [("j", 1, "T")]
+
+
+def traced_by(root: Path, pid: int, tracer_pid: int, comm: str) -> None:
+    """`pid`'s `status` names `tracer_pid` as its tracer, a process called `comm`."""
+    (root / str(pid) / "status").write_text(f"Name:\tpython\nState:\tt (tracing stop)\nTracerPid:\t{tracer_pid}\n")
+    fake_process(root, tracer_pid, 1, {"PATH": "/usr/bin"}, comm=comm)
+    (root / str(tracer_pid) / "comm").write_text(comm + "\n")
+
+
+def test_a_rank_stopped_while_py_spy_reads_it_is_looked_at_not_frozen_and_one_under_a_debugger_is(proc):
+    """py-spy stops a process while it dumps it (the agent's own stack sweep, exactly when a stall is
+    diagnosed): that `t` is no freeze. A debugger's is."""
+    fake_process(proc, 600, 1, rank_env(0), state="t")
+    traced_by(proc, 600, 700, "py-spy")
+    fake_process(proc, 601, 1, rank_env(1), state="t")
+    traced_by(proc, 601, 701, "gdb")
+    fake_process(proc, 602, 1, rank_env(2), state="t")  # its status cannot be read: a freeze, as before
+    fake_process(proc, 603, 1, rank_env(3), state="D")
+    traced_by(proc, 603, 702, "py-spy")  # traced but in D: a freeze the tracer did not make
+    frozen = FrozenRanks(RankTable("n1", proc), every_s=5.0)
+    assert beats(frozen.poll(0.0)) == [("j", 1, "t"), ("j", 2, "t"), ("j", 3, "D")]
+
+
+class WatchedTable(RankTable):
+    """A RankTable that keeps every state it read."""
+
+    def states(self, now: float) -> list:
+        out = super().states(now)
+        self.read = [*getattr(self, "read", []), *(state for _, state in out)]
+        return out
+
+
+def test_a_real_py_spy_dump_of_a_real_rank_never_makes_it_frozen():
+    """A real rank process, dumped by the real py-spy over and over while the agent polls /proc: the polls did
+    read the rank in `t` (inside dumps), and no heartbeat was ever sent for it."""
+    import subprocess
+    import sys
+
+    from gangwatch.producers.agent import default_py_spy
+    if not os.access(default_py_spy(), os.X_OK):
+        pytest.fail(f"py-spy is not installed at {default_py_spy()} (it is a dependency of the agent)")
+    rank = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.001)"],
+                            env={**os.environ, **rank_env(0, job="pyspy-look"), "GANGWATCH_NODE": "n-look"})
+    try:
+        table = WatchedTable("n-look")
+        frozen = FrozenRanks(table, every_s=5.0)
+        frozen.poll(0.0)  # the first listing classifies every process already there
+        sent, dumps = [], 0
+        while dumps < 50 and table.read.count("t") < 5:
+            dump = subprocess.Popen([default_py_spy(), "dump", "--pid", str(rank.pid)], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+            while dump.poll() is None:
+                sent += frozen.poll(1.0)
+            dumps += 1
+        assert "t" in table.read, f"{dumps} dumps of pid {rank.pid}, never read stopped by py-spy: no test"
+        assert sent == []
+    finally:
+        rank.kill()
+        rank.wait()
 
 
 def test_a_worker_left_behind_by_a_dead_rank_is_not_taken_for_the_rank(proc):
