@@ -41,6 +41,7 @@ from typing import Any, ClassVar
 import numpy as np
 from gangwatch.detectors.base import DetectorBase, SavedJob
 from gangwatch.detectors.config import ClockConfig
+from gangwatch.detectors.floats import nanmedian_rows
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.runs import RecordRun
 from gangwatch.detectors.topology import Topology
@@ -380,8 +381,8 @@ class ClockDetector(DetectorBase):
         if not len(enough):
             return []
         rows = self.samples[enough]
-        est = np.nanmedian(rows, axis=1)
-        spread = np.nanmedian(np.abs(rows - est[:, None]), axis=1)
+        est = nanmedian_rows(rows)
+        spread = nanmedian_rows(np.abs(rows - est[:, None]))
         out = []
         for i, e, sp in zip(enough.tolist(), est.tolist(), spread.tolist(), strict=True):
             before = float(self.offset[i])

@@ -1,5 +1,5 @@
-"""Float helpers of the step detectors: arrays to and from JSON-safe lists (their saved state), evidence rounding,
-and a fast median."""
+"""Float helpers of the detectors: arrays to and from JSON-safe lists (their saved state), evidence rounding,
+and fast medians."""
 
 from __future__ import annotations
 
@@ -21,6 +21,20 @@ def median(v: np.ndarray) -> float:
         return float(np.partition(v, k)[k])
     p = np.partition(v, (k - 1, k))
     return float((p[k - 1] + p[k]) / 2)
+
+
+def nanmedian_rows(rows: np.ndarray) -> np.ndarray:
+    """Each row's median, NaN left out (NaN for a row of NaN only): `np.nanmedian(rows, axis=1)` to the bit,
+    without numpy's masked-array path for small arrays (ten times slower: it was two thirds of the job clock's
+    time, and the job clock runs beside every detector)."""
+    ordered = np.sort(rows, axis=1)  # NaN sort last
+    n = (~np.isnan(rows)).sum(axis=1)
+    lo, hi = np.maximum((n - 1) // 2, 0), np.maximum(n // 2, 0)
+    picked = np.arange(len(rows))
+    with np.errstate(invalid="ignore"):  # -inf and inf in the middle: NaN, as numpy's
+        out = (ordered[picked, lo] + ordered[picked, hi]) / 2  # odd: (x + x) / 2 is x exactly, as numpy's
+    out[n == 0] = np.nan
+    return out
 
 
 def encode_floats(a: np.ndarray, present: np.ndarray | None = None) -> list[Any]:

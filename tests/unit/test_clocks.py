@@ -4,15 +4,19 @@ node's clock, and a node's late records judged against their own lag. Pure: the 
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import orjson
 import pytest
 from gangwatch.detectors.clocks import ClockDetector
+from gangwatch.detectors.floats import nanmedian_rows
 from gangwatch.detectors.topology import Topology
 from gangwatch.producers.simulate import Fault, Scenario, generate
 from gangwatch.schemas import DecodeError, Heartbeat, Job, RankInfo, Step, decode, decode_obj
 from gangwatch.triage.core import Core, JobCore
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytestmark = pytest.mark.unit
 
@@ -183,3 +187,22 @@ def test_replay_refuses_a_time_no_file_holds():
         assert isinstance(err, DecodeError) and says in err.reason
     (small,) = decode(orjson.dumps({"kind": "heartbeat", "v": 1, "ts": 12.0, "job": "j", "rank": 0}))
     assert implausible_time(small, 11.0) is None  # a file of made-up small times, as tests write
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 70), st.integers(0, 2**32 - 1), st.floats(0.0, 1.0),
+       st.sampled_from([1e-3, 1.0, 30.0, 1e9]))
+def test_the_clock_s_row_medians_are_numpy_s_nanmedian(rows, cols, seed, holes, scale):
+    """The job clock's offsets come from `nanmedian_rows`: the same floats as np.nanmedian, so a saved state and
+    every finding come out as before (rows of NaN only, odd and even counts, repeated values, infinities). A
+    zero's sign may differ where -0.0 and 0.0 tie in the sort: no offset or spread is ever a zero kept signed."""
+    rnd = np.random.default_rng(seed)
+    a = np.round(rnd.normal(0.0, scale, (rows, cols)), int(rnd.integers(0, 7)))  # rounding repeats values
+    a[rnd.random(a.shape) < holes] = np.nan
+    a[rnd.random(a.shape) < 0.02] = np.inf
+    a[rnd.random(a.shape) < 0.02] = -np.inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # numpy warns of all-NaN rows
+        want = np.nanmedian(a, axis=1)
+    got = nanmedian_rows(a)
+    assert np.array_equal(got, want, equal_nan=True), (a, got, want)
