@@ -31,16 +31,28 @@ being looked at, not frozen: `py-spy dump` stops the process for the tenth of a
 second it reads the stack, and `py-spy record` does so at every sample. The
 agent's own stack sweep is such a look, and it runs exactly when a stall is
 being diagnosed: a poll that fell inside the sweep's dump of rank 0 named rank
-0 frozen and turned a whole job's pause into a hang of rank 0's node. Any other
-tracer (a debugger at a breakpoint) is a freeze.
+0 frozen and turned a whole job's pause into a hang of rank 0's node. So a `t`
+is read again from `status` (state and tracer in one read) and is a freeze
+only while a tracer other than py-spy still holds the process (a debugger at a
+breakpoint): a dump that ended between the two reads, or whose py-spy is gone
+by the time its name is read, is no freeze either.
+
+Nor is a state that passes: a rank's main thread is in `D` for the
+milliseconds of a page fault or a disk write, often, and a rank that starts
+up or writes a checkpoint under load reads `D` now and then. A frozen state is
+read again `confirm_s` (0.5 s) later and counts only when it is still there: a
+real freeze (a stop, a hung filesystem) lasts seconds, and half a second is
+nothing against fail-stop's two heartbeat periods.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
-from gangwatch.producers.agent.procs import RankTable, tracer
+from gangwatch.producers.agent.procs import RankProcess, RankTable, proc_state, status_of
 from gangwatch.schemas.records import FROZEN_STATES as FROZEN  # the process lives, its threads do not run
 
 log = logging.getLogger("gangwatch.agent")
@@ -52,16 +64,15 @@ class FrozenRanks:
 
     name = "frozen ranks"
 
-    def __init__(self, table: RankTable, every_s: float) -> None:
-        self.table, self.every_s = table, every_s
+    def __init__(self, table: RankTable, every_s: float, *, confirm_s: float = 0.5,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.table, self.every_s, self.confirm_s, self.sleep = table, every_s, confirm_s, sleep
         self._frozen: dict[tuple[str, int, int], str] = {}  # (job, rank, pid) -> state, to log each change once
 
     def poll(self, now: float) -> list[dict[str, Any]]:
         recs: list[dict[str, Any]] = []
         frozen: dict[tuple[str, int, int], str] = {}
-        for proc, state in self.table.states(now):
-            if state not in FROZEN or (state == "t" and tracer(proc.pid, self.table.proc_root) in SAMPLERS):
-                continue
+        for proc, state in self._still_frozen(self.table.states(now)):
             key = (proc.job, proc.rank, proc.pid)
             frozen[key] = state
             if self._frozen.get(key) != state:
@@ -73,6 +84,32 @@ class FrozenRanks:
             log.info("rank %d of job %s (pid %d) is no longer frozen", rank, job, pid)
         self._frozen = frozen
         return recs
+
+    def _still_frozen(self, read: list[tuple[RankProcess, str]]) -> list[tuple[RankProcess, str]]:
+        """The ranks frozen at this read and again `confirm_s` later, with their state at the second read."""
+        first = [proc for proc, state in read if self._frozen_state(proc, state) is not None]
+        if not first:
+            return []
+        self.sleep(self.confirm_s)
+        out = []
+        for proc in first:
+            state = proc_state(proc.pid, self.table.proc_root)[0]
+            state = None if state is None else self._frozen_state(proc, state)
+            if state is not None:
+                out.append((proc, state))
+        return out
+
+    def _frozen_state(self, proc: RankProcess, state: str) -> str | None:
+        """The frozen state `proc` is in, None when it is not frozen (`stat` said `state`)."""
+        if state != "t":
+            return state if state in FROZEN else None
+        seen = status_of(proc.pid, self.table.proc_root)
+        if seen is None:
+            return state  # no `status` to read: `stat`'s word stands
+        now, tracer = seen
+        if now != "t":
+            return now if now in FROZEN else None  # the trace ended since `stat` was read
+        return None if tracer is None or tracer == "" or tracer in SAMPLERS else now
 
     def close(self) -> None:
         pass

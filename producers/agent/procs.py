@@ -86,23 +86,22 @@ def proc_state(pid: int, proc_root: Path = PROC) -> tuple[str | None, int | None
         return fields[0], None
 
 
-def tracer(pid: int, proc_root: Path = PROC) -> str | None:
-    """The command name of the process tracing `pid` (`TracerPid` in its `status`), None when none is (or
-    `pid` is gone); "" when a tracer is named but its name cannot be read."""
+def status_of(pid: int, proc_root: Path = PROC) -> tuple[str, str | None] | None:
+    """(state letter, the command name of its tracer) of process `pid`, both from one read of its `status`
+    (`State`, `TracerPid`): the tracer is None when none is, "" when the one named is gone (or unreadable).
+    None when `status` cannot be read."""
     try:
         status = (proc_root / str(pid) / "status").read_text(errors="replace")
     except OSError:
         return None
-    for line in status.splitlines():
-        if line.startswith("TracerPid:"):
-            traced_by = line.split(":", 1)[1].strip()
-            if traced_by in ("", "0"):
-                return None
-            try:
-                return (proc_root / traced_by / "comm").read_text(errors="replace").strip()
-            except OSError:
-                return ""
-    return None
+    fields = dict(line.partition(":")[::2] for line in status.splitlines())
+    state, traced_by = fields.get("State", "").strip()[:1], fields.get("TracerPid", "0").strip()
+    if traced_by in ("", "0"):
+        return state, None
+    try:
+        return state, (proc_root / traced_by / "comm").read_text(errors="replace").strip()
+    except OSError:
+        return state, ""
 
 
 def _parent(pid_dir: Path) -> int | None:

@@ -32,6 +32,10 @@ def set_state(root: Path, pid: int, state: str, *, ppid: int = 1, started: int =
     (root / str(pid) / "stat").write_text(f"{pid} ({comm}) " + " ".join(map(str, fields)) + "\n")
 
 
+def no_wait(seconds: float) -> None:
+    """The collector's confirming wait, skipped: a fake /proc keeps its states until the test changes them."""
+
+
 def rank_env(rank: int, job: str = "j", **more: str) -> dict[str, str]:
     return {"GANGWATCH_JOB": job, "RANK": str(rank), **more}
 
@@ -59,7 +63,7 @@ def test_a_frozen_rank_gets_a_heartbeat_each_period_and_a_running_sleeping_or_de
     fake_process(proc, 204, 1, rank_env(4), state="t")  # stopped under a tracer
     fake_process(proc, 205, 1, rank_env(5), state="Z")  # dead, not reaped yet
     fake_process(proc, 206, 201, rank_env(1), state="D", comm="pt_data_worker")  # rank 1's worker: not rank 1
-    frozen = FrozenRanks(RankTable("n1", proc), every_s=5.0)
+    frozen = FrozenRanks(RankTable("n1", proc), every_s=5.0, sleep=no_wait)
     for k in range(3):
         recs = frozen.poll(1000.0 + 5 * k)
         assert beats(recs) == [("j", 2, "T"), ("j", 3, "D"), ("j", 4, "t")]
@@ -75,7 +79,7 @@ def test_a_frozen_rank_gets_a_heartbeat_each_period_and_a_running_sleeping_or_de
 
 
 def test_a_rank_started_later_is_watched_from_its_second_listing_and_a_reused_pid_is_not_it(proc):
-    frozen = FrozenRanks(RankTable("n1", proc), every_s=5.0)
+    frozen = FrozenRanks(RankTable("n1", proc), every_s=5.0, sleep=no_wait)
     assert frozen.poll(0.0) == []
     fake_process(proc, 300, 1, rank_env(7), state="T")  # new: may still show its launcher's environment
     assert frozen.poll(5.0) == []
@@ -90,20 +94,22 @@ def test_a_frozen_rank_of_another_deployment_gets_no_heartbeat_from_this_agent(p
     """Its heartbeat would land in this deployment's topics as a job it never hears of again."""
     fake_process(proc, 500, 1, {**rank_env(0), "GANGWATCH_TOPIC_PREFIX": "other."}, state="T")
     fake_process(proc, 501, 1, {**rank_env(1), "GANGWATCH_TOPIC_PREFIX": "gw."}, state="T")
-    frozen = FrozenRanks(RankTable("n1", proc, prefix="gw."), every_s=5.0)
+    frozen = FrozenRanks(RankTable("n1", proc, prefix="gw."), every_s=5.0, sleep=no_wait)
     assert beats(frozen.poll(0.0)) == [("j", 1, "T")]
 
 
-def traced_by(root: Path, pid: int, tracer_pid: int, comm: str) -> None:
-    """`pid`'s `status` names `tracer_pid` as its tracer, a process called `comm`."""
-    (root / str(pid) / "status").write_text(f"Name:\tpython\nState:\tt (tracing stop)\nTracerPid:\t{tracer_pid}\n")
-    fake_process(root, tracer_pid, 1, {"PATH": "/usr/bin"}, comm=comm)
-    (root / str(tracer_pid) / "comm").write_text(comm + "\n")
+def traced_by(root: Path, pid: int, tracer_pid: int, comm: str | None, state: str = "t") -> None:
+    """`pid`'s `status` says `state` and names `tracer_pid` as its tracer, a process called `comm` (None: gone)."""
+    (root / str(pid) / "status").write_text(f"Name:\tpython\nState:\t{state} (tracing stop)\n"
+                                             f"TracerPid:\t{tracer_pid}\nUid:\t0\t0\t0\t0\n")
+    if comm is not None:
+        fake_process(root, tracer_pid, 1, {"PATH": "/usr/bin"}, comm=comm)
+        (root / str(tracer_pid) / "comm").write_text(comm + "\n")
 
 
 def test_a_rank_stopped_while_py_spy_reads_it_is_looked_at_not_frozen_and_one_under_a_debugger_is(proc):
     """py-spy stops a process while it dumps it (the agent's own stack sweep, exactly when a stall is
-    diagnosed): that `t` is no freeze. A debugger's is."""
+    diagnosed): that `t` is no freeze. A debugger's is. `status` is read after `stat`: what it says wins."""
     fake_process(proc, 600, 1, rank_env(0), state="t")
     traced_by(proc, 600, 700, "py-spy")
     fake_process(proc, 601, 1, rank_env(1), state="t")
@@ -111,8 +117,30 @@ def test_a_rank_stopped_while_py_spy_reads_it_is_looked_at_not_frozen_and_one_un
     fake_process(proc, 602, 1, rank_env(2), state="t")  # its status cannot be read: a freeze, as before
     fake_process(proc, 603, 1, rank_env(3), state="D")
     traced_by(proc, 603, 702, "py-spy")  # traced but in D: a freeze the tracer did not make
-    frozen = FrozenRanks(RankTable("n1", proc), every_s=5.0)
+    fake_process(proc, 604, 1, rank_env(4), state="t")
+    traced_by(proc, 604, 0, None, state="S")  # the dump ended between the two reads
+    fake_process(proc, 605, 1, rank_env(5), state="t")
+    traced_by(proc, 605, 709, None)  # its tracer exited before its name was read
+    fake_process(proc, 606, 1, rank_env(6), state="t")
+    traced_by(proc, 606, 0, None)  # `t` with nobody tracing: a detach under way
+    frozen = FrozenRanks(RankTable("n1", proc), every_s=5.0, sleep=no_wait)
     assert beats(frozen.poll(0.0)) == [("j", 1, "t"), ("j", 2, "t"), ("j", 3, "D")]
+
+
+def test_a_frozen_state_that_passes_within_the_confirming_wait_is_no_freeze(proc):
+    """A page fault or a disk write puts a rank in `D` for milliseconds: read again half a second later, it runs."""
+    fake_process(proc, 800, 1, rank_env(0), state="D")
+    fake_process(proc, 801, 1, rank_env(1), state="D")
+    waited = []
+
+    def sleep(seconds: float) -> None:
+        waited.append(seconds)
+        set_state(proc, 800, "S")  # rank 0's write returned; rank 1 hangs on
+
+    frozen = FrozenRanks(RankTable("n1", proc), every_s=5.0, sleep=sleep)
+    assert beats(frozen.poll(0.0)) == [("j", 1, "D")] and waited == [0.5]
+    set_state(proc, 801, "S")
+    assert frozen.poll(5.0) == [] and waited == [0.5]  # nothing frozen at the first read: no wait
 
 
 class WatchedTable(RankTable):
@@ -156,7 +184,7 @@ def test_a_real_py_spy_dump_of_a_real_rank_never_makes_it_frozen():
 def test_a_worker_left_behind_by_a_dead_rank_is_not_taken_for_the_rank(proc):
     fake_process(proc, 400, 1, rank_env(2), state="S")
     fake_process(proc, 401, 400, rank_env(2), state="D", comm="pt_data_worker")
-    frozen = FrozenRanks(RankTable("n1", proc), every_s=5.0)
+    frozen = FrozenRanks(RankTable("n1", proc), every_s=5.0, sleep=no_wait)
     assert frozen.poll(0.0) == []
     for f in (proc / "400").iterdir():  # the rank is gone; its worker, reparented to init, hangs on in D
         f.unlink()
@@ -214,7 +242,7 @@ def stopped_rank_3(proc: Path, *, agent: bool, freeze_s: float = 30.0, state: st
     if agent:
         fake_process(proc, 2002, 1, rank_env(2, GANGWATCH_NODE="n2"))
         fake_process(proc, 2003, 1, rank_env(3, GANGWATCH_NODE="n2"))
-        frozen = FrozenRanks(RankTable("n2", proc), every_s=HB)
+        frozen = FrozenRanks(RankTable("n2", proc), every_s=HB, sleep=no_wait)
         now = T0 + 3.7  # the agent's own phase
         while now <= t:
             set_state(proc, 2003, state if stop <= now < cont else "S")
