@@ -109,7 +109,7 @@ class FrozenRanks:
         now, tracer = seen
         if now != "t":
             return now if now in FROZEN else None  # the trace ended since `stat` was read
-        return None if tracer is None or tracer == "" or tracer in SAMPLERS else now
+        return None if not tracer or tracer in SAMPLERS else now  # no tracer, or one gone, or a look
 
     def close(self) -> None:
         pass
