@@ -23,6 +23,10 @@ import pytest
 
 from tests.helpers import DATA
 
+# What each test costs, by lane (unit, contract, integration-replay, integration-live, fault): a table at the end
+# of the run and a JSON file (tests/lanes.py says how it is measured and where it goes).
+pytest_plugins = ("tests.lanes",)
+
 
 @pytest.fixture(scope="session")
 def real_data() -> Path:
