@@ -6,13 +6,16 @@ node 30 s behind looks silent itself. A synchronous job carries the fix in its o
 collectives that release all ranks of a pipeline stage within milliseconds of each other, so each step is a
 clock-sync round.
 
-- **A step's reference.** Once `close_frac` of the job's ranks reported step s (or the step is pushed out by
-  newer ones), its reference is the median end time of each pipeline stage's ranks (stages finish a step at
-  slightly different times; the ranks of one stage together), if they did end it together: most of them
-  within `sync_s` of that median (a job whose ranks do not synchronise each step teaches nothing). References
-  of the last `keep_steps` steps are
-  kept, so a record that arrives later (a lagging or skewed node) is compared with its step's reference when
-  it comes.
+- **A step's reference.** A node is one clock and one vote, however many ranks it has (its ranks' median end
+  time of the step). Once `close_frac` of the job's ranks reported step s, its reference is tried: for each
+  pipeline stage (stages finish a step at slightly different times; the ranks of one stage together), the median
+  of the votes that agree (within `sync_s` of the median vote), when they are `min_nodes` or more, more than half
+  of the nodes heard, and their ranks ended the step together (a job whose ranks do not synchronise each step
+  teaches nothing). Clocks that disagree decide nothing yet: the step is tried again at each record that brings
+  a power-of-two count of nodes, and at its last rank (so the first records to arrive, two ranks of one node
+  whose clock jumped beside one of another, never make the reference). References of the last `keep_steps`
+  steps are kept, so a record that arrives later (a lagging or skewed node) is compared with its step's
+  reference when it comes.
 - **A node's offset** is the median, over its ranks' records of its last `window` steps, of their step-end
   time minus the reference. Once it rests on `min_steps` steps that agree (spread at most `max_spread_s`) and passes
   `tolerance_s` either way, it is *applied*: `JobMonitor` hands every other detector that node's records with
@@ -292,21 +295,21 @@ class ClockDetector(DetectorBase):
             idx = np.flatnonzero(ok & (step == s))
             ref = self.refs.get(s)
             if ref is None:
-                gathered = self.open.get(s)
-                have = 0 if gathered is None else len(gathered[0])
-                if have + len(idx) < need:  # not enough yet: gather
-                    r0, t0 = gathered if gathered is not None else (np.empty(0, np.int64), np.empty(0))
-                    self.open[s] = (np.concatenate((r0, rank[idx])), np.concatenate((t0, ts[idx])))
+                r0, t0 = self.open.pop(s, (np.empty(0, np.int64), np.empty(0)))
+                have = len(r0)
+                r, t = np.concatenate((r0, rank[idx])), np.concatenate((t0, ts[idx]))
+                for end in self._tries(r, have, need):
+                    ref = self._fix(s, r[:end], t[:end])
+                    if ref is not None:
+                        break
+                if ref is None:  # not decided yet: gather
+                    self.open[s] = (r, t)
                     continue
-                head, idx = idx[:need - have], idx[need - have:]
-                r0, t0 = gathered if gathered is not None else (np.empty(0, np.int64), np.empty(0))
-                r, t = np.concatenate((r0, rank[head])), np.concatenate((t0, ts[head]))
-                self.open.pop(s, None)
-                ref = self._fix(s, r, t)
-                at.append(np.full(len(r), head[-1]))
-                devs.append(t - ref[self.topo.pp[r]])
-                nodes.append(self.topo.node_index[r])
-                times.append(t)
+                head, idx = idx[:end - have], idx[end - have:]
+                at.append(np.full(end, head[-1]))
+                devs.append(t[:end] - ref[self.topo.pp[r[:end]]])
+                nodes.append(self.topo.node_index[r[:end]])
+                times.append(t[:end])
             at.append(idx)
             devs.append(ts[idx] - ref[self.topo.pp[rank[idx]]])
             nodes.append(self.topo.node_index[rank[idx]])
@@ -318,30 +321,63 @@ class ClockDetector(DetectorBase):
             self._write(np.concatenate(nodes)[order], np.concatenate(devs)[order], np.concatenate(times)[order])
         return []
 
-    def _fix(self, s: int, r: np.ndarray, t: np.ndarray) -> np.ndarray:
-        """Step s's reference from the records gathered for it: each stage's median end time, where its ranks on
-        three nodes or more left the step together, else the whole job's, where all its ranks did."""
+    def _tries(self, r: np.ndarray, have: int, need: int) -> list[int]:
+        """The places (record counts, past the `have` already gathered) at which step s's reference is tried:
+        the record that brings `need` of them, each later one that brings a new node when the nodes heard then
+        are a power of two, and the one that completes the step. A function of the records' order alone, so a
+        run of records and the same records one by one try (and fix) at the same record."""
+        n = len(r)
+        if n < need:
+            return []
+        node = self.topo.node_index[r]
+        _, first = np.unique(node, return_index=True)
+        new = np.zeros(n + 1, dtype=bool)
+        new[first + 1] = True  # a prefix of length L ends with a node not heard before in it
+        count = np.cumsum(new)  # nodes heard in the prefix of each length
+        points = {need} if need > have else set()
+        powers = new & (count & (count - 1) == 0) & (count >= self.min_nodes)
+        points.update(int(L) for L in np.flatnonzero(powers) if L > max(have, need))
+        if n >= self.topo.size:
+            points.add(n)
+        return sorted(p for p in points if have < p <= n)
+
+    def _fix(self, s: int, r: np.ndarray, t: np.ndarray) -> np.ndarray | None:
+        """Step s's reference from the records gathered for it (None: they do not decide it yet): each stage's
+        agreed end time (see `_agreed`), else the whole job's, where its clocks agreed."""
         stage = self.topo.pp[r]
         ref = np.full(self.stages, np.nan)
-        whole = self._median(r, t)  # the job's, for stages of too few nodes (when all stages end together)
+        whole = self._agreed(r, t)  # the job's, for stages of too few nodes (when all stages end together)
         for p in np.unique(stage).tolist():
             mine = stage == p
-            ref[p] = self._median(r[mine], t[mine])
+            ref[p] = self._agreed(r[mine], t[mine])
             if np.isnan(ref[p]):
                 ref[p] = whole
+        if np.isnan(ref).all() and len(r) < self.topo.size:
+            return None  # the clocks heard so far do not agree: wait for more of them (or all)
         self.refs[s] = ref
         for old in [x for x in self.refs if x <= self.top - self.config.keep_steps]:
             del self.refs[old]
         return ref
 
-    def _median(self, r: np.ndarray, t: np.ndarray) -> float:
-        """The median end time of these records, if they come from `min_nodes` nodes or more (three, or the
-        majority of a smaller job: clocks that agree outvote one that does not) that left the step together (most
-        within `sync_s` of it); else NaN."""
-        if len(np.unique(self.topo.node_index[r])) < self.min_nodes:
+    def _agreed(self, r: np.ndarray, t: np.ndarray) -> float:
+        """The end time these records' clocks agree on, else NaN. A node is one clock, one vote (its ranks' median
+        end time), however many ranks it has: the reference is the median of the votes of the nodes within
+        `sync_s` of the median vote, when those are `min_nodes` or more (three, or the majority of a smaller
+        job) and more than half of the nodes heard, and their ranks left the step together (most within
+        `sync_s`). Two nodes that disagree decide nothing (which one is wrong cannot be told from them)."""
+        node = self.topo.node_index[r]
+        uniq, inv = np.unique(node, return_inverse=True)
+        if len(uniq) < self.min_nodes:
             return math.nan
-        med = float(np.median(t))
-        return med if float(np.median(np.abs(t - med))) <= self.config.sync_s else math.nan
+        votes = np.array([float(np.median(t[inv == k])) for k in range(len(uniq))])
+        mid = float(np.median(votes))
+        agree = np.abs(votes - mid) <= self.config.sync_s
+        n_agree = int(agree.sum())
+        if n_agree < self.min_nodes or 2 * n_agree <= len(uniq):
+            return math.nan
+        ref = float(np.median(votes[agree]))
+        mine = agree[inv]
+        return ref if float(np.median(np.abs(t[mine] - ref))) <= self.config.sync_s else math.nan
 
     def _write(self, node: np.ndarray, dev: np.ndarray, ts: np.ndarray) -> None:
         """Samples (a record's end time less its stage's reference) into their nodes' rings, in order; `ts`: the
