@@ -59,6 +59,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from gangwatch.evaluation import scoring as evaluate
 
+    if args.suite == "invariance":
+        return _eval_invariance(args)
     scenarios = _suite(args.suite, args.size, args.only)
     show = (lambda s: print(f"  {s.scenario}: {'ok' if s.ok else 'NOT ok'} ({s.records:,} records, "
                             f"{s.replay_s:.1f} s)", file=sys.stderr, flush=True)) if not args.quiet else None
@@ -71,6 +73,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if missed:
         more = f" (and {len(missed) - 1} more: {'; '.join(missed[1:])})" if len(missed) > 1 else ""
         raise UserError(f"quality floor missed: {missed[0]}{more}", EXIT_FLOOR)
+    return 0
+
+
+def _eval_invariance(args: argparse.Namespace) -> int:
+    from gangwatch.evaluation import invariance
+
+    show = (lambda job, n, found: print(f"  {job.name}: {n} perturbed, {len(found)} changed", file=sys.stderr,
+                                        flush=True)) if not args.quiet else None
+    report = invariance.run(args.size, args.only, progress=show)
+    print(report.render())
+    if not args.no_floor and len(report.changed) > args.max_changed:
+        raise UserError(f"invariance: {len(report.changed)} perturbed replays changed a decision (at most "
+                        f"{args.max_changed} allowed): {report.changed[0]}", EXIT_FLOOR)
     return 0
 
 
@@ -140,7 +155,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "evictions, a fault detected or localized over its stage budget, a false eviction on a "
                         "healthy, planned or benign run, a heterogeneous rank not reported), naming the class and "
                         "the floor in one line on stderr: that is what fails CI.")
-    ev.add_argument("--suite", default="standard", help="scenario suite (default: standard)")
+    ev.add_argument("--suite", default="standard",
+                    help="scenario suite (default: standard); 'invariance': small jobs of several sizes replayed "
+                    "with one healthy node's clock off or stepped and in event-time order, each compared with "
+                    "its unperturbed replay (no action or incident may change)")
+    ev.add_argument("--max-changed", type=integer, default=0, metavar="N",
+                    help="with --suite invariance: fail when more than N perturbed replays changed a decision "
+                    "(default 0)")
     opt(ev, "--size", choices=["ci", "full"], default="full", env="GANGWATCH_EVAL_SIZE",
         help="ci: a quarter of the ranks, fits the CI budget; full: 128-2,048 ranks")
     ev.add_argument("--only", nargs="*", help="only scenarios whose name contains one of these")

@@ -1,0 +1,199 @@
+"""`gangwatch eval --suite invariance`: the same decisions whatever the weather.
+
+A job's decisions (actions, ids included, and incidents with their culprits) must not depend on what is
+only the monitoring's: one healthy node's wall clock (every producer on it) off by any offset from the start or
+stepped mid-run, or the order in which the producers' streams are read (arrival order, event-time order). This
+module generates small jobs of several sizes (with no fault, a node lost, a rank hung), perturbs each in those
+ways, replays every variant through the pure core exactly as `gangwatch replay` does, and reports each variant
+whose decisions differ from its job's unperturbed replay in arrival order. A perturbed run may add a
+`clock_skew` or `telemetry_gap` finding naming the node whose clock or delivery was off: those are the
+monitoring's tickets, not decisions, and are not compared.
+
+Everything is a pure function of the case (the simulator is seeded), so a changed decision reproduces with
+`gangwatch simulate` and `gangwatch replay` of the case it names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from gangwatch.producers.simulate import Fault, Scenario
+from gangwatch.producers.simulate.emit import messages
+from gangwatch.schemas import Outputs
+from gangwatch.schemas.codec import decode_obj
+from gangwatch.streams.replay import Item, Replay
+from gangwatch.triage.budgets import CoreConfig
+from gangwatch.triage.core import Core
+
+ORDERS = ("arrival", "event")  # as the monitoring path delivered the records; sorted by the senders' times
+
+
+@dataclass(frozen=True)
+class Job:
+    """A generated job: `nodes` nodes of `gpus` ranks (one tensor-parallel group per node, data parallel across
+    nodes) and its fault (None, "node_loss" or "dataloader_hang"), on node n001 (rank 2 for a hang) at 120 s."""
+
+    nodes: int
+    fault: str | None = None
+    gpus: int = 2
+    seed: int = 3
+    duration_s: float = 240.0
+
+    @property
+    def name(self) -> str:
+        return f"{self.nodes}n-{self.fault or 'healthy'}-s{self.seed}"
+
+    def faults(self) -> tuple[Fault, ...]:
+        if self.fault is None:
+            return ()
+        if self.fault == "dataloader_hang":
+            return (Fault("dataloader_hang", 120.0, rank=self.gpus),)
+        return (Fault(self.fault, 120.0, node="n001"),)
+
+    @property
+    def healthy_node(self) -> str:
+        """A node the fault leaves alone: the one whose clock is shifted."""
+        return "n000"
+
+    def scenario(self, *more: Fault) -> Scenario:
+        return Scenario(self.name, self.seed, tp=self.gpus, pp=1, dp=self.nodes, gpus_per_node=self.gpus,
+                        duration_s=self.duration_s, faults=self.faults() + more)
+
+
+@dataclass(frozen=True)
+class Perturbation:
+    """One node's clock `offset_s` off from `at_s` on (0: from the start; no offset: none), records read in
+    `order`."""
+
+    order: str = "arrival"
+    offset_s: float = 0.0
+    at_s: float = 0.0
+
+    def __str__(self) -> str:
+        clock = "" if not self.offset_s else f"clock {self.offset_s:+g} s" + (
+            f" stepped at {self.at_s:g} s" if self.at_s else " from the start")
+        return ", ".join(x for x in (clock, f"{self.order} order") if x)
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """What a run decided: its actions (type, nodes, id) and incidents (class, culprit nodes), in order."""
+
+    actions: tuple[tuple[str, tuple[str, ...], str], ...]
+    incidents: tuple[tuple[str, tuple[str, ...]], ...]
+
+    def __str__(self) -> str:
+        acts = ", ".join(f"{t} {'/'.join(n) or '-'}" for t, n, _ in self.actions) or "no action"
+        incs = ", ".join(f"{c} {'/'.join(n) or '-'}" for c, n in self.incidents) or "no incident"
+        return f"{acts}; {incs}"
+
+
+@dataclass(frozen=True)
+class Changed:
+    job: Job
+    perturbation: Perturbation
+    expected: Decisions
+    got: Decisions
+
+    def __str__(self) -> str:
+        return f"{self.job.name} [{self.perturbation}]: {self.got}  (unperturbed: {self.expected})"
+
+
+class _Collect:
+    """A sink that keeps what the core produced."""
+
+    def __init__(self) -> None:
+        self.out = Outputs()
+
+    def observe(self, rec) -> None:
+        pass
+
+    def write(self, out: Outputs) -> None:
+        self.out.extend(out)
+
+    def reject(self, dead) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def records(job: Job, p: Perturbation) -> list[dict]:
+    """The job's messages as perturbed: the clock shift made by the simulator (every record of the node carries
+    its clock's time), then the order."""
+    more = (Fault("clock_skew", p.at_s, node=job.healthy_node, params={"offset_s": p.offset_s}),) \
+        if p.offset_s else ()
+    msgs = list(messages(job.scenario(*more)))
+    if p.order == "event":
+        msgs.sort(key=lambda m: m["ts"])
+    elif p.order != "arrival":
+        raise ValueError(f"unknown order {p.order!r}; one of {', '.join(ORDERS)}")
+    return msgs
+
+
+def decide(msgs: Iterable[dict], config: CoreConfig | None = None) -> Decisions:
+    """Replay the messages through the pure core (as `gangwatch replay` does, record by record)."""
+    sink = _Collect()
+    rep = Replay([sink], Core(config or CoreConfig()))
+    for m in msgs:
+        rep.feed(Item(m["ts"], "invariance", None, decode_obj(m)))
+    rep.close()
+    out = sink.out
+    latest: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for inc in out.incidents:  # an incident's updates: its last word
+        latest[inc.id] = (inc.cls, tuple(sorted(inc.culprit_nodes)))
+    return Decisions(tuple((a.type, tuple(sorted(a.nodes)), a.id) for a in out.actions), tuple(latest.values()))
+
+
+def perturbations(size: str = "ci") -> list[Perturbation]:
+    """The perturbations tried on every job: each order, unshifted and with the node's clock ahead and behind
+    from the start and stepped mid-run (`full` adds larger offsets and later steps)."""
+    shifts = [(30.0, 0.0), (-30.0, 0.0), (25.0, 100.0), (-40.0, 100.0)]
+    if size == "full":
+        shifts += [(300.0, 0.0), (-300.0, 0.0), (5.0, 60.0), (-600.0, 150.0), (600.0, 30.0)]
+    out = [Perturbation("event")]
+    for off, at in shifts:
+        out += [Perturbation(order, off, at) for order in ORDERS]
+    return out
+
+
+def jobs(size: str = "ci") -> list[Job]:
+    sizes = (2, 3, 8) if size == "ci" else (1, 2, 3, 4, 8, 16)
+    seeds = (3,) if size == "ci" else (3, 11)
+    return [Job(n, fault, seed=seed) for n in sizes for fault in (None, "node_loss", "dataloader_hang")
+            for seed in seeds if not (n == 1 and fault == "node_loss")]
+
+
+def check(job: Job, tried: Iterable[Perturbation]) -> Iterator[Changed]:
+    """Each perturbation of `job` whose decisions differ from the job's unperturbed replay in arrival order."""
+    expected = decide(records(job, Perturbation()))
+    for p in tried:
+        got = decide(records(job, p))
+        if got != expected:
+            yield Changed(job, p, expected, got)
+
+
+@dataclass
+class Report:
+    tried: int
+    changed: list[Changed]
+
+    def render(self) -> str:
+        lines = [f"invariance: {self.tried} perturbed replays, {len(self.changed)} changed a decision"]
+        lines += [f"  {c}" for c in self.changed]
+        return "\n".join(lines)
+
+
+def run(size: str = "ci", only: list[str] | None = None, progress=None) -> Report:
+    tried, changed = 0, []
+    ps = perturbations(size)
+    for job in jobs(size):
+        if only and not any(o in job.name for o in only):
+            continue
+        found = list(check(job, ps))
+        tried += len(ps)
+        changed += found
+        if progress:
+            progress(job, len(ps), found)
+    return Report(tried, changed)
