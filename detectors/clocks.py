@@ -155,8 +155,9 @@ class ClockDetector(DetectorBase):
 
     def offset_of(self, rec: Record) -> float:
         """The applied offset of the node a record comes from (0.0: none, or not known)."""
-        if rec.kind in _NODE_KINDS or rec.kind in ("stack", "flight"):
-            i = self.node_pos.get(getattr(rec, "node", None))
+        node = getattr(rec, "node", None)
+        if rec.kind in _NODE_KINDS or node is not None:  # a node's record (a dump may name its node, its rank, both)
+            i = self.node_pos.get(node)
             return float(self.offset[i]) if i is not None else 0.0
         rank = getattr(rec, "rank", None)
         if rank is None or not 0 <= rank < self.topo.size:
@@ -198,6 +199,14 @@ class ClockDetector(DetectorBase):
             i = self.node_pos.get(getattr(rec, "node", None), len(self.newest) - 1)
         if ts > self.newest[i]:
             self.newest[i] = ts
+
+    def node_time(self, node: str) -> float:
+        """How far a node's own records have been read: the newest corrected time of any of them (-inf: none yet;
+        inf: not a node of the job, nothing to wait for)."""
+        i = self.node_pos.get(node)
+        if i is None:
+            return math.inf
+        return float(self.newest[i] - self.offset[i])
 
     def latest(self) -> float:
         """The newest corrected time any node has reached (-inf before any): where a finished input ends."""

@@ -164,6 +164,7 @@ class HardwareDetector(DetectorBase):
         self.gpus: dict[str, _NodeGpus] = {}  # node -> its GPUs' last counters and active conditions
         # the jump between two samples that makes each of `_COUNTERS` a condition
         self.surges = (1, self.config.sbe_burst, self.config.pcie_replay_surge, self.config.nvlink_crc_surge)
+        self.clock: Any = None  # the job's `clocks.ClockDetector` (JobMonitor hands it over): each node's own time
 
     def set_topology(self, topo: Topology) -> None:
         """A new job record: the GPUs and NIC states of nodes that left the job are forgotten (a node that comes
@@ -303,9 +304,17 @@ class HardwareDetector(DetectorBase):
                 del self.storms[key]
         for key in sorted(self.nic_down):
             down = self.nic_down[key]
-            if now >= down["ts"] + cfg.nic_flap_s and not down.get("reported"):
+            due = down["ts"] + cfg.nic_flap_s
+            if now >= due and not down.get("reported") and self._read_past(key.split("|", 1)[0], due):
                 out.append(self._nic_down_finding(key, down))
         return out
+
+    def _read_past(self, node: str, t: float) -> bool:
+        """Whether the node's own records have been read past `t` (its time, corrected): the link's "up" would
+        come on the node's own stream, so its absence means something only once that stream is past the
+        deadline. The job's time alone does not tell: a node whose records come late (a clock ahead read in
+        event-time order, a spool flushed after a broker blip) would have its flap judged an outage."""
+        return self.clock is None or self.clock.node_time(node) >= t
 
     def finish(self) -> list[Finding]:
         """The input ended (replay of a kernel log): every storm not yet reported is all it will be. A NIC still
