@@ -91,5 +91,7 @@ def test_many_ranks_software_crash_requeues():
 def test_every_action_has_a_reason_and_a_path():
     for s in [sit(), sit("sdc"), sit("fail_slow", slowdown_frac=0.5), sit("hang", loc=loc()),
               sit(loc=loc(), software_ranks=(4,))]:
-        for d in decide(s):
+        decided = decide(s)
+        assert decided, s  # every one of these decides something, or this checks nothing
+        for d in decided:
             assert d.reason and d.path in ("hot", "cold", "in_process", "non_stop", "manual")

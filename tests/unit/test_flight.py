@@ -59,7 +59,9 @@ def fr(rank: int, groups: list[tuple], entries: list[tuple] = (), *, ts: float =
 
 
 def test_real_pickles_hold_only_plain_data():
-    for path in sorted(data_path(FR).glob("rank*.pkl")):
+    pickles = sorted(data_path(FR).glob("rank*.pkl"))
+    assert pickles, f"no rank*.pkl under {data_path(FR)}"
+    for path in pickles:
         ops = {op.name for op, _, _ in pickletools.genops(path.read_bytes())}
         assert not ops & {"GLOBAL", "STACK_GLOBAL", "REDUCE", "BUILD", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX",
                           "EXT1", "EXT2", "EXT4", "PERSID", "BINPERSID"}, (path, ops)
