@@ -2,13 +2,52 @@
 
 from __future__ import annotations
 
+import importlib
+import os
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, NoReturn, TypeVar
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"
+REQUIRE_ENV = "GANGWATCH_REQUIRE_SERVICES"  # "1" in CI (.ci/run): everything a test needs is there
+
+T = TypeVar("T")
+
+
+def required() -> bool:
+    """Whether this run promised every service, program and package the tests use (CI)."""
+    return os.environ.get(REQUIRE_ENV) == "1"
+
+
+def missing(why: str) -> NoReturn:
+    """Something the test needs from its environment is not there: skip it saying `why`, or, under
+    GANGWATCH_REQUIRE_SERVICES=1 (CI), fail it, so that a missing package, program, service or port cannot
+    turn into a green run that ran nothing. Works inside a test, a fixture or at module level.
+
+    The one rule for every environment skip of the suite (torch, py-spy, Chromium, Kafka, ClickHouse and its
+    HTTP port, Slurm, Prometheus, ...). What CI does not have by design is no environment skip: a test that
+    needs a real GPU is marked `gpu` and skipped without one (tests/conftest.py)."""
+    if required():
+        pytest.fail(f"{why} ({REQUIRE_ENV}=1: a missing requirement fails the run)", pytrace=False)
+    pytest.skip(why, allow_module_level=True)
+
+
+def need(thing: T, why: str) -> T:
+    """`thing` when it is there (truthy); else `missing(why)`."""
+    if not thing:
+        missing(why)
+    return thing
+
+
+def need_module(name: str, why: str = "") -> ModuleType:
+    """`pytest.importorskip` under the rule of `missing`: the module, or a skip (a failure in CI)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        missing(f"{name} is not importable ({e}){': ' + why if why else ''}")
 
 
 def data_path(sub: str) -> Path:

@@ -2,7 +2,8 @@
 
 Start them with `deploy/dev.sh up` (CI's `.ci/run` does). Where they are not
 running, the tests skip with the reason, except when GANGWATCH_REQUIRE_SERVICES=1
-(as in CI), where a missing service fails the run instead of hiding it.
+(as in CI), where a missing service fails the run instead of hiding it (tests/helpers.py `missing`: the
+one rule for every environment skip of the suite).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from gangwatch.schemas.topics import TopicSettings
 from gangwatch.streams.topic_admin import create_topics
 
 from tests.conftest import FIGURE_PROPERTY
+from tests.helpers import missing
 from tests.integration.kafkakit import WorkerProc
 
 KAFKA = os.environ.get("GANGWATCH_KAFKA", "127.0.0.1:9092")
@@ -34,10 +36,7 @@ def _reachable(addr: str) -> bool:
 def _require(addr: str, what: str, how: str) -> None:
     if _reachable(addr):
         return
-    msg = f"{what} is not reachable at {addr}; start it with `{how}`"
-    if os.environ.get("GANGWATCH_REQUIRE_SERVICES") == "1":
-        pytest.fail(msg)
-    pytest.skip(msg)
+    missing(f"{what} is not reachable at {addr}; start it with `{how}`")
 
 
 @pytest.fixture(scope="session")

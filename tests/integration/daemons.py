@@ -23,6 +23,8 @@ from typing import TypeVar
 
 import pytest
 
+from tests.helpers import missing
+
 T = TypeVar("T")
 
 
@@ -33,10 +35,7 @@ def require_program(*names: str, package: str) -> str:
         found = shutil.which(name, path=search)
         if found:
             return found
-    msg = f"{' / '.join(names)} not found; install it with `apt-get install -y {package}`"
-    if os.environ.get("GANGWATCH_REQUIRE_SERVICES") == "1":
-        pytest.fail(msg)
-    pytest.skip(msg)
+    missing(f"{' / '.join(names)} not found; install it with `apt-get install -y {package}`")
 
 
 _HANDED_OUT: set[int] = set()

@@ -28,15 +28,20 @@ dual-run answers; both must give the live outcome.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 import time
+from pathlib import Path
 
 import pytest
 from gangwatch.producers.simulate.responder import Delays, SimulatedController
 from gangwatch.schemas import RESTARTING_ACTIONS
 
+from tests.helpers import need_module
 from tests.integration.livejob import Fault, LiveJob, Outcome
 
-pytest.importorskip("torch")
+need_module("torch", "the live job is examples/tiny_job/train.py (the `torch` extra)")
 pytestmark = pytest.mark.integration
 
 STEPS = 5000  # more than any test needs: the test stops the job
@@ -49,10 +54,10 @@ WITHIN_S = 420.0  # from the start of everything to the incident closed
 def live(kafka_bootstrap, topics, clickhouse_addr, unique, tmp_path):
     made: list[LiveJob] = []
 
-    def start(fault: Fault, **kw) -> LiveJob:
+    def start(fault: Fault, *train_args: str, **kw) -> LiveJob:
         job = LiveJob(kafka_bootstrap, topics, clickhouse_addr, tmp_path, job=unique, fault=fault, **kw)
         made.append(job)
-        job.start(STEPS)
+        job.start(STEPS, *train_args)
         return job
 
     yield start
@@ -63,6 +68,29 @@ def live(kafka_bootstrap, topics, clickhouse_addr, unique, tmp_path):
 
 def answers(job: LiveJob, phase: str) -> list:
     return [r for r in job.inputs() if r.kind == "recovery" and r.phase == phase]
+
+
+def dual_runs(job: LiveJob, action_id: str) -> dict[str, dict]:
+    """What each run of a dual run left in its folder (control/trials.py): node -> the digest it wrote, the
+    checkpoint it loaded (rank 0's `ckpt_loaded` milestone) and its rank count (`comm_ready`)."""
+    out = {}
+    [base] = (job.state / "runs").glob(f"dual_run-{re.sub(r'[^A-Za-z0-9._-]', '_', action_id)}")
+    for run in sorted(p for p in base.iterdir() if p.is_dir()):
+        said = {m["event"]: m for m in map(json.loads, (run / "attempt-0" / "progress.jsonl").read_text().splitlines())}
+        out[run.name] = {"digest": (run / "digest").read_text().strip(), "ckpt": Path(said["ckpt_loaded"]["ckpt"]),
+                         "world": said["comm_ready"]["world"]}
+    return out
+
+
+def digest_of_checkpoint(ckpt: Path, world: int) -> str:
+    """The digest a run would write (examples/tiny_job/train.py `write_digest`) of the parameters it loaded
+    from `ckpt`, had it taken no step: every rank holds the same ones."""
+    import torch
+
+    h = hashlib.sha256()
+    for t in torch.load(ckpt, weights_only=True)["model"].values():
+        h.update(t.contiguous().numpy().tobytes())
+    return hashlib.sha256((h.hexdigest() * world).encode()).hexdigest()
 
 
 def closed(job: LiveJob, culprit: str | None) -> list[dict]:
@@ -121,7 +149,9 @@ def test_a_hang_every_rank_shows_alike_is_localized_by_replay_and_its_node_repla
 
 def test_a_one_off_corruption_is_not_confirmed_by_the_dual_run_and_its_node_readmitted(live, fault_figures):
     started = time.monotonic()
-    job = live(Fault("sdc", step=45))  # a digest step (every 5): the corrupt update is voted on at once
+    # a digest step (every 5): the corrupt update is voted on at once; every checkpoint kept, so that the one the
+    # dual run loaded is still there to be read when the test checks the digests against it
+    job = live(Fault("sdc", step=45), "--keep", str(STEPS))
     job.wait(lambda: bool(answers(job, "dual_run_result")) and "readmit" in {a["type"] for a in job.actions()},
              WITHIN_S, "the dual run's answer and the readmission")
     job.wait(lambda: job.nodes()["spares"] == ["n2"], 60.0, "n2 back among the controller's spares")
@@ -130,7 +160,14 @@ def test_a_one_off_corruption_is_not_confirmed_by_the_dual_run_and_its_node_read
     [dual] = [a for a in job.action_records() if a.type == "dual_run"]
     assert dual.nodes == ["n2"] and result.reference == "n1"  # the spare is running the job: n1 is the reference
     assert set(result.digests) == {"n1", "n2"} and result.digests["n1"] == result.digests["n2"]  # bit for bit
-    assert len(result.digests["n2"]) == 64 and int(result.digests["n2"], 16) >= 0  # a sha256, hex
+    # each digest is what that node's run wrote, a sha256 in hex, of parameters one step past the checkpoint
+    # both loaded (the one before the corrupt step 45), not of what it loaded
+    runs = dual_runs(job, dual.id)
+    assert {n: r["digest"] for n, r in runs.items()} == result.digests, runs
+    assert all(re.fullmatch(r"[0-9a-f]{64}", d) for d in result.digests.values()), result.digests
+    [(ckpt, world)] = {(r["ckpt"], r["world"]) for r in runs.values()}
+    assert ckpt.parent == job.ckpt and int(ckpt.stem.split("-")[1]) < 45 and world == 2, (ckpt, world)
+    assert result.digests["n2"] != digest_of_checkpoint(ckpt, world)
     assert {("rollback", ("n2",)), ("isolate", ("n2",)), ("readmit", ("n2",))} <= {
         (a["type"], tuple(a["nodes"])) for a in job.actions()}
     assert job.nodes() == {"active": ["n1", "n3"], "spares": ["n2"], "out": []}

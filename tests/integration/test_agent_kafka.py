@@ -24,7 +24,7 @@ import pytest
 from gangwatch.producers.trainer import TrainerClient
 from gangwatch.schemas import Action, DecodeError, decode, encode
 
-from tests.helpers import data_path
+from tests.helpers import data_path, need
 from tests.integration.kafkakit import REPO, WorkerProc, produce, read_all, wait_for
 
 pytestmark = pytest.mark.integration
@@ -85,9 +85,9 @@ def test_xid_lines_appended_to_the_kernel_log_arrive_as_hw_records_keyed_by_node
     assert log_has(agent, "agent stopped")
 
 
-@pytest.mark.skipif(not PY_SPY.exists(), reason=f"py-spy is not installed beside {sys.executable}")
 def test_a_collect_stacks_action_makes_the_agent_py_spy_the_jobs_process_here(kafka_bootstrap, topics, tmp_path,
                                                                              agents, unique):
+    need(PY_SPY.exists(), f"py-spy is not installed beside {sys.executable} (the `agent` extra)")
     job = f"job-{unique}"
     sleeper = tmp_path / "sleeper.py"
     sleeper.write_text("import sys, time\n\ndef wait_for_work():\n    print('ready', flush=True)\n"

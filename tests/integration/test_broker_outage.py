@@ -29,11 +29,12 @@ import pytest
 from gangwatch.schemas.topics import TopicSettings
 from gangwatch.streams.topic_admin import create_topics
 
+from tests.helpers import need_module
 from tests.integration.conftest import PARTITIONS
 from tests.integration.kafkakit import PrivateBroker, caught_up
 from tests.integration.livejob import NODES, LiveJob
 
-pytest.importorskip("torch")
+need_module("torch", "the live job is examples/tiny_job/train.py (the `torch` extra)")
 pytestmark = pytest.mark.integration
 
 STEPS = 900  # about 110 s of training: the outage (30 s, plus the broker's restart) sits in the middle

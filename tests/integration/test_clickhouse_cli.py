@@ -16,9 +16,11 @@ from gangwatch.sinks.tables import DATETIME_MAX, ROW_OF, rejected_row
 
 from gangwatch.cli import main
 from tests.contract.samples import SAMPLES
+from tests.helpers import missing
 
 pytestmark = pytest.mark.integration
 
+HTTP_PORT_ENV = "GANGWATCH_CH_HTTP_PORT"
 STAGE_ORDER = ["detect", "localize", "decide", "replace", "rollback", "comm_rebuild", "total"]
 
 
@@ -49,11 +51,7 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
 def test_the_http_port_by_mistake_is_one_line_within_seconds(server, capsys, tmp_path):
     addr, db = server
     host = addr.rpartition(":")[0]
-    http = int(os.environ.get("GANGWATCH_CLICKHOUSE_HTTP_PORT", "8123"))
-    try:
-        socket.create_connection((host, http), timeout=2).close()
-    except OSError:
-        pytest.skip(f"the ClickHouse server's HTTP port {host}:{http} is not open")
+    http = _http_port(host)
     started = time.monotonic()
     code, _, err = _run(capsys, "store", "query", "SELECT 1", "--store", f"clickhouse://{host}:{http}/{db}")
     assert code == 5 and len(err.splitlines()) == 1 and "looks like the HTTP port" in err, err
@@ -130,11 +128,13 @@ def test_store_query_only_reads_on_the_server(server, capsys, sql):
 
 
 def _http_port(host: str) -> int:
-    http = int(os.environ.get("GANGWATCH_CLICKHOUSE_HTTP_PORT", "8123"))
+    """The server's HTTP port: the variable deploy/clickhouse/server.sh (and so `./gw up` and CI) reads."""
+    http = int(os.environ.get(HTTP_PORT_ENV, "8123"))
     try:
         socket.create_connection((host, http), timeout=2).close()
     except OSError:
-        pytest.skip(f"the ClickHouse server's HTTP port {host}:{http} is not open")
+        missing(f"the ClickHouse server's HTTP port {host}:{http} is not open ({HTTP_PORT_ENV}, as "
+                "deploy/clickhouse/server.sh reads it)")
     return http
 
 

@@ -46,11 +46,12 @@ from gangwatch.schemas.topics import TopicSettings
 from gangwatch.streams.topic_admin import create_topics
 from kafka.admin import KafkaAdminClient
 
+from tests.helpers import need, need_module
 from tests.integration.conftest import PARTITIONS
 from tests.integration.kafkakit import caught_up
 from tests.integration.livejob import CKPT_EVERY, Fault, LiveJob, Outcome
 
-pytest.importorskip("torch")
+need_module("torch", "the live job is examples/tiny_job/train.py (the `torch` extra)")
 pytestmark = pytest.mark.integration
 
 STEPS = 5000  # more than any test needs: a faulty run is stopped by the test, not by its end
@@ -142,8 +143,8 @@ def faulted_rank(job, node: str) -> int:
 
 
 def test_a_rank_hung_in_its_data_loader_is_found_in_real_stack_dumps_and_its_node_replaced(live):
-    if not (shutil.which("py-spy") or (Path(sys.executable).parent / "py-spy").exists()):
-        pytest.fail("py-spy is not installed: the node agents cannot dump the hung job's stacks")
+    need(shutil.which("py-spy") or (Path(sys.executable).parent / "py-spy").exists(),
+         "py-spy is not installed (the `agent` extra): the node agents cannot dump the hung job's stacks")
     job = live(Fault("hang", step=60))
     inc = decided(job, "hang")
     assert inc["culprit_nodes"] == ["n2"], job.findings()

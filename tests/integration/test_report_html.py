@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from gangwatch.cli import main
+from tests.helpers import need
 
 pytestmark = pytest.mark.integration
 
@@ -53,9 +54,7 @@ CONSOLE = re.compile(r":CONSOLE(?:\(\d+\)|:\d+)?\]\s*(?P<msg>.*?),?\s*source:\s*
 
 @pytest.fixture(scope="module")
 def chromium() -> str:
-    if CHROMIUM is None:
-        pytest.skip("chromium is not installed (Debian: apt-get install -y chromium fonts-liberation)")
-    return CHROMIUM
+    return need(CHROMIUM, "chromium is not installed (Debian: apt-get install -y chromium fonts-liberation)")
 
 
 def browse(binary: str, profile: Path, url: str, *args: str) -> subprocess.CompletedProcess:

@@ -24,6 +24,7 @@ from gangwatch.control.slurm import SlurmBackend
 from gangwatch.schemas import Action, Incident, encode
 
 from gangwatch.cli import main
+from tests.helpers import missing
 from tests.integration.daemons import Daemon, free_port, free_port_range, require_program, wait_until
 
 pytestmark = pytest.mark.integration
@@ -56,12 +57,6 @@ PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 
 
-def _fail_or_skip(msg: str) -> None:
-    if os.environ.get("GANGWATCH_REQUIRE_SERVICES") == "1":
-        pytest.fail(msg)
-    pytest.skip(msg)
-
-
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
     """The environment (SLURM_CONF set) of a running four-node Slurm; torn down after the module."""
@@ -70,7 +65,7 @@ def slurm(tmp_path_factory):
     slurmd = require_program("slurmd", package="slurm-wlm")
     require_program("scontrol", package="slurm-wlm")
     if os.geteuid() != 0:
-        _fail_or_skip("a test Slurm needs root (slurmd)")
+        missing("a test Slurm needs root (slurmd)")
     d = tmp_path_factory.mktemp("slurm")
     for sub in ("munge", "state", "spool", "log"):
         (d / sub).mkdir(mode=0o700)

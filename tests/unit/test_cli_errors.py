@@ -20,6 +20,7 @@ from gangwatch.cli.options import (
     UserError,
     resolve,
 )
+from tests.helpers import need_module
 
 pytestmark = pytest.mark.unit
 
@@ -437,7 +438,7 @@ def test_what_acts_on_the_alert_topic_needs_the_secret_its_actions_are_signed_wi
 
 
 def test_kubernetes_without_a_cluster_to_talk_to_is_one_line(capsys, monkeypatch, tmp_path):
-    pytest.importorskip("kubernetes")
+    need_module("kubernetes", "the Kubernetes adapter (the `kubernetes` extra)")
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     (tmp_path / "a.jsonl").write_text("")

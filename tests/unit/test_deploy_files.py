@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-yaml = pytest.importorskip("yaml")
+from tests.helpers import need_module
+
+yaml = need_module("yaml", "PyYAML (the `dev` extra)")
 
 from gangwatch.schemas.signature import SECRET_ENV  # noqa: E402
 from gangwatch.sinks.alertmanager import REPORT_URL_ENV  # noqa: E402 - after the skip

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import need
+
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,9 +50,9 @@ def test_the_broker_script_says_in_one_line_what_to_do_without_a_python_with_kaf
     assert "cannot import kafka-python" in line and "./gw up" in line and "set PYTHON" in line
 
 
-@pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "python").exists(), reason="no .venv in this checkout")
 def test_without_python_set_the_scripts_use_the_checkouts_venv(tmp_path):
     venv = str(ROOT / ".venv" / "bin" / "python")
+    need(Path(venv).exists(), "no .venv in this checkout")
     for script in (DEPLOY / "kafka" / "broker.sh", DEPLOY / "clickhouse" / "server.sh"):
         out = run([str(script), "--help"], tmp_path)
         assert re.search(rf"^  PYTHON .*\[{re.escape(venv)}\]$", out.stdout, re.M), out.stdout

@@ -8,6 +8,7 @@ import pytest
 from gangwatch.schemas import Action, encode
 
 from gangwatch.cli import main
+from tests.helpers import need_module
 
 pytestmark = pytest.mark.unit
 
@@ -69,7 +70,7 @@ def test_slurm_resume_dry_run_without_scontrol(actions, tmp_path, capsys):
 
 
 def test_kubernetes_dry_run_without_a_cluster(actions, tmp_path, capsys):
-    pytest.importorskip("kubernetes")
+    need_module("kubernetes", "the Kubernetes adapter (the `kubernetes` extra)")
     state = tmp_path / "k.jsonl"
     assert main(["kubernetes", "apply", "--from", str(actions), "--state", str(state)]) == 0
     out = capsys.readouterr().out

@@ -19,7 +19,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-pytest.importorskip("kubernetes")
+from tests.helpers import need_module
+
+need_module("kubernetes", "the Kubernetes adapter (the `kubernetes` extra)")
 
 from gangwatch.control.fence import Fencer  # noqa: E402
 from gangwatch.control.kubernetes import (  # noqa: E402

@@ -19,6 +19,7 @@ from gangwatch.schemas.security import ENV, KafkaSecurity, kafka_python_security
 from gangwatch.streams.client_security import aiokafka_kwargs, faust_app_kwargs, faust_credentials, ssl_context
 
 from gangwatch.cli import main
+from tests.helpers import need
 
 pytestmark = pytest.mark.unit
 
@@ -29,8 +30,7 @@ CH_PW = "ch-Pa55w0rd-never-logged"
 @pytest.fixture(scope="module")
 def cert(tmp_path_factory) -> tuple[str, str]:
     """A self-signed certificate and its key (PEM), made by openssl."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed: no certificate to load")
+    need(shutil.which("openssl"), "openssl is not installed: no certificate to load")
     d = tmp_path_factory.mktemp("tls")
     crt, key = d / "client.pem", d / "client.key"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",

@@ -20,6 +20,7 @@ from gangwatch.sinks.storesink import StoreSink
 from gangwatch.sinks.webhook import WebhookSink
 from kafka.errors import KafkaTimeoutError
 
+from tests.helpers import need, need_module
 from tests.unit.sinkcases import (
     BASE_S,
     SECRET,
@@ -327,7 +328,7 @@ def _real_store_contract(store: Any, break_link: Any = None) -> None:
 
 
 def test_store_contract_on_chdb(tmp_path: Path) -> None:
-    pytest.importorskip("chdb")
+    need_module("chdb", "the embedded store (the `embedded` extra)")
     from gangwatch.sinks.store import ChdbStore
 
     _real_store_contract(ChdbStore(tmp_path / "chdb"))
@@ -337,9 +338,7 @@ def test_store_contract_on_the_clickhouse_server() -> None:
     import os
     import uuid
 
-    addr = os.environ.get("GANGWATCH_CLICKHOUSE")
-    if not addr:
-        pytest.skip("no ClickHouse server (set GANGWATCH_CLICKHOUSE=HOST:PORT)")
+    addr = need(os.environ.get("GANGWATCH_CLICKHOUSE"), "no ClickHouse server (set GANGWATCH_CLICKHOUSE=HOST:PORT)")
     from clickhouse_driver import Client
     from gangwatch.sinks.store import ClickHouseStore
 

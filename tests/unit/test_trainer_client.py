@@ -20,6 +20,7 @@ from gangwatch.producers.trainer.launch import Launch, job_id
 from gangwatch.producers.trainer.sections import EventPool
 from gangwatch.schemas import Framework, Heartbeat, Job, Step, decode
 
+from tests.helpers import need_module
 from tests.unit.trainercases import T0, FakeTime, Recorder, fake_clients  # noqa: F401 - fake_clients: `fake`
 
 pytestmark = pytest.mark.unit
@@ -418,7 +419,7 @@ def test_importing_the_client_pulls_in_no_optional_dependency():
 
 @pytest.mark.gpu
 def test_cuda_timing_on_a_real_gpu_never_waits_for_the_gpu(tmp_path):
-    torch = pytest.importorskip("torch")
+    torch = need_module("torch", "the `torch` extra")
     if not torch.cuda.is_available():
         pytest.skip("torch sees no CUDA device")
     send = Recorder()

@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 from gangwatch.producers.trainer.digest import device_checksum, replica_digest
 
+from tests.helpers import need_module
+
 pytestmark = pytest.mark.unit
 
 
 def test_numpy_arrays():
-    np = pytest.importorskip("numpy")
+    np = need_module("numpy")
     rng = np.random.default_rng(3)
     params = [rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal(32).astype(np.float32)]
     copies = [p.copy() for p in params]
@@ -22,7 +24,7 @@ def test_numpy_arrays():
 
 
 def test_torch_cpu_tensors_of_any_dtype_and_parameters():
-    torch = pytest.importorskip("torch")
+    torch = need_module("torch", "the `torch` extra")
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
     twin = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
     twin.load_state_dict(model.state_dict())
@@ -35,7 +37,7 @@ def test_torch_cpu_tensors_of_any_dtype_and_parameters():
 
 
 def test_the_device_checksum_sees_every_byte_wherever_it_is():
-    torch = pytest.importorskip("torch")
+    torch = need_module("torch", "the `torch` extra")
     t = torch.randn(1000, 33)
     base = int(device_checksum(t))
     assert int(device_checksum(t.clone())) == base
@@ -50,7 +52,7 @@ def test_the_device_checksum_sees_every_byte_wherever_it_is():
 
 @pytest.mark.gpu
 def test_gpu_tensors_are_folded_on_the_gpu_and_agree_with_each_other():
-    torch = pytest.importorskip("torch")
+    torch = need_module("torch", "the `torch` extra")
     if not torch.cuda.is_available():
         pytest.skip("torch sees no CUDA device")
     params = [torch.randn(4096, 1024, device="cuda"), torch.randn(1024, device="cuda", dtype=torch.bfloat16)]

@@ -11,8 +11,10 @@ import pytest
 from gangwatch.producers.trainer import TrainerClient, replica_digest
 from gangwatch.schemas import DecodeError, Step, decode
 
+from tests.helpers import need_module
+
 pytestmark = pytest.mark.unit
-torch = pytest.importorskip("torch")
+torch = need_module("torch", "the `torch` extra")
 
 
 class Sent(list):
@@ -98,7 +100,7 @@ def test_a_torch_optimizer_post_hook(tmp_path):
 
 @pytest.mark.filterwarnings("ignore:.*LeafSpec.*")  # inside Lightning, about torch's pytree API
 def test_a_lightning_callback(tmp_path):
-    pl = pytest.importorskip("lightning.pytorch")
+    pl = need_module("lightning.pytorch", "the `lightning` extra")
     from gangwatch.producers.trainer.lightning import GangwatchCallback
 
     class Module(pl.LightningModule):
@@ -134,8 +136,8 @@ def test_a_lightning_callback(tmp_path):
 
 
 def test_a_hugging_face_trainer_callback(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
+    transformers = need_module("transformers", "the `hf` extra")
+    need_module("accelerate", "the `hf` extra")
     from gangwatch.producers.trainer.huggingface import GangwatchCallback
 
     class Model(torch.nn.Module):
@@ -208,7 +210,7 @@ def _watch_pauses(client: TrainerClient, saved) -> list[tuple[str, str, bool]]:
 
 @pytest.mark.filterwarnings("ignore:.*LeafSpec.*")
 def test_a_lightning_checkpoint_save_is_a_known_pause(tmp_path):
-    pl = pytest.importorskip("lightning.pytorch")
+    pl = need_module("lightning.pytorch", "the `lightning` extra")
     from gangwatch.producers.trainer.lightning import GangwatchCallback
 
     class Module(pl.LightningModule):
@@ -242,8 +244,8 @@ def test_a_lightning_checkpoint_save_is_a_known_pause(tmp_path):
 
 
 def test_a_hugging_face_checkpoint_save_is_a_known_pause(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
+    transformers = need_module("transformers", "the `hf` extra")
+    need_module("accelerate", "the `hf` extra")
     from gangwatch.producers.trainer.huggingface import GangwatchCallback
 
     class Model(torch.nn.Module):

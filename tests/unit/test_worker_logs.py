@@ -12,10 +12,12 @@ from gangwatch.schemas.topics import TopicSettings
 from gangwatch.streams.runner import JobRunner
 from gangwatch.streams.workerio import WorkerIO, event_time_text
 
+from tests.helpers import need_module
+
 pytestmark = pytest.mark.unit
 
-worker = pytest.importorskip("gangwatch.streams.worker")
-faust_adapter = pytest.importorskip("gangwatch.streams.faust_adapter")
+worker = need_module("gangwatch.streams.worker", "the Faust worker (the `worker` extra)")
+faust_adapter = need_module("gangwatch.streams.faust_adapter", "the Faust worker (the `worker` extra)")
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z, where the simulator starts
 
 
