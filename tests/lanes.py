@@ -17,9 +17,11 @@ not). Each test belongs to one lane:
 Under pytest-xdist each worker measures its own tests and sends the figures in the teardown report's
 `user_properties` (`PROPERTY`); the controller adds them up, prints the table (`lane table`) and writes
 everything, one row per test, to `$GANGWATCH_LANE_TABLE` (default: `test-lanes.json` in the run's base
-temporary directory). `$GANGWATCH_LANE_BUDGETS` (`lane=SECONDS,...`, the lane's wall seconds summed over its
-tests: what it costs whatever the number of workers) adds a budget column, and a line for each lane over its
-budget; it never changes the run's result. CI (`.ci/run`) sets both.
+temporary directory). `$GANGWATCH_LANE_BUDGETS` (`LANE=MEASURE:SECONDS,...`, MEASURE one of `cpu`, `wall`,
+`span`, as in the table's columns: `cpu` for a lane that computes, whose wall time only says how crowded the
+machine was; `wall` for one that waits on the clock; `span` for one that runs in fixed groups, the live lane's
+torchrun jobs, whose first start to last end is CI's critical path) adds a budget column, and a line for each
+lane over its budget; it never changes the run's result. CI (`.ci/run`) sets both.
 
 The run's own wall time and how busy the machine was meanwhile (every process, from /proc/stat, where there is
 one) close the table: the sum of the tests' CPU against cores x wall says whether more workers could help.
@@ -121,23 +123,28 @@ def pytest_runtest_logreport(report):
             _TESTS[report.nodeid] = dict(value)
 
 
-def budgets(text: str | None) -> dict[str, float]:
-    """`lane=SECONDS,...` -> {lane: seconds}; an unknown lane or a bad number is an error (said at once)."""
-    out: dict[str, float] = {}
+MEASURES = {"cpu": "cpu_s", "wall": "wall_s", "span": "span_s"}
+
+
+def budgets(text: str | None) -> dict[str, tuple[str, float]]:
+    """`LANE=MEASURE:SECONDS,...` -> {lane: (measure, seconds)}; a mistake is an error, said at once."""
+    out: dict[str, tuple[str, float]] = {}
     for part in filter(None, (p.strip() for p in (text or "").split(","))):
-        lane, sep, seconds = part.partition("=")
-        lane = lane.strip()
-        if not sep or lane not in LANES:
-            raise pytest.UsageError(f"{BUDGETS_ENV}: {part!r} is not LANE=SECONDS with LANE one of {', '.join(LANES)}")
+        lane, sep, value = part.partition("=")
+        measure, colon, seconds = value.partition(":")
+        lane, measure = lane.strip(), measure.strip()
+        if not sep or not colon or lane not in LANES or measure not in MEASURES:
+            raise pytest.UsageError(f"{BUDGETS_ENV}: {part!r} is not LANE=MEASURE:SECONDS with LANE one of "
+                                    f"{', '.join(LANES)} and MEASURE one of {', '.join(MEASURES)}")
         try:
-            out[lane] = float(seconds)
+            out[lane] = (measure, float(seconds))
         except ValueError:
             raise pytest.UsageError(f"{BUDGETS_ENV}: {part!r}: {seconds!r} is not a number of seconds") from None
     return out
 
 
 def summary(tests: dict[str, dict], outcomes: dict[str, str], session_wall_s: float,
-            machine_busy: float | None, cpus: int, budget: dict[str, float]) -> dict:
+            machine_busy: float | None, cpus: int, budget: dict[str, tuple[str, float]]) -> dict:
     """The lane table's content (what the JSON file holds, the tests listed one by one)."""
     lanes = {}
     for lane in LANES:
@@ -168,19 +175,21 @@ def summary(tests: dict[str, dict], outcomes: dict[str, str], session_wall_s: fl
 def render(s: dict) -> list[str]:
     """The table's lines."""
     head = f"{'lane':<19} {'tests':>5} {'failed':>6} {'skipped':>7} {'wall s':>8} {'cpu s':>8} {'cpu/wall':>8} " \
-           f"{'span s':>7} {'budget s':>8}"
+           f"{'span s':>7}  budget s"
     lines = [head, "-" * len(head)]
     over = []
     for lane, r in s["lanes"].items():
         ratio = r["cpu_s"] / r["wall_s"] if r["wall_s"] else 0.0
-        budget = "-" if r["budget_s"] is None else f"{r['budget_s']:g}"
-        flag = ""
-        if r["budget_s"] is not None and r["wall_s"] > r["budget_s"]:
-            flag = "  OVER"
-            over.append(f"lane {lane} over its budget: {r['wall_s']:.0f} s of wall summed over its {r['tests']} "
-                        f"tests, budget {r['budget_s']:g} s (.ci/run's LANE_BUDGETS)")
+        budget, flag = "-", ""
+        if r["budget_s"] is not None:
+            measure, seconds = r["budget_s"]
+            budget = f"{measure} {seconds:g}"
+            if r[MEASURES[measure]] > seconds:
+                flag = "  OVER"
+                over.append(f"lane {lane} over its budget: {measure} {r[MEASURES[measure]]:.0f} s (its {r['tests']} "
+                            f"tests), budget {seconds:g} s (.ci/run's LANE_BUDGETS)")
         lines.append(f"{lane:<19} {r['tests']:>5} {r['failed']:>6} {r['skipped']:>7} {r['wall_s']:>8.1f} "
-                     f"{r['cpu_s']:>8.1f} {ratio:>8.2f} {r['span_s']:>7.1f} {budget:>8}{flag}")
+                     f"{r['cpu_s']:>8.1f} {ratio:>8.2f} {r['span_s']:>7.1f}  {budget}{flag}")
     tests = s["tests"]
     lines.append(f"{'all':<19} {len(tests):>5} {sum(t['outcome'] == 'failed' for t in tests):>6} "
                  f"{sum(t['outcome'] == 'skipped' for t in tests):>7} {sum(t['wall_s'] for t in tests):>8.1f} "
@@ -223,3 +232,21 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for line in render(s):
         terminalreporter.write_line(line)
     terminalreporter.write_line(f"({where})")
+
+
+def main(argv: list[str]) -> int:
+    """`python -m tests.lanes [FILE]`: the table again, from the JSON a run wrote (default $GANGWATCH_LANE_TABLE)."""
+    path = Path(argv[0] if argv else os.environ.get(TABLE_ENV, ""))
+    try:
+        s = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        print(f"no lane table at {path}: {e}")
+        return 1
+    print("\n".join(render(s)))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))
