@@ -428,6 +428,10 @@ class ClockDetector(DetectorBase):
         rows = self.samples[enough]
         est = nanmedian_rows(rows)
         spread = nanmedian_rows(np.abs(rows - est[:, None]))
+        for j, i in enumerate(enough.tolist()):
+            stepped = self._stepped(i, est[j])
+            if stepped is not None:
+                est[j], spread[j] = stepped
         out = []
         for i, e, sp in zip(enough.tolist(), est.tolist(), spread.tolist(), strict=True):
             before = float(self.offset[i])
@@ -446,6 +450,27 @@ class ClockDetector(DetectorBase):
             elif not self.offset[i] and not np.isnan(said):
                 self.reported[i] = np.nan  # back in tolerance: a later skew is news again
         return out
+
+    def _stepped(self, i: int, est: float) -> tuple[float, float] | None:
+        """Node i's clock stepped (an NTP step, a clock set by hand): its newest `min_steps` steps agree with each
+        other and neither with its applied offset nor with its window's median, which would take half a window
+        of steps to follow. Its samples before the step are dropped (its history starts afresh at the step) and
+        (offset, spread) of the newest are returned; None: no step."""
+        cfg = self.config
+        m, w = cfg.min_steps * self.per_node, self.samples.shape[1]
+        if m >= w or self.count[i] <= m:
+            return None
+        newest = self.samples[i, (self.count[i] - 1 - np.arange(m)[::-1]) % w]
+        if np.isnan(newest).any():
+            return None
+        e = float(np.median(newest))
+        sp = float(np.median(np.abs(newest - e)))
+        if sp > cfg.max_spread_s or abs(e - self.offset[i]) < cfg.tolerance_s or abs(e - est) < cfg.tolerance_s:
+            return None
+        self.samples[i] = np.nan
+        self.samples[i, :m] = newest
+        self.count[i] = m
+        return e, sp
 
     def _finding(self, i: int, spread: float, now: float) -> Finding:
         node, off = self.topo.nodes[i], float(self.offset[i])
