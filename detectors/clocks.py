@@ -94,7 +94,7 @@ class ClockDetector(DetectorBase):
         n, w = len(topo.nodes), self.config.window * self.per_node
         self.topo = topo
         self.node_pos = {node: i for i, node in enumerate(topo.nodes)}
-        self.learn = n >= 3  # (of two clocks, which one is wrong cannot be told)
+        self.learn = n >= 2  # (of two clocks, which one is wrong cannot be told: the one behind is the job's)
         self.min_nodes = min(3, n // 2 + 1)  # clocks a step's reference rests on
         self.k = 1 if n <= 2 else max(2, math.ceil(0.05 * n))
         self.newest = np.full(n + 1, -np.inf)  # raw newest time per node, and (last) of records of no node
@@ -382,7 +382,12 @@ class ClockDetector(DetectorBase):
         mid = float(np.median(votes))
         agree = np.abs(votes - mid) <= self.config.sync_s
         n_agree = int(agree.sum())
-        if n_agree < self.min_nodes or 2 * n_agree <= len(uniq):
+        if len(uniq) == 2 == len(self.topo.nodes) and n_agree < 2:
+            # a job of two nodes whose clocks disagree: which one is wrong cannot be told from them, so the job's
+            # time is the clock behind (a record may come late, never early) and the other is corrected to it:
+            # every decision is then taken in one frame, whichever it is
+            agree = votes == votes.min()
+        elif n_agree < self.min_nodes or 2 * n_agree <= len(uniq):
             return math.nan
         ref = float(np.median(votes[agree]))
         mine = agree[inv]
