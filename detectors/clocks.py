@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from gangwatch.detectors.base import DetectorBase, SavedJob
+from gangwatch.detectors.base import DetectorBase, SavedJob, fill_missing
 from gangwatch.detectors.config import ClockConfig
 from gangwatch.detectors.floats import nanmedian_rows
 from gangwatch.detectors.registry import FindingType, Policy
@@ -97,6 +97,9 @@ class ClockDetector(DetectorBase):
         self.learn = n >= 2  # (of two clocks, which one is wrong cannot be told: the one behind is the job's)
         self.min_nodes = min(3, n // 2 + 1)  # clocks a step's reference rests on
         self.k = 1 if n <= 2 else max(2, math.ceil(0.05 * n))
+        # a job of two nodes: heartbeats of the other node read since each node's last record (see `now`)
+        self.pair = n == 2
+        self.beats_since = np.zeros(n, dtype=np.int64)
         self.newest = np.full(n + 1, -np.inf)  # raw newest time per node, and (last) of records of no node
         self.offset = np.zeros(n)  # applied offset per node
         self.samples = np.full((n, w), np.nan)  # recent per-step offsets (ring)
@@ -200,6 +203,20 @@ class ClockDetector(DetectorBase):
         if ts > self.newest[i]:
             self.newest[i] = ts
 
+    def _node_of(self, rec: Record) -> int | None:
+        rank = getattr(rec, "rank", None)
+        if rank is not None:
+            return int(self.topo.node_index[rank]) if 0 <= rank < self.topo.size else None
+        return self.node_pos.get(getattr(rec, "node", None))
+
+    def _count(self, node: int | None, beat: bool) -> None:
+        """A record of `node` read (a job of two nodes): it spoke; a heartbeat is a tick of the other's silence."""
+        if node is None:
+            return
+        self.beats_since[node] = 0
+        if beat:
+            self.beats_since[1 - node] += 1
+
     def node_time(self, node: str) -> float:
         """How far a node's own records have been read: the newest corrected time of any of them (-inf: none yet;
         inf: not a node of the job, nothing to wait for)."""
@@ -226,6 +243,8 @@ class ClockDetector(DetectorBase):
         if not seen.any():
             return -math.inf
         times = self.newest - np.append(self.offset, 0.0) if self.skewed else self.newest
+        if self.pair:
+            return self._pair_now(times, seen)
         heard = times[seen]
         k = min(self.k, len(heard))
         t = float(heard.max() if k == 1 else np.partition(heard, len(heard) - k)[len(heard) - k])
@@ -236,6 +255,24 @@ class ClockDetector(DetectorBase):
                 if known.any():
                     t = max(t, float(times[:-1][known].max()))
         return t
+
+    def _pair_now(self, times: np.ndarray, seen: np.ndarray) -> float:
+        """The time of a job of two nodes: the earlier of its two nodes' newest corrected times, so that neither
+        clock moves it alone (a clock that just stepped ahead, before the step is learned, would make its peer
+        look silent), or of the known ones when one is (a clock that stepped is known again once its offset is
+        applied, which needs the time to move); but a node the other's ranks each beat twice since it last spoke
+        (two heartbeat periods by the other's own heartbeats, whatever either clock says) holds it back no
+        longer: it is silent, and the job's time is its peer's. Records of no node (the controller's, the
+        launcher's) count as they come."""
+        pair = seen[:2] & (self.beats_since < 2 * self.per_node)
+        known = pair & self._known()  # a clock that just stepped (either way) is not known: it waits for its
+        if known.any():               # offset, and the time moves with its peer's meanwhile
+            pair = known
+        if pair.any():
+            t = float(times[:2][pair].min())
+        else:
+            t = float(times[:2][seen[:2]].max()) if seen[:2].any() else -math.inf
+        return max(t, float(times[-1])) if seen[-1] else t
 
     def _known(self) -> np.ndarray:
         """Per node: its clock is known (enough samples, and its newest agrees with its applied offset)."""
@@ -252,6 +289,8 @@ class ClockDetector(DetectorBase):
 
     def observe(self, rec: Record) -> list[Finding]:
         self.heard(rec)
+        if self.pair:
+            self._count(self._node_of(rec), rec.kind == "heartbeat")
         if rec.kind != "step" or not self.learn or not 0 <= rec.rank < self.topo.size:
             return []  # (a record stamped before the job record may be a node's clock behind: it teaches too)
         return self._steps(np.array([rec.rank]), np.array([rec.step]), np.array([rec.ts]))
@@ -272,6 +311,16 @@ class ClockDetector(DetectorBase):
         for kind in _NODE_KINDS | _OTHER_KINDS:
             for i in run.by_kind.get(kind, ()):
                 self.heard(run.record(i))
+        if self.pair:  # in the records' order: which node spoke, and whether with a heartbeat
+            said = []
+            for kind in _RANK_KINDS:
+                for i, r in zip(run.by_kind.get(kind, ()), run.lists(kind, "rank"), strict=True):
+                    if 0 <= r < topo.size:
+                        said.append((i, int(topo.node_index[r]), kind == "heartbeat"))
+            for kind in _NODE_KINDS | _OTHER_KINDS:
+                said += [(i, self._node_of(run.record(i)), False) for i in run.by_kind.get(kind, ())]
+            for _, node, beat in sorted(said):
+                self._count(node, beat)
         if "step" not in run.by_kind or not self.learn:
             return []
         cols = run.steps()
@@ -355,10 +404,13 @@ class ClockDetector(DetectorBase):
         agreed end time (see `_agreed`), else the whole job's, where its clocks agreed."""
         stage = self.topo.pp[r]
         ref = np.full(self.stages, np.nan)
-        whole = self._agreed(r, t)  # the job's, for stages of too few nodes (when all stages end together)
+        earlier = [x for x in self.refs if x < s]
+        before = self.refs[max(earlier)] if earlier else None
+        prev = float(np.nanmax(before)) if before is not None and not np.isnan(before).all() else None
+        whole = self._agreed(r, t, prev)  # the job's, for stages of too few nodes (when all stages end together)
         for p in np.unique(stage).tolist():
             mine = stage == p
-            ref[p] = self._agreed(r[mine], t[mine])
+            ref[p] = self._agreed(r[mine], t[mine], prev)
             if np.isnan(ref[p]):
                 ref[p] = whole
         if np.isnan(ref).all() and len(r) < self.topo.size:
@@ -368,7 +420,7 @@ class ClockDetector(DetectorBase):
             del self.refs[old]
         return ref
 
-    def _agreed(self, r: np.ndarray, t: np.ndarray) -> float:
+    def _agreed(self, r: np.ndarray, t: np.ndarray, prev: float | None = None) -> float:
         """The end time these records' clocks agree on, else NaN. A node is one clock, one vote (its ranks' median
         end time), however many ranks it has: the reference is the median of the votes of the nodes within
         `sync_s` of the median vote, when those are `min_nodes` or more (three, or the majority of a smaller
@@ -383,10 +435,11 @@ class ClockDetector(DetectorBase):
         agree = np.abs(votes - mid) <= self.config.sync_s
         n_agree = int(agree.sum())
         if len(uniq) == 2 == len(self.topo.nodes) and n_agree < 2:
-            # a job of two nodes whose clocks disagree: which one is wrong cannot be told from them, so the job's
-            # time is the clock behind (a record may come late, never early) and the other is corrected to it:
-            # every decision is then taken in one frame, whichever it is
-            agree = votes == votes.min()
+            # a job of two nodes whose clocks disagree: which one is wrong cannot be told from them, so the job
+            # keeps the frame it had (the clock that goes on from the previous step's reference: the other one
+            # stepped) or, at the start, takes the clock behind (a record may come late, never early); the other
+            # is corrected to it, and every decision is taken in one frame, whichever clock is wrong
+            agree = votes == (votes.min() if prev is None else votes[np.argmin(np.abs(votes - prev))])
         elif n_agree < self.min_nodes or 2 * n_agree <= len(uniq):
             return math.nan
         ref = float(np.median(votes[agree]))
@@ -497,7 +550,9 @@ class ClockDetector(DetectorBase):
                 "open": {str(s): [r.tolist(), t.tolist()] for s, (r, t) in self.open.items()},
                 "top": self.top, "touched": sorted(self.topo.nodes[i] for i in self.touched),
                 "checked": {n: float(self.checked[i]) for n, i in self.node_pos.items()
-                            if np.isfinite(self.checked[i])}}
+                            if np.isfinite(self.checked[i])},
+                "beats_since": {n: int(self.beats_since[i]) for n, i in self.node_pos.items()
+                                if self.beats_since[i]}}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> ClockDetector:
@@ -515,6 +570,9 @@ class ClockDetector(DetectorBase):
         for n, ts in state["checked"].items():
             if n in det.node_pos:
                 det.checked[det.node_pos[n]] = ts
+        for n, beats in state.get("beats_since", {}).items():  # (a state of version 4 saved before issue 42: none)
+            if n in det.node_pos:
+                det.beats_since[det.node_pos[n]] = beats
         return det
 
     @classmethod
@@ -522,7 +580,9 @@ class ClockDetector(DetectorBase):
         """Its saved state brought up to date (`DetectorBase.upgrade_state`)."""
         if version == 3 and state is None:  # added in version 4 (issue 34): nothing learned, `newest` comes with
             return {"config": {}, "newest": {}, "nodes": {}, "refs": {}, "open": {}, "top": -1, "touched": [],
-                    "checked": {}}  # the next records
+                    "checked": {}, "beats_since": {}}  # the next records
+        if state is not None:  # grew without a version change (issue 42): none counted yet
+            fill_missing(state, {"beats_since": {}})
         return state
 
 

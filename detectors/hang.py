@@ -303,7 +303,7 @@ class HangDetector(DetectorBase):
         det.last_step = np.asarray(state["last_step"], dtype=np.int64)
         det.max_step = state["max_step"]
         det.progress_ts = state["progress_ts"]
-        det.first_ts = state["first_ts"]
+        det.first_ts = state.get("first_ts", det.progress_ts)
         det.intervals = list(state["intervals"])
         det.seen_intervals = state["seen_intervals"]
         det.reported = state["reported"]
@@ -314,7 +314,8 @@ class HangDetector(DetectorBase):
         # saved before frozen ranks were kept: none frozen, none named
         det.frozen = {int(r): (st, since, last) for r, st, since, last in state.get("frozen", ())}
         det.named = set(state.get("named", ()))
-        det.now = -math.inf if state["now"] is None else state["now"]
+        # (a state of version 4 saved before issue 42 has neither: no time known, one clock for stall and rhythm)
+        det.now = -math.inf if state.get("now") is None else state["now"]
         return det
 
     @classmethod
