@@ -23,6 +23,11 @@ the threaded client does on another thread. The goal is < 20 us added per
 step. Nothing is asserted; compare within one run (on a loaded machine the
 threaded figures swing most).
 
+Then a broker that never answers (every send blocks until the run is over; the
+tests assert only that steps and close return while it does,
+tests/unit/test_trainer_client.py): each `client.step()`'s time on the training
+thread (median, p99, worst, in microseconds) and how long `close(timeout_s=0.5)` took.
+
     python3 bench/bench_trainer.py [--steps 100000]
 """
 
@@ -142,6 +147,38 @@ def measure(steps: int = 100_000, repeat: int = 5) -> dict:
     return {"rows": rows, "dropped": dropped}
 
 
+def stuck_broker(steps: int = 20_000) -> dict:
+    """A client whose every send blocks until the end: the step's time on the training thread, and close's."""
+    import statistics
+    import threading
+
+    release = threading.Event()
+
+    def stuck(topic: str, key: bytes, value: bytes) -> None:
+        release.wait(60)  # then "sent", quietly: the run is over
+
+    with tempfile.TemporaryDirectory() as spool:
+        c = TrainerClient(job="bench", rank=0, world_size=1, send=stuck, spool_dir=spool, exit_hooks=False,
+                          flush_s=0.01)
+        took = []
+        for k in range(steps):
+            t0 = time.perf_counter()
+            c.step(k, loss=1.0)
+            took.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        c.close(timeout_s=0.5)
+        closing = time.perf_counter() - t0
+        release.set()
+    took.sort()
+    return {"steps": steps, "median_us": statistics.median(took) * 1e6, "p99_us": took[int(0.99 * (steps - 1))] * 1e6,
+            "worst_us": took[-1] * 1e6, "close_s": closing}
+
+
+def render_stuck(r: dict) -> str:
+    return (f"a broker that never answers, {r['steps']:,} steps: step() {r['median_us']:.1f} us median, "
+            f"{r['p99_us']:.1f} us p99, {r['worst_us']:.0f} us worst; close(timeout_s=0.5) took {r['close_s']:.2f} s")
+
+
 def render(result: dict) -> str:
     lines = [f"{'':<46} | {'with the client threads':^35} | {'without threads':^26}",
              f"{'loop':<17} {'variant':<20} {'steps':>7} | {'us/step loop':>12} {'all':>10} {'added':>10} | "
@@ -159,6 +196,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5, help="rounds of every variant; the best counts")
     args = ap.parse_args()
     print(render(measure(args.steps, args.repeat)))
+    print(render_stuck(stuck_broker(max(1, args.steps // 5))))
 
 
 if __name__ == "__main__":

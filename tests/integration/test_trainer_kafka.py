@@ -9,7 +9,7 @@ starts against the real broker and must send that backlog first, in order.
 from __future__ import annotations
 
 import socket
-import statistics
+import threading
 import time
 
 import pytest
@@ -66,24 +66,41 @@ def test_steps_heartbeats_events_and_the_job_reach_the_broker(kafka_bootstrap, t
 def test_without_a_broker_steps_return_at_once_and_the_backlog_is_sent_when_one_is_there(kafka_bootstrap, topics,
                                                                                         tmp_path):
     spool = tmp_path / "spool"
-    nowhere = f"127.0.0.1:{closed_port()}"
-    client = TrainerClient(job="j8", topic_prefix=topics.prefix, send=KafkaSend(nowhere, timeout_s=1.0), flush_s=0.05,
-                           heartbeat_s=0.2, spool_dir=spool, exit_hooks=False)
-    took = []
-    for k in range(300):
-        t0 = time.perf_counter()
-        with client.step_context(k), client.section("compute"):
-            pass
-        took.append(time.perf_counter() - t0)
-        time.sleep(0.005)
+    nowhere = KafkaSend(f"127.0.0.1:{closed_port()}", timeout_s=1.0)
+    trainer, senders = threading.get_ident(), set()
+    entered, release, gave_up = threading.Event(), threading.Event(), threading.Event()
+
+    def send(topic: str, key: bytes, value: bytes) -> None:
+        """The broker that is not there, its first call held until the training loop is done."""
+        senders.add(threading.get_ident())
+        entered.set()
+        if not release.wait(120):
+            gave_up.set()  # a training loop waiting on this send would only go on now
+        nowhere(topic, key, value)
+
+    client = TrainerClient(job="j8", topic_prefix=topics.prefix, send=send, flush_s=0.05, heartbeat_s=0.2,
+                           spool_dir=spool, exit_hooks=False)
+
+    def train() -> None:
+        for k in range(300):
+            with client.step_context(k), client.section("compute"):
+                pass
+            time.sleep(0.005)
+            if k == 0:
+                assert entered.wait(20), "the client never tried to send"
+
+    loop = threading.Thread(target=train, daemon=True)
+    loop.start()
+    loop.join(60)  # a deadline only: the loop takes about 2 s; the first send is held for 120 s
+    assert not loop.is_alive(), "the training loop is waiting (on the broker?)"
+    # every step returned while the client's first send was still stuck (how long a step takes with no broker:
+    # bench/bench_trainer.py); from here on the client meets the port where nothing listens
+    assert entered.is_set() and not gave_up.is_set()
+    release.set()
     wait_for(lambda: list(spool.glob("*.spool")), 20, "records spooled to disk")
-    t0 = time.perf_counter()
     client.close(timeout_s=5)
-    closing = time.perf_counter() - t0
-    assert not any(t.is_alive() for t in client._threads)
-    # a step costs microseconds; the worst case is a thread switch (5 ms), never a network timeout (1 s)
-    assert statistics.median(took) < 0.001 and max(took) < 0.1, (statistics.median(took), max(took))
-    assert closing < 5
+    assert not any(t.is_alive() for t in client._threads)  # close gave up on the broker within its timeout
+    assert trainer not in senders  # the training thread never sent anything itself
     assert client.dropped == 0
 
     after = TrainerClient(job="j8", topic_prefix=topics.prefix, bootstrap=kafka_bootstrap, spool_dir=spool,

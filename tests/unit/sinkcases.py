@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -55,20 +56,54 @@ class Sleeps:
 
 
 class Gate:
-    """Where a stuck receiver waits: `entered` is set when a delivery reached it, `opened` lets it go on."""
+    """Where a stuck receiver waits: `entered` is set when a delivery reached it, `opened` lets it go on, `left`
+    is set once it went on (or gave up waiting): a caller that returned before `left` did not wait for it."""
 
     def __init__(self) -> None:
         self.entered = threading.Event()
         self.opened = threading.Event()
+        self.left = threading.Event()
         self.opened.set()
 
     def close(self) -> None:
         self.opened.clear()
         self.entered.clear()
+        self.left.clear()
 
     def pass_through(self) -> None:
         self.entered.set()
-        assert self.opened.wait(WAIT_S), "the test never opened the gate"
+        try:
+            assert self.opened.wait(WAIT_S), "the test never opened the gate"
+        finally:
+            self.left.set()
+
+
+class Watched:
+    """`call()` on a thread of its own, noting whether the receiver behind `gate` had let go of its request by
+    the time the call returned: the behaviour a wall-clock threshold used to stand for ("returned while the
+    receiver was still stuck"), with no clock in it."""
+
+    def __init__(self, call: Callable[[], Any], gate: Gate) -> None:
+        self.returned = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.receiver_had_let_go: bool | None = None
+
+        def run() -> None:
+            try:
+                self.value = call()
+            except BaseException as e:  # noqa: BLE001 - handed to the test
+                self.error = e
+            self.receiver_had_let_go = gate.left.is_set()
+            self.returned.set()
+
+        threading.Thread(target=run, daemon=True).start()
+
+    def returned_while_stuck(self) -> bool:
+        """It returned (within WAIT_S), without an error, while the receiver still held what it was sent."""
+        assert self.returned.wait(WAIT_S), "the call never returned"
+        assert self.error is None, self.error
+        return self.receiver_had_let_go is False
 
 
 class Receiver:

@@ -21,7 +21,6 @@ Nothing sleeps to wait for a thread: tests wait on events and on `drain`.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from tests.unit.sinkcases import (
     HARNESSES,
     WAIT_S,
     Harness,
+    Watched,
     WebhookHarness,
     send,
 )
@@ -80,12 +80,11 @@ def test_close_with_a_stuck_receiver_is_bounded_and_says_what_it_left(h: Harness
     send(sink, h.outputs("1"))
     assert h.gate.entered.wait(WAIT_S)  # the delivery is stuck at the receiver
     send(sink, h.outputs("2"))
-    t = time.monotonic()
-    left = sink.close(0.3) if not h.native else sink.close()
-    took = time.monotonic() - t
+    close = Watched(lambda: sink.close(0.3) if not h.native else sink.close(), h.gate)
+    # it gives up on the receiver instead of waiting for it (the Alertmanager sink after one HTTP timeout)
+    assert close.returned_while_stuck()
     h.gate.opened.set()
-    assert left > 0
-    assert took < 0.3 + (2.5 if h.native else 0.5)  # the Alertmanager sink may wait out one HTTP timeout
+    assert close.value > 0
 
 
 def test_transient_errors_are_retried_with_capped_exponential_backoff(h: Harness) -> None:
@@ -126,19 +125,20 @@ def test_backpressure_write_never_blocks_pressure_is_reported_and_the_backlog_dr
     capacity = 10
     sink = h.make(capacity=capacity)
     h.gate.close()
-    took = [send(sink, h.outputs("0"))]
+    send(sink, h.outputs("0"))
     assert h.gate.entered.wait(WAIT_S)  # the receiver holds the first delivery
     assert not sink.pressure()
     i = 1
     while not sink.pressure():
-        took.append(send(sink, h.outputs(str(i))))
+        send(sink, h.outputs(str(i)))
         i += 1
         assert i < 50, "pressure never reported"
     pressed_at = sink.pending()
     assert pressed_at >= int(capacity * 0.8)
     for j in range(i, i + 10):  # a full queue refuses what comes (as dead letters), without waiting
-        took.append(send(sink, h.outputs(str(j))))
-    assert max(took) < 0.05, f"write+flush took up to {max(took) * 1000:.1f} ms while the receiver was stuck"
+        send(sink, h.outputs(str(j)))
+    # every write+flush above returned on this thread while the receiver held the first delivery all along
+    assert not h.gate.left.is_set()
     if not h.native:
         assert sink.full and sink.overflowed > 0
         refused = sink.take_dead()
