@@ -33,7 +33,8 @@ DIAGNOSTIC = frozenset({"collect_stacks"})  # actions that gather evidence and d
 @dataclass(frozen=True)
 class Job:
     """A generated job: `nodes` nodes of `gpus` ranks (one tensor-parallel group per node, data parallel across
-    nodes) and its fault (None, "node_loss" or "dataloader_hang"), on node n001 (rank 2 for a hang) at 120 s."""
+    nodes) and its fault (None, "node_loss" or "dataloader_hang"), on node n001 (its first rank for a hang; a job
+    of one node hangs its second rank) at 120 s."""
 
     nodes: int
     fault: str | None = None
@@ -48,8 +49,8 @@ class Job:
     def faults(self) -> tuple[Fault, ...]:
         if self.fault is None:
             return ()
-        if self.fault == "dataloader_hang":
-            return (Fault("dataloader_hang", 120.0, rank=self.gpus),)
+        if self.fault == "dataloader_hang":  # (a job of one node: its second rank)
+            return (Fault("dataloader_hang", 120.0, rank=self.gpus if self.nodes > 1 else 1),)
         return (Fault(self.fault, 120.0, node="n001"),)
 
     @property
@@ -186,7 +187,10 @@ def jobs(size: str = "ci") -> list[Job]:
 def ids_kept(job: Job, p: Perturbation) -> bool:
     """Whether `p` must keep the action ids too. Ids hash the decision's times in the job's frame; a job of two
     nodes whose clocks disagree takes the clock behind for its frame (which one is wrong cannot be told from two),
-    so where the shifted clock is the one behind from the start, its times, and so its ids, are in that frame."""
+    so where the shifted clock is the one behind from the start, its times, and so its ids, are in that frame; a
+    job of one node has no other clock."""
+    if job.nodes == 1:
+        return not p.offset_s  # its one clock is its frame
     return job.nodes >= 3 or not p.offset_s or p.offset_s > 0 or p.at_s > 0
 
 
