@@ -508,7 +508,8 @@ class FlightDetector(SweepDetector):
     def state(self) -> dict[str, Any]:
         return {"config": asdict(self.config), "done": list(self.done),
                 "pending": {sid: {"first_ts": s.first_ts, "last_ts": s.last_ts,
-                                  "views": [[r, _view_state(v)] for r, v in sorted(s.items.items())]}
+                                  "views": [[r, _view_state(v)] for r, v in sorted(s.items.items())],
+                                  "raw": [[r, t] for r, t in sorted(s.raw.items())]}
                             for sid, s in self.pending.items()}}
 
     @classmethod
@@ -516,7 +517,8 @@ class FlightDetector(SweepDetector):
         det = cls(topo, FlightConfig(**state["config"]))
         for sid, s in state["pending"].items():
             det.pending[sid] = Sweep(float(s["first_ts"]), float(s["last_ts"]),
-                                     {int(r): _view_from_state(v) for r, v in s["views"]})
+                                     {int(r): _view_from_state(v) for r, v in s["views"]},
+                                     {int(r): float(t) for r, t in s.get("raw", ())})  # (none: saved before)
         det.done.extend(state["done"])
         return det
 

@@ -372,7 +372,8 @@ class StackDetector(SweepDetector):
             table: dict[tuple[str, ...], int] = {}
             ranks = [[r, table.setdefault(s, len(table))] for r, s in sorted(sweep.items.items())]
             pending[sid] = {"first_ts": sweep.first_ts, "last_ts": sweep.last_ts,
-                            "signatures": [list(s) for s in table], "ranks": ranks}
+                            "signatures": [list(s) for s in table], "ranks": ranks,
+                            "raw": [[r, t] for r, t in sorted(sweep.raw.items())]}
         return {"config": asdict(self.config), "pending": pending, "done": list(self.done)}
 
     @classmethod
@@ -381,7 +382,8 @@ class StackDetector(SweepDetector):
         for sid, snap in state["pending"].items():
             table = [tuple(s) for s in snap["signatures"]]
             det.pending[sid] = Sweep(float(snap["first_ts"]), float(snap["last_ts"]),
-                                     {int(r): table[i] for r, i in snap["ranks"]})
+                                     {int(r): table[i] for r, i in snap["ranks"]},
+                                     {int(r): float(t) for r, t in snap.get("raw", ())})  # (none: saved before)
             det._interned[sid] = {s: s for s in table}
         det.done.extend(state["done"])
         return det

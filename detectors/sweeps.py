@@ -5,6 +5,10 @@ the topology has reported, or `window_s` of event time after its first record,
 whichever comes first, or when the input ends (`finish`: a file of dumps with a
 rank missing, whose py-spy failed or whose node died, holds all there is).
 Records of a sweep already analysed, or arriving after its window, are dropped.
+A sweep's times are its records' times as corrected by their nodes' clocks as
+known now, not when each came: a node whose clock just stepped, read early (its
+records stamped behind, in an event-time replay), would otherwise open the window
+from its dumps and leave its peers' dumps of the same sweep late.
 At most `max_pending` sweeps are collected at once.
 `SweepDetector` does the bookkeeping; a subclass says what it keeps of a record
 (`entry`) and what a finished sweep means (`analyse`). The evidence of what a
@@ -37,6 +41,7 @@ class Sweep:
     first_ts: float
     last_ts: float
     items: dict[int, Any] = field(default_factory=dict)  # rank -> what the detector keeps of its record
+    raw: dict[int, float] = field(default_factory=dict)  # rank -> its record's time by its node's own clock
 
 
 class SweepDetector(DetectorBase):
@@ -50,6 +55,7 @@ class SweepDetector(DetectorBase):
         self.max_pending = max_pending
         self.pending: dict[str, Sweep] = {}
         self.done: deque[str] = deque(maxlen=remember_done)
+        self.clock: Any = None  # the job's `clocks.ClockDetector` (JobMonitor hands it over): the nodes' offsets
 
     def entry(self, rec: Record, sweep: Sweep) -> Any:
         """What to keep of one rank's record."""
@@ -63,6 +69,7 @@ class SweepDetector(DetectorBase):
         self.topo = topo
         for sweep in self.pending.values():
             sweep.items = {r: v for r, v in sweep.items.items() if r < topo.size}
+            sweep.raw = {r: t for r, t in sweep.raw.items() if r < topo.size}
 
     def observe(self, rec: Record) -> list[Finding]:
         if rec.kind != self.kind or rec.rank >= self.topo.size or rec.snapshot in self.done:
@@ -70,9 +77,11 @@ class SweepDetector(DetectorBase):
         sweep = self.pending.get(rec.snapshot)
         if sweep is None:
             sweep = self.pending[rec.snapshot] = Sweep(rec.ts, rec.ts)
-        elif rec.ts > sweep.first_ts + self.window_s:
+        elif self._retime(sweep) and rec.ts > sweep.first_ts + self.window_s:
             return []  # late: the window closed (advance may not have run yet)
         sweep.items[rec.rank] = self.entry(rec, sweep)
+        sweep.raw[rec.rank] = rec.ts + (float(self.clock.rank_offsets()[rec.rank]) if self.clock is not None else 0.0)
+        sweep.first_ts = min(sweep.first_ts, rec.ts)
         sweep.last_ts = max(sweep.last_ts, rec.ts)
         out: list[Finding] = []
         if len(sweep.items) >= self.topo.size:
@@ -82,7 +91,18 @@ class SweepDetector(DetectorBase):
             out += self._close(sid, self.pending[sid].last_ts)
         return out
 
+    def _retime(self, sweep: Sweep) -> bool:
+        """The sweep's first and last times by its nodes' clocks as known now (True, to chain). A sweep saved
+        without its records' own times keeps the times it has."""
+        if self.clock is not None and sweep.raw and len(sweep.raw) == len(sweep.items) and self.clock.skewed:
+            offs = self.clock.rank_offsets()
+            ts = [t - float(offs[r]) for r, t in sweep.raw.items()]
+            sweep.first_ts, sweep.last_ts = min(ts), max(ts)
+        return True
+
     def advance(self, now: float) -> list[Finding]:
+        for sweep in self.pending.values():
+            self._retime(sweep)
         due = sorted((s.first_ts + self.window_s, sid) for sid, s in self.pending.items()
                      if s.first_ts + self.window_s <= now)
         out: list[Finding] = []
