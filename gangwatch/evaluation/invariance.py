@@ -26,7 +26,10 @@ from gangwatch.streams.replay import Item, Replay
 from gangwatch.triage.budgets import CoreConfig
 from gangwatch.triage.core import Core
 
-ORDERS = ("arrival", "event")  # as the monitoring path delivered the records; sorted by the senders' times
+# as the monitoring path delivered the records; sorted by the senders' times; one node's records held `FLUSH_S`
+# from `at_s` on and then delivered at once (a spool flushed after a broker blip or an agent's restart)
+ORDERS = ("arrival", "event", "flush")
+FLUSH_S = 20.0
 DIAGNOSTIC = frozenset({"collect_stacks"})  # actions that gather evidence and decide nothing (see `Decisions.same`)
 
 
@@ -66,7 +69,7 @@ class Job:
 @dataclass(frozen=True)
 class Perturbation:
     """One node's clock `offset_s` off from `at_s` on (0: from the start; no offset: none), records read in
-    `order`."""
+    `order` (`flush`: that node's records from `at_s` on held `FLUSH_S` seconds, then delivered at once)."""
 
     order: str = "arrival"
     offset_s: float = 0.0
@@ -75,7 +78,9 @@ class Perturbation:
     def __str__(self) -> str:
         clock = "" if not self.offset_s else f"clock {self.offset_s:+g} s" + (
             f" stepped at {self.at_s:g} s" if self.at_s else " from the start")
-        return ", ".join(x for x in (clock, f"{self.order} order") if x)
+        order = f"its records from {self.at_s:g} s flushed {FLUSH_S:g} s late" if self.order == "flush" \
+            else f"{self.order} order"
+        return ", ".join(x for x in (clock, order) if x)
 
 
 @dataclass(frozen=True)
@@ -136,11 +141,13 @@ def records(job: Job, p: Perturbation) -> list[dict]:
     its clock's time), then the order."""
     more = (Fault("clock_skew", p.at_s, node=job.healthy_node, params={"offset_s": p.offset_s}),) \
         if p.offset_s else ()
+    if p.order == "flush":
+        more += (Fault("late_delivery", p.at_s, node=job.healthy_node, params={"flush_s": FLUSH_S}),)
+    elif p.order not in ORDERS:
+        raise ValueError(f"unknown order {p.order!r}; one of {', '.join(ORDERS)}")
     msgs = list(messages(job.scenario(*more)))
     if p.order == "event":
         msgs.sort(key=lambda m: m["ts"])
-    elif p.order != "arrival":
-        raise ValueError(f"unknown order {p.order!r}; one of {', '.join(ORDERS)}")
     return msgs
 
 
@@ -171,7 +178,7 @@ def perturbations(size: str = "ci") -> list[Perturbation]:
     shifts = [(30.0, 0.0), (-30.0, 0.0), (25.0, 100.0), (-40.0, 100.0)]
     if size == "full":
         shifts += [(300.0, 0.0), (-300.0, 0.0), (5.0, 60.0), (-600.0, 150.0), (600.0, 30.0)]
-    out = [Perturbation("event")]
+    out = [Perturbation("event"), Perturbation("flush", at_s=60.0)]
     for off, at in shifts:
         out += [Perturbation(order, off, at) for order in ORDERS]
     return out
