@@ -43,6 +43,7 @@ class Timeline:
     resolution: str | None = None  # how it ended without a recovery: self_resolved, job_stopped, ... (None: not so)
     attempts: int = 0  # a crash loop: how many times it recurred after a restart
     signature: str | None = None  # the software failure it is about (a crash loop recurs with the same one)
+    swapped: list[str] = field(default_factory=list)  # a crash loop's node swapped once for a spare: node or code?
     withdrawn: list[str] = field(default_factory=list)  # its findings a late record showed wrong
     shadow: bool = False  # its actions were only recorded (shadow mode): nothing was sent
     # an answer it waits for from the controller (triage/diagnose.py): kind, action id, nodes, until when

@@ -74,6 +74,9 @@ def _v2_to_v3(old: State) -> State:
 def _v3_to_v4(old: State) -> State:
     state = copy.deepcopy(old)
     _detectors(state, 3)
+    tri = state["triage"]
+    for timeline in ([tri["incident"]] if tri["incident"] else []) + tri["waiting"]:
+        fill_missing(timeline, {"swapped": []})  # (grew in version 4, issue 42: no node swapped; from_dict's default)
     state["v"] = 4
     return state
 

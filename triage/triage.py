@@ -476,10 +476,13 @@ class Triage:
         )
         already = set(inc.evicted_nodes)
         decisions = [d for d in decide(situation) if not (d.nodes and set(d.nodes) <= already)]
-        if inc.signature and inc.attempts >= self.config.crash_loop_restarts:
-            paged = inc.attempts > self.config.crash_loop_restarts  # once: later recurrences only join it
-            decisions = [self._crash_loop(inc, d) for d in decisions if d.type in ("restart_in_process", "requeue")
-                         and not paged] + [d for d in decisions if d.type not in ("restart_in_process", "requeue")]
+        limit = self.config.crash_loop_restarts + len(inc.swapped)  # (a swap is one more try)
+        if inc.signature and inc.attempts >= limit:
+            paged = inc.attempts > limit  # once: later recurrences only join it
+            restarts = [d for d in decisions if d.type in ("restart_in_process", "requeue")]
+            swap = self._swap(inc) if restarts and not paged and not inc.swapped else None
+            decisions = ([swap] if swap else [self._crash_loop(inc, d) for d in restarts if not paged]) + \
+                [d for d in decisions if d.type not in ("restart_in_process", "requeue")]
         decisions = self.guards.review(decisions, now, len(topo.nodes))
         if self.config.ladder and CLASSES[inc.cls].stops_the_job and not inc.planned and not software \
                 and not job_level and not held and not (loc.culprits and loc.confidence >= self.config.confidence):
@@ -503,14 +506,34 @@ class Triage:
             self.await_controller(inc)
             self.let_go()
 
+    def _swap(self, inc: Timeline) -> Decision | None:
+        """A crash loop whose failure stayed on one node, with a spare free: that node swapped for a spare once,
+        to tell the node from the code (None: no spare, or no one node). If the failure then follows its rank
+        onto the spare, it is the code (`_crash_loop` says so, naming the swap); if it does not, the node is
+        out."""
+        left = self.spares_left()
+        _, rank, _ = inc.signature.split("|", 2)
+        nodes = sorted({self.topo.node_of(int(rank.split()[-1]))})
+        if (left is not None and left < 1) or len(nodes) != 1:
+            return None
+        inc.swapped = nodes
+        return Decision("replace", tuple(nodes), "hot",
+                        f"crash loop: {rank} on {nodes[0]} failed the same way {inc.attempts + 1} times after "
+                        f"{inc.attempts} restart{'s' if inc.attempts != 1 else ''} with no progress past step "
+                        f"{inc.stall_step}: {nodes[0]} is swapped for a spare once, to tell the node from the code "
+                        f"(the same failure on the spare is the code's){self.pool()}")
+
     def _crash_loop(self, inc: Timeline, d: Decision) -> Decision:
-        """Restarting again would fail again: a human, told the signature, the count and where."""
+        """Restarting again would fail again: a human, told the signature, the count and where (and, after a swap,
+        that the failure followed its rank onto the spare)."""
         cause, rank, message = inc.signature.split("|", 2)
         nodes = d.nodes or tuple(sorted({self.topo.node_of(int(rank.split()[-1]))}))
+        swap = (f"; it followed {rank} from {', '.join(inc.swapped)} onto the spare {', '.join(nodes)}, so it is "
+                "not the machine") if inc.swapped else ""
         return Decision("escalate", nodes, "manual",
                         f"crash loop: {rank} on {', '.join(nodes)} failed the same way {inc.attempts + 1} times "
                         f"({cause}: {message}) after {inc.attempts} restart{'s' if inc.attempts != 1 else ''} with no "
-                        f"progress past step {inc.stall_step}: no more restarts; a software failure evicts no "
+                        f"progress past step {inc.stall_step}{swap}: no more restarts; a software failure evicts no "
                         "machine; a human must fix the code, the data or the configuration")
 
     def _cite(self, decisions: list[Decision], evidence: list[str]) -> list[Decision]:

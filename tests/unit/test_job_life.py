@@ -23,18 +23,19 @@ NODES = ("n1", "n2", "n3")
 RANKS = 6  # rank r on NODES[r // 2]
 
 
-def job(ts: float) -> Job:
-    return Job(ts=ts, job="j", ranks=[RankInfo(rank=r, node=NODES[r // 2], gpu=r % 2) for r in range(RANKS)],
+def job(ts: float, nodes: tuple[str, ...] = NODES) -> Job:
+    return Job(ts=ts, job="j", ranks=[RankInfo(rank=r, node=nodes[r // 2], gpu=r % 2) for r in range(RANKS)],
                heartbeat_s=HB)
 
 
 def run_of(start: float, first_step: int, steps: int, *, gap: dict[int, float] | None = None,
-           silent: dict[int, float] | None = None, beat_until: float | None = None) -> tuple[list, float]:
+           silent: dict[int, float] | None = None, beat_until: float | None = None,
+           nodes: tuple[str, ...] = NODES) -> tuple[list, float]:
     """A run: its job record, 10 s of start-up, then `steps` steps from `first_step` (1 s each; step k waits
     `gap[k]` s more before it ends: a pause); heartbeats every HB from every rank throughout (until
     `beat_until`); rank r sends nothing from `silent[r]` on. Returns (records, the time of the last step)."""
     gap, silent = gap or {}, silent or {}
-    recs: list = [job(start)]
+    recs: list = [job(start, nodes)]
     t = start + 10.0
     for k in range(first_step, first_step + steps):
         t += 1.0 + gap.get(k, 0.0)
@@ -129,12 +130,15 @@ def test_a_late_heartbeat_during_start_up_evicts_nobody():
     assert out.actions == [] and out.incidents == []
 
 
-def _crashing_runs(attempts: int, *, fail_at: int = 40, ckpt: int = 30) -> tuple[list, float]:
+def _crashing_runs(attempts: int, *, fail_at: int = 40, ckpt: int = 30, swapped_after: int | None = None,
+                   start: float = T0, first: int = 0) -> tuple[list, float]:
     """A code bug: rank 3 (on n2) raises the same error at step `fail_at` in every attempt; the controller
-    restarts the job from the checkpoint at step `ckpt` each time (a new job record, the same id)."""
-    recs, start, first = [], T0, 0
-    for _ in range(attempts):
-        run, t = run_of(start, first, fail_at - first, beat_until=start + 10 + (fail_at - first))
+    restarts the job from the checkpoint at step `ckpt` each time (a new job record, the same id); from attempt
+    `swapped_after` on, n2 is swapped for the spare n4 (the bug follows rank 3 onto it)."""
+    recs = []
+    for k in range(attempts):
+        nodes = ("n1", "n4", "n3") if swapped_after is not None and k >= swapped_after else NODES
+        run, t = run_of(start, first, fail_at - first, beat_until=start + 10 + (fail_at - first), nodes=nodes)
         recs += run
         recs.append(Framework(ts=t + 0.5, job="j", rank=3, type="exception",
                               message=f"RuntimeError: shape mismatch in batch {fail_at} at 0x7f3a{attempts}"))
@@ -145,14 +149,39 @@ def _crashing_runs(attempts: int, *, fail_at: int = 40, ckpt: int = 30) -> tuple
     return recs, t
 
 
-def test_a_repeating_code_bug_is_restarted_twice_then_escalated_naming_its_node_and_evicts_nobody():
+def test_a_repeating_code_bug_with_no_spare_is_restarted_twice_then_escalated_naming_its_node_evicting_nobody():
     recs, end = _crashing_runs(4)
-    out = replay(recs, end + 60)
+    out = replay(recs, end + 60, spares=0)
     assert acts(out) == [("restart_in_process", ["n2"]), ("restart_in_process", ["n2"]), ("escalate", ["n2"])]
     assert len({a.id for a in out.actions}) == 3 and len({a.incident for a in out.actions}) == 1
     page = out.actions[-1]
     assert "crash loop" in page.reason and "rank 3" in page.reason and "3 times" in page.reason
     assert all(i.evicted_nodes == [] for i in out.incidents) and len(final(out)) == 1
+
+
+def test_a_crash_loop_with_a_spare_free_swaps_its_node_once_and_pages_when_the_failure_follows_the_rank():
+    """Issue 42: the failure stayed on n2 through two restarts; a spare is free, so n2 is swapped once (one spare's
+    cost); the same failure on the spare n4 is the code's: a page naming the rank and the swap that proved it."""
+    recs, end = _crashing_runs(4, swapped_after=3)
+    out = replay(recs, end + 60, spares=2)
+    assert acts(out) == [("restart_in_process", ["n2"]), ("restart_in_process", ["n2"]), ("replace", ["n2"]),
+                         ("escalate", ["n4"])]
+    swap, page = out.actions[2], out.actions[3]
+    assert "swapped for a spare once" in swap.reason and "spares" in swap.reason
+    assert "followed rank 3 from n2 onto the spare n4" in page.reason and "not the machine" in page.reason
+    assert len({a.incident for a in out.actions}) == 1 and len(final(out)) == 1
+
+
+def test_a_crash_loop_that_stays_behind_on_its_swapped_node_keeps_that_node_out_and_pages_nobody():
+    """The same failure three times on n2, n2 swapped for n4: the job then steps on past where it failed, so it
+    was the machine: n2 stays out, nobody is paged."""
+    recs, end = _crashing_runs(3)
+    run, end = run_of(end + 30.0, 30, 40, nodes=("n1", "n4", "n3"))  # on the spare: past step 40, no failure
+    run += [Framework(ts=end + 1 + 0.01 * r, job="j", rank=r, type="exit", extra={"code": 0}) for r in range(RANKS)]
+    out = replay(recs + run, end + 60, spares=2)
+    assert acts(out) == [("restart_in_process", ["n2"]), ("restart_in_process", ["n2"]), ("replace", ["n2"])]
+    [inc] = final(out).values()
+    assert inc.evicted_nodes == ["n2"] and inc.recovered_ts is not None
 
 
 def test_a_failure_the_restart_gets_past_is_not_a_loop():
