@@ -430,7 +430,7 @@ class ClockDetector(DetectorBase):
         uniq, inv = np.unique(node, return_inverse=True)
         if len(uniq) < self.min_nodes:
             return math.nan
-        votes = np.array([float(np.median(t[inv == k])) for k in range(len(uniq))])
+        votes = _group_medians(inv, t, len(uniq))
         mid = float(np.median(votes))
         agree = np.abs(votes - mid) <= self.config.sync_s
         n_agree = int(agree.sum())
@@ -584,6 +584,16 @@ class ClockDetector(DetectorBase):
         if state is not None:  # grew without a version change (issue 42): none counted yet
             fill_missing(state, {"beats_since": {}})
         return state
+
+
+def _group_medians(group: np.ndarray, x: np.ndarray, n: int) -> np.ndarray:
+    """The median of `x` within each of `n` groups (`group`: 0..n-1, each non-empty), in one sort."""
+    order = np.lexsort((x, group))
+    xs = x[order]
+    count = np.bincount(group, minlength=n)
+    start = np.concatenate(([0], np.cumsum(count)[:-1]))
+    lo, hi = start + (count - 1) // 2, start + count // 2
+    return (xs[lo] + xs[hi]) / 2.0
 
 
 def _shifted(rows: StepRows, offs: np.ndarray) -> StepRows:

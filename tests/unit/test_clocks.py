@@ -213,3 +213,16 @@ def test_the_clock_s_row_medians_are_numpy_s_nanmedian(rows, cols, seed, holes, 
         want = np.nanmedian(a, axis=1)
     got = nanmedian_rows(a)
     assert np.array_equal(got, want, equal_nan=True), (a, got, want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 7), st.floats(-1e6, 1e6, allow_nan=False)), min_size=1, max_size=60))
+def test_the_votes_are_each_node_s_median(pairs):
+    """A node's vote (its ranks' median end time), for all nodes in one sort, is numpy's median of its own."""
+    from gangwatch.detectors.clocks import _group_medians
+
+    nodes = sorted({g for g, _ in pairs})
+    group = np.array([nodes.index(g) for g, _ in pairs])
+    x = np.array([v for _, v in pairs])
+    want = [float(np.median(x[group == k])) for k in range(len(nodes))]
+    assert _group_medians(group, x, len(nodes)).tolist() == want
