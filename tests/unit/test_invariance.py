@@ -50,6 +50,8 @@ def test_a_node_clock_stepped_mid_run_changes_no_decision_read_as_it_arrived(job
     no_change(job, Perturbation("arrival", offset, at_s))
 
 
+@pytest.mark.xfail(strict=True, reason="issue 42, open: the hang's stall clock (a node behind, read in event-time "
+                   "order, stalls the job) was reverted: its fix broke worker = replay (tests/integration/test_parity)")
 @BOUNDED
 @given(job=jobs, offset=st.one_of(st.just(0.0), offsets), at_s=st.sampled_from([0.0, 60.0]))
 def test_the_same_telemetry_read_in_event_time_order_decides_as_read_as_it_arrived(job, offset, at_s):
