@@ -404,9 +404,7 @@ class ClockDetector(DetectorBase):
         agreed end time (see `_agreed`), else the whole job's, where its clocks agreed."""
         stage = self.topo.pp[r]
         ref = np.full(self.stages, np.nan)
-        earlier = [x for x in self.refs if x < s]
-        before = self.refs[max(earlier)] if earlier else None
-        prev = float(np.nanmax(before)) if before is not None and not np.isnan(before).all() else None
+        prev = self._previous_reference(s) if self.pair else None
         whole = self._agreed(r, t, prev)  # the job's, for stages of too few nodes (when all stages end together)
         for p in np.unique(stage).tolist():
             mine = stage == p
@@ -419,6 +417,12 @@ class ClockDetector(DetectorBase):
         for old in [x for x in self.refs if x <= self.top - self.config.keep_steps]:
             del self.refs[old]
         return ref
+
+    def _previous_reference(self, s: int) -> float | None:
+        """The latest reference time of the newest step before s that has one (None: none)."""
+        earlier = [x for x in self.refs if x < s]
+        before = self.refs[max(earlier)] if earlier else None
+        return float(np.nanmax(before)) if before is not None and not np.isnan(before).all() else None
 
     def _agreed(self, r: np.ndarray, t: np.ndarray, prev: float | None = None) -> float:
         """The end time these records' clocks agree on, else NaN. A node is one clock, one vote (its ranks' median

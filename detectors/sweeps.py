@@ -77,8 +77,10 @@ class SweepDetector(DetectorBase):
         sweep = self.pending.get(rec.snapshot)
         if sweep is None:
             sweep = self.pending[rec.snapshot] = Sweep(rec.ts, rec.ts)
-        elif self._retime(sweep) and rec.ts > sweep.first_ts + self.window_s:
-            return []  # late: the window closed (advance may not have run yet)
+        else:
+            self._retime(sweep)
+            if rec.ts > sweep.first_ts + self.window_s:
+                return []  # late: the window closed (advance may not have run yet)
         sweep.items[rec.rank] = self.entry(rec, sweep)
         sweep.raw[rec.rank] = rec.ts + (float(self.clock.rank_offsets()[rec.rank]) if self.clock is not None else 0.0)
         sweep.first_ts = min(sweep.first_ts, rec.ts)
@@ -91,14 +93,13 @@ class SweepDetector(DetectorBase):
             out += self._close(sid, self.pending[sid].last_ts)
         return out
 
-    def _retime(self, sweep: Sweep) -> bool:
-        """The sweep's first and last times by its nodes' clocks as known now (True, to chain). A sweep saved
-        without its records' own times keeps the times it has."""
+    def _retime(self, sweep: Sweep) -> None:
+        """The sweep's first and last times by its nodes' clocks as known now. A sweep saved without its records'
+        own times keeps the times it has."""
         if self.clock is not None and sweep.raw and len(sweep.raw) == len(sweep.items) and self.clock.skewed:
             offs = self.clock.rank_offsets()
             ts = [t - float(offs[r]) for r, t in sweep.raw.items()]
             sweep.first_ts, sweep.last_ts = min(ts), max(ts)
-        return True
 
     def advance(self, now: float) -> list[Finding]:
         for sweep in self.pending.values():

@@ -512,22 +512,27 @@ class Triage:
         onto the spare, it is the code (`_crash_loop` says so, naming the swap); if it does not, the node is
         out."""
         left = self.spares_left()
-        _, rank, _ = inc.signature.split("|", 2)
-        nodes = sorted({self.topo.node_of(int(rank.split()[-1]))})
-        if (left is not None and left < 1) or len(nodes) != 1:
+        if left is not None and left < 1:
             return None
-        inc.swapped = nodes
-        return Decision("replace", tuple(nodes), "hot",
-                        f"crash loop: {rank} on {nodes[0]} failed the same way {inc.attempts + 1} times after "
+        rank, node = self._loop_rank(inc)
+        inc.swapped = [node]
+        return Decision("replace", (node,), "hot",
+                        f"crash loop: {rank} on {node} failed the same way {inc.attempts + 1} times after "
                         f"{inc.attempts} restart{'s' if inc.attempts != 1 else ''} with no progress past step "
-                        f"{inc.stall_step}: {nodes[0]} is swapped for a spare once, to tell the node from the code "
+                        f"{inc.stall_step}: {node} is swapped for a spare once, to tell the node from the code "
                         f"(the same failure on the spare is the code's){self.pool()}")
+
+    def _loop_rank(self, inc: Timeline) -> tuple[str, str]:
+        """A crash loop's rank, as its signature says it ("rank N"), and the node it runs on now."""
+        rank = inc.signature.split("|", 2)[1]
+        return rank, self.topo.node_of(int(rank.split()[-1]))
 
     def _crash_loop(self, inc: Timeline, d: Decision) -> Decision:
         """Restarting again would fail again: a human, told the signature, the count and where (and, after a swap,
         that the failure followed its rank onto the spare)."""
-        cause, rank, message = inc.signature.split("|", 2)
-        nodes = d.nodes or tuple(sorted({self.topo.node_of(int(rank.split()[-1]))}))
+        cause, _, message = inc.signature.split("|", 2)
+        rank, node = self._loop_rank(inc)
+        nodes = d.nodes or (node,)
         swap = (f"; it followed {rank} from {', '.join(inc.swapped)} onto the spare {', '.join(nodes)}, so it is "
                 "not the machine") if inc.swapped else ""
         return Decision("escalate", nodes, "manual",

@@ -22,7 +22,6 @@ from gangwatch.producers.simulate import Fault, Scenario
 from gangwatch.producers.simulate.emit import messages
 from gangwatch.schemas import Outputs
 from gangwatch.schemas.codec import decode_obj
-from gangwatch.streams.replay import Item, Replay
 from gangwatch.triage.budgets import CoreConfig
 from gangwatch.triage.core import Core
 
@@ -117,25 +116,6 @@ class Changed:
         return f"{self.job.name} [{self.perturbation}]: {self.got}  (unperturbed: {self.expected})"
 
 
-class _Collect:
-    """A sink that keeps what the core produced."""
-
-    def __init__(self) -> None:
-        self.out = Outputs()
-
-    def observe(self, rec) -> None:
-        pass
-
-    def write(self, out: Outputs) -> None:
-        self.out.extend(out)
-
-    def reject(self, dead) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def records(job: Job, p: Perturbation) -> list[dict]:
     """The job's messages as perturbed: the clock shift made by the simulator (every record of the node carries
     its clock's time), then the order."""
@@ -152,20 +132,18 @@ def records(job: Job, p: Perturbation) -> list[dict]:
 
 
 def decide(msgs: Iterable[dict], config: CoreConfig | None = None, silence_s: float = 0.0) -> Decisions:
-    """Replay the messages through the pure core (as `gangwatch replay` does, record by record); with
+    """Replay the messages through the pure core, record by record (`gangwatch replay`'s path); with
     `silence_s`, time then runs on that long with nothing read, a second at a time, as the worker's silence timer
     moves it (the end of a file is no silence; the end of a live stream is)."""
-    sink = _Collect()
-    rep = Replay([sink], Core(config or CoreConfig()))
+    core, out = Core(config or CoreConfig()), Outputs()
     last = None
     for m in msgs:
-        rep.feed(Item(m["ts"], "invariance", None, decode_obj(m)))
+        core.process(decode_obj(m), out)
         last = m["ts"] if last is None else max(last, m["ts"])
-    if last is not None and silence_s > 0:
+    if last is not None:
         for k in range(1, int(silence_s) + 1):
-            sink.write(rep.core.advance(last + k))
-    rep.close()
-    out = sink.out
+            core.advance(last + k, out)
+    out.extend(core.finish())
     latest: dict[str, tuple[str, tuple[str, ...]]] = {}
     for inc in out.incidents:  # an incident's updates: its last word
         latest[inc.id] = (inc.cls, tuple(sorted(inc.culprit_nodes)))
