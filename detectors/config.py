@@ -54,6 +54,7 @@ class HangConfig:
     pause_limit_s: float = 600.0  # a known pause of a kind not seen before is a stall after this long ...
     pause_factor: float = 3.0  # ... a later one after this many times the longest of its kind so far ...
     pause_min_s: float = 120.0  # ... but never sooner than this (a few quick saves do not make a slow one a hang)
+    ahead_s: float = 2.0  # a step stamped later than the job's time plus this took place at most then (a clock ahead)
 
 
 @dataclass(frozen=True)

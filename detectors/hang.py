@@ -34,6 +34,7 @@ answers no dump), so without it the stall would name nobody.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -53,7 +54,7 @@ class HangEvidence(Evidence):
     """No step progress for `threshold_s` after `last_step`."""
 
     last_step: int  # the newest step any rank finished
-    last_progress_ts: float  # when it was first seen
+    last_progress_ts: float  # when the job last made progress (a rank finished a step of its own)
     threshold_s: float  # the stall that counts as a hang, from the job's rhythm
     baseline_s: float | None  # median step interval (None: no baseline yet)
     lagging_ranks: list[int]  # ranks behind the newest step, when a small minority (a hint, no verdict)
@@ -88,6 +89,22 @@ _FROZEN_FRESH = 2.5  # heartbeat periods after the agent's latest report that a 
 _STOPS = frozenset({"exit", "exception", "oom"})  # framework records of a process that stopped
 
 
+def _advanced(rank: np.ndarray, step: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """Per record (in order): whether it is past every step its rank reported before it (`last`: each rank's
+    newest before these records), as record-by-record updates of `last` would find."""
+    n = len(rank)
+    order = np.lexsort((np.arange(n), rank))  # by rank, each rank's records in order
+    r, s = rank[order], step[order]
+    big = np.int64(1) << 32
+    key = np.maximum.accumulate(r * big + s)  # ranks ascend, so a running max stays within its rank
+    prior = np.empty(n, dtype=np.int64)
+    prior[0] = -1
+    prior[1:] = np.where(r[1:] == r[:-1], key[:-1] - r[1:] * big, -1)
+    out = np.empty(n, dtype=bool)
+    out[order] = s > np.maximum(prior, last[r])
+    return out
+
+
 class HangDetector(DetectorBase):
     """Job-wide step progress of one job."""
 
@@ -104,7 +121,9 @@ class HangDetector(DetectorBase):
         self.topo = topo
         self.last_step = np.full(topo.size, -1, dtype=np.int64)
         self.max_step = -1
-        self.progress_ts = topo.ts  # when the newest step was first seen
+        self.progress_ts = topo.ts  # when the job last made progress: a rank finished a step (the stall clock)
+        self.first_ts = topo.ts  # when the newest step was first seen (the rhythm's clock)
+        self.now = -math.inf  # the job's time at the last advance
         self.intervals: list[float] = []
         self.seen_intervals = 0
         self.reported = False
@@ -130,13 +149,25 @@ class HangDetector(DetectorBase):
             if rec.type in _STOPS:
                 self.stopped_ts = max(self.stopped_ts, rec.ts)
             return []
-        if rec.step > self.last_step[rec.rank]:
+        advanced = rec.step > self.last_step[rec.rank]
+        if advanced:
             self.last_step[rec.rank] = rec.step
         if self.frozen:
             self._thaw(rec.rank, rec.ts)
         if rec.step > self.max_step:
             self.progress(rec.step, rec.ts)
+        elif advanced:
+            self._confirm(rec.ts)
         return []
+
+    def _confirm(self, ts: float) -> None:
+        """A rank finished a step of its own, not past the newest one: the job was still making progress then (a
+        node whose records come early, its clock behind in an event-time replay, reaches the newest step first;
+        the others' steps after it are progress too)."""
+        if self.now > -math.inf:
+            ts = min(ts, self.now + self.config.ahead_s)
+        if ts > self.progress_ts:
+            self.progress_ts = ts
 
     def _beat(self, rec: Record) -> list[Finding]:
         """A heartbeat: the agent's for a frozen rank (named at once during a stall already reported), or the
@@ -188,6 +219,7 @@ class HangDetector(DetectorBase):
             self.longest[what] = max(self.longest.get(what, 0.0), round(rec.ts - since, 6))
             if not self.paused:
                 self.progress_ts = max(self.progress_ts, rec.ts)  # the stall clock starts again
+                self.first_ts = max(self.first_ts, rec.ts)  # (and the pause is no step of the rhythm)
         elif rec.event in ("stop", "end", "restart"):
             self.stopped_ts = max(self.stopped_ts, rec.ts)
 
@@ -198,13 +230,18 @@ class HangDetector(DetectorBase):
 
     def progress(self, step: int, ts: float) -> None:
         """A step past the newest one any rank finished, at `ts`: the job made progress."""
-        if self.max_step >= 0 and ts > self.progress_ts:
+        # a step stamped ahead of the job's own time (a node whose clock ran ahead, before its offset is learned)
+        # happened no later than the job's time: it must not make a 25 s "step" of the job's rhythm
+        if self.now > -math.inf:
+            ts = min(ts, self.now + self.config.ahead_s)
+        if self.max_step >= 0 and ts > self.first_ts:
             self.seen_intervals += 1
             if self.seen_intervals > self.config.warmup_steps and not self.reported:  # a hang is no rhythm
-                gap = (ts - self.progress_ts) / (step - self.max_step)
+                gap = (ts - self.first_ts) / (step - self.max_step)
                 self.intervals = [*self.intervals[-(self.config.window - 1):], round(gap, 6)]
         self.max_step = step
         self.progress_ts = max(self.progress_ts, ts)
+        self.first_ts = max(self.first_ts, ts)
         self.reported = False
         self.named.clear()
 
@@ -220,6 +257,7 @@ class HangDetector(DetectorBase):
         return self._threshold[1]
 
     def advance(self, now: float) -> list[Finding]:
+        self.now = max(self.now, now)
         if self.reported or self.max_step < 0 or self.stopped_ts >= self.progress_ts:
             return []
         threshold = self.threshold_s()
@@ -248,7 +286,7 @@ class HangDetector(DetectorBase):
 
     def state(self) -> dict[str, Any]:
         return {"config": asdict(self.config), "last_step": self.last_step.tolist(), "max_step": self.max_step,
-                "progress_ts": self.progress_ts, "intervals": list(self.intervals),
+                "progress_ts": self.progress_ts, "first_ts": self.first_ts, "intervals": list(self.intervals),
                 "seen_intervals": self.seen_intervals, "reported": self.reported, "reports": self.reports,
                 "stopped_ts": None if np.isinf(self.stopped_ts) else self.stopped_ts,
                 "paused": [[r, since, what] for r, (since, what) in sorted(self.paused.items())],
@@ -256,7 +294,8 @@ class HangDetector(DetectorBase):
                 # only while some rank is frozen: a state without them (saved before issue 35) is one with none
                 **({"frozen": [[r, st, since, last] for r, (st, since, last) in sorted(self.frozen.items())]}
                    if self.frozen else {}),
-                **({"named": sorted(self.named)} if self.named else {})}
+                **({"named": sorted(self.named)} if self.named else {}),
+                "now": self.now if self.now > -math.inf else None}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> HangDetector:
@@ -264,6 +303,7 @@ class HangDetector(DetectorBase):
         det.last_step = np.asarray(state["last_step"], dtype=np.int64)
         det.max_step = state["max_step"]
         det.progress_ts = state["progress_ts"]
+        det.first_ts = state["first_ts"]
         det.intervals = list(state["intervals"])
         det.seen_intervals = state["seen_intervals"]
         det.reported = state["reported"]
@@ -274,6 +314,7 @@ class HangDetector(DetectorBase):
         # saved before frozen ranks were kept: none frozen, none named
         det.frozen = {int(r): (st, since, last) for r, st, since, last in state.get("frozen", ())}
         det.named = set(state.get("named", ()))
+        det.now = -math.inf if state["now"] is None else state["now"]
         return det
 
     @classmethod
@@ -281,6 +322,9 @@ class HangDetector(DetectorBase):
         """Its saved state brought up to date (`DetectorBase.upgrade_state`)."""
         if version == 2:  # grew without a version change: any of this may be missing
             fill_missing(state, {"stopped_ts": None, "paused": [], "longest": {}, "reports": int(state["reported"])})
+        if state is not None:  # grew without a version change (issue 42): the stall and rhythm clocks were one;
+            # no time known yet (no clamp of a step stamped ahead until time next moves)
+            fill_missing(state, {"first_ts": state["progress_ts"], "now": None})
         return state
 
     def observe_run(self, run: RecordRun) -> list[tuple[int, list[Finding]]]:
@@ -295,14 +339,25 @@ class HangDetector(DetectorBase):
         rank, step, ts = cols.rank[ok], cols.step[ok], cols.ts[ok]
         if step.size == 0:
             return out
+        advanced = _advanced(rank, step, self.last_step)
         np.maximum.at(self.last_step, rank, step)
         if self.frozen:  # a frozen rank's own step ends its freeze
             for r in [r for r in self.frozen if r in set(rank.tolist())]:
                 self._thaw(r, float(ts[rank == r].max()))
         before = np.maximum.accumulate(np.concatenate(([self.max_step], step[:-1])))
-        new = np.flatnonzero(step > before)
-        for s, t in zip(step[new].tolist(), ts[new].tolist(), strict=True):
+        new = step > before
+        # the other ranks' own steps between two new ones are progress too (`_confirm`): the latest of each stretch
+        stretch = np.cumsum(new)
+        confirmed = np.full(int(stretch[-1]) + 1, -np.inf)
+        same = advanced & ~new
+        np.maximum.at(confirmed, stretch[same], ts[same])
+        at = np.flatnonzero(new)
+        for k, (s, t) in enumerate(zip(step[at].tolist(), ts[at].tolist(), strict=True)):
+            if confirmed[k] > -np.inf:
+                self._confirm(float(confirmed[k]))
             self.progress(s, t)  # never a finding: hang finds only as time passes
+        if confirmed[-1] > -np.inf:
+            self._confirm(float(confirmed[-1]))
         return out
 
     def _beats(self, run: RecordRun) -> list[tuple[int, list[Finding]]]:

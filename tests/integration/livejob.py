@@ -340,14 +340,17 @@ class LiveJob:
         self.wait(lambda: caught_up(self.bootstrap, self.job, self.topics.job_inputs), timeout,
                   "the worker to read every input")
 
-    def inputs(self) -> list:
-        """Every input record on the topics so far (batches unpacked), in event time."""
-        recs = []
-        for msgs in read_all(self.bootstrap, self.topics.inputs).values():
-            for _, value in msgs:
-                recs += [r for r in decode(value) if not isinstance(r, DecodeError)]
-        recs.sort(key=lambda r: r.ts)
-        return recs
+    def inputs(self, order: str = "event") -> list:
+        """Every input record on the topics so far (batches unpacked), in event time; `order="arrival"`: in the
+        order their messages were sent (the messages' timestamps, across topics; a message's records in its own
+        order), as the worker may read them."""
+        sent = []
+        for msgs in read_all(self.bootstrap, self.topics.inputs, timestamps=True).values():
+            sent += [(at, [r for r in decode(value) if not isinstance(r, DecodeError)]) for at, value in msgs]
+        if order == "arrival":
+            sent.sort(key=lambda m: m[0])  # (stable: each partition's messages stay in their order)
+            return [r for _, recs in sent for r in recs]
+        return sorted((r for _, recs in sent for r in recs), key=lambda r: r.ts)
 
     def delivery_delays(self, rank: int) -> list[float]:
         """For each input record of `rank`, how long after its event time its message was sent to the broker."""
@@ -377,16 +380,18 @@ class LiveJob:
                     newest[r.id] = r
         return sorted(newest.values(), key=lambda i: i.onset_ts or 0.0)
 
-    def replayed(self, controller: SimulatedController | None = None) -> Outcome:
-        """The run's inputs replayed (see the module's docstring), up to now. With a simulated `controller`, the
-        answers of active diagnosis (replay and dual-run results) are its own instead of the recorded ones."""
+    def replayed(self, controller: SimulatedController | None = None, order: str = "event") -> Outcome:
+        """The run's inputs replayed (see the module's docstring), up to now, sorted by event time or (`order=
+        "arrival"`) as their messages were sent. With a simulated `controller`, the answers of active diagnosis
+        (replay and dual-run results) are its own instead of the recorded ones."""
         from gangwatch.streams import replay
         from gangwatch.triage.core import Core
 
-        name = "replay" if controller is None else "replay-simulated"  # both kept, to compare when they differ
+        # each kept, to compare when they differ
+        name = ("replay" if controller is None else "replay-simulated") + ("-arrival" if order == "arrival" else "")
         src = self.workdir / f"{name}-input.jsonl"
         now = Job(ts=time.time(), job=f"{self.job}-clock", ranks=[RankInfo(rank=0, node="clock")])
-        recs = [r for r in self.inputs() if controller is None or
+        recs = [r for r in self.inputs(order) if controller is None or
                 not (r.kind == "recovery" and r.phase in ("replay_result", "dual_run_result"))]
         src.write_bytes(b"".join(encode(r) + b"\n" for r in [*recs, now]))
         out = self._replay_dir = self.workdir / name

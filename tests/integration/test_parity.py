@@ -60,6 +60,11 @@ pytestmark = pytest.mark.integration
 
 PARTITIONS = 4
 DEADLINE = 90.0
+# How long the scenarios' jobs run: 3 s past the hang their stall makes (its threshold, 20 s after the stall at
+# 19 s). A timeout due within the input's last `lateness_s` (1 s) is replay's alone: replay's end of input reaches
+# the last record's time, a live worker (`--no-silence`) stays `lateness_s` behind it. 40 s put the hang 16 ms
+# from that edge, on one side or the other as the hang's clock moved by the last rank's step.
+SECONDS = 42
 
 
 def replay_outputs(tmp_path: Path, msgs) -> dict[str, list]:
@@ -112,7 +117,7 @@ def counts_reached(bootstrap: str, t: TopicSettings, expected: dict[str, list]) 
 
 
 def test_worker_matches_replay(kafka_bootstrap, topics, unique, tmp_path, workers):
-    recs = scenario()  # 4 nodes x 4 ranks, 1 s heartbeats; n001 goes silent at 20 s, n002 gets Xid 79 at 30.5 s
+    recs = scenario(seconds=SECONDS)  # 4 x 4 ranks, 1 s heartbeats; n001 silent at 20 s, n002 Xid 79 at 30.5 s
     msgs = messages(recs, topics)
     expected = replay_outputs(tmp_path, msgs)
     assert [f["type"] for f in expected["findings"]] == ["fail_stop", "hw_fault", "hang"]
@@ -138,7 +143,7 @@ def test_worker_matches_replay(kafka_bootstrap, topics, unique, tmp_path, worker
 
 
 def test_restart_resumes_from_the_changelog(kafka_bootstrap, topics, unique, tmp_path, workers):
-    recs = scenario(xid_node=None)  # job-keyed only: exact parity even as a backlog
+    recs = scenario(seconds=SECONDS, xid_node=None)  # job-keyed only: exact parity even as a backlog
     msgs = messages(recs, topics)
     expected = replay_outputs(tmp_path, msgs)
     assert expected["findings"] and expected["findings"][0]["ts"] > 1_700_000_021.0
@@ -167,7 +172,7 @@ def test_restart_resumes_from_the_changelog(kafka_bootstrap, topics, unique, tmp
 
 
 def test_two_workers_share_the_work_and_one_dies_mid_stream(kafka_bootstrap, topics, unique, tmp_path, workers):
-    recs = scenario()
+    recs = scenario(seconds=SECONDS)
     msgs = messages(recs, topics)
     expected = replay_outputs(tmp_path, msgs)
     first = workers(*worker_args(kafka_bootstrap, unique, topics, "--no-silence"))
@@ -266,10 +271,11 @@ def test_bad_messages_go_to_the_dlq_with_where_they_came_from(kafka_bootstrap, t
 # --- several jobs, as a backlog -------------------------------------------------------------------
 
 
-def several_jobs(seconds: int = 40) -> list:
+def several_jobs(seconds: int = SECONDS + 3) -> list:
     """Three jobs on their own nodes, interleaved in one stream: j1 loses n001 at 20 s; j2 gets a fatal Xid 79 on
-    n012 9.5 s before the end (30.5 s; a node event, re-keyed by job through `by-job`); j3 stays healthy but is
-    restarted at 15 s on a new node (a second job record: a topology change) and then loses it at 22 s. Every
+    n012 9.5 s before the end (35.5 s; a node event, re-keyed by job through `by-job`); j3 stays healthy but is
+    restarted at 15 s on a new node (a second job record: a topology change) and then loses it at 22 s, its gang
+    hung at 41 s (4 s before the end: see SECONDS). Every
     fault is decided within its own job's records (the worker runs with `--no-silence`: no wall clock moves a
     job). All three last `seconds`: replay's one watermark would move a job that ended early past its end."""
     import dataclasses

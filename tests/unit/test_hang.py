@@ -54,7 +54,7 @@ def run(det, recs, until=None, tick=1.0):
 def test_stall_after_step_100_is_one_hang_at_last_progress_plus_threshold() -> None:
     det = HangDetector(topo())
     recs, _ = steps(0, 100, T0)
-    last_progress = min(r.ts for r in recs if r.step == 100)  # when step 100 was first seen
+    last_progress = max(r.ts for r in recs if r.step == 100)  # when the last rank finished step 100
     found = run(det, recs, until=last_progress + 900)
     assert len(found) == 1
     [f] = found
