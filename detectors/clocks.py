@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import asdict, dataclass
+from operator import itemgetter
 from typing import Any, ClassVar
 
 import numpy as np
@@ -100,6 +101,7 @@ class ClockDetector(DetectorBase):
         # a job of two nodes: heartbeats of the other node read since each node's last record (see `now`)
         self.pair = n == 2
         self.beats_since = np.zeros(n, dtype=np.int64)
+        self.node_step = np.full(n, -1, dtype=np.int64)  # ... and the newest step each node's ranks finished
         self.newest = np.full(n + 1, -np.inf)  # raw newest time per node, and (last) of records of no node
         self.offset = np.zeros(n)  # applied offset per node
         self.samples = np.full((n, w), np.nan)  # recent per-step offsets (ring)
@@ -209,12 +211,18 @@ class ClockDetector(DetectorBase):
             return int(self.topo.node_index[rank]) if 0 <= rank < self.topo.size else None
         return self.node_pos.get(getattr(rec, "node", None))
 
-    def _count(self, node: int | None, beat: bool) -> None:
-        """A record of `node` read (a job of two nodes): it spoke; a heartbeat is a tick of the other's silence."""
+    def _count(self, node: int | None, beat: bool, step: int = -1) -> None:
+        """A record of `node` read (a job of two nodes): it spoke; a heartbeat is a tick of the other's silence,
+        once the node has caught up with the other's progress (its newest step at least the other's): the beats
+        of a node behind in steps are its past, told late (a spool flushed late, a node whose clock is ahead read
+        in event-time order), not time the other spent silent. A node that dies stops the gang at its step, so
+        its peer is at that step (or past it) and its beats count."""
         if node is None:
             return
         self.beats_since[node] = 0
-        if beat:
+        if step > self.node_step[node]:
+            self.node_step[node] = step
+        if beat and self.node_step[node] >= self.node_step[1 - node]:
             self.beats_since[1 - node] += 1
 
     def node_time(self, node: str) -> float:
@@ -224,6 +232,17 @@ class ClockDetector(DetectorBase):
         if i is None:
             return math.inf
         return float(self.newest[i] - self.offset[i])
+
+    def step_ends(self, step: np.ndarray) -> np.ndarray:
+        """When the job finished each of these steps by the clocks that agreed on it: its reference (the latest
+        stage's), in the job's frame; inf where none is known (a step not decided yet or long gone, a job of one
+        node)."""
+        out = np.full(len(step), np.inf)
+        for s in np.unique(step).tolist():
+            ref = self.refs.get(s)
+            if ref is not None and not np.isnan(ref).all():
+                out[step == s] = np.nanmax(ref)
+        return out
 
     def latest(self) -> float:
         """The newest corrected time any node has reached (-inf before any): where a finished input ends."""
@@ -290,7 +309,7 @@ class ClockDetector(DetectorBase):
     def observe(self, rec: Record) -> list[Finding]:
         self.heard(rec)
         if self.pair:
-            self._count(self._node_of(rec), rec.kind == "heartbeat")
+            self._count(self._node_of(rec), rec.kind == "heartbeat", rec.step if rec.kind == "step" else -1)
         if rec.kind != "step" or not self.learn or not 0 <= rec.rank < self.topo.size:
             return []  # (a record stamped before the job record may be a node's clock behind: it teaches too)
         return self._steps(np.array([rec.rank]), np.array([rec.step]), np.array([rec.ts]))
@@ -314,13 +333,15 @@ class ClockDetector(DetectorBase):
         if self.pair:  # in the records' order: which node spoke, and whether with a heartbeat
             said = []
             for kind in _RANK_KINDS:
-                for i, r in zip(run.by_kind.get(kind, ()), run.lists(kind, "rank"), strict=True):
+                steps = run.lists(kind, "step") if kind == "step" else None
+                for j, (i, r) in enumerate(zip(run.by_kind.get(kind, ()), run.lists(kind, "rank"), strict=True)):
                     if 0 <= r < topo.size:
-                        said.append((i, int(topo.node_index[r]), kind == "heartbeat"))
+                        said.append((i, int(topo.node_index[r]), kind == "heartbeat", -1 if steps is None
+                                     else int(steps[j])))
             for kind in _NODE_KINDS | _OTHER_KINDS:
-                said += [(i, self._node_of(run.record(i)), False) for i in run.by_kind.get(kind, ())]
-            for _, node, beat in sorted(said):
-                self._count(node, beat)
+                said += [(i, self._node_of(run.record(i)), False, -1) for i in run.by_kind.get(kind, ())]
+            for _, node, beat, step in sorted(said, key=itemgetter(0)):
+                self._count(node, beat, step)
         if "step" not in run.by_kind or not self.learn:
             return []
         cols = run.steps()
@@ -503,8 +524,11 @@ class ClockDetector(DetectorBase):
                 self.offset[i] = 0.0
             if self.offset[i] != before:
                 self._rank_offset = None
-                # its newest time by the clock it now has: the records before the change ran on the old one
-                self.newest[i] = min(self.newest[i], self.checked[i])
+                if abs(self.offset[i] - before) >= cfg.tolerance_s:
+                    # its newest time by the clock it now has: the records before the change ran on the old one
+                    # (a refinement of a few ms keeps it: its records unchecked yet, read early in an event-time
+                    # replay, would take the node's time back to its last checked step and hold the job there)
+                    self.newest[i] = min(self.newest[i], self.checked[i])
             said = self.reported[i]
             if self.offset[i] and (np.isnan(said) or abs(self.offset[i] - said) >= cfg.tolerance_s):
                 self.reported[i] = self.offset[i]
@@ -556,7 +580,9 @@ class ClockDetector(DetectorBase):
                 "checked": {n: float(self.checked[i]) for n, i in self.node_pos.items()
                             if np.isfinite(self.checked[i])},
                 "beats_since": {n: int(self.beats_since[i]) for n, i in self.node_pos.items()
-                                if self.beats_since[i]}}
+                                if self.beats_since[i]},
+                "node_steps": {n: int(self.node_step[i]) for n, i in self.node_pos.items()
+                               if self.pair and self.node_step[i] >= 0}}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> ClockDetector:
@@ -577,6 +603,9 @@ class ClockDetector(DetectorBase):
         for n, beats in state.get("beats_since", {}).items():  # (a state of version 4 saved before issue 42: none)
             if n in det.node_pos:
                 det.beats_since[det.node_pos[n]] = beats
+        for n, step in state["node_steps"].items():
+            if n in det.node_pos:
+                det.node_step[det.node_pos[n]] = step
         return det
 
     @classmethod
@@ -584,9 +613,9 @@ class ClockDetector(DetectorBase):
         """Its saved state brought up to date (`DetectorBase.upgrade_state`)."""
         if version == 3 and state is None:  # added in version 4 (issue 34): nothing learned, `newest` comes with
             return {"config": {}, "newest": {}, "nodes": {}, "refs": {}, "open": {}, "top": -1, "touched": [],
-                    "checked": {}, "beats_since": {}}  # the next records
+                    "checked": {}, "beats_since": {}, "node_steps": {}}  # the next records
         if state is not None:  # grew without a version change (issue 42): none counted yet
-            fill_missing(state, {"beats_since": {}})
+            fill_missing(state, {"beats_since": {}, "node_steps": {}})
         return state
 
 

@@ -114,6 +114,7 @@ class HangDetector(DetectorBase):
 
     def __init__(self, topo: Topology, config: HangConfig | None = None) -> None:
         self.config = config or HangConfig()
+        self.clock: Any = None  # the job's `clocks.ClockDetector` (JobMonitor hands it over): when steps ended
         self.longest: dict[str, float] = {}  # what a pause was -> the longest one of it the job has had
         self._reset(topo)
 
@@ -157,8 +158,17 @@ class HangDetector(DetectorBase):
         if rec.step > self.max_step:
             self.progress(rec.step, rec.ts)
         elif advanced:
-            self._confirm(rec.ts)
+            self._confirm(float(self._bounded(np.array([rec.step]), np.array([rec.ts]))[0]))
         return []
+
+    def _bounded(self, step: np.ndarray, ts: np.ndarray) -> np.ndarray:
+        """When ranks that finished these steps of their own made progress: their times, but no later than
+        `ahead_s` past the step's end by the clocks that agreed on it (`ClockDetector.step_ends`). A gang ends a
+        step together: a rank's step stamped later is a clock that stepped ahead, its offset not learned yet, and
+        it proves no progress past the step's own end."""
+        if self.clock is None:
+            return ts
+        return np.minimum(ts, self.clock.step_ends(step) + self.config.ahead_s)
 
     def _confirm(self, ts: float) -> None:
         """A rank finished a step of its own, not past the newest one: the job was still making progress then (a
@@ -350,7 +360,7 @@ class HangDetector(DetectorBase):
         stretch = np.cumsum(new)
         confirmed = np.full(int(stretch[-1]) + 1, -np.inf)
         same = advanced & ~new
-        np.maximum.at(confirmed, stretch[same], ts[same])
+        np.maximum.at(confirmed, stretch[same], self._bounded(step[same], ts[same]))
         at = np.flatnonzero(new)
         for k, (s, t) in enumerate(zip(step[at].tolist(), ts[at].tolist(), strict=True)):
             if confirmed[k] > -np.inf:
