@@ -3,7 +3,8 @@
 Also what makes the suite run in parallel processes (pytest-xdist, as CI does: `./gw test -n 4 --dist loadgroup`):
 - the live real-job tests (a torchrun job each, CPU-heavy) run in two lanes, one job at a time in each
   (`LANES`); tests sharing a module-scoped job stay in one lane;
-- the tests of the contract suite's hash-seed child run in one worker (`ONE_WORKER`): one child, not four;
+- the contract suite's tests of one detector run in one worker (tests/contract/groups.py): its runs over the
+  scenarios, and its hash-seed child, are computed once in the session, not in every worker;
 - the longest units go first (the lanes, then the fuzz shards, then the fault tests), so the suite's wall
   time is not one long test started last;
 - each worker has its own temporary directory (`TMPDIR`): defaults that live under it (a trainer client's
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.contract.groups import group_of as contract_group_of
 from tests.helpers import DATA
 
 # What each test costs, by lane (unit, contract, integration-replay, integration-live, fault): a table at the end
@@ -59,10 +61,6 @@ LANES = ("live-1", "live-2")
 # Tests (by the start of their name) that share one job (a module-scoped fixture): they share a lane; a test
 # renamed out of this list still passes, its job is only started a second time.
 SHARED_JOB_TESTS = ("test_a_healthy_run_",)
-# Tests of one module-scoped fixture that costs a process's worth of CPU (the contract suite's hash-seed child
-# recomputes every detector's findings): one worker runs them all, so one child is started, not one per worker.
-ONE_WORKER = {"tests/contract/test_detectors.py::" + name: "contract-hash-seed"
-              for name in ("test_every_detector_finds_something", "test_deterministic_across_processes")}
 # The fuzzing (10,000 cases per parser, in shards: tests/unit/test_fuzz.py): CPU-bound, started early.
 FUZZ_FILE = "tests/unit/test_fuzz.py"
 # Long single tests that should start early (they mostly wait on the wall clock).
@@ -114,7 +112,7 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             if "@" in nodeid:  # an xdist_group mark that xdist did turn into a group
                 return nodeid.rsplit("@", 1)[-1]
-            group = ONE_WORKER.get(nodeid.split("[", 1)[0])
+            group = contract_group_of(nodeid)
             if group is not None:
                 return group
             if self._lanes is None and self.collection:

@@ -52,7 +52,7 @@ from gangwatch.schemas import KINDS, DecodeError, Record, decode, decode_obj, en
 from gangwatch.schemas.records import WIRE_NAMES
 from gangwatch.schemas.validators import unwrap
 
-from tests.contract.harness import DET_IDS, DETECTORS, REPO, SC_IDS, reference, stream, wire
+from tests.contract.harness import DET_IDS, DETECTORS, REPO, SC_IDS, emitted, reference, stream, wire
 
 pytestmark = pytest.mark.contract
 
@@ -61,10 +61,32 @@ pytestmark = pytest.mark.contract
 
 
 @pytest.mark.parametrize("det_name", DET_IDS)
-def test_every_detector_finds_something(det_name, other_process):  # other_process: start the child early
+def test_every_detector_finds_something(det_name, other_processes):
     """Guards the suite itself: a detector that never fires would pass every property vacuously."""
+    other_processes.start(det_name)  # the hash-seed child of this detector, read by its last test (started early)
     found = {sc: len(reference(det_name, sc)) for sc in SC_IDS}
     assert any(found.values()), f"{det_name} found nothing in any scenario: {found}"
+
+
+def test_every_per_detector_test_is_grouped(request):
+    """tests/contract/groups.py names the tests parametrized by detector, so that xdist runs them on their
+    detector's worker (its runs are computed once, there); it sees test ids only. Every collected test of the two
+    files parametrized by detector is in its detector's group (one left out would still pass, only its runs
+    would be computed again on another worker), no other test is in any, and every name there is a test."""
+    from tests.contract.groups import PER_DETECTOR, group_of
+
+    assert not any("-" in det for det in DET_IDS), "a detector's name starts its test ids, up to the first '-'"
+    for item in request.session.items:
+        path = item.nodeid.partition("::")[0]
+        if path in PER_DETECTOR:
+            params = getattr(getattr(item, "callspec", None), "params", {})
+            det = params.get("det_name") or getattr(params.get("det_cls"), "name", None)
+            assert group_of(item.nodeid) == (det and f"contract-{det}"), \
+                f"{item.nodeid}: name the tests parametrized by detector (only those) in tests/contract/groups.py"
+    for path, names in PER_DETECTOR.items():
+        source = (REPO / path).read_text()
+        missing = sorted(n for n in names if f"\ndef {n}(" not in source)
+        assert not missing, f"tests/contract/groups.py names tests {path} does not have: {missing}"
 
 
 @pytest.mark.parametrize("det_name", DET_IDS)
@@ -92,7 +114,7 @@ _DIGEST_SCRIPT = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from tests.contract import test_detectors as t
-print(json.dumps({det: t.digest(det) for det in t.DET_IDS}))
+print(json.dumps({det: t.digest(det) for det in sys.argv[2:]}))
 """
 
 
@@ -106,11 +128,12 @@ def digest(det_name: str) -> str:
 
 
 class _OtherProcess:
-    """The same digests computed in a child process with another hash seed (started early, read late)."""
+    """The same digests of `det_names` computed in a child process with another hash seed (started early, read
+    late)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *det_names: str) -> None:
         seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
-        self.proc = subprocess.Popen([sys.executable, "-c", _DIGEST_SCRIPT, str(REPO)], cwd=REPO,
+        self.proc = subprocess.Popen([sys.executable, "-c", _DIGEST_SCRIPT, str(REPO), *det_names], cwd=REPO,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      env={**os.environ, "PYTHONHASHSEED": seed})
         self._digests: dict[str, str] | None = None
@@ -128,11 +151,35 @@ class _OtherProcess:
             self.proc.communicate()
 
 
+class _OtherProcesses:
+    """One hash-seed child per detector, started by the detector's first test and read by its last.
+
+    Per detector, not one child for all: tests/contract/groups.py runs each detector's tests on one xdist worker
+    (its in-order runs computed once, there), so a worker holds a few detectors; a child for every detector in
+    every worker would compute all of their findings again in each (a child costs ~0.4 s of CPU to start, its
+    detector's eight runs ~6 s)."""
+
+    def __init__(self) -> None:
+        self.children: dict[str, _OtherProcess] = {}
+
+    def start(self, det_name: str) -> _OtherProcess:
+        if det_name not in self.children:
+            self.children[det_name] = _OtherProcess(det_name)
+        return self.children[det_name]
+
+    def digest(self, det_name: str) -> str:
+        return self.start(det_name).digests()[det_name]
+
+    def close(self) -> None:
+        for child in self.children.values():
+            child.close()
+
+
 @pytest.fixture(scope="module")
-def other_process():
-    child = _OtherProcess()
-    yield child
-    child.close()
+def other_processes():
+    children = _OtherProcesses()
+    yield children
+    children.close()
 
 
 # --- 2. state round trip ------------------------------------------------------------------------
@@ -141,7 +188,8 @@ def other_process():
 @pytest.mark.parametrize("sc_name", SC_IDS)
 @pytest.mark.parametrize("det_name", DET_IDS)
 def test_state_round_trip(det_name, sc_name):
-    contract.check_state_round_trip(DETECTORS[det_name], stream(sc_name), reference(det_name, sc_name))
+    contract.check_state_round_trip(DETECTORS[det_name], stream(sc_name), reference(det_name, sc_name),
+                                    emitted(det_name, sc_name))
 
 
 # --- 3. input records are not mutated -----------------------------------------------------------
@@ -150,7 +198,10 @@ def test_state_round_trip(det_name, sc_name):
 @pytest.mark.parametrize("sc_name", SC_IDS)
 @pytest.mark.parametrize("det_name", DET_IDS)
 def test_input_not_mutated(det_name, sc_name):
-    contract.check_input_not_mutated(DETECTORS[det_name], stream(sc_name), wire(sc_name))
+    """Checked after the cached in-order run of this detector over these very records (`reference`, run here if
+    no test has yet): a mutation stays in the records, so a run of its own would show nothing more."""
+    reference(det_name, sc_name)
+    contract.check_input_not_mutated(DETECTORS[det_name], stream(sc_name), wire(sc_name), ran=True)
 
 
 # --- 4. missing optional fields -----------------------------------------------------------------
@@ -402,6 +453,6 @@ def test_check_detector_runs_every_check():
 
 
 @pytest.mark.parametrize("det_name", DET_IDS)
-def test_deterministic_across_processes(det_name, other_process):
+def test_deterministic_across_processes(det_name, other_processes):
     """Set and dict iteration order over strings changes with the hash seed; findings must not."""
-    assert other_process.digests()[det_name] == digest(det_name)
+    assert other_processes.digest(det_name) == digest(det_name)
