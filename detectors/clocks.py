@@ -47,7 +47,7 @@ from gangwatch.detectors.base import DetectorBase, SavedJob, fill_missing
 from gangwatch.detectors.config import ClockConfig
 from gangwatch.detectors.floats import nanmedian_rows
 from gangwatch.detectors.registry import FindingType, Policy
-from gangwatch.detectors.runs import RecordRun
+from gangwatch.detectors.runs import RecordRun, observe_each
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Record
 from gangwatch.schemas.columns import StepRows
@@ -102,6 +102,7 @@ class ClockDetector(DetectorBase):
         self.pair = n == 2
         self.beats_since = np.zeros(n, dtype=np.int64)
         self.node_step = np.full(n, -1, dtype=np.int64)  # ... and the newest step each node's ranks finished
+        self.early_beats = 0  # heartbeats read while fewer nodes were heard than the job's time needs (see `now`)
         self.newest = np.full(n + 1, -np.inf)  # raw newest time per node, and (last) of records of no node
         self.offset = np.zeros(n)  # applied offset per node
         self.samples = np.full((n, w), np.nan)  # recent per-step offsets (ring)
@@ -264,6 +265,8 @@ class ClockDetector(DetectorBase):
         times = self.newest - np.append(self.offset, 0.0) if self.skewed else self.newest
         if self.pair:
             return self._pair_now(times, seen)
+        if self._early():  # start-up: the first node heard is no clock of the job's (one 300 s ahead set it)
+            return float(times[-1]) if seen[-1] else -math.inf
         heard = times[seen]
         k = min(self.k, len(heard))
         t = float(heard.max() if k == 1 else np.partition(heard, len(heard) - k)[len(heard) - k])
@@ -283,7 +286,10 @@ class ClockDetector(DetectorBase):
         (two heartbeat periods by the other's own heartbeats, whatever either clock says) holds it back no
         longer: it is silent, and the job's time is its peer's. Records of no node (the controller's, the
         launcher's) count as they come."""
-        pair = seen[:2] & (self.beats_since < 2 * self.per_node)
+        holding = self.beats_since < 2 * self.per_node
+        if (holding & ~seen[:2]).any():  # a node not heard yet holds the time back too, until its peer's ranks
+            return float(times[-1]) if seen[-1] else -math.inf  # each beat twice (start-up: one clock is none)
+        pair = seen[:2] & holding
         known = pair & self._known()  # a clock that just stepped (either way) is not known: it waits for its
         if known.any():               # offset, and the time moves with its peer's meanwhile
             pair = known
@@ -292,6 +298,12 @@ class ClockDetector(DetectorBase):
         else:
             t = float(times[:2][seen[:2]].max()) if seen[:2].any() else -math.inf
         return max(t, float(times[-1])) if seen[-1] else t
+
+    def _early(self) -> bool:
+        """Start-up of a job of three nodes or more: fewer nodes heard than the time's k-th newest needs, and
+        their ranks have not each beaten twice since (a node that never starts holds the time no longer)."""
+        heard = int(np.isfinite(self.newest[:-1]).sum())
+        return heard < self.k and self.early_beats < 2 * self.per_node * heard
 
     def _known(self) -> np.ndarray:
         """Per node: its clock is known (enough samples, and its newest agrees with its applied offset)."""
@@ -308,6 +320,8 @@ class ClockDetector(DetectorBase):
 
     def observe(self, rec: Record) -> list[Finding]:
         self.heard(rec)
+        if rec.kind == "heartbeat" and self._early():
+            self.early_beats += 1
         if self.pair:
             self._count(self._node_of(rec), rec.kind == "heartbeat", rec.step if rec.kind == "step" else -1)
         if rec.kind != "step" or not self.learn or not 0 <= rec.rank < self.topo.size:
@@ -316,6 +330,8 @@ class ClockDetector(DetectorBase):
 
     def observe_run(self, run: RecordRun) -> list[tuple[int, list[Finding]]]:
         topo = self.topo
+        if self._early():  # start-up: record by record, each heartbeat counted while it is (as `observe` does)
+            return observe_each(self, run)
         for kind in _RANK_KINDS:
             if kind in run.by_kind:
                 if kind == "step":
@@ -582,7 +598,8 @@ class ClockDetector(DetectorBase):
                 "beats_since": {n: int(self.beats_since[i]) for n, i in self.node_pos.items()
                                 if self.beats_since[i]},
                 "node_steps": {n: int(self.node_step[i]) for n, i in self.node_pos.items()
-                               if self.pair and self.node_step[i] >= 0}}
+                               if self.pair and self.node_step[i] >= 0},
+                "early_beats": self.early_beats}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> ClockDetector:
@@ -603,6 +620,7 @@ class ClockDetector(DetectorBase):
         for n, beats in state.get("beats_since", {}).items():  # (a state of version 4 saved before issue 42: none)
             if n in det.node_pos:
                 det.beats_since[det.node_pos[n]] = beats
+        det.early_beats = state["early_beats"]
         for n, step in state["node_steps"].items():
             if n in det.node_pos:
                 det.node_step[det.node_pos[n]] = step
@@ -613,9 +631,9 @@ class ClockDetector(DetectorBase):
         """Its saved state brought up to date (`DetectorBase.upgrade_state`)."""
         if version == 3 and state is None:  # added in version 4 (issue 34): nothing learned, `newest` comes with
             return {"config": {}, "newest": {}, "nodes": {}, "refs": {}, "open": {}, "top": -1, "touched": [],
-                    "checked": {}, "beats_since": {}, "node_steps": {}}  # the next records
+                    "checked": {}, "beats_since": {}, "node_steps": {}, "early_beats": 0}  # the next records
         if state is not None:  # grew without a version change (issue 42): none counted yet
-            fill_missing(state, {"beats_since": {}, "node_steps": {}})
+            fill_missing(state, {"beats_since": {}, "node_steps": {}, "early_beats": 0})
         return state
 
 

@@ -29,6 +29,7 @@ from gangwatch.triage.core import Core
 # from `at_s` on and then delivered at once (a spool flushed after a broker blip or an agent's restart)
 ORDERS = ("arrival", "event", "flush")
 FLUSH_S = 20.0
+FAULT_S = 120.0  # when a job's fault strikes
 DIAGNOSTIC = frozenset({"collect_stacks"})  # actions that gather evidence and decide nothing (see `Decisions.same`)
 
 
@@ -36,7 +37,7 @@ DIAGNOSTIC = frozenset({"collect_stacks"})  # actions that gather evidence and d
 class Job:
     """A generated job: `nodes` nodes of `gpus` ranks (one tensor-parallel group per node, data parallel across
     nodes) and its fault (None, "node_loss" or "dataloader_hang"), on node n001 (its first rank for a hang; a job
-    of one node hangs its second rank) at 120 s."""
+    of one node hangs its second rank) at `FAULT_S`."""
 
     nodes: int
     fault: str | None = None
@@ -52,8 +53,13 @@ class Job:
         if self.fault is None:
             return ()
         if self.fault == "dataloader_hang":  # (a job of one node: its second rank)
-            return (Fault("dataloader_hang", 120.0, rank=self.gpus if self.nodes > 1 else 1),)
-        return (Fault(self.fault, 120.0, node="n001"),)
+            return (Fault("dataloader_hang", FAULT_S, rank=self.gpus if self.nodes > 1 else 1),)
+        return (Fault(self.fault, FAULT_S, node="n001"),)
+
+    def takes(self, p: Perturbation) -> bool:
+        """Whether `p` can be tried on this job: the simulator makes nothing happen after a fault that stops
+        the job's steps (a clock step or a flush from then on is not simulated)."""
+        return self.fault is None or p.at_s < FAULT_S
 
     @property
     def healthy_node(self) -> str:
@@ -212,9 +218,10 @@ def run(size: str = "ci", only: list[str] | None = None, progress=None) -> Repor
     for job in jobs(size):
         if only and not any(o in job.name for o in only):
             continue
-        found = list(check(job, ps))
-        tried += len(ps)
+        mine = [p for p in ps if job.takes(p)]
+        found = list(check(job, mine))
+        tried += len(mine)
         changed += found
         if progress:
-            progress(job, len(ps), found)
+            progress(job, len(mine), found)
     return Report(tried, changed)
