@@ -4,6 +4,7 @@ catalog fires somewhere, and each detector's in-order run over each (`reference`
 
 from __future__ import annotations
 
+import copy
 import functools
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,10 @@ def wire(sc_name: str) -> tuple[dict[str, Any], ...]:
 
 @functools.cache
 def stream(sc_name: str) -> tuple[Record, ...]:
-    recs = tuple(decode_obj(d) for d in wire(sc_name))
+    """The scenario's records, decoded from copies of its wire dicts: a record keeps the lists it was decoded
+    from (a `gpu` record's `throttle`), and test_input_not_mutated compares the records with `wire`, which must
+    not change with them."""
+    recs = tuple(decode_obj(copy.deepcopy(d)) for d in wire(sc_name))
     bad = [r for r in recs if isinstance(r, DecodeError)]
     assert not bad, bad[:3]
     assert recs[0].kind == "job", "a stream starts with its job's topology"
