@@ -478,9 +478,16 @@ class ClockDetector(DetectorBase):
         if len(uniq) == 2 == len(self.topo.nodes) and n_agree < 2:
             # a job of two nodes whose clocks disagree: which one is wrong cannot be told from them, so the job
             # keeps the frame it had (the clock that goes on from the previous step's reference: the other one
-            # stepped) or, at the start, takes the clock behind (a record may come late, never early); the other
-            # is corrected to it, and every decision is taken in one frame, whichever clock is wrong
-            agree = votes == (votes.min() if prev is None else votes[np.argmin(np.abs(votes - prev))])
+            # stepped) or, at the start, asks a third clock, the job record's (its launcher's): no step ends
+            # before its job began, so a clock that says so is behind; of those that do not, it takes the one
+            # behind (a record may come late, never early). The other is corrected to it, and every decision is
+            # taken in one frame, whichever clock is wrong
+            if prev is None:
+                possible = votes >= self.topo.ts
+                frame = votes[possible].min() if possible.any() else votes.min()
+            else:
+                frame = votes[np.argmin(np.abs(votes - prev))]
+            agree = votes == frame
         elif n_agree < self.min_nodes or 2 * n_agree <= len(uniq):
             return math.nan
         ref = float(np.median(votes[agree]))

@@ -176,10 +176,11 @@ def jobs(size: str = "ci") -> list[Job]:
 
 
 def ids_kept(job: Job, p: Perturbation) -> bool:
-    """Whether `p` must keep the action ids too. Ids hash the decision's times in the job's frame; a job of two
-    nodes whose clocks disagree takes the clock behind for its frame (which one is wrong cannot be told from two),
-    so where the shifted clock is the one behind from the start, its times, and so its ids, are in that frame; a
-    job of one node has no other clock."""
+    """Whether `p` must keep the action ids too. Ids hash the decision's times in the job's frame. A job of two
+    nodes whose clocks disagree from the start takes its frame from the one the job record's time allows (no step
+    ends before its job began) and, where both are allowed, from the one behind: a clock shifted behind by less
+    than the job's start-up took is that frame, and the ids carry its times. A job of one node has no other
+    clock."""
     if job.nodes == 1:
         return not p.offset_s  # its one clock is its frame
     return job.nodes >= 3 or not p.offset_s or p.offset_s > 0 or p.at_s > 0

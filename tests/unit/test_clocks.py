@@ -3,6 +3,8 @@ node's clock, and a node's late records judged against their own lag. Pure: the 
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import warnings
 
@@ -98,15 +100,21 @@ def test_nothing_is_learned_where_the_ranks_do_not_leave_their_steps_together():
     assert not [f for f in found if f.type == "clock_skew"] and not core.monitor.clocks.skewed
 
 
-@pytest.mark.parametrize("skew", [{"n1": 30.0}, {"n0": -30.0}], ids=["n1 ahead", "n0 behind"])
-def test_of_two_clocks_that_disagree_the_one_ahead_is_corrected_to_the_one_behind(skew):
-    """Which of two clocks is wrong cannot be told from them: the job's time is the one behind (a record may come
-    late, never early), so n1 ahead and n0 behind give the same correction, and every decision one frame."""
-    j = job(nodes=2)
+@pytest.mark.parametrize(("skew", "launched", "wrong"), [
+    ({"n1": 30.0}, 0.0, ("n1", 30.0)),
+    ({"n0": -30.0}, 0.0, ("n0", -30.0)),  # n0's steps end before the job began: n0 is wrong
+    ({"n0": -30.0}, -100.0, ("n1", 30.0)),  # the job record, stamped 100 s earlier, cannot tell
+], ids=["n1 ahead", "n0 behind", "n0 behind, launcher's clock behind both"])
+def test_of_two_clocks_that_disagree_the_job_records_clock_tells_which_is_wrong(skew, launched, wrong):
+    """Which of two clocks is wrong cannot be told from them alone: the job record's time (its launcher's clock)
+    is a third opinion, since no step ends before its job began; where it cannot tell, the job's time is the clock
+    behind (a record may come late, never early). Either way one node is corrected, and every decision taken in
+    one frame."""
+    j = dataclasses.replace(job(nodes=2), ts=T0 + launched)
     core = JobCore(j)
     found = through(core, steps(j, 30, skew=skew))
     [f] = [f for f in found if f.type == "clock_skew"]
-    assert (f.node, f.evidence["offset_s"]) == ("n1", pytest.approx(30.0, abs=0.01))
+    assert (f.node, f.evidence["offset_s"]) == (wrong[0], pytest.approx(wrong[1], abs=0.01))
     assert not [f for f in found if f.type in ("fail_stop", "telemetry_gap")]
 
 
