@@ -222,6 +222,15 @@ class JobCore:
         self.triage.advance(now, out)
         return out
 
+    def apply_offsets(self, out: Outputs) -> None:
+        """The clock offsets learned since time last moved take effect now, time standing still: at the end of
+        input the records left may be one node's alone, its clock not known yet, which cannot move the time that
+        would apply them (a node 300 s ahead, read in event-time order after everyone else); the end is then where
+        its corrected times say, not its raw ones."""
+        findings = self.monitor.clocks.advance(self.watermark)
+        if findings:
+            self.triage.on_findings(findings, out)
+
     def finish(self, now: float, out: Outputs | None = None) -> Outputs:
         """End of input at event time `now`: timeouts up to it, then what collecting detectors hold (a partial
         sweep, a storm still inside its window, peers' reports of a rank that vanished just before the end). The
@@ -418,6 +427,8 @@ class Core:
             for rec in self.held.pop(job):
                 self._refuse(rec, "in the whole input", out)
         self.held_count = 0
+        for job in sorted(self.jobs):
+            self.jobs[job].apply_offsets(out)
         # the end of input is the newest (corrected) time seen: nothing is to come that a lone node's could race
         end = max((core.latest() for core in self.jobs.values()), default=-math.inf)
         for job in sorted(self.jobs):
