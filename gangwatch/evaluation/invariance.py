@@ -30,6 +30,9 @@ from gangwatch.triage.core import Core
 ORDERS = ("arrival", "event", "flush")
 FLUSH_S = 20.0
 FAULT_S = 120.0  # when a job's fault strikes
+# the lateness bound the decisions are held to: a node's records read up to this early or late (its clock off this
+# far, read in event-time order); past it the gang's proof of life (the failstop's `prove_max_s`) stops waiting
+BOUND_S = 60.0
 DIAGNOSTIC = frozenset({"collect_stacks"})  # actions that gather evidence and decide nothing (see `Decisions.same`)
 
 
@@ -79,6 +82,12 @@ class Perturbation:
     order: str = "arrival"
     offset_s: float = 0.0
     at_s: float = 0.0
+
+    @property
+    def within_bound(self) -> bool:
+        """Records read no more than `BOUND_S` early or late: any order but event time, or a clock off that
+        little."""
+        return self.order != "event" or abs(self.offset_s) <= BOUND_S
 
     def __str__(self) -> str:
         clock = "" if not self.offset_s else f"clock {self.offset_s:+g} s" + (
@@ -206,15 +215,18 @@ def check(job: Job, tried: Iterable[Perturbation]) -> Iterator[Changed]:
 class Report:
     tried: int
     changed: list[Changed]
+    tried_within: int = 0  # of them, within the lateness bound (`BOUND_S`)
 
     def render(self) -> str:
-        lines = [f"invariance: {self.tried} perturbed replays, {len(self.changed)} changed a decision"]
+        within = sum(c.perturbation.within_bound for c in self.changed)
+        lines = [f"invariance: {self.tried} perturbed replays, {len(self.changed)} changed a decision ({within} of "
+                 f"{self.tried_within} within the {BOUND_S:g} s lateness bound)"]
         lines += [f"  {c}" for c in self.changed]
         return "\n".join(lines)
 
 
 def run(size: str = "ci", only: list[str] | None = None, progress=None) -> Report:
-    tried, changed = 0, []
+    tried, within, changed = 0, 0, []
     ps = perturbations(size)
     for job in jobs(size):
         if only and not any(o in job.name for o in only):
@@ -222,7 +234,8 @@ def run(size: str = "ci", only: list[str] | None = None, progress=None) -> Repor
         mine = [p for p in ps if job.takes(p)]
         found = list(check(job, mine))
         tried += len(mine)
+        within += sum(p.within_bound for p in mine)
         changed += found
         if progress:
             progress(job, len(mine), found)
-    return Report(tried, changed)
+    return Report(tried, changed, within)

@@ -4,7 +4,6 @@ node's clock, and a node's late records judged against their own lag. Pure: the 
 from __future__ import annotations
 
 import dataclasses
-
 import math
 import warnings
 
