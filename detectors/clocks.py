@@ -240,10 +240,13 @@ class ClockDetector(DetectorBase):
         node)."""
         out = np.full(len(step), np.inf)
         for s in np.unique(step).tolist():
-            ref = self.refs.get(s)
-            if ref is not None and not np.isnan(ref).all():
-                out[step == s] = np.nanmax(ref)
+            out[step == s] = self.step_end(s)
         return out
+
+    def step_end(self, step: int) -> float:
+        """`step_ends` of one step."""
+        ref = self.refs.get(step)
+        return math.inf if ref is None or np.isnan(ref).all() else float(np.nanmax(ref))
 
     def latest(self) -> float:
         """The newest corrected time any node has reached (-inf before any): where a finished input ends."""

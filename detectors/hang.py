@@ -158,7 +158,8 @@ class HangDetector(DetectorBase):
         if rec.step > self.max_step:
             self.progress(rec.step, rec.ts)
         elif advanced:
-            self._confirm(float(self._bounded(np.array([rec.step]), np.array([rec.ts]))[0]))
+            self._confirm(rec.ts if self.clock is None else
+                          min(rec.ts, self.clock.step_end(rec.step) + self.config.ahead_s))  # (`_bounded`'s)
         return []
 
     def _bounded(self, step: np.ndarray, ts: np.ndarray) -> np.ndarray:
