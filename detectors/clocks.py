@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 import numpy as np
 from gangwatch.detectors.base import DetectorBase, SavedJob, fill_missing
 from gangwatch.detectors.config import ClockConfig
-from gangwatch.detectors.floats import nanmedian_rows
+from gangwatch.detectors.floats import median, nanmedian_rows
 from gangwatch.detectors.registry import FindingType, Policy
 from gangwatch.detectors.runs import RecordRun, observe_each
 from gangwatch.detectors.topology import Topology
@@ -122,6 +122,7 @@ class ClockDetector(DetectorBase):
                 self.count[i] = len(recent[-w:])
                 self.reported[i] = np.nan if said is None else said
         self._rank_offset: np.ndarray | None = None
+        self._agreeing: np.ndarray | None = None  # cache of `_known`'s part that only samples and offsets move
 
     def set_topology(self, topo: Topology) -> None:
         """A new job record: the ranks move, the nodes' clocks do not (what was learned of a node stays)."""
@@ -310,14 +311,16 @@ class ClockDetector(DetectorBase):
 
     def _known(self) -> np.ndarray:
         """Per node: its clock is known (enough samples, and its newest agrees with its applied offset)."""
-        n, w = len(self.count), self.samples.shape[1]
-        enough = self.count >= self.config.min_steps * self.per_node
-        if not enough.any():
-            return enough
-        latest = self.samples[np.arange(n), (self.count - 1) % w]
+        if self._agreeing is None:  # (asked at every move of time; samples and offsets change at steps)
+            n, w = len(self.count), self.samples.shape[1]
+            enough = self.count >= self.config.min_steps * self.per_node
+            latest = self.samples[np.arange(n), (self.count - 1) % w]
+            self._agreeing = enough & (np.abs(latest - self.offset) < self.config.tolerance_s)
+        if not self._agreeing.any():
+            return self._agreeing
         # (and nothing of it much newer than its newest record checked: a clock that jumps since is not known)
         fresh = self.newest[:-1] <= self.checked + max(self.config.tolerance_s, 2 * self.topo.heartbeat_s)
-        return enough & fresh & (np.abs(latest - self.offset) < self.config.tolerance_s)
+        return self._agreeing & fresh
 
     # --- observe ----------------------------------------------------------------------------------------------
 
@@ -475,7 +478,7 @@ class ClockDetector(DetectorBase):
         if len(uniq) < self.min_nodes:
             return math.nan
         votes = _group_medians(inv, t, len(uniq))
-        mid = float(np.median(votes))
+        mid = median(votes)
         agree = np.abs(votes - mid) <= self.config.sync_s
         n_agree = int(agree.sum())
         if len(uniq) == 2 == len(self.topo.nodes) and n_agree < 2:
@@ -493,9 +496,9 @@ class ClockDetector(DetectorBase):
             agree = votes == frame
         elif n_agree < self.min_nodes or 2 * n_agree <= len(uniq):
             return math.nan
-        ref = float(np.median(votes[agree]))
+        ref = median(votes[agree])
         mine = agree[inv]
-        return ref if float(np.median(np.abs(t[mine] - ref))) <= self.config.sync_s else math.nan
+        return ref if median(np.abs(t[mine] - ref)) <= self.config.sync_s else math.nan
 
     def _write(self, node: np.ndarray, dev: np.ndarray, ts: np.ndarray) -> None:
         """Samples (a record's end time less its stage's reference) into their nodes' rings, in order; `ts`: the
@@ -517,6 +520,7 @@ class ClockDetector(DetectorBase):
         node, dev, k = node[last], dev[last], k[last]
         self.samples[node, (self.count[node] + k) % w] = dev
         self.count += total
+        self._agreeing = None
         self.touched.update(np.unique(node).tolist())
 
     def advance(self, now: float) -> list[Finding]:
@@ -534,6 +538,7 @@ class ClockDetector(DetectorBase):
         enough = nodes[self.count[nodes] >= cfg.min_steps * self.per_node]
         if not len(enough):
             return []
+        self._agreeing = None  # (offsets and, where a clock stepped, samples change below)
         rows = self.samples[enough]
         est = nanmedian_rows(rows)
         spread = nanmedian_rows(np.abs(rows - est[:, None]))
@@ -575,8 +580,8 @@ class ClockDetector(DetectorBase):
         newest = self.samples[i, (self.count[i] - 1 - np.arange(m)[::-1]) % w]
         if np.isnan(newest).any():
             return None
-        e = float(np.median(newest))
-        sp = float(np.median(np.abs(newest - e)))
+        e = median(newest)
+        sp = median(np.abs(newest - e))
         if sp > cfg.max_spread_s or abs(e - self.offset[i]) < cfg.tolerance_s or abs(e - est) < cfg.tolerance_s:
             return None
         self.samples[i] = np.nan
