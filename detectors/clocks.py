@@ -123,6 +123,7 @@ class ClockDetector(DetectorBase):
                 self.reported[i] = np.nan if said is None else said
         self._rank_offset: np.ndarray | None = None
         self._agreeing: np.ndarray | None = None  # cache of `_known`'s part that only samples and offsets move
+        self._started = False  # k nodes were heard: start-up is over (`_early`), until the next topology
 
     def set_topology(self, topo: Topology) -> None:
         """A new job record: the ranks move, the nodes' clocks do not (what was learned of a node stays)."""
@@ -306,8 +307,11 @@ class ClockDetector(DetectorBase):
     def _early(self) -> bool:
         """Start-up of a job of three nodes or more: fewer nodes heard than the time's k-th newest needs, and
         their ranks have not each beaten twice since (a node that never starts holds the time no longer)."""
+        if self._started:
+            return False
         heard = int(np.isfinite(self.newest[:-1]).sum())
-        return heard < self.k and self.early_beats < 2 * self.per_node * heard
+        self._started = heard >= self.k  # (a node heard stays heard: asked at every heartbeat, answered once)
+        return not self._started and self.early_beats < 2 * self.per_node * heard
 
     def _known(self) -> np.ndarray:
         """Per node: its clock is known (enough samples, and its newest agrees with its applied offset)."""
