@@ -29,6 +29,7 @@ checks on every detector the catalog lists, over every stream of the harness.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -43,55 +44,95 @@ LATENESS_S = 0.5  # out-of-order records: adjacent records closer than this may 
 
 
 class Driver:
-    """One detector, its topology, and the records it has been fed, with the job's clock as `JobMonitor` keeps it:
-    time moves by the job's own time (`ClockDetector.now`) and the detector reads each record with its node's
-    clock offset taken out (the clock detector itself reads them raw)."""
+    """Detectors, their topology, and the records they have been fed, with the job's clock as `JobMonitor` keeps
+    it: time moves by the job's own time (`ClockDetector.now`) and each detector reads each record with its node's
+    clock offset taken out (the clock detector itself reads them raw).
 
-    def __init__(self, det: Any, topo: Topology, clock: ClockDetector | None = None) -> None:
+    `det` is the detector under test; `others` are more, driven beside it on the same clock (a suite checking many
+    detectors on one stream pays for the clock once): each one's findings are its own (`feed_each`), and are what
+    it finds driven alone, as none of them changes the clock or the records (test_detectors.py compares the two)."""
+
+    def __init__(self, det: Any, topo: Topology, clock: ClockDetector | None = None,
+                 others: Sequence[Any] = ()) -> None:
         self.det, self.topo = det, topo
-        self.clock = det if isinstance(det, ClockDetector) else clock or ClockDetector(topo)
-        if hasattr(det, "clock") and det is not self.clock:
-            det.clock = self.clock
+        self.dets = (det, *others)
+        clocks = [d for d in self.dets if isinstance(d, ClockDetector)]
+        self.clock = clocks[0] if clocks else clock or ClockDetector(topo)
+        for d in self.dets:
+            if hasattr(d, "clock") and d is not self.clock:
+                d.clock = self.clock
+        self._mine = next((i for i, d in enumerate(self.dets) if d is self.clock), None)  # the clock, if under test
         self.last_ts: float | None = None
 
     @classmethod
-    def fresh(cls, det_cls: type, recs: Sequence[Record]) -> Driver:
+    def fresh(cls, det_cls: type, recs: Sequence[Record], others: Sequence[type] = ()) -> Driver:
         topo = Topology.from_job(recs[0])
-        return cls(det_cls(topo), topo)
+        return cls(det_cls(topo), topo, others=[o(topo) for o in others])
 
-    def feed(self, rec: Record) -> list[Finding]:
+    def feed_each(self, rec: Record) -> list[list[Finding]]:
+        """Each detector's findings of one more record (in `dets` order). The others advance first, then the clock
+        (its own findings where it is one of `dets`), as where it is not under test the clock moves after the
+        detector; a record's kinds are observed by the clock first (raw), then by the others (corrected)."""
         clock = self.clock
         if rec.kind != "job":
             clock.heard(rec)
         now = max(clock.now(), self.topo.ts)
-        out = self.det.advance(now)
-        if clock is not self.det:
-            clock.advance(now)
+        outs = [[] if d is clock else d.advance(now) for d in self.dets]
+        ticked = clock.advance(now)
+        mine = None if self._mine is None else outs[self._mine]
+        if mine is not None:
+            mine += ticked
         self.last_ts = now if self.last_ts is None else max(self.last_ts, now)
         if rec.kind == "job":
             if rec.ts > self.topo.ts or rec.ranks != list(self.topo.ranks):  # not the job record it started from
                 self.set_topology(Topology.from_job(rec))
-        else:
-            if clock is not self.det and rec.kind in clock.kinds:
-                clock.observe(rec)
-            if rec.kind in self.det.kinds:
-                out += self.det.observe(rec if clock is self.det else clock.corrected(rec))
-        return out
+            return outs
+        if rec.kind in clock.kinds:
+            seen = clock.observe(rec)
+            if mine is not None:
+                mine += seen
+        corrected = None
+        for d, out in zip(self.dets, outs, strict=True):
+            if d is not clock and rec.kind in d.kinds:
+                corrected = clock.corrected(rec) if corrected is None else corrected
+                out += d.observe(corrected)
+        return outs
+
+    def feed(self, rec: Record) -> list[Finding]:
+        """The findings of the detector under test (`det`) of one more record."""
+        return self.feed_each(rec)[0]
 
     def set_topology(self, topo: Topology) -> None:
         self.topo = topo
-        self.det.set_topology(topo)
-        if self.clock is not self.det:
+        for d in self.dets:
+            d.set_topology(topo)
+        if self.clock not in self.dets:
             self.clock.set_topology(topo)
 
+    def finish_each(self) -> list[list[Finding]]:
+        """Each detector's findings at the end of the input (the clock last, as it moves after the others)."""
+        if self.last_ts is None:
+            return [[] for _ in self.dets]
+        outs = [[] if d is self.clock else d.advance(self.last_ts) for d in self.dets]
+        for d, out in zip(self.dets, outs, strict=True):
+            if d is self.clock:
+                out += d.advance(self.last_ts)
+        return outs
+
     def finish(self) -> list[Finding]:
-        return self.det.advance(self.last_ts) if self.last_ts is not None else []
+        return self.finish_each()[0]
+
+    def run_each(self, recs: Iterable[Record]) -> list[list[Finding]]:
+        outs: list[list[Finding]] = [[] for _ in self.dets]
+        for rec in recs:
+            for out, found in zip(outs, self.feed_each(rec), strict=True):
+                out += found
+        for out, found in zip(outs, self.finish_each(), strict=True):
+            out += found
+        return outs
 
     def run(self, recs: Iterable[Record]) -> list[Finding]:
-        out: list[Finding] = []
-        for rec in recs:
-            out += self.feed(rec)
-        return out + self.finish()
+        return self.run_each(recs)[0]
 
 
 def run(det_cls: type, recs: Sequence[Record]) -> list[Finding]:
@@ -99,17 +140,61 @@ def run(det_cls: type, recs: Sequence[Record]) -> list[Finding]:
     return Driver.fresh(det_cls, recs).run(recs)
 
 
-def run_traced(det_cls: type, recs: Sequence[Record]) -> tuple[list[Finding], list[int]]:
-    """`run`, and after how many records each batch of findings came (`cut_points` cuts right after the first and
-    the last): one run gives both, so that a caller keeping its in-order run (a test suite's reference, passed to
-    `check_state_round_trip` as `emitted`) need not drive the detector over the whole stream again to find them."""
-    drv, out, emitted = Driver.fresh(det_cls, recs), [], []
+def run_each(det_classes: Sequence[type], recs: Sequence[Record]) -> dict[str, list[Finding]]:
+    """Detector name -> the findings of a fresh instance of each of `det_classes`, driven together over `recs` on
+    one clock: what `run` gives each alone, for the clock's cost once."""
+    first, *others = det_classes
+    drv = Driver.fresh(first, recs, others)
+    return {cls.name: out for cls, out in zip(det_classes, drv.run_each(recs), strict=True)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """A detector's state saved before record `at` of a traced run, and what restoring it there needs."""
+
+    at: int
+    state: Any  # what `state()` returned, kept: later records must not change it (no aliasing)
+    blob: bytes  # ... and its bytes then
+    found: int  # how many findings came before it
+    topo: Topology
+    clock: bytes | None  # the job's clock's state (None where the detector is the clock)
+    last_ts: float | None  # the driver's time
+
+
+@dataclasses.dataclass(frozen=True)
+class Trace:
+    """A detector's in-order run over a stream: its findings, after how many records each batch of them came, and
+    its state saved at every cut point (`cut_points`). One run gives all three, so that a suite keeping its
+    in-order run for the other properties need not drive the detector over the stream again for the state's."""
+
+    findings: list[Finding]
+    emitted: list[int]
+    snapshots: dict[int, Snapshot]
+
+
+def trace(det_cls: type, recs: Sequence[Record]) -> Trace:
+    """`run`, with its `Trace`: the state is saved at the cut points known before the run, and after every batch
+    of findings (those but the first and the last are dropped at the end)."""
+    fixed = set(_fixed_cuts(det_cls, recs))
+    drv, out, emitted, snaps = Driver.fresh(det_cls, recs), [], [], {}
+
+    def save(at: int) -> None:
+        if at not in snaps and 0 < at < len(recs):
+            st = drv.det.state()
+            clock = None if drv.clock is drv.det else _dumps(drv.clock.state())
+            snaps[at] = Snapshot(at, st, _dumps(st), len(out), drv.topo, clock, drv.last_ts)
+
     for i, rec in enumerate(recs):
+        if i in fixed:
+            save(i)
         found = drv.feed(rec)
         if found:
             out += found
             emitted.append(i + 1)
-    return out + drv.finish(), emitted
+            save(i + 1)
+    out += drv.finish()
+    keep = set(cut_points(det_cls, recs, emitted))
+    return Trace(out, emitted, {at: snap for at, snap in sorted(snaps.items()) if at in keep})
 
 
 def wire_list(findings: Iterable[Finding]) -> list[dict[str, Any]]:
@@ -185,11 +270,7 @@ def check_findings_are_contract_records(cls: type, recs: Sequence[Record],
         assert f.detector.split(".")[0] == cls.name, "a detector's findings carry its name"
 
 
-def cut_points(cls: type, recs: Sequence[Record], emitted: Sequence[int] | None = None) -> list[int]:
-    """Where to save and restore: 25/50/75% of the records and of the event time, the middle record of
-    each kind the detector observes (mid-sweep, mid-storm), and right after its first and last findings
-    (episode and "reported" flags set). `emitted`: `run_traced`'s second half for these records, where the
-    caller has it (the detector is driven over them here otherwise)."""
+def _fixed_cuts(cls: type, recs: Sequence[Record]) -> set[int]:
     n, t0, t1 = len(recs), recs[0].ts, recs[-1].ts
     cuts = {int(q * n) for q in (0.25, 0.5, 0.75)}
     cuts |= {next(i for i, r in enumerate(recs) if r.ts >= t0 + q * (t1 - t0)) for q in (0.25, 0.5, 0.75)}
@@ -197,44 +278,69 @@ def cut_points(cls: type, recs: Sequence[Record], emitted: Sequence[int] | None 
         at = [i for i, r in enumerate(recs) if r.kind == kind]
         if at:
             cuts.add(at[len(at) // 2])
+    return cuts
+
+
+def cut_points(cls: type, recs: Sequence[Record], emitted: Sequence[int] | None = None) -> list[int]:
+    """Where to save and restore: 25/50/75% of the records and of the event time, the middle record of
+    each kind the detector observes (mid-sweep, mid-storm), and right after its first and last findings
+    (episode and "reported" flags set). `emitted`: after how many records each batch of findings came (`Trace`),
+    where the caller has it (the detector is driven over them here otherwise)."""
+    cuts = _fixed_cuts(cls, recs)
     if emitted is None:
-        emitted = run_traced(cls, recs)[1]
+        emitted = trace(cls, recs).emitted
     cuts |= {emitted[0], emitted[-1]} if emitted else set()
-    return sorted(c for c in cuts if 0 < c < n)
+    return sorted(c for c in cuts if 0 < c < len(recs))
 
 
-def check_state_round_trip(cls: type, recs: Sequence[Record], reference: Sequence[Finding] | None = None,
-                           emitted: Sequence[int] | None = None) -> None:
-    """At every cut point: the state is plain JSON, a snapshot later records do not change, and restored it
-    continues exactly as the original went on (same later findings, same state again). `reference` and `emitted`:
-    `run_traced(cls, recs)`, where the caller has it (else the detector is driven over `recs` for them here)."""
-    cuts = set(cut_points(cls, recs, emitted))
-    orig = Driver.fresh(cls, recs)
-    out: list[Finding] = []
-    snaps = []  # (cut, state object, its bytes, findings so far, topology, the clock's state)
-    orig_last = []  # the driver's time after each record
-    for i, rec in enumerate(recs):
-        if i in cuts:
-            st = orig.det.state()
-            assert_json_safe(st)
-            clock = None if orig.clock is orig.det else _dumps(orig.clock.state())  # the job's clock, saved too
-            snaps.append((i, st, _dumps(st), len(out), orig.topo, clock))
-        out += orig.feed(rec)
-        orig_last.append(orig.last_ts)
-    out += orig.finish()
-    for i, st, blob, n, topo, clock in snaps:
-        assert _dumps(st) == blob, f"cut {i}: the state snapshot changed as the detector went on (aliasing)"
-        given = _loads(blob)
-        restored = cls.from_state(given, topo)
-        again = _loads(_dumps(restored.state()))
-        assert again == _loads(blob), f"cut {i}: state -> from_state -> state is not the same state"
-        resumed = Driver(restored, topo, None if clock is None else ClockDetector.from_state(_loads(clock), topo))
-        resumed.last_ts = orig_last[i - 1]
-        later = resumed.run(recs[i:])
-        assert wire_list(later) == wire_list(out[n:]), f"cut {i} of {len(recs)}: the restored detector diverged"
-        assert _dumps(given) == blob, f"cut {i}: the restored detector changed the state it was given"
-    reference = run(cls, recs) if reference is None else reference
-    assert wire_list(out) == wire_list(reference)
+def _restored(cls: type, snap: Snapshot, what: str) -> tuple[Driver, Any]:
+    """A driver of `cls` restored from `snap` (its clock too), and the state it was given (to show it unchanged)."""
+    given = _loads(snap.blob)
+    restored = cls.from_state(given, snap.topo)
+    assert _loads(_dumps(restored.state())) == _loads(snap.blob), \
+        f"{what}: state -> from_state -> state is not the same state"
+    clock = None if snap.clock is None else ClockDetector.from_state(_loads(snap.clock), snap.topo)
+    drv = Driver(restored, snap.topo, clock)
+    drv.last_ts = snap.last_ts
+    return drv, given
+
+
+def check_state_round_trip(cls: type, recs: Sequence[Record], traced: Trace | None = None) -> None:
+    """The state at every cut point of the in-order run (`traced`, else run here) is plain JSON, a snapshot that
+    later records do not change, and restored it continues exactly as the original went on:
+
+    - restored at the first cut, the detector runs to the end: the same findings, and at every later cut the very
+      state the original had there (restored once, it stays the original);
+    - restored at each later cut, it runs to the next: the same findings on the way, the original's state there
+      (the last to the end of the input).
+
+    Every restore starts from the original's own state, so a cut's failure names that cut."""
+    tr = trace(cls, recs) if traced is None else traced
+    cuts = sorted(tr.snapshots)
+    for at in cuts:
+        snap = tr.snapshots[at]
+        assert_json_safe(snap.state, f"cut {at}: $")
+        assert _dumps(snap.state) == snap.blob, \
+            f"cut {at}: the state snapshot changed as the detector went on (aliasing)"
+    for k, at in enumerate(cuts):
+        snap = tr.snapshots[at]
+        drv, given = _restored(cls, snap, f"cut {at}")
+        stops = cuts[k + 1:] if k == 0 else cuts[k + 1:k + 2]  # the first restore goes on to the end
+        found, pos = [], at
+        for stop in stops:
+            for rec in recs[pos:stop]:
+                found += drv.feed(rec)
+            pos = stop
+            later = tr.snapshots[stop]
+            assert wire_list(found) == wire_list(tr.findings[snap.found:later.found]), \
+                f"restored at cut {at} of {len(recs)}, the detector diverged before cut {stop}"
+            assert _loads(_dumps(drv.det.state())) == _loads(later.blob), \
+                f"restored at cut {at}, the detector's state at cut {stop} is not the original's there"
+        if not stops or k == 0:  # the first restore and the last cut's go on to the end of the input
+            found += drv.run(recs[pos:])
+            assert wire_list(found) == wire_list(tr.findings[snap.found:]), \
+                f"restored at cut {at} of {len(recs)}, the detector diverged after cut {pos}"
+        assert _dumps(given) == snap.blob, f"cut {at}: the restored detector changed the state it was given"
 
 
 def check_input_not_mutated(cls: type, recs: Sequence[Record], wire: Sequence[dict[str, Any]] | None = None, *,
@@ -356,10 +462,11 @@ def check_detector(cls: type, records: Sequence[Record], *, seed: int = 0) -> li
     (a detector that finds nothing in a stream meant to show its fault passes every property vacuously)."""
     assert records and records[0].kind == "job", "a stream starts with its job's topology"
     check_protocol(cls, records[0])
-    reference, emitted = run_traced(cls, records)
+    traced = trace(cls, records)
+    reference = traced.findings
     check_deterministic(cls, records, reference)
     check_findings_are_contract_records(cls, records, reference)
-    check_state_round_trip(cls, records, reference, emitted)
+    check_state_round_trip(cls, records, traced)
     check_input_not_mutated(cls, records)
     check_out_of_order_within_lateness(cls, records, seed, reference)
     check_unknown_ranks_and_topology_changes(cls, records)

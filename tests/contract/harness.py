@@ -9,7 +9,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from gangwatch.detectors.contract import run_traced
+from gangwatch.detectors.contract import Trace, trace
 from gangwatch.detectors.monitor import DEFAULT_DETECTORS
 from gangwatch.producers.simulate import Fault, Scenario, generate
 from gangwatch.schemas import DecodeError, Finding, Record, decode_obj
@@ -68,28 +68,18 @@ def stream(sc_name: str) -> tuple[Record, ...]:
 
 
 @functools.cache
-def traced(det_name: str, sc_name: str) -> tuple[tuple[Finding, ...], tuple[int, ...]]:
-    """The detector's in-order run over the scenario, once per process: its findings and after how many records
-    each batch came (`contract.run_traced`).
+def traced(det_name: str, sc_name: str) -> Trace:
+    """The detector's in-order run over the scenario, once per process: its findings, after how many records each
+    batch came, and its state at every cut point (`contract.trace`).
 
     Nearly all of a run's time is the job's clock (`ClockDetector`, driven beside every detector as `JobMonitor`
-    drives it), so a run costs about the same whichever the detector (~0.8 s of CPU here); the properties that
-    only compare with the in-order run (findings are contract records, state round trip's cut points and final
-    comparison, input not mutated, missing fields, determinism's first run) take it from here instead of
-    driving the detector again. tests/contract/groups.py keeps each detector's tests on one xdist worker, so
-    that this is computed once per detector and scenario in the whole session, not once in every worker."""
-    findings, emitted = run_traced(DETECTORS[det_name], stream(sc_name))
-    return tuple(findings), tuple(emitted)
+    drives it), so a run costs about the same whichever the detector (~0.5 s of CPU here); the properties that
+    only compare with the in-order run (findings are contract records, the state round trip, input not mutated,
+    missing fields, determinism) take it from here instead of driving the detector again. tests/contract/groups.py
+    keeps the per-detector tests on one xdist worker, so that this is computed once in the whole session."""
+    return trace(DETECTORS[det_name], stream(sc_name))
 
 
 def reference(det_name: str, sc_name: str) -> tuple[Finding, ...]:
     """The in-order run every other property is compared with (cached: `traced`)."""
-    return traced(det_name, sc_name)[0]
-
-
-def emitted(det_name: str, sc_name: str) -> tuple[int, ...]:
-    """After how many records of the in-order run findings came (`contract.cut_points` cuts right after the first
-    and the last; cached: `traced`)."""
-    return traced(det_name, sc_name)[1]
-
-
+    return tuple(traced(det_name, sc_name).findings)
