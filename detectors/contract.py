@@ -249,10 +249,13 @@ def check_protocol(cls: type, job: Job) -> None:
         assert decode(encode(f)) == [f]
 
 
-def check_deterministic(cls: type, recs: Sequence[Record], reference: Sequence[Finding] | None = None) -> None:
-    """A fresh instance fed the same records finds the same, ids included."""
+def check_deterministic(cls: type, recs: Sequence[Record], reference: Sequence[Finding] | None = None,
+                        again: Sequence[Finding] | None = None) -> None:
+    """A fresh instance fed the same records finds the same, ids included (`again`: what another fresh instance
+    found, where the caller has it: `run_each`'s, driven beside other detectors, must be the same too)."""
     reference = run(cls, recs) if reference is None else reference
-    assert wire_list(run(cls, recs)) == wire_list(reference)
+    again = run(cls, recs) if again is None else again
+    assert wire_list(again) == wire_list(reference)
 
 
 def check_findings_are_contract_records(cls: type, recs: Sequence[Record],
@@ -383,8 +386,10 @@ def jitter(recs: Sequence[Record], seed: int, lateness_s: float = LATENESS_S) ->
 
 
 def check_out_of_order_within_lateness(cls: type, recs: Sequence[Record], seed: int,
-                                       reference: Sequence[Finding] | None = None) -> None:
-    """The same kinds of findings on the same nodes from records swapped within `LATENESS_S`.
+                                       reference: Sequence[Finding] | None = None,
+                                       found: Sequence[Finding] | None = None) -> None:
+    """The same kinds of findings on the same nodes from records swapped within `LATENESS_S` (`jitter(recs, seed)`;
+    `found`: what `cls` found in those, where the caller has it).
 
     Not the same findings byte for byte, legitimately: ids and timestamps key on event times that
     depend on arrival order (the hang detector's progress time is the first record of the newest
@@ -395,7 +400,8 @@ def check_out_of_order_within_lateness(cls: type, recs: Sequence[Record], seed: 
     moved = sum(a is not b for a, b in zip(recs, shuffled, strict=True))
     assert moved > len(recs) // 10, "the shuffle must actually reorder the stream"
     reference = run(cls, recs) if reference is None else reference
-    assert kinds_and_nodes(run(cls, shuffled)) == kinds_and_nodes(reference)
+    found = run(cls, shuffled) if found is None else found
+    assert kinds_and_nodes(found) == kinds_and_nodes(reference)
 
 
 def resized_job(topo: Topology, n: int, ts: float) -> Job:
@@ -436,22 +442,36 @@ def with_strangers(recs: Sequence[Record], size: int) -> list[Record]:
     return out
 
 
-def check_unknown_ranks_and_topology_changes(cls: type, recs: Sequence[Record]) -> None:
-    """Records of ranks beyond the topology and of unknown nodes and GPUs, and a topology that doubles at 40 %
-    of the stream then halves at 80 %, raise nothing; findings stay valid and name only ranks of a topology."""
+def run_with_strangers(det_classes: Sequence[type], recs: Sequence[Record]) -> dict[str, list[Finding]]:
+    """Detector name -> the findings of each of `det_classes` (driven together) over `recs` with records of ranks
+    beyond the topology and of unknown nodes and GPUs (`with_strangers`), its topology doubled at 40 % of the stream
+    then halved at 80 %."""
     size = Topology.from_job(recs[0]).size
     extended = with_strangers(recs, size)
     grow_at, shrink_at = int(0.4 * len(extended)), int(0.8 * len(extended))
-    drv = Driver.fresh(cls, extended)
-    findings: list[Finding] = []
+    first, *others = det_classes
+    drv = Driver.fresh(first, extended, others)
+    outs: list[list[Finding]] = [[] for _ in det_classes]
     for i, rec in enumerate(extended):
         if i == grow_at:
             drv.set_topology(Topology.from_job(resized_job(drv.topo, 2 * size, rec.ts)))
         elif i == shrink_at:
             drv.set_topology(Topology.from_job(resized_job(drv.topo, size // 2, rec.ts)))
-        findings += drv.feed(rec)
-    findings += drv.finish()
-    for f in findings:
+        for out, found in zip(outs, drv.feed_each(rec), strict=True):
+            out += found
+    for out, found in zip(outs, drv.finish_each(), strict=True):
+        out += found
+    return {cls.name: out for cls, out in zip(det_classes, outs, strict=True)}
+
+
+def check_unknown_ranks_and_topology_changes(cls: type, recs: Sequence[Record],
+                                             found: Sequence[Finding] | None = None) -> None:
+    """Records of ranks beyond the topology and of unknown nodes and GPUs, and a topology that doubles at 40 %
+    of the stream then halves at 80 %, raise nothing; findings stay valid and name only ranks of a topology.
+    `found`: `run_with_strangers`'s findings of `cls`, where the caller has them."""
+    size = Topology.from_job(recs[0]).size
+    found = run_with_strangers([cls], recs)[cls.name] if found is None else found
+    for f in found:
         [back] = decode(encode(f))
         assert back == f, back
         assert f.rank is None or f.rank < 2 * size, f"a finding names rank {f.rank}, in no topology it was given"

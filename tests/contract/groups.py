@@ -1,12 +1,11 @@
-"""Which pytest-xdist worker runs which contract test: all the tests of one detector on one worker.
+"""Which pytest-xdist worker runs which contract test: all the tests parametrized by detector on one worker.
 
-Nearly all of the contract suite's time is driving detectors over the scenarios, and every property of a
-detector and scenario compares with the same in-order run (`harness.traced`, cached per process). Spread test
-by test over CI's four workers (`./gw test -n 4 --dist loadgroup`), each worker computed most of those runs
-again (~0.8 s of CPU each, 96 of them), and started its own hash-seed child that computed all of them once more.
-Grouped by detector, each run is computed on one worker only, and so is each detector's hash-seed child
-(test_detectors.py's `_OtherProcesses`). Grouped by scenario instead, the tests that read every scenario of a
-detector (it finds something somewhere, its finding types, the digests) would compute them on every worker.
+Nearly all of the contract suite's time is driving detectors over the scenarios: each detector's in-order run
+(`harness.traced`), and every detector driven together over a changed copy of each scenario (test_detectors.py's
+`together`, `stripped_run`, `unclocked`, `jittered`, `with_strangers`), all cached per process, and the hash-seed
+child that computes the digests once more. Spread test by test over CI's workers (`./gw test -n 4 --dist
+loadgroup`), each worker would compute most of those runs again; in one group, each is computed once in the
+session (about 4 minutes of one worker's CPU, beside the live-job lanes' 15).
 
 tests/conftest.py's scheduler asks `group_of` for each test id (it sees ids only, no marks or parameters); a
 test not named here is a group of its own, as usual. This module imports nothing, so that the xdist controller,
@@ -32,10 +31,13 @@ PER_DETECTOR: dict[str, frozenset[str]] = {
 }
 
 
+GROUP = "contract-detectors"
+
+
 def group_of(nodeid: str) -> str | None:
-    """`contract-<detector>` for a per-detector test, None for any other (detector names have no "-")."""
+    """`GROUP` for a test parametrized by detector, None for any other (detector names have no "-")."""
     path, _, test = nodeid.partition("::")
     name, _, params = test.partition("[")
     if not params or name not in PER_DETECTOR.get(path, ()):
         return None
-    return "contract-" + params.rstrip("]").split("-", 1)[0]
+    return GROUP

@@ -39,22 +39,35 @@ import os
 import subprocess
 import sys
 import typing
+from collections.abc import Iterable, Sequence
 from typing import Any
 from unittest import mock
 
 import orjson
 import pytest
 from gangwatch.detectors import contract
-from gangwatch.detectors.contract import resized_job, run, wire_list
+from gangwatch.detectors.contract import resized_job, wire_list
 from gangwatch.detectors.monitor import DEFAULT_DETECTORS
 from gangwatch.detectors.topology import Topology
-from gangwatch.schemas import KINDS, DecodeError, Record, decode, decode_obj, encode
+from gangwatch.schemas import KINDS, DecodeError, Finding, Record, decode, decode_obj, encode
 from gangwatch.schemas.records import WIRE_NAMES
 from gangwatch.schemas.validators import unwrap
 
 from tests.contract.harness import DET_IDS, DETECTORS, REPO, SC_IDS, reference, stream, traced, wire
 
 pytestmark = pytest.mark.contract
+
+# Every detector of the catalog, in its order: the properties that drive each over a changed stream (fields
+# stripped, clocks faked, records jittered, strangers added) drive them all together over it, on one clock
+# (`contract.Driver`'s `others`): nearly all of a run's time is the clock, paid once per stream instead of once per
+# detector. test_deterministic shows that each finds together what it finds alone.
+ALL = tuple(DETECTORS.values())
+
+
+@functools.cache
+def together(sc_name: str) -> dict[str, list[Finding]]:
+    """Detector name -> its findings over the scenario, every detector driven again, together (`contract.run_each`)."""
+    return contract.run_each(ALL, stream(sc_name))
 
 
 # --- 0. the input is good enough to test anything -----------------------------------------------
@@ -63,17 +76,17 @@ pytestmark = pytest.mark.contract
 @pytest.mark.parametrize("det_name", DET_IDS)
 def test_every_detector_finds_something(det_name, other_processes):
     """Guards the suite itself: a detector that never fires would pass every property vacuously."""
-    other_processes.start(det_name)  # the hash-seed child of this detector, read by its last test (started early)
+    other_processes.start()  # the hash-seed child, read by the last tests (started early)
     found = {sc: len(reference(det_name, sc)) for sc in SC_IDS}
     assert any(found.values()), f"{det_name} found nothing in any scenario: {found}"
 
 
 def test_every_per_detector_test_is_grouped(request):
-    """tests/contract/groups.py names the tests parametrized by detector, so that xdist runs them on their
-    detector's worker (its runs are computed once, there); it sees test ids only. Every collected test of the two
-    files parametrized by detector is in its detector's group (one left out would still pass, only its runs
-    would be computed again on another worker), no other test is in any, and every name there is a test."""
-    from tests.contract.groups import PER_DETECTOR, group_of
+    """tests/contract/groups.py names the tests parametrized by detector, so that xdist runs them on one worker
+    (the runs they read are computed once, there); it sees test ids only. Every collected test of the two files
+    parametrized by detector is in the group (one left out would still pass, only its runs would be computed again
+    on another worker), no other test is in any, and every name there is a test."""
+    from tests.contract.groups import GROUP, PER_DETECTOR, group_of
 
     assert not any("-" in det for det in DET_IDS), "a detector's name starts its test ids, up to the first '-'"
     for item in request.session.items:
@@ -81,7 +94,7 @@ def test_every_per_detector_test_is_grouped(request):
         if path in PER_DETECTOR:
             params = getattr(getattr(item, "callspec", None), "params", {})
             det = params.get("det_name") or getattr(params.get("det_cls"), "name", None)
-            assert group_of(item.nodeid) == (det and f"contract-{det}"), \
+            assert group_of(item.nodeid) == (det and GROUP), \
                 f"{item.nodeid}: name the tests parametrized by detector (only those) in tests/contract/groups.py"
     for path, names in PER_DETECTOR.items():
         source = (REPO / path).read_text()
@@ -101,7 +114,11 @@ def test_detector_protocol(det_name):
 @pytest.mark.parametrize("sc_name", SC_IDS)
 @pytest.mark.parametrize("det_name", DET_IDS)
 def test_deterministic(det_name, sc_name):
-    contract.check_deterministic(DETECTORS[det_name], stream(sc_name), reference(det_name, sc_name))
+    """Driven again, beside every other detector on one clock (`together`), it finds what it found alone: the same
+    records give the same findings, and the detectors driven together are as if each were alone (so the properties
+    below may drive them together, paying for the job's clock once)."""
+    contract.check_deterministic(DETECTORS[det_name], stream(sc_name), reference(det_name, sc_name),
+                                 together(sc_name)[det_name])
 
 
 @pytest.mark.parametrize("sc_name", SC_IDS)
@@ -114,72 +131,56 @@ _DIGEST_SCRIPT = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from tests.contract import test_detectors as t
-print(json.dumps({det: t.digest(det) for det in sys.argv[2:]}))
+print(json.dumps({det: t.digest(t.together(sc)[det] for sc in t.SC_IDS) for det in t.DET_IDS}))
 """
 
 
-def digest(det_name: str) -> str:
-    """One hash of a detector's findings over every scenario."""
+def digest(runs: Iterable[Sequence[Finding]]) -> str:
+    """One hash of the findings of several runs (a detector's over every scenario)."""
     h = hashlib.sha256()
-    for sc in SC_IDS:
-        for f in reference(det_name, sc):
+    for found in runs:
+        for f in found:
             h.update(encode(f))
     return h.hexdigest()
 
 
 class _OtherProcess:
-    """The same digests of `det_names` computed in a child process with another hash seed (started early, read
-    late)."""
+    """Every detector's digest (its findings over every scenario) computed in a child process with another hash seed,
+    the detectors driven together there (`together`): started by the first test of the suite, read by the last.
 
-    def __init__(self, *det_names: str) -> None:
-        seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
-        self.proc = subprocess.Popen([sys.executable, "-c", _DIGEST_SCRIPT, str(REPO), *det_names], cwd=REPO,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env={**os.environ, "PYTHONHASHSEED": seed})
+    One child for all: tests/contract/groups.py runs the per-detector tests on one xdist worker."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
         self._digests: dict[str, str] | None = None
 
-    def digests(self) -> dict[str, str]:
+    def start(self) -> None:
+        if self.proc is None:
+            seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
+            self.proc = subprocess.Popen([sys.executable, "-c", _DIGEST_SCRIPT, str(REPO)], cwd=REPO,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         env={**os.environ, "PYTHONHASHSEED": seed})
+
+    def digest(self, det_name: str) -> str:
         if self._digests is None:
+            self.start()
+            assert self.proc is not None
             stdout, stderr = self.proc.communicate(timeout=300)
             assert self.proc.returncode == 0, stderr.decode()[-3000:]
             self._digests = orjson.loads(stdout.splitlines()[-1])
-        return self._digests
+        return self._digests[det_name]
 
     def close(self) -> None:
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.communicate()
 
 
-class _OtherProcesses:
-    """One hash-seed child per detector, started by the detector's first test and read by its last.
-
-    Per detector, not one child for all: tests/contract/groups.py runs each detector's tests on one xdist worker
-    (its in-order runs computed once, there), so a worker holds a few detectors; a child for every detector in
-    every worker would compute all of their findings again in each (a child costs ~0.4 s of CPU to start, its
-    detector's eight runs ~6 s)."""
-
-    def __init__(self) -> None:
-        self.children: dict[str, _OtherProcess] = {}
-
-    def start(self, det_name: str) -> _OtherProcess:
-        if det_name not in self.children:
-            self.children[det_name] = _OtherProcess(det_name)
-        return self.children[det_name]
-
-    def digest(self, det_name: str) -> str:
-        return self.start(det_name).digests()[det_name]
-
-    def close(self) -> None:
-        for child in self.children.values():
-            child.close()
-
-
 @pytest.fixture(scope="module")
 def other_processes():
-    children = _OtherProcesses()
-    yield children
-    children.close()
+    child = _OtherProcess()
+    yield child
+    child.close()
 
 
 # --- 2. state round trip ------------------------------------------------------------------------
@@ -339,19 +340,29 @@ def test_every_detector_is_classed_by_what_it_needs():
     assert any(reference(d, sc) for d in NEEDS_OPTIONAL for sc in SC_IDS)
 
 
+@functools.cache
+def stripped_run(sc_name: str, how: str) -> tuple[dict[str, list[Finding]], dict[str, Any], Topology]:
+    """Every detector driven together over the scenario stripped of its optional fields: detector name -> its
+    findings, detector name -> its state at the end, and the topology it ended with."""
+    recs = stripped(sc_name, how)
+    driver = contract.Driver.fresh(ALL[0], recs, ALL[1:])
+    outs = driver.run_each(recs)
+    return ({cls.name: out for cls, out in zip(ALL, outs, strict=True)},
+            {det.name: det.state() for det in driver.dets}, driver.topo)
+
+
 @pytest.mark.parametrize("how", ["nullable", "defaults"])
 @pytest.mark.parametrize("sc_name", SC_IDS)
 @pytest.mark.parametrize("det_name", DET_IDS)
 def test_missing_optional_fields(det_name, sc_name, how):
-    cls, recs = DETECTORS[det_name], stripped(sc_name, how)
-    driver = contract.Driver.fresh(cls, recs)
-    findings = driver.run(recs)
+    cls = DETECTORS[det_name]
+    found, states, topo = stripped_run(sc_name, how)
+    findings, st = found[det_name], states[det_name]
     # what it found: contract records, encoded and decoded back the same (asserted non-empty below where due)
     assert [back for f in findings for back in decode(encode(f))] == findings
     # where it got to, found anything or not: plain JSON, and restored it is the same state
-    st = driver.det.state()
     contract.assert_json_safe(st)
-    assert orjson.loads(orjson.dumps(cls.from_state(orjson.loads(orjson.dumps(st)), driver.topo).state())) == \
+    assert orjson.loads(orjson.dumps(cls.from_state(orjson.loads(orjson.dumps(st)), topo).state())) == \
         orjson.loads(orjson.dumps(st))
     if det_name in NEEDS_OPTIONAL:
         assert not findings, f"{det_name} found {len(findings)} without {NEEDS_OPTIONAL[det_name]}"
@@ -362,12 +373,26 @@ def test_missing_optional_fields(det_name, sc_name, how):
 # --- 5. out of order within a small lateness ------------------------------------------------------
 
 
+JITTERS = 3  # jittered copies of each scenario, every detector driven together over each
+
+
+def _jitter_seed(sc_name: str, k: int) -> int:
+    return sum(map(ord, sc_name)) + k
+
+
+@functools.cache
+def jittered(sc_name: str, k: int) -> dict[str, list[Finding]]:
+    return contract.run_each(ALL, contract.jitter(stream(sc_name), seed=_jitter_seed(sc_name, k)))
+
+
 @pytest.mark.parametrize("sc_name", SC_IDS)
 @pytest.mark.parametrize("det_name", DET_IDS)
 def test_out_of_order_within_lateness(det_name, sc_name):
-    """The same kinds of findings from the same detectors on the same nodes (`contract.check_out_of_order...`)."""
-    contract.check_out_of_order_within_lateness(DETECTORS[det_name], stream(sc_name), sum(map(ord, det_name + sc_name)),
-                                                reference(det_name, sc_name))
+    """The same kinds of findings from the same detectors on the same nodes (`contract.check_out_of_order...`),
+    in each of `JITTERS` differently jittered copies of the stream."""
+    for k in range(JITTERS):
+        contract.check_out_of_order_within_lateness(DETECTORS[det_name], stream(sc_name), _jitter_seed(sc_name, k),
+                                                    reference(det_name, sc_name), jittered(sc_name, k)[det_name])
 
 
 # --- 6. no wall clock ---------------------------------------------------------------------------
@@ -435,24 +460,30 @@ def _import_lazy_libraries() -> None:
     import sklearn.feature_extraction.text  # noqa: F401
 
 
-@pytest.mark.parametrize("sc_name", SC_IDS)
-@pytest.mark.parametrize("det_name", DET_IDS)
-def test_no_wall_clock(det_name, sc_name):
-    recs = stream(sc_name)
+@functools.cache
+def unclocked(sc_name: str) -> tuple[dict[str, list[Finding]], list[str]]:
+    """Every detector driven together over the scenario with every clock faked (`_FakeClock`): detector name -> its
+    findings, and the C extensions imported meanwhile."""
     _import_lazy_libraries()
     loaded = set(sys.modules)
     patches = _FakeClock().patches()
     for p in patches:
         p.start()
     try:
-        findings = run(DETECTORS[det_name], recs)
+        found = contract.run_each(ALL, stream(sc_name))
     finally:
         for p in reversed(patches):
             p.stop()
-    extensions = sorted(m for m in set(sys.modules) - loaded
-                        if str(getattr(sys.modules[m], "__file__", "") or "").endswith((".so", ".pyd")))
+    return found, sorted(m for m in set(sys.modules) - loaded
+                         if str(getattr(sys.modules[m], "__file__", "") or "").endswith((".so", ".pyd")))
+
+
+@pytest.mark.parametrize("sc_name", SC_IDS)
+@pytest.mark.parametrize("det_name", DET_IDS)
+def test_no_wall_clock(det_name, sc_name):
+    found, extensions = unclocked(sc_name)
     assert not extensions, f"imported under the fake clock (add them to _import_lazy_libraries): {extensions}"
-    assert wire_list(findings) == wire_list(reference(det_name, sc_name))
+    assert wire_list(found[det_name]) == wire_list(reference(det_name, sc_name))
 
 
 def test_fake_clock_raises_in_project_code():
@@ -484,7 +515,14 @@ def test_fake_clock_raises_in_project_code():
 @pytest.mark.parametrize("sc_name", SC_IDS)
 @pytest.mark.parametrize("det_name", DET_IDS)
 def test_unknown_ranks_and_topology_changes(det_name, sc_name):
-    contract.check_unknown_ranks_and_topology_changes(DETECTORS[det_name], stream(sc_name))
+    contract.check_unknown_ranks_and_topology_changes(DETECTORS[det_name], stream(sc_name),
+                                                      with_strangers(sc_name)[det_name])
+
+
+@functools.cache
+def with_strangers(sc_name: str) -> dict[str, list[Finding]]:
+    """Every detector driven together over the scenario with strangers and a topology that grows then shrinks."""
+    return contract.run_with_strangers(ALL, stream(sc_name))
 
 
 def test_resized_job_is_a_valid_topology():
@@ -507,4 +545,4 @@ def test_check_detector_runs_every_check():
 @pytest.mark.parametrize("det_name", DET_IDS)
 def test_deterministic_across_processes(det_name, other_processes):
     """Set and dict iteration order over strings changes with the hash seed; findings must not."""
-    assert other_processes.digest(det_name) == digest(det_name)
+    assert other_processes.digest(det_name) == digest(reference(det_name, sc) for sc in SC_IDS)
