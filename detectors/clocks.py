@@ -651,7 +651,7 @@ class ClockDetector(DetectorBase):
         if version == 3 and state is None:  # added in version 4 (issue 34): nothing learned, `newest` comes with
             return {"config": {}, "newest": {}, "nodes": {}, "refs": {}, "open": {}, "top": -1, "touched": [],
                     "checked": {}, "beats_since": {}, "node_steps": {}, "early_beats": 0}  # the next records
-        if state is not None:  # grew without a version change (issue 42): none counted yet
+        if version == 4 and state is not None:  # issue 42: heartbeats, nodes' steps and start-up counted (none yet)
             fill_missing(state, {"beats_since": {}, "node_steps": {}, "early_beats": 0})
         return state
 

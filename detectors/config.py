@@ -55,6 +55,7 @@ class HangConfig:
     pause_factor: float = 3.0  # ... a later one after this many times the longest of its kind so far ...
     pause_min_s: float = 120.0  # ... but never sooner than this (a few quick saves do not make a slow one a hang)
     ahead_s: float = 2.0  # a step stamped later than the job's time plus this took place at most then (a clock ahead)
+    alive_periods: float = 2.0  # no heartbeat this many periods before the threshold: silence, no hang (`hang`)
 
 
 @dataclass(frozen=True)

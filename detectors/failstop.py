@@ -74,8 +74,13 @@ Silence is a node's only while the rest of the job is heard from, or its peers
 reported losing a remote worker. If no rank of the job has sent anything for a
 period plus `slack_s`, missing ranks are held; once every live rank is missing the
 job went silent as a whole, which is the monitoring path failing (sidecars,
-broker, collector) or the job stopping without a word, never a node fault: one
-job-level `monitoring_gap` finding instead.
+broker, collector) or the job stopping without a word, never a node fault. Where
+the gang ended together (every live rank's newest step the same, on two nodes or
+more, none crashed: the job's own logical clock agrees, as at the end of a job
+whose launcher reports nothing) it is the job's end: a `silent_end` finding moves
+the job's life to `finished` (expected silence; a step or heartbeat heard later
+moves it back to `running`). Otherwise (ranks at different steps, one node, a
+crash) one job-level `monitoring_gap` finding.
 
 Timeouts are evaluated on a fixed event-time grid of `tick_s`, so the findings do
 not depend on how often `advance` is called, and a finding's ts is the grid point
@@ -188,6 +193,21 @@ class MonitoringGap(Evidence):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SilentEnd(Evidence):
+    """The job's life as its silence tells it (the fields of `life.JobState`, so that the job's life in the store
+    reads the same): `finished` when every live rank stopped after the same step and fell silent together,
+    `running` when one is heard from again after that."""
+
+    state: str  # "finished" | "running"
+    previous: str | None
+    cause: str
+    ended_ranks: int
+    job_ranks: int
+    step: int  # the step every rank had finished
+    nodes: int  # how many nodes fell silent
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StartTimeout(Evidence):
     """Ranks never heard from `start_timeout_s` after the job record."""
 
@@ -255,6 +275,10 @@ TELEMETRY_GAP = FindingType("telemetry_gap", TelemetryGap, Policy(incident=None,
                                                                    describe=_telemetry_gap_says))
 MONITORING_GAP = FindingType("monitoring_gap", MonitoringGap, Policy(
     incident="unknown", job_level=True, risk=0.0, onset="last_seen_ts", describe=_monitoring_gap_says))
+# the job's end by silence (or its telemetry coming back after one): the job's life, not a fault (`life.QUIET`)
+SILENT_END = FindingType("silent_end", SilentEnd, Policy(
+    incident=None, weight=0.0, risk=0.0, job_state=lambda f, ev: ev.state,
+    describe=lambda f, ev: f"job {ev.state}: {ev.cause}"))
 START_TIMEOUT = FindingType("start_timeout", StartTimeout, Policy(
     incident="unknown", job_level=True, risk=0.2, describe=_start_timeout_says))
 
@@ -265,7 +289,7 @@ class FailStopDetector(DetectorBase):
     name: ClassVar[str] = "failstop"
     kinds: ClassVar[frozenset[str]] = frozenset({"heartbeat", "step", "framework", "lifecycle"})
     finding_types: ClassVar[tuple[FindingType, ...]] = (FAIL_STOP, PEER_LOST_TYPE, MONITORING_GAP, START_TIMEOUT,
-                                                        SILENCE_WITHDRAWN, TELEMETRY_GAP)
+                                                        SILENCE_WITHDRAWN, TELEMETRY_GAP, SILENT_END)
 
     def __init__(self, topo: Topology, config: FailStopConfig | None = None) -> None:
         self.config = config or FailStopConfig()
@@ -304,6 +328,7 @@ class FailStopDetector(DetectorBase):
         self.gap_since: dict[int, float] = {}  # node index -> when its ranks were found silent but alive
         self.gap_said: set[int] = set()  # nodes whose telemetry gap was reported (once a run)
         self.lag_since: dict[int, float] = {}  # node index -> the time of its first record of a run of late ones
+        self.silent_end: float | None = None  # when the job was found ended by silence (until a rank is heard again)
         self.next_tick = self._grid_at_or_after(self.start_deadline)
 
     def _grid_at_or_after(self, t: float) -> float:
@@ -332,6 +357,8 @@ class FailStopDetector(DetectorBase):
         state = self.status[rank]
         if self.arrived[rank] < self.now:
             self.arrived[rank] = self.now
+        if self.silent_end is not None and rec.kind in ("step", "heartbeat"):
+            return [self._heard_after_end(rec)] + self._observe_rank(rec, rank)
         late = self._late(rank, rec.ts) if state == SILENT else []  # a report it disproves, first
         if state == GAP:
             late = self._gap_back(rank, rec.ts)
@@ -520,7 +547,7 @@ class FailStopDetector(DetectorBase):
             return out
         if float(self.last_seen.max()) + self.quiet <= t and not peers_said:  # nobody in the job spoke lately
             if (missing == live).all():
-                out.append(self._monitoring_gap(t, live))
+                out.append(self._silent_end(t, live) if self._ended_together(live) else self._monitoring_gap(t, live))
             return out  # else hold: the rest of the job may be falling silent too
         alive = live & ~missing
         reporting = np.unique(self.topo.node_index[self.lost_peer]) if peers_said else np.empty(0, dtype=np.int64)
@@ -713,6 +740,35 @@ class FailStopDetector(DetectorBase):
                 return True
         return False
 
+    def _ended_together(self, live: np.ndarray) -> bool:
+        """The job, silent as a whole, ended together: every live rank had finished the same step (in a synchronous
+        job ranks finish a step together; one behind stopped before the rest), they are on two nodes or more (one
+        node's silence is as much that node's death), and none crashed in this run."""
+        steps = self.last_step[live]
+        return bool(self.stepped and steps.min() == steps.max() >= 0
+                     and len(np.unique(self.topo.node_index[live])) >= 2 and not (self.crash_ts > -np.inf).any())
+
+    def _silent_end(self, t: float, live: np.ndarray) -> Finding:
+        self.status[live] = SILENT
+        self.silent_end = t
+        n, nodes, step = int(live.sum()), len(np.unique(self.topo.node_index[live])), int(self.last_step[live][0])
+        return SILENT_END.finding(
+            ts=t, job=self.topo.job, detector="failstop.heartbeat", key=("finished", t), score=1.0,
+            evidence=SilentEnd(state="finished", previous="running", step=step, nodes=nodes, job_ranks=self.topo.size,
+                               ended_ranks=n, cause=(
+                                   f"all {n} live ranks on {nodes} nodes finished step {step} and fell silent "
+                                   f"together at {float(self.last_seen[live].max()):.3f}, no end said")))
+
+    def _heard_after_end(self, rec: Record) -> Finding:
+        """A rank heard from again after the job's silent end: it runs (its telemetry was held up, or it went on)."""
+        said, self.silent_end = self.silent_end, None
+        return SILENT_END.finding(
+            ts=max(rec.ts, said), job=self.topo.job, detector="failstop.heartbeat", key=("running", said), score=1.0,
+            evidence=SilentEnd(state="running", previous="finished", step=int(self.last_step.max()), nodes=0,
+                               job_ranks=self.topo.size, ended_ranks=0, cause=(
+                                   f"rank {rec.rank} heard again ({rec.kind} at {rec.ts:.3f}) after the silent end "
+                                   f"said at {said:.3f}")))
+
     def _monitoring_gap(self, t: float, live: np.ndarray) -> Finding:
         self.status[live] = SILENT
         seen = self.last_seen[live]
@@ -755,7 +811,7 @@ class FailStopDetector(DetectorBase):
                 "last_step": self.last_step.tolist(), "step_ts": encode_floats(self.step_ts),
                 "milestones": [list(m) for m in self.milestones],
                 "gap_since": {str(n): t for n, t in sorted(self.gap_since.items())}, "gap_said": sorted(self.gap_said),
-                "lag_since": {str(n): t for n, t in sorted(self.lag_since.items())}}
+                "lag_since": {str(n): t for n, t in sorted(self.lag_since.items())}, "silent_end": self.silent_end}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> FailStopDetector:
@@ -784,6 +840,7 @@ class FailStopDetector(DetectorBase):
         det.gap_since = {int(n): t for n, t in state["gap_since"].items()}
         det.gap_said = set(state["gap_said"])
         det.lag_since = {int(n): t for n, t in state["lag_since"].items()}
+        det.silent_end = state["silent_end"]
         return det
 
     @classmethod
@@ -798,6 +855,8 @@ class FailStopDetector(DetectorBase):
             fill_missing(state, {"now": job.watermark, "arrived": [None] * job.size, "last_step": [-1] * job.size,
                                  "step_ts": [None] * job.size, "milestones": [], "gap_since": {}, "gap_said": [],
                                  "lag_since": {}})
+        if version == 4:  # issue 42: the job's end by silence
+            fill_missing(state, {"silent_end": None})
         return state
 
     def observe_run(self, run: RecordRun) -> list[tuple[int, list[Finding]]]:

@@ -17,7 +17,12 @@ its section timeouts from observed sections); past that the job is hung.
 
 A job whose ranks exited (cleanly at its end, or crashing) after its last
 progress has stopped, not hung: fail-stop speaks for it, and no hang is reported
-until it makes progress again.
+until it makes progress again. So has a job that heartbeats when no heartbeat
+of any rank came in the `alive_periods` heartbeat periods before the stall's
+threshold passed: nothing shows it alive, and its silence is fail-stop's (a node
+gone, the monitoring path down, or the job ended without a word); the hang is
+reported if a heartbeat of that time turns up late. (A job whose client sends no
+heartbeats has only its steps: their stopping is a hang, as ever.)
 
 Frozen ranks: a node agent heartbeats for a rank whose process lives but cannot
 run (`source: "agent"`, `proc_state` T stopped, t traced, D uninterruptible;
@@ -125,6 +130,7 @@ class HangDetector(DetectorBase):
         self.progress_ts = topo.ts  # when the job last made progress: a rank finished a step (the stall clock)
         self.first_ts = topo.ts  # when the newest step was first seen (the rhythm's clock)
         self.now = -math.inf  # the job's time at the last advance
+        self.heard_ts = -math.inf  # the newest heartbeat of a rank of the job (-inf: it sends none)
         self.intervals: list[float] = []
         self.seen_intervals = 0
         self.reported = False
@@ -145,6 +151,8 @@ class HangDetector(DetectorBase):
         if rec.rank >= self.topo.size:
             return []
         if rec.kind == "heartbeat":
+            if rec.ts > self.heard_ts and rec.extra.get("source") != "agent":  # a rank's own
+                self.heard_ts = rec.ts
             return self._beat(rec)
         if rec.kind == "framework":
             if rec.type in _STOPS:
@@ -277,11 +285,13 @@ class HangDetector(DetectorBase):
             threshold = max(threshold, over - self.progress_ts)
         if now < self.progress_ts + threshold:
             return []
+        at = self.progress_ts + threshold
+        if -math.inf < self.heard_ts < at - self.config.alive_periods * self.topo.heartbeat_s:
+            return []  # its heartbeats stopped too: not alive as far as records tell (fail-stop's silence)
         self.reported = True
         self.reports += 1
         lagging = np.flatnonzero(self.last_step < self.max_step)
         hint = lagging.tolist() if 0 < len(lagging) <= self.config.max_lagging_frac * self.topo.size else []
-        at = self.progress_ts + threshold
         return [HANG.finding(
             ts=at, job=self.topo.job, detector="hang.progress",
             # the id may not depend on progress_ts: the step's first record to *arrive* sets it, which differs
@@ -306,7 +316,8 @@ class HangDetector(DetectorBase):
                 **({"frozen": [[r, st, since, last] for r, (st, since, last) in sorted(self.frozen.items())]}
                    if self.frozen else {}),
                 **({"named": sorted(self.named)} if self.named else {}),
-                "now": self.now if self.now > -math.inf else None}
+                "now": self.now if self.now > -math.inf else None,
+                "heard_ts": None if self.heard_ts == -math.inf else self.heard_ts}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> HangDetector:
@@ -326,6 +337,7 @@ class HangDetector(DetectorBase):
         det.frozen = {int(r): (st, since, last) for r, st, since, last in state.get("frozen", ())}
         det.named = set(state.get("named", ()))
         det.now = -math.inf if state["now"] is None else state["now"]
+        det.heard_ts = -math.inf if state["heard_ts"] is None else state["heard_ts"]
         return det
 
     @classmethod
@@ -333,9 +345,10 @@ class HangDetector(DetectorBase):
         """Its saved state brought up to date (`DetectorBase.upgrade_state`)."""
         if version == 2:  # grew without a version change: any of this may be missing
             fill_missing(state, {"stopped_ts": None, "paused": [], "longest": {}, "reports": int(state["reported"])})
-        if state is not None:  # grew without a version change (issue 42): the stall and rhythm clocks were one;
-            # no time known yet (no clamp of a step stamped ahead until time next moves)
+        if version == 4 and state is not None:  # issue 42: the stall and rhythm clocks were one; no time known yet
+            # (no clamp of a step stamped ahead until time next moves)
             fill_missing(state, {"first_ts": state["progress_ts"], "now": None})
+            fill_missing(state, {"heard_ts": None})  # no heartbeat known: a stall is a hang until one comes
         return state
 
     def observe_run(self, run: RecordRun) -> list[tuple[int, list[Finding]]]:
@@ -373,9 +386,15 @@ class HangDetector(DetectorBase):
 
     def _beats(self, run: RecordRun) -> list[tuple[int, list[Finding]]]:
         """The run's heartbeats: the agents' ones are records of their own (their extra fields keep them out of
-        the decoder's columns); the ranks' own, columns or records, matter only while some rank is frozen."""
+        the decoder's columns); the ranks' own, columns or records, show the job alive (`heard_ts`) and matter
+        otherwise only while some rank is frozen."""
         out = []
-        recs = run.recs
+        recs, size = run.recs, self.topo.size
+        own = [t for i, r, t in zip(run.by_kind["heartbeat"], run.lists("heartbeat", "rank"),
+                                    run.lists("heartbeat", "ts"), strict=True)
+               if r < size and (recs[i] is None or recs[i].extra.get("source") != "agent")]  # the ranks' own
+        if own:
+            self.heard_ts = max(self.heard_ts, max(own))
         for i in run.by_kind["heartbeat"]:
             rec = recs[i]
             if rec is not None and (rec.extra or self.frozen) and rec.rank < self.topo.size:

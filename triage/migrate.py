@@ -28,7 +28,7 @@ from typing import Any
 from gangwatch.detectors.base import SavedJob, fill_missing
 from gangwatch.detectors.catalog import DEFAULT_DETECTORS
 
-STATE_VERSION = 4
+STATE_VERSION = 5
 
 State = dict[str, Any]
 
@@ -74,15 +74,29 @@ def _v2_to_v3(old: State) -> State:
 def _v3_to_v4(old: State) -> State:
     state = copy.deepcopy(old)
     _detectors(state, 3)
-    tri = state["triage"]
-    for timeline in ([tri["incident"]] if tri["incident"] else []) + tri["waiting"]:
-        fill_missing(timeline, {"swapped": []})  # (grew in version 4, issue 42: no node swapped; from_dict's default)
     state["v"] = 4
     return state
 
 
+# --- version 4 -> 5 ------------------------------------------------------------------------------------------------
+# Issue 42 (one truth whatever the weather): the clock counts heartbeats and nodes' steps, the hang detector keeps
+# its stall clock and the job's time apart, fail-stop says when the job ended by silence, and an incident names the
+# node swapped to tell a node from code. (Version 4 states were saved both without these, by stop 40, and with
+# them, by later commits that added them without a version change: either restores.)
+
+
+def _v4_to_v5(old: State) -> State:
+    state = copy.deepcopy(old)
+    _detectors(state, 4)
+    tri = state["triage"]
+    for timeline in ([tri["incident"]] if tri["incident"] else []) + tri["waiting"]:
+        fill_missing(timeline, {"swapped": []})  # no node swapped (from_dict's default)
+    state["v"] = 5
+    return state
+
+
 # version N -> the function that turns a state of version N into one of version N + 1
-MIGRATIONS: dict[int, Callable[[State], State]] = {2: _v2_to_v3, 3: _v3_to_v4}
+MIGRATIONS: dict[int, Callable[[State], State]] = {2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}
 OLDEST = min(MIGRATIONS)
 
 

@@ -35,10 +35,11 @@ class Clock:
 
 
 def two_jobs() -> list[Msg]:
-    """Two healthy jobs of 16 ranks in one partition, their telemetry ending at the same moment."""
+    """Two healthy one-node jobs of 16 ranks in one partition, their telemetry ending at the same moment (on one
+    node, that is no end the job's steps can show: the node may have died with it; a monitoring gap each)."""
     recs = []
     for job, prefix in (("ja", "a"), ("jb", "b")):
-        for rec in scenario(seconds=SECONDS, hb=2.0, silent=None, xid_node=None, job=job):
+        for rec in scenario(nodes=1, per_node=16, seconds=SECONDS, hb=2.0, silent=None, xid_node=None, job=job):
             if rec.kind == "job":
                 rec = dataclasses.replace(rec, ranks=[dataclasses.replace(r, node=prefix + r.node[1:])
                                                       for r in rec.ranks])

@@ -164,18 +164,50 @@ def test_the_same_job_record_delivered_twice_forgets_nothing():
 # --- the whole job silent -------------------------------------------------------------------------
 
 
-def test_whole_job_silent_at_once_is_one_monitoring_gap_not_node_faults():
-    t = topo()
+def behind(recs, t: Topology, node: str, after: float) -> list:
+    """`recs` without the step records of `node` from `after` on (its heartbeats go on): that node stopped
+    finishing steps the others went on with."""
+    return [r for r in recs if not (r.kind == "step" and t.node_of(r.rank) == node and r.ts >= after)]
+
+
+@pytest.mark.parametrize("how", ["a node's steps behind", "one node"])
+def test_whole_job_silent_at_once_but_not_at_one_step_is_one_monitoring_gap_not_node_faults(how):
+    """The whole job falls silent, but not as a job ends: its ranks had not all finished the same step, or it is one
+    node (whose silence is as much that node's death). No node is at fault: one job-level monitoring gap."""
+    t = topo(nodes=1) if how == "one node" else topo()
     det = FailStopDetector(t)
-    recs = beats(t, T0 + 100)
+    recs = beats(t, T0 + 100, steps=True)
+    if how != "one node":
+        recs = behind(recs, t, "n002", T0 + 80)
     found = drive(det, recs) + det.advance(T0 + 400)
     assert [(f.type, f.node, f.rank) for f in found] == [("monitoring_gap", None, None)]
     f = found[0]
-    assert f.evidence["silent_ranks"] == 32 and f.evidence["silent_nodes"] == 4
+    assert f.evidence["silent_ranks"] == t.size and f.evidence["silent_nodes"] == len(t.nodes)
     assert f.ts - recs[-1].ts <= 2 * HB + 1.0
-    # the path comes back: watched again, and a node lost afterwards is a node fault again
-    later = beats(t, T0 + 600, dead_nodes={"n003"}, dead_at=T0 + 550, start=T0 + 500)
-    assert [(f.type, f.node) for f in drive(det, later)] == [("fail_stop", "n003")]
+    if how != "one node":  # the path comes back: watched again, and a node lost afterwards is a node fault again
+        later = beats(t, T0 + 600, dead_nodes={"n003"}, dead_at=T0 + 550, start=T0 + 500)
+        assert [(f.type, f.node) for f in drive(det, later)] == [("fail_stop", "n003")]
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_a_job_whose_every_rank_stops_after_the_same_step_ended_and_says_so_once(nodes):
+    """Telemetry that stops with every rank at the same step, as a job ends whose launcher reports nothing: the
+    job's end (its life `finished`, said once, naming the step), no monitoring gap and no node fault; a rank heard
+    again moves it back to running, and a node lost after that is a node fault again."""
+    t = topo(nodes=nodes)
+    det = FailStopDetector(t)
+    recs = beats(t, T0 + 100 + HB - 0.01, steps=True)  # every rank's beats (steps) are staggered: its 21st the last
+    found = drive(det, recs) + det.advance(T0 + 400)
+    assert [(f.type, f.evidence.get("state")) for f in found] == [("silent_end", "finished")]
+    [end] = found
+    last_step = max(r.step for r in recs if r.kind == "step")
+    assert end.evidence["step"] == last_step and end.evidence["ended_ranks"] == t.size and end.node is None
+    assert end.ts - recs[-1].ts <= 2 * HB + 1.0
+    assert typed(end).job_state == "finished" and typed(end).incident_class is None
+    later = beats(t, T0 + 600, dead_nodes={t.nodes[-1]}, dead_at=T0 + 550, start=T0 + 500, steps=True)
+    again = drive(det, later)
+    assert [(f.type, f.evidence.get("state"), f.node) for f in again] == [
+        ("silent_end", "running", None), ("fail_stop", None, t.nodes[-1])]
 
 
 def _through_core(recs, until: float):
@@ -195,8 +227,9 @@ def _through_core(recs, until: float):
 @pytest.mark.parametrize("case", ["whole job silent", "rank never started"])
 def test_job_level_findings_through_triage_escalate_and_never_evict(case):
     t = topo()
-    if case == "whole job silent":  # the steps stop too: the hang detector fires as well
-        recs, until, want, why = beats(t, T0 + 100, steps=True), T0 + 400, "monitoring_gap", "monitoring path"
+    if case == "whole job silent":  # one node behind in steps: no end; the steps stop, the hang detector fires too
+        recs, until, want, why = behind(beats(t, T0 + 100, steps=True), t, "n002", T0 + 80), T0 + 400, \
+            "monitoring_gap", "monitoring path"
     else:
         recs, until, want, why = [r for r in beats(t, T0 + 700, steps=True) if r.rank != 7], T0 + 700, \
             "start_timeout", "1 of 32 ranks never reported within 600.0 s of the job start (on n000)"
@@ -207,12 +240,17 @@ def test_job_level_findings_through_triage_escalate_and_never_evict(case):
     assert out.incidents[-1].cls in ("unknown", "hang") and out.incidents[-1].evicted_nodes == []
 
 
-def test_a_finished_job_through_triage_is_no_incident():
-    """Every rank exits cleanly: the steps stop (the hang detector says so) and the heartbeats too; no action."""
+@pytest.mark.parametrize("said", ["exit 0", "nothing"])
+def test_a_finished_job_through_triage_is_no_incident(said):
+    """Every rank exits cleanly, or stops after the same step without a word: the steps stop (the hang detector
+    says so) and the heartbeats too; no action, no incident, and the job's life ends `finished`."""
     t = topo()
-    recs = sorted(beats(t, T0 + 300, steps=True) + exits(t, T0 + 300.5, code=0), key=lambda r: r.ts)
+    recs = beats(t, T0 + 300 + HB - 0.01, steps=True)  # every rank's last step the same
+    if said == "exit 0":
+        recs = sorted(recs + exits(t, T0 + 300.5, code=0), key=lambda r: r.ts)
     out = _through_core([job(), *recs], T0 + 900)
     assert "monitoring_gap" not in [f.type for f in out.findings] and out.actions == [] and out.incidents == []
+    assert [typed(f).job_state for f in out.life][-1] == "finished"
 
 
 def test_the_same_job_losing_one_node_through_triage_replaces_it():

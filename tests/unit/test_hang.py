@@ -263,10 +263,14 @@ def agent_beats(rank: int, first: float, last: float, state: str = "T", every: f
 
 
 def frozen_stall(rank: int = 11, state: str = "T", *, from_s: float = 2.0, for_s: float = 60.0):
-    """Steps 0..100 (a step a second), then `rank` frozen from `from_s` after the last progress for `for_s`."""
+    """Steps 0..100 (a step a second), then `rank` frozen from `from_s` after the last progress for `for_s`; every
+    rank's own heartbeats every 5 s throughout (a stall stops steps, not heartbeats), none of `rank`'s while frozen."""
     recs, end = steps(0, 100, T0)
     progress = min(r.ts for r in recs if r.step == 100)
-    return [*recs, *agent_beats(rank, progress + from_s, progress + from_s + for_s, state)], progress
+    frozen = (progress + from_s, progress + from_s + for_s)
+    own = [Heartbeat(ts=round(T0 + 5.0 * k + 0.01 * r, 6), job="j", rank=r) for k in range(int((end + 300 - T0) / 5))
+           for r in range(N) if not (r == rank and frozen[0] - 5.0 < T0 + 5.0 * k <= frozen[1])]
+    return [*recs, *own, *agent_beats(rank, *frozen, state)], progress
 
 
 @pytest.mark.parametrize("state,words", [("T", "stopped"), ("t", "stopped by a tracer"),
@@ -330,4 +334,4 @@ def test_frozen_ranks_survive_a_state_round_trip_and_old_states_load():
     clone = HangDetector.from_state(json.loads(json.dumps(det.state())), topo())
     assert [f.type for f in run(clone, recs[cut:], until=progress + 100)] == ["hang", "frozen_rank"]
     old = {k: v for k, v in det.state().items() if k not in ("frozen", "named")}  # saved before issue 35
-    assert [f.type for f in HangDetector.from_state(old, topo()).advance(progress + 100)] == ["hang"]
+    assert [f.type for f in run(HangDetector.from_state(old, topo()), recs[cut:], until=progress + 100)][0] == "hang"

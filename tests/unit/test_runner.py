@@ -123,8 +123,10 @@ def test_silence_fires_missed_heartbeats_on_wall_time_only_when_caught_up():
     assert emitted(runner.on_batch(as_msgs(messages(recs, T)))) == []
     clock.now += 60.0
     assert emitted(runner.on_tick(caught_up=lambda job: False)) == []  # a lagging consumer is not silence
-    fired = emitted(runner.on_tick())
-    assert "monitoring_gap" in {f.type for f in fired if f.kind == "finding"}  # the whole job fell silent
+    res = runner.on_tick()
+    # the whole job fell silent after one step, every rank: its end, told as its life (to the store), no alarm
+    assert [(f.type, f.evidence["state"]) for f in res.outputs.life] == [("silent_end", "finished")]
+    assert emitted(res) == []
     quiet = JobRunner(T, clock=clock, silence=False)
     quiet.on_batch(as_msgs(messages(recs, T)))
     clock.now += 60.0

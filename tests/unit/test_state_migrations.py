@@ -34,7 +34,9 @@ UNPACKED = "v2-e6707b1-unpacked"  # GPUs and link counters not packed per node y
 LIFE = "v2-8541d69-life"  # no reorder window in step buffers, no fail-slow calib_ts, het_wait, flag_ts
 LAST = "v2-d1b59a4-last"  # no hang reports
 V3 = "v3-3a78664-last"  # no clocks detector, no fail-stop arrivals, steps nor telemetry gaps
-OLD = (FIRST, UNPACKED, LIFE, LAST, V3)
+V4_STOP40 = "v4-5bf14e6-stop40"  # no clock heartbeat counts, no hang first_ts nor now, no fail-stop silent_end
+V4_STOP48 = "v4-8efac49-stop48"  # the same version grown: no fail-stop silent_end
+OLD = (FIRST, UNPACKED, LIFE, LAST, V3, V4_STOP40, V4_STOP48)
 STEP_BUFFERS = ("failslow", "slowdown", "sdc")
 
 
@@ -215,7 +217,7 @@ def test_a_flight_sweep_saved_before_wait_for_graphs_restores_with_none():
 # --- and the job goes on ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", [LIFE, LAST, V3])
+@pytest.mark.parametrize("name", [LIFE, LAST, V3, V4_STOP40, V4_STOP48])
 def test_a_restored_job_goes_on_as_if_never_saved(name):
     got, want = outputs(restored(name), cases.SAVED, cases.END), never_saved()[1]
     assert got == want

@@ -7,7 +7,10 @@ import sys
 from pathlib import Path
 
 import orjson
-from gangwatch.triage.engine import JobCore
+try:
+    from gangwatch.triage.core import JobCore
+except ImportError:  # before the core moved (commit 4b1b9e1 and older)
+    from gangwatch.triage.engine import JobCore
 
 spec = importlib.util.spec_from_file_location("statecases", Path(__file__).parents[2] / "unit" / "statecases.py")
 cases = importlib.util.module_from_spec(spec)
