@@ -228,6 +228,15 @@ class ClockDetector(DetectorBase):
         if beat and self.node_step[node] >= self.node_step[1 - node]:
             self.beats_since[1 - node] += 1
 
+    def frame(self) -> dict[str, Any]:
+        """Which clock the job's times are in (an incident's record says it): `basis`, what the job's time rests
+        on (`as stamped`: one node; `pair`: of a job of two nodes' clocks, the one that kept the frame; `steps`: the
+        clocks that agree on each step's end), and `offsets_s`, the nodes whose times were corrected and by how much
+        (a record of theirs stamped t was read at t - offset)."""
+        return {"basis": "as stamped" if not self.learn else "pair" if self.pair else "steps",
+                "offsets_s": {node: round(off, 3) for node, off in zip(self.topo.nodes, self.offset.tolist(),
+                                                                       strict=True) if off}}
+
     def node_time(self, node: str) -> float:
         """How far a node's own records have been read: the newest corrected time of any of them (-inf: none yet;
         inf: not a node of the job, nothing to wait for)."""

@@ -14,12 +14,17 @@ by the wall-clock silence timer in the worker, by the stream's time in replay.
 
 Settings are passed in, never read back from saved state: `state()` holds data
 only (with a version), so a redeploy with new thresholds reaches restored jobs.
+
+Every incident record a job's core emits names the clock its times are in
+(`extra.clock`: `ClockDetector.frame`, the nodes whose times were corrected and
+by how much, and what the job's time rests on).
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -89,6 +94,26 @@ def _run_end(recs: list[Record | StepRows], start: int, top: float, lateness: fl
     return e, top, count
 
 
+def _clock_named(method: Callable[..., Outputs | None]) -> Callable[..., Outputs | None]:
+    """A `JobCore` entry point whose incident records (those of its job, appended to the `Outputs` it was given or
+    made) name the clock their times are in: `extra.clock`, `ClockDetector.frame` then (a nested call's first)."""
+
+    @functools.wraps(method)
+    def named(self: JobCore, *args: Any, **kw: Any) -> Outputs | None:
+        given = kw.get("out") or (args[-1] if args and type(args[-1]) is Outputs else None)  # (`out`, the last)
+        start = len(given.incidents) if given is not None else 0
+        got = method(self, *args, **kw)
+        out = given if got is None else got
+        if out is not None and len(out.incidents) > start:
+            frame = self.monitor.clocks.frame()
+            for inc in out.incidents[start:]:
+                if inc.job == self.job and "clock" not in inc.extra:
+                    inc.extra["clock"] = {**frame, "offsets_s": dict(frame["offsets_s"])}
+        return got
+
+    return named
+
+
 class JobCore:
     """One job's detectors and triage, driven by the job's own event time."""
 
@@ -106,6 +131,7 @@ class JobCore:
     def nodes(self) -> tuple[str, ...]:
         return tuple(self.monitor.topo.nodes)
 
+    @_clock_named
     def process(self, rec: Record, out: Outputs | None = None) -> Outputs:
         """Observe one record of this job (after advancing time to the watermark); outputs go to `out`."""
         self.records += 1
@@ -126,6 +152,7 @@ class JobCore:
         self.triage.on_record(rec, out)
         return out
 
+    @_clock_named
     def process_many(self, recs: list[Record | StepRows], out: Outputs | None = None) -> Outputs:
         """`process` of each record of this job in turn, giving the same outputs in the same order: between two
         moves of the job's event time, its records go through the detectors as one `RecordRun` (each
@@ -210,6 +237,7 @@ class JobCore:
                 tri.on_findings(fs, out)
             tri.on_record(record(i), out)
 
+    @_clock_named
     def advance(self, now: float, out: Outputs | None = None) -> Outputs:
         """Fire every timeout up to event time `now` (never backwards)."""
         out = Outputs() if out is None else out
@@ -222,6 +250,7 @@ class JobCore:
         self.triage.advance(now, out)
         return out
 
+    @_clock_named
     def apply_offsets(self, out: Outputs) -> None:
         """The clock offsets learned since time last moved take effect now, time standing still: at the end of
         input the records left may be one node's alone, its clock not known yet, which cannot move the time that
@@ -231,6 +260,7 @@ class JobCore:
         if findings:
             self.triage.on_findings(findings, out)
 
+    @_clock_named
     def finish(self, now: float, out: Outputs | None = None) -> Outputs:
         """End of input at event time `now`: timeouts up to it, then what collecting detectors hold (a partial
         sweep, a storm still inside its window, peers' reports of a rank that vanished just before the end). The

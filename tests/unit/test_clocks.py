@@ -178,6 +178,28 @@ def test_a_real_death_beside_a_skewed_clock_is_found_as_fast_and_only_the_dead_n
     assert [(a.type, a.nodes) for a in actions] == [("replace", ["n002"])]
 
 
+@pytest.mark.parametrize(("dp", "basis"), [(4, "steps"), (1, "pair")])
+def test_an_incident_names_the_clock_its_times_are_in(dp, basis):
+    """An incident's record says what the job's time rests on and which node's times were corrected, by how much:
+    read beside a node's own logs, its times can be put back on that node's clock."""
+    sc = Scenario("s", 21, tp=8, pp=2, dp=dp, duration_s=200.0, faults=(
+        Fault("clock_skew", 0.0, node="n001", params={"offset_s": 30.0}), Fault("node_loss", 100.0, node="n000")))
+    core, incidents = Core(), []
+    for d in generate(sc):
+        incidents += core.process(decode_obj(d)).incidents
+    incidents += core.finish().incidents
+    assert incidents and all(set(i.extra["clock"]) == {"basis", "offsets_s"} for i in incidents)
+    last = incidents[-1].extra["clock"]
+    assert last["basis"] == basis
+    if basis == "steps":  # learned from the steps' agreement: n001's records were read 30 s earlier than stamped
+        assert set(last["offsets_s"]) == {"n001"} and abs(last["offsets_s"]["n001"] - 30.0) < 1.0
+    one = Scenario("o", 21, tp=8, pp=1, dp=1, duration_s=120.0,
+                   faults=(Fault("xid79", 60.0, node="n000", params={"gpu": 2}),))
+    core = Core()
+    got = [i for d in generate(one) for i in core.process(decode_obj(d)).incidents] + core.finish().incidents
+    assert got and all(i.extra["clock"] == {"basis": "as stamped", "offsets_s": {}} for i in got)
+
+
 def test_records_before_their_job_record_wait_for_it_and_only_what_never_gets_one_is_refused():
     j = job()
     early = [Heartbeat(ts=T0 + 1.0, job="j", rank=0), Heartbeat(ts=T0 + 1.5, job="x", rank=0)]
