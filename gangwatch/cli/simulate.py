@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gangwatch.cli import console
 from gangwatch.cli.options import EXIT_FLOOR, EXIT_USAGE, UserError, command_name, integer, number, opt, positive
+from gangwatch.producers.fault_kinds import FAULT_HELP
 
 
 def _suite(name: str, size: str, only: list[str] | None) -> list:
@@ -126,10 +127,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Deterministic (by seed) telemetry of a synchronous training job: steps, "
                        "heartbeats, NVML samples, kernel-log lines, stack/flight sweeps after stalls, NCCL-timeout "
                        "storms; writes NAME.jsonl.gz and NAME.truth.json (the ground truth).",
-                       epilog="fault kinds: xid79, node_loss, thermal_straggler, nic_degradation, "
-                       "intermittent_straggler, dataloader_hang, pp_deadlock, sdc, planned_maintenance, link_errors, "
-                       "heterogeneous (a rank steadily slower from the start: no fault). "
-                       "example: gangwatch simulate --dp 8 --fault thermal_straggler:60:r21:0.1 --out sim/")
+                       epilog="fault kinds: " + "; ".join(f"{k}: {what}" for k, what in FAULT_HELP.items()) +
+                       ". example: gangwatch simulate --dp 8 --fault thermal_straggler:60:r21:0.1 --out sim/")
     opt(m, "--out", type=Path, default=Path("sim"), env="GANGWATCH_SIM_OUT", help="output folder")
     m.add_argument("--suite", help="write a whole scenario suite instead (standard)")
     m.add_argument("--size", choices=["ci", "full"], default="full", help="suite size (default full)")

@@ -10,11 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-FAULT_KINDS = (
-    "xid79", "node_loss", "thermal_straggler", "nic_degradation", "intermittent_straggler",
-    "dataloader_hang", "pp_deadlock", "sdc", "planned_maintenance", "link_errors", "heterogeneous",
-    "clock_skew", "late_delivery",
-)
+from gangwatch.producers.fault_kinds import FAULT_HELP
+
+FAULT_KINDS = tuple(FAULT_HELP)
 # fault kind -> incident class (contract: incident.class); None: a precursor, no incident is expected
 FAULT_CLASS: dict[str, str | None] = {
     "xid79": "fail_stop", "node_loss": "fail_stop",

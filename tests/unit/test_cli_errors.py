@@ -248,6 +248,21 @@ def test_simulate_with_a_malformed_fault(capsys, tmp_path):
     assert code == EXIT_USAGE and "bad --fault 'xid79'" in one_error(err)
 
 
+def test_simulate_s_help_and_its_error_list_the_fault_kinds_the_simulator_takes(capsys, tmp_path):
+    """Issue 47: the help listed 11 kinds, the error 13. Both come from one table, which is the simulator's."""
+    from gangwatch.producers.simulate import FAULT_KINDS, Fault
+
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())  # argparse wraps the epilog
+    listed = shown.split("fault kinds: ", 1)[1]
+    assert [k for k in FAULT_KINDS if f"{k}: " in listed] == list(FAULT_KINDS)
+    code, _, err = run(capsys, "simulate", "--fault", "bogus:1:n001", "--out", str(tmp_path))
+    assert code == EXIT_USAGE and one_error(err).endswith("one of " + ", ".join(FAULT_KINDS))
+    for kind in FAULT_KINDS:  # every kind listed is one the simulator takes
+        Fault(kind, 1.0, node="n001")
+
+
 def test_a_bad_environment_value_names_the_variable_and_spares_help(capsys, monkeypatch):
     monkeypatch.setenv("GANGWATCH_BATCH_MAX", "abc")
     with pytest.raises(SystemExit) as e:
