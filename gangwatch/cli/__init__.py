@@ -15,6 +15,7 @@ A user's mistake is one line on stderr with an exit code of its own (see
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 
@@ -77,7 +78,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMANDS:
         module.register(sub)
+    p.set_defaults(_commands=sub.choices)  # command name -> its parser (`_unrecognized` answers with it)
     return p
+
+
+def _unrecognized(parser: argparse.ArgumentParser, extra: list[str]) -> str:
+    """What an argument the command does not take gets: the command's own words, and the option it resembles."""
+    options = [s for a in parser._actions for s in a.option_strings]  # argparse has no public list of them
+    said = [f"unrecognized arguments: {' '.join(extra)}"]
+    for arg in extra:
+        if arg.startswith("-"):
+            close = difflib.get_close_matches(arg.split("=", 1)[0], options, n=1, cutoff=0.6)
+            if close:
+                said.append(f"did you mean {close[0]}?")
+                break
+    return "; ".join(said) + f" (gangwatch {parser.prog.split()[-1]} --help lists them)"
 
 
 def _debug(args: argparse.Namespace) -> bool:
@@ -92,7 +107,11 @@ def _debug(args: argparse.Namespace) -> bool:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     flagged = "--debug" in argv  # accepted anywhere on the line, not only before the command
-    args = build_parser().parse_args([a for a in argv if a != "--debug"])
+    parser = build_parser()
+    args, extra = parser.parse_known_args([a for a in argv if a != "--debug"])
+    if extra:  # said by the command's parser (its usage), not the top level's
+        command = args._commands[args.command]
+        command.error(_unrecognized(command, extra))
     args.debug = args.debug or flagged
     debug = _debug(args)
     name = f"gangwatch {args.command}"

@@ -263,6 +263,19 @@ def test_simulate_s_help_and_its_error_list_the_fault_kinds_the_simulator_takes(
         Fault(kind, 1.0, node="n001")
 
 
+def test_an_option_a_command_does_not_take_is_said_by_that_command_with_the_one_it_resembles(capsys, tmp_path):
+    """Issue 47: `replay ... --output DIR` got the top-level usage and "unrecognized arguments"."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["replay", str(tmp_path / "x.jsonl"), "--output", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == EXIT_USAGE and err.startswith("usage: gangwatch replay ")
+    assert one_error(err) == (f"gangwatch replay: error: unrecognized arguments: --output {tmp_path}; did you mean "
+                              "--out? (gangwatch replay --help lists them)")
+    with pytest.raises(SystemExit):
+        main(["simulate", "--zzz"])
+    assert "did you mean" not in one_error(capsys.readouterr().err)  # nothing like it: nothing suggested
+
+
 def test_a_bad_environment_value_names_the_variable_and_spares_help(capsys, monkeypatch):
     monkeypatch.setenv("GANGWATCH_BATCH_MAX", "abc")
     with pytest.raises(SystemExit) as e:
