@@ -87,9 +87,21 @@ def _html():
     return htmlpage
 
 
+def _check_html(path: Path) -> None:
+    """Where --html writes, checked before any work: its folder exists, and it is no folder itself."""
+    if path.is_dir():
+        raise UserError(f"--html {path} is a folder; give a file name (e.g. {path / 'report.html'})", EXIT_INPUT)
+    folder = path.parent
+    if not folder.is_dir():
+        raise UserError(f"cannot write --html {path}: its folder {folder} does not exist (create it first)",
+                        EXIT_INPUT)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from gangwatch.report import postmortem as pm
 
+    if args.html is not None:
+        _check_html(args.html)
     try:
         text, page = _report(args)
     except pm.EmptyStore as e:

@@ -335,6 +335,17 @@ def test_user_mistakes_are_one_line_each(capsys, store_url, tmp_path):
     assert got == EXIT_INPUT and "holds no incidents and no job life" in err
 
 
+@pytest.mark.parametrize("where", ["a missing folder", "a folder"])
+def test_an_html_page_that_cannot_be_written_is_said_before_any_report(capsys, store_url, tmp_path, where):
+    """Issue 47: the whole text report came first, then "No such file or directory"."""
+    page = tmp_path / "missing" / "x.html" if where == "a missing folder" else tmp_path
+    got, out, err = _cli(capsys, "--incident", "i-slow", "--store", store_url, "--html", str(page))
+    lines = [ln for ln in err.splitlines() if ln.startswith("gangwatch report: error: ")]
+    assert got == EXIT_INPUT and out == "" and len(lines) == 1, (out, err)
+    assert ("its folder" in lines[0] and "does not exist" in lines[0]) if where == "a missing folder" else \
+        "is a folder; give a file name" in lines[0]
+
+
 def test_html_without_matplotlib_names_the_extra_and_writes_nothing(capsys, monkeypatch, store_url, tmp_path):
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
     page = tmp_path / "incident.html"
