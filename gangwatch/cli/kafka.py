@@ -246,8 +246,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     tsub = t.add_subparsers(dest="topics_command", metavar="ACTION", required=True)
     tc = tsub.add_parser("create", help="create every missing gangwatch topic (existing topics are left alone)")
     kafka_opts(tc)
-    tc.add_argument("--app-id", default="gangwatch", help="also the internal topic of the workers of this app id "
-                    "(PREFIX<app id>.by-job), for workers run with --no-create-topics (default: %(default)s)")
+    opt(tc, "--app-id", setting="worker.app_id", help="also the internal topic of the workers of this app id "
+        "(PREFIX<app id>.by-job), for workers run with --no-create-topics")
     tc.set_defaults(func=cmd_topics_create)
     tl = tsub.add_parser("list", help="list the topics with the prefix and their partition counts")
     kafka_opts(tl)
