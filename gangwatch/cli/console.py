@@ -43,7 +43,7 @@ def summary(s: Any) -> str:
         f"rejected  {s.rejected:,}" + ("  (reasons in rejected.jsonl)" if s.rejected else ""),
         f"findings  {s.findings:,}" + "".join(f"\n  {k:<16} {v:,}" for k, v in sorted(s.by_type.items())),
         f"actions   {s.actions:,}",
-        f"incidents {s.incidents:,} updates",
+        f"incidents {s.incidents:,} records (one each time an incident moved)",
         f"outputs   {s.out_dir}",
     ]
     return "\n".join(lines)

@@ -34,7 +34,7 @@ from gangwatch.report.postmortem import (
     Stage,
     StepWindow,
 )
-from gangwatch.report.text import iso, seconds
+from gangwatch.report.text import counted, iso, seconds
 
 BAND_RANKS = 64  # above this many ranks, the step plot draws the spread of the others, not a line each
 HIGHLIGHT_MAX = 16  # ranks drawn as their own line at most (named ranks first)
@@ -405,7 +405,7 @@ def sdc_plot(v: fg.Vote, w: StepWindow, onset_step: int | None) -> str:
         if n < 3 and v.dissents(r):
             i = v.rows.index(r)
             j = next(j for j, c in enumerate(v.cells[i]) if c == fg.DISSENT)
-            _tag(ax, v.steps[j], i, f"{fg.rank_label(w, r)}: dissents at {v.dissents(r)} steps",
+            _tag(ax, v.steps[j], i, f"{fg.rank_label(w, r)}: dissents in {counted(v.dissents(r), 'step')}",
                  xytext=(-200, 10 + 14 * n))
     if onset_step is not None:
         ax.axvline(onset_step, color="#000000", linestyle="--", linewidth=1.2)
@@ -586,7 +586,7 @@ def incident_html(r: IncidentReport) -> str:
                 f"<p>decision: <b>{_e(d.type)}</b> {_e(', '.join(d.nodes) or '-')}"
                 f"{' (path ' + _e(d.path) + ')' if d.path else ''}{' [shadow]' if d.shadow else ''}</p>"
                 f"<blockquote>{_e(d.reason)}</blockquote>")
-    body.append(f"<h2>Evidence chain ({len(r.evidence)} findings the actions cite)</h2>")
+    body.append(f"<h2>Evidence chain ({counted(len(r.evidence), 'finding')} the actions cite)</h2>")
     body.append(_table(("time", "type", "detector", "rank", "node", "score", "evidence"),
                        [(iso(e.ts), e.type, e.detector, e.rank, e.node, e.score, e.gist) for e in r.evidence])
                 if r.evidence else "<p class=\"muted\">no action of this incident cites a stored finding</p>")

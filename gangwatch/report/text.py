@@ -25,6 +25,11 @@ from gangwatch.report.postmortem import (
 WIDTH = 100  # columns reasons are wrapped to
 
 
+def counted(n: int, noun: str, plural: str = "") -> str:
+    """`n` and its noun, singular for one: "1 finding", "3 findings", "0 findings"."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
 def iso(ts: float | None, ms: bool = True) -> str:
     """Event time as ISO 8601 UTC (to the millisecond unless `ms` is False); '-' for None."""
     if ts is None:
@@ -86,7 +91,7 @@ def incident_text(r: IncidentReport) -> str:
                      + (" [shadow: recorded, not sent]" if d.shadow else ""))
         if d.reason:
             lines.append(_wrap(d.reason, 4))
-    lines += ["", f"evidence chain ({len(r.evidence)} findings the actions cite, in event-time order)"]
+    lines += ["", f"evidence chain ({counted(len(r.evidence), 'finding')} the actions cite, in event-time order)"]
     if not r.evidence:
         lines.append("  (none: no action of this incident cites a stored finding)")
     for e in r.evidence:
@@ -164,5 +169,6 @@ def period_text(r: PeriodReport) -> str:
 def latest_text(items: tuple[IncidentLine, ...]) -> str:
     if not items:
         return "no incidents in the store"
-    return "\n".join([f"the {len(items)} latest incidents (by onset); `gangwatch report --incident ID` for one:",
+    latest = "the latest incident" if len(items) == 1 else f"the {len(items)} latest incidents"
+    return "\n".join([f"{latest} (by onset); `gangwatch report --incident ID` for one:",
                       *incident_table(items)])

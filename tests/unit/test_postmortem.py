@@ -402,3 +402,12 @@ def test_the_html_page_is_self_contained_with_every_plot(capsys, store_url, tmp_
         p.feed(f.read_text(encoding="utf-8"))
         want = {"life", "recover"} if name == "job" else {"interruptions", "ettr"}
         assert set(p.plots) == want and all(v["svg"] == 1 and v["path"] > 0 for v in p.plots.values()), p.plots
+
+
+def test_counts_read_as_counts():
+    """Issue 47: "the 1 latest incidents", "1 findings", "dissents at 58 steps" (read as a step number)."""
+    from gangwatch.report.text import counted
+
+    assert [counted(n, "finding") for n in (0, 1, 2, 1234)] == \
+        ["0 findings", "1 finding", "2 findings", "1,234 findings"]
+    assert counted(1, "child", "children") == "1 child" and counted(3, "child", "children") == "3 children"
