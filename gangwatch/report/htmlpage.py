@@ -570,7 +570,7 @@ def _incident_rows(items: Iterable[IncidentLine]) -> str:
 def incident_html(r: IncidentReport) -> str:
     """The post-mortem of one incident as a self-contained page."""
     onset = r.times.get("onset")
-    state = "recovered" if r.times.get("recovered") is not None else '<span class="open">open (not recovered)</span>'
+    state = r.state if r.state != "open" else '<span class="open">open (not recovered)</span>'
     body = [f"<h1>Incident <code>{_e(r.id)}</code></h1>",
             f"<p>job <code>{_e(r.job)}</code> &middot; class <b>{_e(r.cls)}</b>{' (planned)' if r.planned else ''}"
             f" &middot; culprit nodes <b>{_e(', '.join(r.culprit_nodes) or '-')}</b> &middot; {state}</p>",
@@ -580,12 +580,17 @@ def incident_html(r: IncidentReport) -> str:
                    [(m, iso(r.times.get(m)), "" if r.times.get(m) is None or onset is None or m == "onset"
                      else "+" + seconds(r.times[m] - onset)) for m in MILESTONES]),
             "<h2>Root cause</h2>"]
-    d = r.decision
+    decided = r.decided_by
     body.append(f"<p>class <b>{_e(r.cls)}</b>; culprit nodes <b>{_e(', '.join(r.culprit_nodes) or '-')}</b></p>")
-    body.append("<p>decision: none recorded</p>" if d is None else
-                f"<p>decision: <b>{_e(d.type)}</b> {_e(', '.join(d.nodes) or '-')}"
-                f"{' (path ' + _e(d.path) + ')' if d.path else ''}{' [shadow]' if d.shadow else ''}</p>"
-                f"<blockquote>{_e(d.reason)}</blockquote>")
+    if not decided:
+        body.append("<p>decision: none recorded</p>")
+    else:
+        d = decided[0]
+        body.append("<p>decision: " + ", ".join(f"<b>{_e(a.type)}</b> {_e(', '.join(a.nodes) or '-')}" for a in decided)
+                    + f"{' (path ' + _e(d.path) + ')' if d.path else ''}{' [shadow]' if d.shadow else ''}</p>"
+                    + ("<p>after: " + ", ".join(f"{_e(a.type)} {_e(', '.join(a.nodes) or '-')} at {iso(a.ts)}"
+                                               for a in r.ladder) + "</p>" if r.ladder else "")
+                    + f"<blockquote>{_e(d.reason)}</blockquote>")
     body.append(f"<h2>Evidence chain ({counted(len(r.evidence), 'finding')} the actions cite)</h2>")
     body.append(_table(("time", "type", "detector", "rank", "node", "score", "evidence"),
                        [(iso(e.ts), e.type, e.detector, e.rank, e.node, e.score, e.gist) for e in r.evidence])

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from gangwatch.fleet.kb import ActionTaken
+from gangwatch.fleet.kb import DIAGNOSTIC, ActionTaken
 from gangwatch.report.queries import Param, catalog, literal, render
 
 Rows = list[dict[str, Any]]
@@ -180,10 +180,35 @@ class IncidentReport:
     steps: StepWindow | None = None
 
     @property
+    def decided_by(self) -> tuple[ActionTaken, ...]:
+        """The actions the incident was decided by: its first carried out that gathers more than evidence (not a
+        sweep or a replay: `kb.DIAGNOSTIC`), with every other action of that moment (an SDC's rollback, isolate and
+        dual run); only diagnostic ones: the first of them; nothing carried out (shadow mode): the same of all."""
+        done = [a for a in self.actions if not a.shadow] or list(self.actions)
+        first = next((a for a in done if a.type not in DIAGNOSTIC), None)
+        if first is None:
+            return tuple(done[:1])
+        return tuple(a for a in done if abs(a.ts - first.ts) <= 1e-3)
+
+    @property
+    def ladder(self) -> tuple[ActionTaken, ...]:
+        """The evidence-gathering actions that came before the decision (sweeps, replays)."""
+        decided = self.decided_by
+        until = decided[0].ts if decided else float("inf")
+        return tuple(a for a in self.actions if a.type in DIAGNOSTIC and a.ts < until and a not in decided)
+
+    @property
     def decision(self) -> ActionTaken | None:
-        """The action the incident was decided by: its first one carried out (else its first, in shadow mode)."""
-        done = [a for a in self.actions if not a.shadow]
-        return (done or list(self.actions) or [None])[0]
+        """The first action the incident was decided by (`decided_by`)."""
+        return (self.decided_by or (None,))[0]
+
+    @property
+    def state(self) -> str:
+        """Where it stands: `recovered`; `running degraded` (decided to keep running, watched: nothing was
+        repaired); `open`."""
+        if any(a.type == "degrade" for a in self.decided_by):
+            return "running degraded"
+        return "recovered" if self.times.get("recovered") is not None else "open"
 
     @property
     def over_budget(self) -> list[str]:

@@ -74,7 +74,7 @@ def stage_lines(stages_: Iterable[Stage]) -> list[str]:
 
 def incident_text(r: IncidentReport) -> str:
     """The terminal post-mortem of one incident: timeline, root cause, evidence chain, recovery path, stages."""
-    state = "recovered" if r.times.get("recovered") is not None else "OPEN (not recovered)"
+    state = {"open": "OPEN (not recovered)"}.get(r.state, r.state)
     lines = [f"incident {r.id}  job {r.job}  class {r.cls}{' (planned)' if r.planned else ''}  {state}", "",
              "timeline (UTC)"]
     onset = r.times.get("onset")
@@ -83,12 +83,15 @@ def incident_text(r: IncidentReport) -> str:
         since = f"  +{seconds(ts - onset)}" if ts is not None and onset is not None and m != "onset" else ""
         lines.append(f"  {m:<11}{iso(ts):<26}{since}")
     lines += ["", "root cause", f"  class {r.cls}; culprit nodes {_nodes(r.culprit_nodes)}"]
-    d = r.decision
-    if d is None:
+    decided = r.decided_by
+    if not decided:
         lines.append("  decision: none recorded")
     else:
-        lines.append(f"  decision: {d.type} {_nodes(d.nodes)}" + (f" (path {d.path})" if d.path else "")
-                     + (" [shadow: recorded, not sent]" if d.shadow else ""))
+        d = decided[0]
+        lines.append("  decision: " + ", ".join(f"{a.type} {_nodes(a.nodes)}" for a in decided)
+                     + (f" (path {d.path})" if d.path else "") + (" [shadow: recorded, not sent]" if d.shadow else ""))
+        if r.ladder:
+            lines.append("  after: " + ", ".join(f"{a.type} {_nodes(a.nodes)} at {iso(a.ts)}" for a in r.ladder))
         if d.reason:
             lines.append(_wrap(d.reason, 4))
     lines += ["", f"evidence chain ({counted(len(r.evidence), 'finding')} the actions cite, in event-time order)"]
@@ -106,8 +109,12 @@ def incident_text(r: IncidentReport) -> str:
         lines.append(f"  {iso(a.ts)}  {a.type} {_nodes(a.nodes)}" + (f" path {a.path}" if a.path else "")
                      + (" [shadow]" if a.shadow else ""))
     rec = r.times.get("recovered")
-    lines.append(f"  recovered {iso(rec)}, {seconds(rec - onset)} after onset" if rec is not None and onset is not None
-                 else "  not recovered (as far as the store knows)")
+    if r.state == "running degraded":
+        lines.append("  running degraded: kept running and watched, nothing repaired"
+                     + (f" (its incident closed {iso(rec)})" if rec is not None else ""))
+    else:
+        lines.append(f"  recovered {iso(rec)}, {seconds(rec - onset)} after onset" if rec is not None
+                     and onset is not None else "  not recovered (as far as the store knows)")
     lines += ["", "stages against budget"] + (stage_lines(r.stages) or ["  (no stage completed yet)"])
     over = r.over_budget
     lines.append(f"  over budget: {', '.join(over)}" if over else "  every stage within its budget")

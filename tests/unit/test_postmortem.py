@@ -145,6 +145,31 @@ def test_the_decision_is_the_first_action_carried_out_not_a_shadow_one():
     assert pm.incident_report(incident_row(INCIDENT), [], [], BUDGETS).decision is None
 
 
+def _acted(*acts: tuple[str, float, list[str]]) -> pm.IncidentReport:
+    rows = [action_row(Action(id=f"a-{i}", ts=TIMES["decided"] + dt_, job="j1", incident="i-slow", type=t, nodes=n,
+                              reason=f"{t} because", evidence=[], path="hot")) for i, (t, dt_, n) in enumerate(acts)]
+    return pm.incident_report(incident_row(INCIDENT), rows, [], BUDGETS)
+
+
+def test_the_root_cause_names_the_decision_that_closed_it_and_the_ladder_before_it():
+    """Issue 47: a hang's report said `decision: collect_stacks` (its sweep) where `replace n001` decided it; an
+    SDC's said `dual_run` where rollback + isolate + dual_run did; a degrade said "recovered"."""
+    hang = _acted(("collect_stacks", -20.0, []), ("replace", 0.0, ["n001"]))
+    assert [a.type for a in hang.decided_by] == ["replace"] and [a.type for a in hang.ladder] == ["collect_stacks"]
+    text = reporttext.incident_text(hang)
+    assert "decision: replace n001" in text and "after: collect_stacks" in text
+    sdc = _acted(("rollback", 0.0, []), ("isolate", 0.0, ["n003"]), ("dual_run", 0.0, ["n003"]))
+    assert [a.type for a in sdc.decided_by] == ["rollback", "isolate", "dual_run"] and sdc.ladder == ()
+    assert "decision: rollback -, isolate n003, dual_run n003" in reporttext.incident_text(sdc)
+    slow = _acted(("degrade", 0.0, ["n002"]))
+    assert slow.state == "running degraded" and slow.times["recovered"] is not None
+    text = reporttext.incident_text(slow)
+    assert "running degraded" in text.splitlines()[0] and "recovered" not in text.splitlines()[0]
+    assert "  running degraded: kept running and watched, nothing repaired" in text
+    only_sweep = _acted(("collect_stacks", 0.0, []))
+    assert [a.type for a in only_sweep.decided_by] == ["collect_stacks"] and only_sweep.ladder == ()
+
+
 def test_the_step_window_keeps_one_point_per_rank_and_step_inside_it():
     steps = _steps()
     rows = [telemetry_row(s) for s in steps]
