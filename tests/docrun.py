@@ -14,7 +14,10 @@ does not show it), with the reason:
 The reasons start from a small set (a cluster, a GPU, root, a process that runs until stopped, another service
 or machine, the deployment's own files, ...): `MARK_REASONS` names them; a mark with another reason fails.
 A block whose commands show an error is marked with the exit they show: `<!-- doc-run: exits 2 -->`.
-In a ```console block the commands are the lines after the `$ ` prompt.
+In a ```console block the commands are the lines after the `$ ` prompt, and the lines after a command, up to the
+next prompt, are the output it shows: the run compares them with what it printed (`shows`: each line as shown,
+trailing spaces aside; a line `...` stands for any lines). Output the run cannot reproduce (it runs against its own
+services and settings) is marked `<!-- doc-run: output varies — why -->`, and is then not compared.
 The docs' example addresses stand for the services the test runs against (`ADDRESSES`).
 """
 
@@ -34,6 +37,7 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 BLOCK = re.compile(r"```(bash|sh|shell|console)\n(.*?)```", re.S)  # console: the `$ ` lines are the commands
 MARK = re.compile(r"<!--\s*doc-run:\s*skip\s*((?:\"[^\"]+\"\s*)*)[—-]+\s*(.*?)\s*-->")
 EXITS = re.compile(r"<!--\s*doc-run:\s*exits\s+(\d+)\s*-->")
+VARIES = re.compile(r"<!--\s*doc-run:\s*output varies\s*[—-]+\s*(.+?)\s*-->")
 MARK_REASONS = ("needs a Slurm cluster", "needs a Kubernetes cluster", "needs a GPU", "needs root",
                 "runs until stopped", "needs another machine", "reads the deployment's own files",
                 "needs another service", "installs packages", "runs the whole test suite",
@@ -52,6 +56,7 @@ class Command:
     text: str
     skip: str | None = None  # the reason, when marked
     exits: int = 0  # what the document shows it exit with
+    shown: tuple[str, ...] | None = None  # the output the document shows after it (a console block), if compared
 
     def __str__(self) -> str:
         first = self.text.splitlines()[0]
@@ -69,6 +74,29 @@ class Result:
     def failed(self) -> bool:
         """Not the exit the document shows (0 unless it shows an error), or a command inside it failed."""
         return self.rc != self.command.exits or any(e != self.command.exits for e in self.errors)
+
+    @property
+    def differs(self) -> bool:
+        """Its output is not the one the document shows (where it shows one to compare)."""
+        return self.command.shown is not None and not shows(self.command.shown, self.output)
+
+
+def shows(shown: tuple[str, ...], output: str) -> bool:
+    """Whether `output` is what a document shows: line by line, trailing spaces and blank lines at either end
+    aside; a shown line `...` stands for any lines (none too)."""
+    got = [ln.rstrip() for ln in output.strip("\n").splitlines()]
+    want = [ln.rstrip() for ln in shown]
+    while want and not want[-1]:
+        want.pop()
+
+    def match(i: int, j: int) -> bool:
+        if i == len(want):
+            return j == len(got)
+        if want[i] == "...":
+            return any(match(i + 1, k) for k in range(j, len(got) + 1))
+        return j < len(got) and got[j] == want[i] and match(i + 1, j + 1)
+
+    return match(0, 0)
 
 
 def _whole(text: str) -> bool:
@@ -118,22 +146,34 @@ def commands(doc: Path) -> list[Command]:
         line = text.count("\n", 0, block.start()) + 1
         before = text[:block.start()].rstrip().splitlines()
         marks: list[tuple[list[str], str]] = []
-        exits = 0
-        while before and (MARK.fullmatch(before[-1].strip()) or EXITS.fullmatch(before[-1].strip())):
+        exits, varies = 0, False
+        while before and any(r.fullmatch(before[-1].strip()) for r in (MARK, EXITS, VARIES)):
             mark = before.pop().strip()
             if m := EXITS.fullmatch(mark):
                 exits = int(m[1])
+                continue
+            if VARIES.fullmatch(mark):
+                varies = True
                 continue
             m = MARK.fullmatch(mark)
             if not m[2].startswith(MARK_REASONS):
                 raise ValueError(f"{doc.name}:{line}: a doc-run mark's reason is none of {MARK_REASONS}: {m[2]!r}")
             marks.append((re.findall(r"\"([^\"]+)\"", m[1]), m[2]))
-        body = block[2]
-        if block[1] == "console":  # the prompt's lines only; the rest is output
+        body, outputs = block[2], []
+        if block[1] == "console":  # the prompt's lines only; the rest is output, each command's its own
+            for ln in body.splitlines():
+                if ln.startswith("$ "):
+                    outputs.append([])
+                elif outputs:
+                    outputs[-1].append(ln)
             body = "\n".join(ln[2:] for ln in body.splitlines() if ln.startswith("$ "))
-        for cmd in _cut(body):
+        cut = _cut(body)
+        if outputs and len(outputs) != len(cut):
+            raise ValueError(f"{doc.name}:{line}: a console block's command goes on past its prompt's line")
+        for k, cmd in enumerate(cut):
             skip = next((r for texts, r in marks if not texts or any(t in cmd for t in texts)), None)
-            out.append(Command(doc.name, line, cmd, skip, exits))
+            shown = tuple(outputs[k]) if outputs and not varies and any(ln.strip() for ln in outputs[k]) else None
+            out.append(Command(doc.name, line, cmd, skip, exits, shown))
     return out
 
 

@@ -225,7 +225,9 @@ def print_rows(rows: list[dict], fmt: str) -> None:
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
     for row in cells:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
-    print(f"({len(rows)} rows)")
+    from gangwatch.report.text import counted
+
+    print(f"({counted(len(rows), 'row')})")
 
 
 SHADOW_SQL = """SELECT job, type, count() AS would, countIf(verdict = 'true') AS right,

@@ -92,6 +92,10 @@ def test_the_docs_commands_run_as_written(doc: Path, tmp_path, request):
         for r in failed)
     assert docrun.environment_state() == installed, f"{doc.name}'s commands changed the checkout's .venv"
     assert not failed, f"{len(failed)} of {len(results)} commands of {doc.name} failed:\n{report}"
+    differ = [r for r in results if r.differs]
+    assert not differ, f"{len(differ)} commands of {doc.name} printed other than the document shows:\n" + "\n".join(
+        f"{r.command}\n  shown:\n    " + "\n    ".join(r.command.shown or ()) + "\n  printed:\n    "
+        + "\n    ".join(r.output.strip().splitlines()) for r in differ)
     assert not docrun.written(clone), f"{doc.name}'s commands wrote into the checkout: {docrun.written(clone)}"
     left = sorted(p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor_"))  # torch's own cache
     assert not left, f"{doc.name}'s commands left in the temporary folder: {left}"

@@ -94,6 +94,38 @@ gangwatch worker: error: ...
     assert [c.text.count("\n") for c in cmds] == [0, 1, 1, 2, 2, 0]
     assert [c.skip for c in cmds] == [None, "needs a Slurm cluster", None, None, None, None]
     assert [c.exits for c in cmds] == [0, 0, 0, 0, 0, 2]
+    assert [c.shown for c in cmds] == [None] * 5 + [("gangwatch worker: error: ...",)]
+
+
+def test_the_output_a_console_block_shows_is_compared_line_by_line_with_any_lines_for_dots(tmp_path):
+    """Issue 47: the doc run checked exit codes only; a document's shown output (an incident id it says is
+    reproducible) went stale unseen."""
+    doc = tmp_path / "doc.md"
+    doc.write_text("""```console
+$ gangwatch kb search --out o
+onset  incident
+t1     i-1
+(1 row)
+$ gangwatch config show
+a  1
+...
+z  9
+```
+<!-- doc-run: output varies — its own services -->
+```console
+$ gangwatch topics list
+gw.telemetry  8
+```
+""", encoding="utf-8")
+    search, show, topics = docrun.commands(doc)
+    assert search.shown == ("onset  incident", "t1     i-1", "(1 row)") and topics.shown is None
+    assert docrun.shows(search.shown, "\nonset  incident   \nt1     i-1\n(1 row)\n\n")  # trailing spaces, blank ends
+    assert not docrun.shows(search.shown, "onset  incident\nt1     i-2\n(1 row)\n")  # another id
+    assert not docrun.shows(search.shown, "onset  incident\nt1     i-1\n")  # a line missing
+    assert docrun.shows(show.shown, "a  1\nz  9\n") and docrun.shows(show.shown, "a  1\nb  2\nc  3\nz  9\n")
+    assert not docrun.shows(show.shown, "a  1\nb  2\n")
+    result = docrun.Result(search, 0, "onset  incident\nt1     i-2\n(1 row)\n")
+    assert result.differs and not result.failed  # it ran well; what it printed is not what the document shows
 
 
 def test_a_mark_without_a_known_reason_is_refused(tmp_path):
