@@ -103,7 +103,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     prepare_out(out, append=False)
     stream, truth = write(sc, out)
     print(f"simulated {sc.tp * sc.pp * sc.dp} ranks on {sc.pp * sc.dp} nodes for {sc.duration_s:.0f} s: "
-          f"a thermal straggler (rank 21, +12%) at 40 s, then Xid 79 on n005 gpu 3 at 150 s -> {stream}")
+          f"a thermal straggler (rank 21 on n002, its compute 12% slower: its steps less, compute being only part "
+          f"of a step) at 40 s, then Xid 79 on n005 gpu 3 at 150 s -> {stream}")
     store = None
     if not args.no_store:
         from gangwatch.sinks.store import open_store
