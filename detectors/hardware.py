@@ -48,6 +48,9 @@ class HwEvent(Evidence):
     name: str  # e.g. the Xid's catalog name, NIC_DOWN, THROTTLE:hw_thermal
     count: int
     message: str  # the raw line, first 500 characters
+    # when the event itself was logged (a storm's first line, a link's going down), where the finding came later
+    # (its storm window, its flap window passed): the finding's `ts` is when it was judged
+    event_ts: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -326,12 +329,12 @@ class HardwareDetector(DetectorBase):
         node, gpu, source, code = key.split("|")
         return self._finding(s["first"] + self.config.storm_window_s, node, None if gpu == "None" else int(gpu),
                              source, None if code == "None" else int(code), s["severity"], s["name"], s["count"],
-                             s["message"], key=(key, s["first"]))
+                             s["message"], key=(key, s["first"]), event_ts=round(s["first"], 6))
 
     def _nic_down_finding(self, key: str, down: dict[str, Any]) -> Finding:
         down["reported"] = True
         return self._finding(down["ts"] + self.config.nic_flap_s, key.split("|")[0], None, "nic", None, "fatal",
-                             "NIC_DOWN", 1, down["message"], key=(key, down["ts"]))
+                             "NIC_DOWN", 1, down["message"], key=(key, down["ts"]), event_ts=round(down["ts"], 6))
 
     def _finding(self, ts: float, node: str, gpu: int | None, source: str, code: int | None, severity: str,
                  name: str, count: int, message: str, *, key: object, shape: type[HwEvent] = HwEvent,

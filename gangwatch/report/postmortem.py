@@ -14,6 +14,7 @@ when its seconds exceed it, as triage judges it (`triage/incident.py`).
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -317,14 +318,30 @@ def first_line(v: object) -> str:
     return text.splitlines()[0] if text else ""
 
 
+def _event_time(evidence: str | Mapping[str, Any] | None, found: float) -> str:
+    """"the event at HH:MM:SS.s, judged N s later, " where a finding's evidence dates the event itself before the
+    finding (a kernel-log line, judged once its storm window passed): one event, its two times named."""
+    if isinstance(evidence, str):
+        try:
+            evidence = orjson.loads(evidence) if evidence else {}
+        except orjson.JSONDecodeError:
+            return ""
+    at = evidence.get("event_ts") if isinstance(evidence, Mapping) else None
+    if not isinstance(at, int | float) or found - at < 0.05:
+        return ""
+    clock = dt.datetime.fromtimestamp(at, dt.UTC).strftime("%H:%M:%S.%f")[:10]
+    return f"the event at {clock}, judged {found - at:.1f} s later; "
+
+
 def evidence_chain(rows: Iterable[Mapping[str, Any]]) -> tuple[Evidence, ...]:
-    """Finding rows as the evidence chain: in event-time order (then id), each finding once."""
+    """Finding rows as the evidence chain: in event-time order (then id), each finding once; where the evidence
+    dates the event itself earlier than the finding, its gist starts with that time (`_event_time`)."""
     seen: dict[str, Evidence] = {}
     for r in rows:
         rank = r.get("rank")
         seen[r["id"]] = Evidence(r["id"], float(r["ts"]), r["type"], r.get("detector") or "",
                                  None if rank is None else int(rank), r.get("node") or "", _float(r.get("score")),
-                                 gist(r.get("evidence")))
+                                 _event_time(r.get("evidence"), float(r["ts"])) + gist(r.get("evidence")))
     return tuple(sorted(seen.values(), key=lambda e: (e.ts, e.id)))
 
 

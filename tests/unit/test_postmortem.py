@@ -436,3 +436,21 @@ def test_counts_read_as_counts():
     assert [counted(n, "finding") for n in (0, 1, 2, 1234)] == \
         ["0 findings", "1 finding", "2 findings", "1,234 findings"]
     assert counted(1, "child", "children") == "1 child" and counted(3, "child", "children") == "3 children"
+
+
+def test_an_event_judged_after_its_window_shows_both_its_times_named():
+    """Issue 47: a fail-stop report put the Xid at -1.5 s in its plot (the kernel log's time) and at +0.5 s in its
+    evidence table (the finding's, after the 2 s storm window), neither explained. The finding now dates the event
+    (`event_ts`), and the evidence chain names both."""
+    from gangwatch.detectors.hardware import HardwareDetector
+
+    from tests.unit.test_hardware import T0 as H0
+    from tests.unit.test_hardware import topo, xid
+
+    det = HardwareDetector(topo())
+    det.observe(xid(H0 + 10.0))
+    [found] = det.advance(H0 + 20.0)
+    assert found.evidence["event_ts"] == H0 + 10.0 and found.ts > H0 + 10.0
+    [e] = pm.evidence_chain([finding_row(found)])
+    later = found.ts - H0 - 10.0
+    assert e.ts == found.ts and e.gist.startswith(f"the event at 00:16:50.0, judged {later:.1f} s later; ")
