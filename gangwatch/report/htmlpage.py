@@ -419,22 +419,37 @@ def sdc_plot(v: fg.Vote, w: StepWindow, onset_step: int | None) -> str:
 
 
 def stages_plot(stages: Iterable[Stage]) -> str:
-    """Each stage's seconds as a bar (red when over its budget) with its budget as an outlined bar behind it."""
+    """Each stage's seconds as a bar (red when over its budget) with its budget as a shaded, outlined bar behind
+    it. Where the values span more than a factor of 20 (a 2 s detection beside a 400 s total), the axis is
+    logarithmic, so the short stages are bars rather than slivers."""
     items = list(stages)
     fig = _figure(11, 0.6 + 0.45 * len(items))
     ax = fig.add_subplot()
     ys = list(range(len(items)))[::-1]
     budgets = [s.budget if s.budget is not None else 0.0 for s in items]
-    ax.barh(ys, budgets, height=0.7, color="none", edgecolor="#555555", linestyle="--", label="budget")
-    ax.barh(ys, [s.seconds for s in items], height=0.45, color=["#d62728" if s.over else "#2ca02c" for s in items],
-            label="observed")
+    values = [v for v in [s.seconds for s in items] + budgets if v > 0] or [1.0]
+    log = max(values) / min(values) > 20
+    floor = min(values) / 3 if log else 0.0  # where a bar starts on a log axis (it has no 0)
+    top = max(values) * (6.0 if log else 1.45)  # room for the labels right of the longest bar, inside the frame
+
+    def bar(v: float) -> float:
+        return max(v - floor, 0.0)
+
+    ax.barh(ys, [bar(b) for b in budgets], left=floor, height=0.7, color="#eeeeee", edgecolor="#555555",
+            linestyle="--", label="budget")
+    ax.barh(ys, [bar(s.seconds) for s in items], left=floor, height=0.45,
+            color=["#d62728" if s.over else "#2ca02c" for s in items], label="observed")
     for y, s in zip(ys, items, strict=True):
         note = seconds(s.seconds) + (f" of {seconds(s.budget)}" if s.budget is not None else " (no budget)")
-        ax.text(max(s.seconds, s.budget or 0.0), y, "  " + note + ("  OVER" if s.over else ""), va="center",
-                fontsize=8, color="#b00000" if s.over else "#222222")
+        ax.text(max(s.seconds, s.budget or 0.0, floor), y, "  " + note + ("  OVER" if s.over else ""), va="center",
+                fontsize=8, color="#b00000" if s.over else "#222222", clip_on=True)
     ax.set_yticks(ys, [s.name for s in items])
-    ax.set_xlabel("seconds")
-    ax.set_xlim(0, 1.35 * max([s.seconds for s in items] + budgets + [1.0]))
+    if log:
+        ax.set_xscale("log")
+        ax.set_xlabel("seconds (log scale)")
+    else:
+        ax.set_xlabel("seconds")
+    ax.set_xlim(floor if log else 0.0, top)
     ax.legend(loc="lower right", fontsize=8)
     return _svg(fig, "stages")
 

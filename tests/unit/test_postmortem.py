@@ -454,3 +454,12 @@ def test_an_event_judged_after_its_window_shows_both_its_times_named():
     [e] = pm.evidence_chain([finding_row(found)])
     later = found.ts - H0 - 10.0
     assert e.ts == found.ts and e.gist.startswith(f"the event at 00:16:50.0, judged {later:.1f} s later; ")
+
+
+def test_the_stage_chart_turns_logarithmic_where_its_bars_span_orders_of_magnitude():
+    """Issue 47: on a linear 0-400 s axis a 2 s detection was a sliver."""
+    from gangwatch.report.htmlpage import stages_plot
+
+    spread = stages_plot([pm.Stage("detect", 2.0, 30.0, False), pm.Stage("total", 400.0, 600.0, False)])
+    close = stages_plot([pm.Stage("detect", 20.0, 30.0, False), pm.Stage("total", 40.0, 60.0, False)])
+    assert "seconds (log scale)" in spread and "seconds (log scale)" not in close and "seconds" in close
