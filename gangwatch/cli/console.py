@@ -33,15 +33,28 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
+def meaning(finding_type: str, width: int = 80) -> str:
+    """What a finding of this type says, in the words of its evidence's docstring (its first sentence), cut to
+    `width`; "" for a type no detector of the catalog declares."""
+    from gangwatch.detectors.catalog import REGISTRY
+
+    fts = REGISTRY.types.get(finding_type)
+    doc = (fts[0].shapes[0].__doc__ or "") if fts else ""
+    text = " ".join(doc.split()).replace("`", "")
+    text = text.split(". ")[0].rstrip(".")
+    return text if len(text) <= width else text[:width - 3].rstrip() + "..."
+
+
 def summary(s: Any) -> str:
-    """The replay summary (a `streams.replay.Summary`)."""
+    """The replay summary (a `streams.replay.Summary`); each finding type's count with what such a finding says."""
     span = (s.last_ts - s.first_ts) if s.first_ts is not None and s.last_ts is not None else 0.0
     rate = s.records / s.wall_s if s.wall_s > 0 else 0.0
     lines = [
         f"replayed  {s.records:,} records in {s.wall_s:.2f} s ({rate:,.0f} records/s)",
         f"event time {iso(s.first_ts)} .. {iso(s.last_ts)} ({span:,.0f} s)",
         f"rejected  {s.rejected:,}" + ("  (reasons in rejected.jsonl)" if s.rejected else ""),
-        f"findings  {s.findings:,}" + "".join(f"\n  {k:<16} {v:,}" for k, v in sorted(s.by_type.items())),
+        f"findings  {s.findings:,}" + "".join(f"\n  {k:<16} {v:>5,}  {meaning(k)}"
+                                              for k, v in sorted(s.by_type.items())),
         f"actions   {s.actions:,}",
         f"incidents {s.incidents:,} records (one each time an incident moved)",
         f"outputs   {s.out_dir}",

@@ -603,3 +603,14 @@ def test_store_shadow_without_shadow_mode_says_it_was_off(capsys, open_only):
     code, out, _ = run(capsys, "store", "shadow", "--out", str(open_only))
     assert code == 0 and out.startswith("(no rows: shadow mode was off: no would-be action is stored (")
     assert "--set triage.shadow=true" in out
+
+
+def test_the_replay_summary_says_what_each_kind_of_finding_it_counts_is():
+    """Issue 47: the demo's summary counted 23 `stack_outlier` findings after the Xid with no word of what they
+    are. Each count now carries its type's meaning, from the docstring of the evidence it carries."""
+    from gangwatch.cli.console import meaning
+
+    assert meaning("stack_outlier").startswith("A rank whose call path belongs to a small cluster")
+    assert meaning("silent_end").startswith("The job's life as its silence tells it")
+    cut = meaning("telemetry_gap", width=40)
+    assert len(cut) <= 40 and cut.endswith("...") and meaning("no_such_type") == ""
