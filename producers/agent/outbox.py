@@ -131,6 +131,13 @@ class PatientSend:
         with self._cond:
             return self._msg is not None
 
+    @property
+    def got_through_late(self) -> bool:
+        """Whether the send the caller last stopped waiting for got through after all (its spooled copy is not
+        sent again)."""
+        with self._cond:
+            return self._late is not None
+
     def _run(self) -> None:
         while True:
             with self._cond:
@@ -297,7 +304,21 @@ class Outbox:
             log.exception("sending failed; the agent goes on")
 
     def _final(self) -> None:
-        self._cycle(self._deadline)
+        """The last cycles before closing, up to the deadline, as long as sending gets somewhere. Under load a
+        first send may wait on the broker (its metadata) past `send_wait_s` and get through late, after the cycle
+        spooled everything behind it: it is waited for and the backlog sent on, not left for the next start (an
+        agent run `--once` would leave it every time, and the next would send it twice)."""
+        left = max(0.0, self._deadline - self._timer()) if self._deadline is not None else 0.0
+        until = time.monotonic() + left  # real time: what the waits below take
+        while True:
+            sent = self.sent
+            self._cycle(self._deadline)
+            if not self.backlog or time.monotonic() >= until:
+                break
+            while self.send.busy and time.monotonic() < until:
+                time.sleep(0.05)  # a send in flight: it may still get through
+            if self.sent == sent and not self.send.got_through_late:
+                break  # nothing got through: the broker is away, the backlog stays spooled
         try:
             self.send.close()
             for delivery in self._deliveries.values():

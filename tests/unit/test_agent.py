@@ -139,6 +139,36 @@ def test_a_restarted_agent_sends_its_predecessors_backlog(tmp_path):
     assert not second.backlog
 
 
+class SlowFirstKafka(FakeKafka):
+    """The broker of a loaded machine: its first send waits `first_s` (the client's metadata fetch), then all go."""
+
+    def __init__(self, first_s: float) -> None:
+        super().__init__()
+        self.first_s = first_s
+
+    def __call__(self, topic: str, key: bytes, value: bytes) -> None:
+        if not self.messages:
+            time.sleep(self.first_s)
+        super().__call__(topic, key, value)
+
+
+def test_a_backlog_whose_first_send_waits_on_the_broker_is_sent_before_closing_once_each(tmp_path):
+    """CI, under load: a `--once` agent's first send of its predecessor's backlog waited past `send_wait_s`, the
+    cycle spooled the rest behind it, and the agent closed with everything on the broker and the spool still
+    full: the next start would have sent it all again."""
+    down = FakeKafka()
+    down.up = False
+    first = Outbox(down, tmp_path)
+    first.put([hw("n1", code) for code in (13, 13, 13, 43)])
+    first.close()
+    assert first.backlog
+    slow = SlowFirstKafka(first_s=0.6)
+    second = Outbox(slow, tmp_path, send_wait_s=0.2)
+    second.close(timeout_s=10.0)  # as run_once closes it: one last cycle, then as long as sending gets anywhere
+    assert [r.code for _, _, r in slow.records()] == [13, 13, 13, 43]  # each once
+    assert not second.backlog and not list(tmp_path.glob("*/*.spool"))
+
+
 def test_an_invalid_record_is_dropped_and_a_full_queue_loses_its_oldest(tmp_path, caplog):
     kafka = FakeKafka()
     box = Outbox(kafka, tmp_path, queue_max=2)
