@@ -398,6 +398,7 @@ class FailStopDetector(DetectorBase):
         if peer_lost:
             self.peer_lost_ts = max(self.peer_lost_ts, rec.ts)
             self.lost_peer[rank] = True
+            self._refute_gaps(rec.ts)
             lost = [PEER_LOST_TYPE.finding(
                 ts=rec.ts, job=self.topo.job, detector="failstop.process", topo=self.topo, rank=rec.rank,
                 key=(rec.rank, "peer_lost", rec.ts), score=1.0,
@@ -620,6 +621,18 @@ class FailStopDetector(DetectorBase):
         if t < since + min(prove_s, self.config.prove_max_s) and (peers & later).any():
             return None  # the peers stepped past them, but not yet long enough after to tell
         return False
+
+    def _refute_gaps(self, ts: float) -> None:
+        """A rank lost a remote peer: silent ranks the gang's steps had shown alive (their last records may have
+        been lost with a process killed before it flushed, so the peers' last steps looked like steps without
+        them) may be the one it lost. They are missing again, judged with the report at the next tick."""
+        gap = (self.status == GAP) & (self.last_seen <= ts)
+        if not gap.any():
+            return
+        self.status[gap] = LIVE
+        for ni in np.unique(self.topo.node_index[gap]).tolist():
+            self.gap_since.pop(int(ni), None)
+        self.next_tick = min(self.next_tick, self._grid_at_or_after(max(self.now, ts)))
 
     def _gap_back(self, rank: int, ts: float) -> list[Finding]:
         """A record of a rank in a telemetry gap: it is live again; its node's gap is reported (once a run)

@@ -283,6 +283,22 @@ def test_a_silent_node_the_gang_steps_on_without_is_a_telemetry_gap_unless_the_j
     assert [(a.type, a.nodes) for a in out.actions] == [("replace", ["n002"])]
 
 
+def test_a_node_the_gang_seemed_to_step_on_without_is_dead_once_its_peers_say_they_lost_it():
+    """CI, a live torchrun job under load: n2's rank SIGKILLed before its last seconds of records were flushed, so
+    its peers' last steps looked like steps taken without it (its telemetry gap, nothing evicted); then the peers
+    raised "closed by peer". That report refutes the gang's evidence: the silent node is dead, and replaced."""
+    t = topo()
+    recs = beats(t, T0 + 65, dead_nodes={"n002"}, dead_at=T0 + 50, steps=True)  # n002's last records lost
+    recs += [Framework(ts=T0 + 66 + 0.001 * r.rank, job="j", rank=r.rank, type="exception", message=PEER_GONE)
+             for r in t.ranks if r.node != "n002"]
+    out = _through_core([job(), *recs], T0 + 200)
+    stops = [f for f in out.findings if f.type == "fail_stop"]
+    assert [(f.node, f.evidence["cause"]) for f in stops] == [("n002", "heartbeat")]
+    assert [(a.type, a.nodes) for a in out.actions] == [("replace", ["n002"])]
+    quiet = _through_core([job(), *beats(t, T0 + 65, dead_nodes={"n002"}, dead_at=T0 + 50, steps=True)], T0 + 65)
+    assert "fail_stop" not in [f.type for f in quiet.findings]  # no report: the gang's steps say it lived
+
+
 def test_a_killed_node_is_the_culprit_not_the_peers_that_lost_it():
     """SIGKILL on n002's ranks: they say nothing, every other rank raises "connection closed by peer" and stops.
     The vanished node is replaced; the victims are named as consequences and evict nobody."""
