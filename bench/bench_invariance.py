@@ -46,7 +46,7 @@ def main() -> None:
     for _ in range(args.cases):
         job, p = draw(rnd, args.max_offset)
         c = changed(job, p)
-        if p.within_bound:
+        if p.within_bound(job):
             within[0] += 1
             within[1] += c is not None
         if c is not None:

@@ -44,6 +44,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from gangwatch.detectors.base import DetectorBase, SavedJob, fill_missing
+from gangwatch.detectors.clocksteps import ClockSteps
 from gangwatch.detectors.config import ClockConfig
 from gangwatch.detectors.floats import median, nanmedian_rows
 from gangwatch.detectors.registry import FindingType, Policy
@@ -66,9 +67,15 @@ class ClockSkew(Evidence):
     spread_s: float  # the median absolute deviation of its per-step offsets
     steps: int  # the steps the offset rests on
     tolerance_s: float  # offsets smaller than this are left alone
+    # the node's own monotonic clock showed its wall clock step by this much, at once (`clocksteps.py`); None: the
+    # offset was learned from the job's steps
+    stepped_s: float | None = None
 
 
 def _skew_says(f: Finding, ev: ClockSkew) -> str:
+    if ev.stepped_s is not None:
+        return (f"the clock of {f.node} stepped {ev.stepped_s:+.1f} s at once (its monotonic clock did not): its "
+                "times are corrected; an NTP step during a job says its time sync is loose. Nobody is evicted for it")
     way = "ahead" if ev.offset_s > 0 else "behind"
     return (f"the clock of {f.node} runs {abs(ev.offset_s):.1f} s {way} of the job's (over {ev.steps} steps): its "
             "times are corrected; fix its time sync (NTP, chrony). Nobody is evicted for it")
@@ -87,6 +94,7 @@ class ClockDetector(DetectorBase):
 
     def __init__(self, topo: Topology, config: ClockConfig | None = None) -> None:
         self.config = config or ClockConfig()
+        self.steps = ClockSteps(topo, self.config.tolerance_s)  # steps of a node's clock, seen by its own
         self._reset(topo, {})
 
     def _reset(self, topo: Topology, keep: dict[str, tuple[float, list[float], float | None]]) -> None:
@@ -129,6 +137,7 @@ class ClockDetector(DetectorBase):
         """A new job record: the ranks move, the nodes' clocks do not (what was learned of a node stays)."""
         if (topo.ts, topo.ranks) == (self.topo.ts, self.topo.ranks):
             return
+        self.steps.set_topology(topo)
         self._reset(topo, self._kept())
 
     def _kept(self) -> dict[str, tuple[float, list[float], float | None]]:
@@ -538,12 +547,20 @@ class ClockDetector(DetectorBase):
 
     def advance(self, now: float) -> list[Finding]:
         """Time moves: the offsets learned since the last move take effect (between two moves of time a run of
-        records and the same records one by one see the same offsets)."""
+        records and the same records one by one see the same offsets), and clocks seen stepping are named."""
+        out = [self._step_finding(node, step, now) for node, step in self.steps.said()]
         if not self.touched:
-            return []
+            return out
         nodes = np.array(sorted(self.touched), dtype=np.int64)
         self.touched.clear()
-        return self._update(nodes, now)
+        return out + self._update(nodes, now)
+
+    def _step_finding(self, node: str, step: float, now: float) -> Finding:
+        off = float(self.offset[self.node_pos[node]]) + step  # its clock against the job's: learned and stepped
+        return CLOCK_SKEW.finding(
+            ts=now, job=self.topo.job, detector="clocks", node=node, key=(node, "step", round(step, 1)), score=1.0,
+            topo=self.topo, evidence=ClockSkew(offset_s=round(off, 3), spread_s=0.0, steps=0,
+                                               tolerance_s=self.config.tolerance_s, stepped_s=round(step, 3)))
 
     def _update(self, nodes: np.ndarray, now: float) -> list[Finding]:
         """Each node's offset from its recent samples; findings for offsets newly applied or drifted."""
@@ -627,7 +644,7 @@ class ClockDetector(DetectorBase):
                                 if self.beats_since[i]},
                 "node_steps": {n: int(self.node_step[i]) for n, i in self.node_pos.items()
                                if self.pair and self.node_step[i] >= 0},
-                "early_beats": self.early_beats}
+                "early_beats": self.early_beats, "steps": self.steps.state()}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> ClockDetector:
@@ -649,6 +666,7 @@ class ClockDetector(DetectorBase):
             if n in det.node_pos:
                 det.beats_since[det.node_pos[n]] = beats
         det.early_beats = state["early_beats"]
+        det.steps = ClockSteps.from_state(state["steps"], topo, det.config.tolerance_s)
         for n, step in state["node_steps"].items():
             if n in det.node_pos:
                 det.node_step[det.node_pos[n]] = step
@@ -662,6 +680,8 @@ class ClockDetector(DetectorBase):
                     "checked": {}, "beats_since": {}, "node_steps": {}, "early_beats": 0}  # the next records
         if version == 4 and state is not None:  # issue 42: heartbeats, nodes' steps and start-up counted (none yet)
             fill_missing(state, {"beats_since": {}, "node_steps": {}, "early_beats": 0})
+        if version == 5 and state is not None:  # clock steps seen by the nodes' monotonic clocks: none yet
+            fill_missing(state, {"steps": {"nodes": {}, "news": []}})
         return state
 
 
@@ -677,24 +697,8 @@ def _group_medians(group: np.ndarray, x: np.ndarray, n: int) -> np.ndarray:
 
 def _shifted(rows: StepRows, offs: np.ndarray) -> StepRows:
     """`rows` with each item's node offset taken out of its time (itself when none of its ranks has one)."""
-    size = len(offs)
-
-    def shift(cols: dict[str, Any]) -> dict[str, Any]:
-        rank = np.asarray(cols["rank"], dtype=np.int64)
-        ok = (rank >= 0) & (rank < size)
-        off = np.zeros(len(rank))
-        off[ok] = offs[rank[ok]]
-        return {**cols, "ts": (np.asarray(cols["ts"], dtype=np.float64) - off).tolist()}
-
-    steps = shift(rows.cols)
-    if rows.beats is None:
-        if steps["ts"] == list(rows.cols["ts"]):
-            return rows
-        return StepRows(rows.job, steps)
-    beats = shift(rows.beats)
-    ts = list(rows.ts)
-    for j, i in enumerate(rows.steps_at):
-        ts[i] = steps["ts"][j]
-    for j, i in enumerate(rows.beats_at):
-        ts[i] = beats["ts"][j]
-    return StepRows(rows.job, steps, beats, rows.steps_at, rows.beats_at, ts)
+    rank = np.asarray(rows.column("rank"), dtype=np.int64)
+    ok = (rank >= 0) & (rank < len(offs))
+    off = np.zeros(len(rank))
+    off[ok] = offs[rank[ok]]
+    return rows.shifted(off.tolist()) if off.any() else rows

@@ -25,6 +25,7 @@ from gangwatch.detectors.clocks import ClockDetector
 from gangwatch.detectors.runs import RecordRun
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Job, Record, to_dict
+from gangwatch.schemas.columns import StepRows
 from gangwatch.schemas.codec import decode_obj
 
 __all__ = ["DEFAULT_DETECTORS", "JobMonitor", "RecordRun", "config_type", "detector_configs"]
@@ -94,6 +95,13 @@ class JobMonitor:
         self.topo = Topology.from_job(job)
         for det in self.detectors:
             det.set_topology(self.topo)
+
+    def unstepped(self, rec: Record | StepRows) -> Record | StepRows:
+        """`rec` with its node's clock steps taken out of its time (`clocksteps.py`): what every part of the job
+        reads (a record the clock does not read, the launcher's or the controller's, as it came)."""
+        if type(rec) is StepRows:
+            return self.clocks.steps.unstepped_rows(rec)
+        return self.clocks.steps.unstepped(rec) if rec.kind in self.clocks.kinds else rec
 
     def observe(self, rec: Record) -> list[Finding]:
         """Every detector's findings of one record: the clock's first (it learns from the record's own time),

@@ -93,6 +93,27 @@ class StepRows:
         ts = [t for p in parts for t in p.ts]
         return cls._taken(parts, ts, sorted(range(len(ts)), key=ts.__getitem__))
 
+    def shifted(self, by: Sequence[float]) -> StepRows:
+        """These items with `by[i]` taken out of item i's time (a node's clock correction)."""
+        ts = [t - b for t, b in zip(self.ts, by, strict=True)]
+        if self.beats is None:
+            return StepRows(self.job, {**self.cols, "ts": ts})
+        steps = {**self.cols, "ts": [ts[i] for i in self.steps_at]}
+        beats = {**self.beats, "ts": [ts[i] for i in self.beats_at]}
+        return StepRows(self.job, steps, beats, self.steps_at, self.beats_at, ts)
+
+    def column(self, name: str) -> list[Any]:
+        """Field `name` of every item, in item order (None where an item has no such field or leaves it out)."""
+        steps = self.cols.get(name, [None] * len(self.cols["ts"]))
+        if self.beats is None:
+            return list(steps)
+        out: list[Any] = [None] * len(self)
+        for i, v in zip(self.steps_at, steps, strict=True):
+            out[i] = v
+        for i, v in zip(self.beats_at, self.beats.get(name, [None] * len(self.beats_at)), strict=True):
+            out[i] = v
+        return out
+
     def in_time_order(self) -> tuple[StepRows, list[int]]:
         """(these items sorted by time, stably; the place here of each of its items)."""
         order = sorted(range(len(self.ts)), key=self.ts.__getitem__)

@@ -142,6 +142,7 @@ class Step:
     loss: NUMBER | None = None
     grad_norm: NUMBER | None = None
     replica_digest: ID | None = None
+    mono: SECONDS | None = None  # the sender's monotonic clock when it stamped `ts` (see `Heartbeat.mono`)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     kind: str = field(default="step", init=False)
 
@@ -159,6 +160,10 @@ class Heartbeat:
     job: ID
     rank: RANK
     step: Annotated[int, Meta(minimum=0)] | None = None
+    # the sender's monotonic clock (seconds since its node booted: Linux CLOCK_MONOTONIC, one for every process of
+    # the node) when it stamped `ts`: it does not step when the wall clock does, so `ts - mono` changing at once
+    # is the node's wall clock stepped (`detectors/clocks.py`, `ClockSteps`)
+    mono: SECONDS | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     kind: str = field(default="heartbeat", init=False)
 
@@ -194,6 +199,7 @@ class Gpu:
     remap_pending: bool | None = None
     pcie_replay: Annotated[int, Meta(minimum=0)] | None = None
     nvlink_crc: Annotated[int, Meta(minimum=0)] | None = None
+    mono: SECONDS | None = None  # the sampling agent's monotonic clock (see `Heartbeat.mono`)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     kind: str = field(default="gpu", init=False)
 

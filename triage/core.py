@@ -136,6 +136,7 @@ class JobCore:
         """Observe one record of this job (after advancing time to the watermark); outputs go to `out`."""
         self.records += 1
         out = Outputs() if out is None else out
+        rec = self.monitor.unstepped(rec)
         if rec.ts > self.max_ts:
             self.max_ts = rec.ts
         self._move_time(rec, out)
@@ -160,20 +161,27 @@ class JobCore:
         in record order. A `StepRows` counts as its steps, in turn (it is cut where the job's time moves)."""
         out = Outputs() if out is None else out
         recs = list(recs)  # a StepRows cut in two leaves its rest here
-        n, s = len(recs), 0
+        n, s, u = len(recs), 0, 0  # (recs[:u]: their clock steps taken out)
         lateness, tick = self.config.lateness_s, self.config.tick_s
         while s < n:
             rec = recs[s]
             rows = type(rec) is StepRows
             if not rows and rec.kind not in RUN_KINDS:
-                self.process(rec, out)
+                self.process(rec, out)  # (a job record may bring other nodes: the records after it wait for it)
                 s += 1
                 continue
+            if u <= s:  # this record and those after it up to the next job or ops record, in the job's one frame
+                u = s
+                while u < n and (type(recs[u]) is StepRows or recs[u].kind in RUN_KINDS):
+                    recs[u] = self.monitor.unstepped(recs[u])
+                    u += 1
+                rec = recs[s]
             ts = rec.ts[0] if rows else rec.ts
             if ts > self.max_ts:
                 self.max_ts = ts
             self._move_time(rec, out)
             e, top, count = _run_end(recs, s, self.max_ts, lateness, min(self.watermark + tick, self._decision_due()))
+            u += len(recs) - n  # (a StepRows cut in two before it)
             n = len(recs)
             self.max_ts = top
             self.records += count
@@ -186,6 +194,12 @@ class JobCore:
         record's before any other record."""
         t = self.monitor.clocks.now()
         return t if t > -math.inf else self.monitor.topo.ts
+
+    def heard(self, rec: Record | StepRows) -> None:
+        """A record of this job (a `StepRows`: by its first item) is about to come: its node's time moves (what
+        `process` does first, for a driver that asks the job's time before handing it the record)."""
+        first = rec.record(0) if type(rec) is StepRows else rec
+        self.monitor.clocks.heard(self.monitor.unstepped(first))
 
     def latest(self) -> float:
         """The newest time any of the job's nodes reached (corrected by its clock), or the job record's."""
@@ -402,7 +416,7 @@ class Core:
             core = self.jobs.get(job) if job is not None else None
             if core is None:
                 return
-            core.monitor.clocks.heard(rec)
+            core.heard(rec)
             t = core.now()
         if t - self.config.lateness_s >= self.clock + self.config.tick_s:
             self.advance(t - self.config.lateness_s, out)

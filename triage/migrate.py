@@ -28,7 +28,7 @@ from typing import Any
 from gangwatch.detectors.base import SavedJob, fill_missing
 from gangwatch.detectors.catalog import DEFAULT_DETECTORS
 
-STATE_VERSION = 5
+STATE_VERSION = 6
 
 State = dict[str, Any]
 
@@ -95,8 +95,19 @@ def _v4_to_v5(old: State) -> State:
     return state
 
 
+# --- version 5 -> 6 ------------------------------------------------------------------------------------------------
+# Issue 42: the clock keeps each node's wall clock against its monotonic clock (`detectors/clocksteps.py`).
+
+
+def _v5_to_v6(old: State) -> State:
+    state = copy.deepcopy(old)
+    _detectors(state, 5)
+    state["v"] = 6
+    return state
+
+
 # version N -> the function that turns a state of version N into one of version N + 1
-MIGRATIONS: dict[int, Callable[[State], State]] = {2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}
+MIGRATIONS: dict[int, Callable[[State], State]] = {2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6}
 OLDEST = min(MIGRATIONS)
 
 

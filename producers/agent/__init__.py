@@ -209,12 +209,22 @@ class Agent:
         """One pass of the GPU, kernel-log, flight and frozen-rank collectors; send (or spool) the records; return."""
         for c in self.collectors:
             try:
-                self.outbox.put(c.poll(self._clock()))
+                self.outbox.put(self._poll(c))
             except Exception:
                 log.exception("%s failed", c.name)
             c.close()
         self.outbox.close(close_timeout_s)
         self._report()
+
+    def _poll(self, c: Collector) -> list[dict[str, Any]]:
+        """One poll of `c` at the agent's time; its heartbeats and NVML samples carry the node's monotonic clock
+        read beside it (`mono`: what shows the node's wall clock stepping, `detectors/clocksteps.py`)."""
+        now, mono = self._clock(), round(time.monotonic(), 6)
+        recs = c.poll(now)
+        for rec in recs:
+            if rec.get("kind") in ("heartbeat", "gpu") and rec.get("ts") == now:
+                rec.setdefault("mono", mono)
+        return recs
 
     def stop(self) -> None:
         """Ask `run()` to finish (safe from a signal handler or another thread)."""
@@ -238,7 +248,7 @@ class Agent:
         while not self._stop.is_set():
             self.polls[c.name] = self.polls.get(c.name, 0) + 1
             try:
-                self.outbox.put(c.poll(self._clock()))
+                self.outbox.put(self._poll(c))
                 if failing is not None:
                     log.info("%s: working again", c.name)
                     failing = None

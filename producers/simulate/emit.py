@@ -100,18 +100,26 @@ def _mix(x: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
+def _boots(plan: Plan) -> dict[str, float]:
+    """When each node booted (its monotonic clock's zero): days before the job, a different time on each."""
+    return {name: plan.sc.start_ts - 86_400.0 * (1 + p % 13) - 3_607.0 * p for p, name in enumerate(plan.phys_nodes)}
+
+
 def _steps(plan: Plan, batch: bool) -> Iterator[tuple[float, dict]]:
     sc, topo = plan.sc, plan.topo
     job, R, G = sc.job_id, topo.n, topo.G
+    boots = _boots(plan)
     n_shards = topo.TP * topo.PP
     shard_ids = np.arange(n_shards, dtype=np.uint64)
     seed_word = np.uint64(sc.seed & 0xFFFFFFFF) << np.uint64(32)
     sdc = sorted(plan.sdc_step.items())
     for seg in plan.segments:
         r = rng(sc.seed, "report", seg.index)
+        boot = np.array([boots[seg.nodes[rk // G]] for rk in range(R)])
         for i, k in enumerate(seg.steps.tolist()):
             end = float(seg.end[i])
             ts = np.round(end + r.uniform(0.0005, 0.004, R), 6)
+            mono = np.round(ts - boot, 6).tolist() if sc.mono else None
             ss = round(end - float(seg.start[i]), 6)
             c = np.round(seg.compute[i], 6)
             d = np.round(seg.data[i], 6)
@@ -130,6 +138,9 @@ def _steps(plan: Plan, batch: bool) -> Iterator[tuple[float, dict]]:
                      "compute_s": cc, "comm_wait_s": ww, "data_wait_s": dd, "loss": loss, "grad_norm": gn,
                      "replica_digest": dg}
                     for rk, t, cc, ww, dd, dg in cols]
+            if mono is not None:
+                for rec, m in zip(recs, mono, strict=True):
+                    rec["mono"] = m
             if batch:
                 out = []
                 for n in range(topo.n_nodes):
@@ -149,7 +160,7 @@ def _steps(plan: Plan, batch: bool) -> Iterator[tuple[float, dict]]:
 
 def _heartbeats(plan: Plan) -> Iterator[tuple[float, dict]]:
     sc = plan.sc
-    job = sc.job_id
+    job, G, boots = sc.job_id, plan.topo.G, _boots(plan)
     for seg in plan.segments:
         times = _beat_times(sc, seg)
         rank, k = np.nonzero(times < np.minimum(seg.alive_until, seg.t_end)[:, None])
@@ -160,6 +171,8 @@ def _heartbeats(plan: Plan) -> Iterator[tuple[float, dict]]:
             rec = {"kind": "heartbeat", "v": 1, "ts": t, "job": job, "rank": r}
             if ix >= 0:
                 rec["step"] = seg.step0 + ix
+            if sc.mono:
+                rec["mono"] = round(t - boots[seg.nodes[r // G]], 6)
             yield t, rec
 
 
@@ -226,6 +239,7 @@ def _gpus(plan: Plan) -> Iterator[tuple[float, dict]]:
     thermal = [(f.node * G + f.gpu, f.ts, max(float(f.param("ramp_s", 60.0)), 1e-9), f.magnitude)
                for f in plan.faults if f.kind == "thermal_straggler"]
     names = plan.phys_nodes
+    boots = _boots(plan)
     j = 0
     while True:
         ts = np.round(sc.start_ts + j * sc.gpu_sample_s + phase, 6)
@@ -260,7 +274,8 @@ def _gpus(plan: Plan) -> Iterator[tuple[float, dict]]:
                 continue
             yield t, {"kind": "gpu", "v": 1, "ts": t, "node": names[pg_ // G], "gpu": pg_ % G, "temp_c": int(tc),
                       "power_w": pw, "sm_clock_mhz": int(ck), "util_pct": int(ut), "throttle": throttle.get(pg_, []),
-                      "ecc_sbe": e, "ecc_dbe": 0, "remap_pending": False, "pcie_replay": pr, "nvlink_crc": nv}
+                      "ecc_sbe": e, "ecc_dbe": 0, "remap_pending": False, "pcie_replay": pr, "nvlink_crc": nv,
+                      **({"mono": round(t - boots[names[pg_ // G]], 6)} if sc.mono else {})}
         j += 1
 
 

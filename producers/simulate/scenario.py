@@ -181,6 +181,9 @@ class Scenario:
     `launch_s`: each (re)start's processes come up at random within this many seconds
     of the `job` record (imports, data loading, communicator set-up: minutes at scale);
     a rank's heartbeats begin when it is up, steps when the last one is.
+    `mono`: steps, heartbeats and NVML samples carry their node's monotonic clock (`mono`,
+    seconds since the node booted, which a `clock_skew` does not move), as today's clients
+    stamp it; False: as older clients, without it.
     """
 
     name: str
@@ -207,6 +210,7 @@ class Scenario:
     abort_on_timeout: bool = False
     batch: bool = False
     nodes_per_switch: int = 0
+    mono: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.faults, tuple):

@@ -250,7 +250,7 @@ class TrainerClient:
             pairs = self._pairs.copy()
             self._pairs.clear()
         item = (self._clock(), step, now - start, totals, pairs, _detached(loss), _detached(grad_norm),
-                replica_digest, extra)
+                replica_digest, extra, _mono(now))
         with self._lock:
             if len(self._steps) >= self._queue_max:
                 self._steps.popleft()
@@ -286,7 +286,8 @@ class TrainerClient:
         """Queue a heartbeat now (the heartbeat thread calls this every `heartbeat_s`)."""
         dropped = self.dropped
         self._control.append(Heartbeat(ts=self._clock(), job=self.launch.job, rank=self.launch.rank,
-                                       step=self.last_step, extra={"dropped": dropped} if dropped else {}))
+                                       step=self.last_step, mono=_mono(self._timer()),
+                                       extra={"dropped": dropped} if dropped else {}))
         self._wake.set()
 
     def watch_optimizer(self, optimizer: Any, **options: Any) -> Any:
@@ -416,7 +417,7 @@ class TrainerClient:
         return recs
 
     def _step_record(self, item: tuple, wait_gpu: bool) -> Step | None:
-        ts, step, step_s, totals, pairs, loss, grad_norm, digest, extra = item
+        ts, step, step_s, totals, pairs, loss, grad_norm, digest, extra, mono = item
         if pairs:
             gpu = resolve(pairs, wait=wait_gpu)
             if gpu is None:
@@ -429,7 +430,8 @@ class TrainerClient:
         for name, secs in totals.items():
             (fields if name in STEP_SECTIONS else extra)[f"{name}_s"] = secs
         return Step(ts=ts, job=self.launch.job, rank=self.launch.rank, step=step, step_s=step_s,
-                    loss=_number(loss), grad_norm=_number(grad_norm), replica_digest=digest, extra=extra, **fields)
+                    loss=_number(loss), grad_norm=_number(grad_norm), replica_digest=digest, mono=mono, extra=extra,
+                    **fields)
 
     # --- process exit ------------------------------------------------------------------------------
 
@@ -539,6 +541,11 @@ def default_spool_dir(launch: Launch) -> Path:
 def _detached(v: Any) -> Any:
     """A tensor without its autograd graph (holding the graph would keep the step's activations alive)."""
     return v.detach() if hasattr(v, "detach") else v
+
+
+def _mono(t: float) -> float | None:
+    """The monotonic clock's reading as a record's `mono` (None where a test's timer runs below zero)."""
+    return round(t, 6) if t >= 0 else None
 
 
 def _number(v: Any) -> float | None:
