@@ -70,6 +70,8 @@ after that, so the job's first step waits for it.
 
 `FAULT_CLOCK_NODE` names a node whose clock is off by `FAULT_CLOCK_S` (30) s
 (its NTP daemon died): every rank there stamps its records with that clock.
+With `FAULT_CLOCK_AFTER_S` the clock is right until that many seconds after
+the rank starts, then steps (an NTP step): its monotonic clock does not.
 The training itself is untouched.
 """
 
@@ -305,8 +307,10 @@ def main() -> None:
     send = LateSend(fault.late_s) if fault.late_s else None  # (a fault: this rank's telemetry comes late)
     # gangwatch: rank 0 announces the topology (`send`: Kafka, unless the fault holds it back)
     skew = float(os.environ.get("FAULT_CLOCK_S", "30")) if node == os.environ.get("FAULT_CLOCK_NODE") else 0.0
+    skew_from = time.monotonic() + float(os.environ.get("FAULT_CLOCK_AFTER_S", "0"))
     client = quiet_client(args.heartbeat) if replay else TrainerClient(
-        gpus=False, heartbeat_s=args.heartbeat, send=send, clock=(lambda: time.time() + skew) if skew else time.time)
+        gpus=False, heartbeat_s=args.heartbeat, send=send,
+        clock=(lambda: time.time() + (skew if time.monotonic() >= skew_from else 0.0)) if skew else time.time)
 
     model = mlp(args.hidden)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)

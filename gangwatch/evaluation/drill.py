@@ -209,8 +209,16 @@ def _paused(recs: list[Record], at: float, hold: float, heartbeat_s: float, job:
              for rank, step in sorted(last.items()) for t in times]
     said = [Lifecycle(ts=round(at, 6), job=job, event="pause", reason="eval", source="trainer"),
             Lifecycle(ts=round(at + hold, 6), job=job, event="resume", reason="eval", source="trainer")]
-    later = [dataclasses.replace(r, ts=round(r.ts + hold, 6)) for r in recs if r.ts >= at]
+    later = [_later(r, hold) for r in recs if r.ts >= at]
     return sorted([*before, *beats, *said, *later], key=lambda r: r.ts)
+
+
+def _later(rec: Record, hold: float) -> Record:
+    """`rec` `hold` seconds later by every clock it carries (the wall clock's `ts`, the monotonic `mono`)."""
+    mono = getattr(rec, "mono", None)
+    if mono is None:
+        return dataclasses.replace(rec, ts=round(rec.ts + hold, 6))
+    return dataclasses.replace(rec, ts=round(rec.ts + hold, 6), mono=round(mono + hold, 6))
 
 
 def _stopped(recs: list[Record], at: float, job: str, ranks: int) -> list[Record]:

@@ -494,3 +494,24 @@ def test_a_node_whose_clock_runs_ahead_costs_no_machine_and_a_real_death_beside_
     got = job.outcome()
     assert got.evictions == (("replace", ("n2",)),) and got.pages == () and got.restarts == (), got
     same_when_replayed(job, got, fault_figures, started, decided_s=round(decided_s, 1))
+
+
+STEP_S = 25.0  # how far n1's clock steps ahead mid-run: five fail-stop timeouts (4.5 s at this job's heartbeat)
+
+
+def test_a_one_node_job_whose_clock_steps_ahead_mid_run_is_nothing_and_the_step_is_named(live, fault_figures):
+    """Issue 42: a job of one node (two ranks), no peer to compare its clock with. 20 s after its ranks start, the
+    node's wall clock steps 25 s ahead (an NTP step: every rank stamps its records with it); their monotonic clock
+    does not, and their records carry both. Nobody looks silent, nobody is paged, the step is named once on n1,
+    and replaying the recorded telemetry in either order gives the same."""
+    started = time.monotonic()
+    job = live(None, steps=400, nodes=("n1",), spares=("n2",), nproc=2,
+               fault_env={"FAULT_CLOCK_NODE": "n1", "FAULT_CLOCK_S": str(STEP_S), "FAULT_CLOCK_AFTER_S": "20"})
+    job.run_to_end(400.0)
+    job.caught_up()
+    found = job.findings()
+    steps = [(f["node"], json.loads(f["evidence"]).get("stepped_s")) for f in found if f["type"] == "clock_skew"]
+    assert len(steps) == 1 and steps[0][0] == "n1" and abs(steps[0][1] - STEP_S) <= 1.0, found
+    got = job.outcome()
+    assert got == NOTHING, found
+    same_when_replayed(job, got, fault_figures, started)

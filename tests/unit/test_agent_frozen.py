@@ -3,6 +3,8 @@ a fake /proc tree and a fake send, and one job through the core (issue 23: froze
 
 from __future__ import annotations
 
+import time
+
 import os
 from pathlib import Path
 
@@ -201,11 +203,13 @@ def test_the_agent_sends_them_on_the_telemetry_topic_keyed_by_job(tmp_path, proc
     fake_process(proc, 502, 1, rank_env(5, job="j7", GANGWATCH_NODE="n8"), state="T")  # another node's rank
     base = {"node": "n9", "bootstrap": "127.0.0.1:1", "kmsg": "off", "gpu_every_s": 0.0}
     kafka = FakeKafka()
+    before = time.monotonic()
     Agent(AgentSettings(**base, spool_dir=tmp_path / "s1"), send=kafka, proc_root=proc,
           clock=lambda: 1234.5).run_once()
     [(topic, key, rec)] = [(t, k, r) for t, k, v in kafka.messages for r in decode(v)]
     assert (topic, key.decode()) == ("gw.telemetry", "j7")
-    assert rec == Heartbeat(ts=1234.5, job="j7", rank=3, extra={"source": "agent", "proc_state": "T"})
+    assert rec == Heartbeat(ts=1234.5, job="j7", rank=3, mono=rec.mono, extra={"source": "agent", "proc_state": "T"})
+    assert before <= rec.mono <= time.monotonic()  # the node's monotonic clock, read beside the wall clock
     kafka = FakeKafka()
     Agent(AgentSettings(**base, spool_dir=tmp_path / "s2", heartbeat_s=0.0), send=kafka, proc_root=proc).run_once()
     assert kafka.messages == []  # the check turned off

@@ -36,7 +36,8 @@ LAST = "v2-d1b59a4-last"  # no hang reports
 V3 = "v3-3a78664-last"  # no clocks detector, no fail-stop arrivals, steps nor telemetry gaps
 V4_STOP40 = "v4-5bf14e6-stop40"  # no clock heartbeat counts, no hang first_ts nor now, no fail-stop silent_end
 V4_STOP48 = "v4-8efac49-stop48"  # the same version grown: no fail-stop silent_end
-OLD = (FIRST, UNPACKED, LIFE, LAST, V3, V4_STOP40, V4_STOP48)
+V5 = "v5-7eee59d-stop49"  # no clock steps seen by the nodes' monotonic clocks
+OLD = (FIRST, UNPACKED, LIFE, LAST, V3, V4_STOP40, V4_STOP48, V5)
 STEP_BUFFERS = ("failslow", "slowdown", "sdc")
 
 
@@ -217,7 +218,7 @@ def test_a_flight_sweep_saved_before_wait_for_graphs_restores_with_none():
 # --- and the job goes on ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", [LIFE, LAST, V3, V4_STOP40, V4_STOP48])
+@pytest.mark.parametrize("name", [LIFE, LAST, V3, V4_STOP40, V4_STOP48, V5])
 def test_a_restored_job_goes_on_as_if_never_saved(name):
     got, want = outputs(restored(name), cases.SAVED, cases.END), never_saved()[1]
     assert got == want
