@@ -25,8 +25,8 @@ from gangwatch.detectors.clocks import ClockDetector
 from gangwatch.detectors.runs import RecordRun
 from gangwatch.detectors.topology import Topology
 from gangwatch.schemas import Finding, Job, Record, to_dict
-from gangwatch.schemas.columns import StepRows
 from gangwatch.schemas.codec import decode_obj
+from gangwatch.schemas.columns import StepRows
 
 __all__ = ["DEFAULT_DETECTORS", "JobMonitor", "RecordRun", "config_type", "detector_configs"]
 

@@ -3,9 +3,8 @@ a fake /proc tree and a fake send, and one job through the core (issue 23: froze
 
 from __future__ import annotations
 
-import time
-
 import os
+import time
 from pathlib import Path
 
 import pytest

@@ -36,7 +36,8 @@ def stream(step_s: float, at: float, seconds: float = 60.0, node_rank: int = 2, 
                 Step(ts=wall, job="j1", rank=rank, step=k, step_s=1.0, mono=mono)
             out.append((true, rec))
         true = T0 + k + 0.5
-        out.append((true, Gpu(ts=true + (step_s if k >= at else 0.0), node="n00001", gpu=0, mono=round(true - BOOT, 6))))
+        wall = true + (step_s if k >= at else 0.0)
+        out.append((true, Gpu(ts=wall, node="n00001", gpu=0, mono=round(true - BOOT, 6))))
     return out
 
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 import pytest
 from gangwatch.producers.simulate import Scenario
 from gangwatch.producers.simulate.emit import messages
+from gangwatch.schemas.records import EVICTING_ACTIONS
 from hypothesis import HealthCheck, Phase, assume, example, given, settings
 from hypothesis import strategies as st
 
 from gangwatch.evaluation.invariance import Job, Perturbation, changed, decide, records
-from gangwatch.schemas.records import EVICTING_ACTIONS
 
 pytestmark = pytest.mark.unit
 
