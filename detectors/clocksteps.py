@@ -83,7 +83,7 @@ class ClockSteps:
             self.base[i] = d - self.off[i]
             self.top[i] = mono
             return float(self.off[i])
-        s = d - self.base[i]
+        s = float(d - self.base[i])
         newest = mono >= self.top[i]
         if newest:
             self.top[i] = mono
@@ -102,7 +102,7 @@ class ClockSteps:
         i = self._node(rec)
         if i is None:
             return rec
-        s = self.off[i] if mono is None else self._step(i, rec.ts, mono)
+        s = float(self.off[i]) if mono is None else self._step(i, rec.ts, mono)
         return dataclasses.replace(rec, ts=rec.ts - s) if s else rec
 
     def unstepped_rows(self, rows: StepRows) -> StepRows:
