@@ -170,6 +170,20 @@ class ClockDetector(DetectorBase):
             self._rank_offset = self.offset[self.topo.node_index] if self.topo.size else np.zeros(0)
         return self._rank_offset
 
+    def _ahead_nodes(self) -> np.ndarray | None:
+        """Per node, how far its clock is known to run ahead of the job's (learned from the job's steps, or stepped:
+        `ClockSteps`), up to `ahead_wait_max_s`; None when no node's is."""
+        if not self.skewed and not self.steps.off.any():
+            return None
+        off = self.offset + self.steps.off
+        return np.clip(off, 0.0, self.config.ahead_wait_max_s) if (off > 0).any() else None
+
+    def ahead(self) -> np.ndarray | None:
+        """Per rank, `_ahead_nodes` of its node: ordered by their stamped times, its records may come that much
+        after the job's other clocks' (the launcher's, the controller's, a peer's); None when no node runs ahead."""
+        off = self._ahead_nodes()
+        return off[self.topo.node_index] if off is not None and self.topo.size else None
+
     def offset_of(self, rec: Record) -> float:
         """The applied offset of the node a record comes from (0.0: none, or not known)."""
         node = getattr(rec, "node", None)
@@ -281,11 +295,18 @@ class ClockDetector(DetectorBase):
         node (the controller's, the launcher's), or the k-th newest corrected time of all nodes, whichever is
         later. A node not known yet (start-up, a job without steps, a clock that just
         jumped) moves the job's time only with others; a known one moves it alone (in a replay sorted by the
-        senders' times, a node whose clock ran ahead comes late: it must not hold the others back)."""
+        senders' times, a node whose clock ran ahead comes late: it must not hold the others back). Records of no
+        node move it to their time less the most a node is known to run ahead (`_ahead_nodes`): sorted by the
+        senders' times, that node's records come that much after them (the controller's `end` before the last
+        25 s of a job of one node 25 s ahead)."""
         seen = np.isfinite(self.newest)
         if not seen.any():
             return -math.inf
         times = self.newest - np.append(self.offset, 0.0) if self.skewed else self.newest
+        ahead = self._ahead_nodes()
+        if ahead is not None and seen[-1]:  # records of no node move it no further than a node ahead was read
+            times = times.copy()
+            times[-1] -= float(ahead.max())
         if self.pair:
             return self._pair_now(times, seen)
         if self._early():  # start-up: the first node heard is no clock of the job's (one 300 s ahead set it)

@@ -29,6 +29,9 @@ class ClockConfig:
     close_frac: float = 0.5  # a step's reference is fixed once this share of the ranks reported it
     sync_s: float = 0.25  # a stage whose ranks' step ends spread more (median absolute deviation) syncs no clock
     keep_steps: int = 256  # step references kept for records that arrive later
+    # a node known to run ahead may have its records read that much late (ordered by their stamped times): its
+    # silence, and the job's time by clocks of no node, wait for it, up to this long (the lateness bound)
+    ahead_wait_max_s: float = 60.0
 
 
 @dataclass(frozen=True)

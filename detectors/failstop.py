@@ -296,6 +296,16 @@ class FailStopDetector(DetectorBase):
         self.clock: Any = None  # the job's `clocks.ClockDetector` (JobMonitor hands it over): the job's own time
         self._reset(topo)
 
+    def _lateness(self) -> np.ndarray:
+        """How late each rank's records may come, on top of the timeout: what a withdrawn report showed
+        (`late_s`), or its node's clock running ahead of the job's (known: `ClockDetector.ahead`), whose records,
+        read in the order of their stamped times, come that much after the job's other clocks' (the launcher's,
+        the controller's, a peer's). A rank dead there is judged that much later."""
+        if self.clock is None:
+            return self.late_s
+        ahead = self.clock.ahead()
+        return self.late_s if ahead is None else np.maximum(self.late_s, ahead)
+
     def _job_now(self) -> float:
         """The job's own time (its clock's: by its own nodes' records, not by a stream or timer moving it)."""
         return self.now if self.clock is None else min(self.now, self.clock.now())
@@ -485,7 +495,7 @@ class FailStopDetector(DetectorBase):
 
     def _heard(self, rank: int, ts: float) -> None:
         self.last_seen[rank] = max(self.last_seen[rank], ts)
-        deadline = self.last_seen[rank] + self.timeout + self.late_s[rank]
+        deadline = self.last_seen[rank] + self.timeout + self._lateness()[rank]
         if deadline < self.next_tick:  # only after a lull; keep the grid aligned
             self.next_tick = self._grid_at_or_after(deadline)
 
@@ -512,7 +522,7 @@ class FailStopDetector(DetectorBase):
 
     def _next_event(self) -> float:
         live = self.status == LIVE
-        silence = float((self.last_seen + self.late_s)[live].min()) + self.timeout if live.any() else math.inf
+        silence = float((self.last_seen + self._lateness())[live].min()) + self.timeout if live.any() else math.inf
         silence = min(silence, self.exit_check)
         if self.gap_since:
             silence = min(silence, min(self.gap_since.values()) + self.config.gap_report_s)
@@ -534,7 +544,7 @@ class FailStopDetector(DetectorBase):
                 self.exit_check = math.inf
         if self.gap_since:
             out += self._gap_reports(t)
-        deadline = self.last_seen + self.timeout + self.late_s
+        deadline = self.last_seen + self.timeout + self._lateness()
         # a rank whose records keep arriving is alive, whatever their times say (a clock behind, a backlog)
         missing = live & (deadline <= t) & (self.arrived + self.timeout <= t)
         if not missing.any():

@@ -41,7 +41,8 @@ class Job:
     """A generated job: `nodes` nodes of `gpus` ranks (one tensor-parallel group per node, data parallel across
     nodes) and its fault (None, "node_loss" or "dataloader_hang"), on node n001 (its first rank for a hang; a job
     of one node hangs its second rank) at `FAULT_S`. `mono`: its clients stamp their monotonic clock (today's do;
-    False: older clients)."""
+    False: older clients). `end`: its controller says the job's `end` when the run's time is up (a producer on
+    a clock of its own, neither of the job's nodes')."""
 
     nodes: int
     fault: str | None = None
@@ -49,10 +50,12 @@ class Job:
     seed: int = 3
     duration_s: float = 240.0
     mono: bool = True
+    end: bool = False
 
     @property
     def name(self) -> str:
-        return f"{self.nodes}n-{self.fault or 'healthy'}-s{self.seed}" + ("" if self.mono else "-nomono")
+        return f"{self.nodes}n-{self.fault or 'healthy'}-s{self.seed}" + ("" if self.mono else "-nomono") + \
+            ("-end" if self.end else "")
 
     def faults(self) -> tuple[Fault, ...]:
         if self.fault is None:
@@ -147,7 +150,11 @@ def records(job: Job, p: Perturbation) -> list[dict]:
         more += (Fault("late_delivery", p.at_s, node=job.healthy_node, params={"flush_s": FLUSH_S}),)
     elif p.order not in ORDERS:
         raise ValueError(f"unknown order {p.order!r}; one of {', '.join(ORDERS)}")
-    msgs = list(messages(job.scenario(*more)))
+    sc = job.scenario(*more)
+    msgs = list(messages(sc))
+    if job.end:  # the controller's, on its own clock (the true time), after everything else the job sent
+        msgs.append({"kind": "lifecycle", "v": 1, "ts": sc.start_ts + sc.duration_s, "job": sc.job_id,
+                     "event": "end", "source": "controller"})
     if p.order == "event":
         msgs.sort(key=lambda m: m["ts"])
     return msgs
@@ -187,8 +194,11 @@ def perturbations(size: str = "ci") -> list[Perturbation]:
 def jobs(size: str = "ci") -> list[Job]:
     sizes = (2, 3, 8) if size == "ci" else (1, 2, 3, 4, 8, 16)
     seeds = (3,) if size == "ci" else (3, 11)
-    return [Job(n, fault, seed=seed) for n in sizes for fault in (None, "node_loss", "dataloader_hang")
-            for seed in seeds if not (n == 1 and fault == "node_loss")]
+    out = [Job(n, fault, seed=seed) for n in sizes for fault in (None, "node_loss", "dataloader_hang")
+           for seed in seeds if not (n == 1 and fault == "node_loss")]
+    if size == "full":  # and healthy jobs whose controller says their end (a clock of no node)
+        out += [Job(n, None, seed=seed, end=True) for n in sizes for seed in seeds]
+    return out
 
 
 def ids_kept(job: Job, p: Perturbation) -> bool:
