@@ -36,9 +36,24 @@ def _fault(spec: str):
         raise UserError(f"bad --fault {spec!r}: {why}") from None
 
 
+def _fleet(args: argparse.Namespace):
+    from gangwatch.producers.simulate.fleet import Fleet
+
+    try:
+        return Fleet(gpus=args.gpus, hours=args.hours, seed=args.seed, fault_rate=args.fault_rate)
+    except ValueError as e:
+        raise UserError(f"--fleet: {e}", EXIT_USAGE) from None
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from gangwatch.producers.simulate import Scenario, write
 
+    if args.fleet:
+        from gangwatch.producers.simulate import fleet
+
+        stream, truth = fleet.write(_fleet(args), args.out, args.name if args.name != "sim" else "fleet")
+        print(f"{stream}  ({args.gpus:,} GPUs for {args.hours:g} h)  truth: {truth.name}")
+        return 0
     if args.suite:
         scenarios = _suite(args.suite, args.size, args.only)
     else:
@@ -60,6 +75,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from gangwatch.evaluation import scoring as evaluate
 
+    if args.fleet:
+        return _eval_fleet(args)
     if args.suite == "invariance":
         return _eval_invariance(args)
     scenarios = _suite(args.suite, args.size, args.only)
@@ -75,6 +92,34 @@ def cmd_eval(args: argparse.Namespace) -> int:
         more = f" (and {len(missed) - 1} more: {'; '.join(missed[1:])})" if len(missed) > 1 else ""
         raise UserError(f"quality floor missed: {missed[0]}{more}", EXIT_FLOOR)
     return 0
+
+
+def _eval_fleet(args: argparse.Namespace) -> int:
+    from gangwatch.evaluation import fleet
+
+    score = fleet.run(_fleet(args), args.work)
+    print(fleet.render(score))
+    if args.json:
+        args.json.write_bytes(fleet.to_json(score))
+        print(f"scores written to {args.json}")
+    floor = fleet.FleetFloor(false_pages_per_day_500=args.max_false_pages)
+    missed = [] if args.no_floor else fleet.check(score, floor)
+    if missed:
+        more = f" (and {len(missed) - 1} more: {'; '.join(missed[1:])})" if len(missed) > 1 else ""
+        raise UserError(f"fleet floor missed: {missed[0]}{more}", EXIT_FLOOR)
+    return 0
+
+
+def _fleet_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("a fleet day (--fleet)")
+    g.add_argument("--fleet", action="store_true",
+                   help="many jobs of every size on one fleet for hours, with churn, ordinary life and faults at "
+                   "published rates (Llama 3: 419 unexpected interruptions in 54 days on 16,384 GPUs)")
+    g.add_argument("--gpus", type=positive(integer), default=512, help="the fleet's GPUs, whole nodes of 8 "
+                   "(default 512)")
+    g.add_argument("--hours", type=positive(number), default=2.0, help="hours of event time (default 2)")
+    g.add_argument("--fault-rate", type=number, default=1.0, metavar="X",
+                   help="the published fault rate times X, so that a short fleet has faults to score (default 1)")
 
 
 def _eval_invariance(args: argparse.Namespace) -> int:
@@ -144,6 +189,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--batch", action="store_true", help="pack each node's step records into batch messages")
     m.add_argument("--fault", action="append", metavar="KIND:AT_S:WHERE[:MAGNITUDE]",
                    help="inject a fault; WHERE is a node (n003) or a rank (r21); repeatable")
+    _fleet_options(m)
     m.set_defaults(func=cmd_simulate)
 
     ev = sub.add_parser("eval", help="replay a scenario suite and score it against the ground truth",
@@ -169,6 +215,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--work", type=Path, help="keep generated streams and outputs here (default: a temp dir)")
     ev.add_argument("-q", "--quiet", action="store_true", help="no per-scenario progress lines")
     ev.add_argument("--no-floor", action="store_true", help="print the scores only; never fail on a missed floor")
+    _fleet_options(ev)
+    ev.add_argument("--max-false-pages", type=number, default=0.05, metavar="N",
+                    help="with --fleet: fail above N false pages a day per 500 GPUs (default 0.05); a fleet day "
+                    "also fails on any false eviction, any hardware fault missed, and hard faults detected over "
+                    "15 s or localized over 60 s (p90)")
     ev.set_defaults(func=cmd_eval)
 
     d = sub.add_parser("demo", help="simulate a small job with two faults and replay it (no server needed)",

@@ -90,6 +90,7 @@ class ScenarioScore:
     incidents: int = 0
     findings: int = 0
     false_incidents: list[str] = field(default_factory=list)  # "class:id" of each incident no fault explains
+    explained: list[str] = field(default_factory=list)  # ids of the incidents that detected a fault
     false_findings: int = 0  # on a run with no fault: findings that would open an incident, naming a node or rank
     records: int = 0
     replay_s: float = 0.0
@@ -182,6 +183,7 @@ def score(truth: dict[str, Any], findings: list[dict], actions: list[dict], inci
                 fs.localized = True
                 fs.localize_s = round(match["localized_ts"] - onset, 3)
         s.faults.append(fs)
+    s.explained = sorted(explained)
     s.false_incidents = [f"{i['class']}:{i['id']}" for i in incs if i["id"] not in explained
                          and not (i["class"] in ALLOWED_UNEXPLAINED and not i.get("culprit_nodes"))]
     if not faults:  # nothing happened that should open anything: a finding that would, blaming someone, is false

@@ -109,7 +109,7 @@ class Plan:
 
 
 def simulate(sc: Scenario) -> Plan:
-    topo = Topology(sc.tp, sc.pp, sc.dp, sc.gpus_per_node)
+    topo = Topology(sc.tp, sc.pp, sc.dp, sc.gpus_per_node, first_node=sc.first_node, width=sc.node_width)
     faults = resolve(sc, topo)
     benign = plan_benign(sc, topo)
     names = topo.node_names()

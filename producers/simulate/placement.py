@@ -45,7 +45,8 @@ def nic_bus(i: int) -> str:
 class Topology:
     """Arrays indexed by rank (`tp`, `pp`, `dp`, `node`, `gpu`, `shard`) and group helpers."""
 
-    def __init__(self, tp: int, pp: int, dp: int, gpus_per_node: int, spares: int = 4) -> None:
+    def __init__(self, tp: int, pp: int, dp: int, gpus_per_node: int, spares: int = 4, first_node: int = 0,
+                 width: int = 0) -> None:
         self.TP, self.PP, self.DP, self.G = tp, pp, dp, gpus_per_node
         self.n = tp * pp * dp
         self.n_nodes = self.n // gpus_per_node
@@ -57,21 +58,22 @@ class Topology:
         self.node = r // gpus_per_node
         self.gpu = r % gpus_per_node
         self.shard = self.pp * tp + self.tp  # id of the (tp, pp) shard
-        self._width = max(3, len(str(self.n_nodes + spares - 1)))
+        self.first = first_node  # the job's nodes are the fleet's first_node, first_node + 1, ...
+        self._width = width or max(3, len(str(first_node + self.n_nodes + spares - 1)))
         self.n_tp_groups, self.n_pp_groups, self.n_dp_groups = pp * dp, tp * dp, tp * pp
 
     # --- names -----------------------------------------------------------------------
     def node_name(self, index: int) -> str:
-        return f"n{index:0{self._width}d}"
+        return f"n{self.first + index:0{self._width}d}"
 
     def node_names(self) -> list[str]:
         return [self.node_name(i) for i in range(self.n_nodes)]
 
     def node_index(self, name: str) -> int:
-        if not (name.startswith("n") and name[1:].isdigit()) or int(name[1:]) >= self.n_nodes:
-            raise ValueError(f"unknown node {name!r} (job has nodes n{0:0{self._width}d}.."
+        if not (name.startswith("n") and name[1:].isdigit()) or not 0 <= int(name[1:]) - self.first < self.n_nodes:
+            raise ValueError(f"unknown node {name!r} (job has nodes {self.node_name(0)}.."
                              f"{self.node_name(self.n_nodes - 1)})")
-        return int(name[1:])
+        return int(name[1:]) - self.first
 
     def node_ranks(self, index: int) -> list[int]:
         return list(range(index * self.G, (index + 1) * self.G))

@@ -184,6 +184,7 @@ class Scenario:
     `mono`: steps, heartbeats and NVML samples carry their node's monotonic clock (`mono`,
     seconds since the node booted, which a `clock_skew` does not move), as today's clients
     stamp it; False: as older clients, without it.
+    `first_node`, `node_width`: where the job's nodes sit in a fleet of many jobs (`fleet.py`).
     """
 
     name: str
@@ -211,6 +212,8 @@ class Scenario:
     batch: bool = False
     nodes_per_switch: int = 0
     mono: bool = True
+    first_node: int = 0  # the job's nodes are n<first_node>, n<first_node + 1>, ... (spares after them)
+    node_width: int = 0  # digits of a node's number (0: enough for the job's nodes and spares, at least 3)
 
     def __post_init__(self) -> None:
         if not isinstance(self.faults, tuple):

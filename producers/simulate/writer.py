@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import gzip
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import orjson
@@ -27,8 +28,12 @@ def write(sc: Scenario, out_dir: str | os.PathLike) -> tuple[Path, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plan = simulate(sc)
-    stream = out / f"{sc.name}.jsonl.gz"
-    truth_path = out / f"{sc.name}.truth.json"
+    stream = write_stream((rec for _, rec in _merged(plan, batch=sc.batch)), out / f"{sc.name}.jsonl.gz")
+    return stream, write_truth(truth_of(plan), out / f"{sc.name}.truth.json")
+
+
+def write_stream(recs: Iterable[dict], stream: Path) -> Path:
+    """Messages to a gzipped JSONL file, byte-deterministically (written beside it, then moved into place)."""
     tmp = stream.with_name(stream.name + ".tmp")
     dumps, nl = orjson.dumps, orjson.OPT_APPEND_NEWLINE
     # millions of short-lived dicts: the cyclic GC only costs time here (nothing is cyclic)
@@ -38,7 +43,7 @@ def write(sc: Scenario, out_dir: str | os.PathLike) -> tuple[Path, Path]:
         with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0,
                                                    compresslevel=COMPRESSLEVEL) as gz:
             buf: list[bytes] = []
-            for _, rec in _merged(plan, batch=sc.batch):
+            for rec in recs:
                 buf.append(dumps(rec, option=nl))
                 if len(buf) >= _CHUNK:
                     gz.write(b"".join(buf))
@@ -48,5 +53,9 @@ def write(sc: Scenario, out_dir: str | os.PathLike) -> tuple[Path, Path]:
         if was_enabled:
             gc.enable()
     os.replace(tmp, stream)
-    truth_path.write_bytes(orjson.dumps(truth_of(plan), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
-    return stream, truth_path
+    return stream
+
+
+def write_truth(truth: dict, path: Path) -> Path:
+    path.write_bytes(orjson.dumps(truth, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+    return path
