@@ -112,6 +112,7 @@ class ClockDetector(DetectorBase):
         self.node_step = np.full(n, -1, dtype=np.int64)  # ... and the newest step each node's ranks finished
         self.early_beats = 0  # heartbeats read while fewer nodes were heard than the job's time needs (see `now`)
         self.newest = np.full(n + 1, -np.inf)  # raw newest time per node, and (last) of records of no node
+        self.agent = np.full(n, -np.inf)  # raw newest time of each node's own records (its agent's), not its ranks'
         self.offset = np.zeros(n)  # applied offset per node
         self.samples = np.full((n, w), np.nan)  # recent per-step offsets (ring)
         self.count = np.zeros(n, dtype=np.int64)  # samples written per node
@@ -228,6 +229,8 @@ class ClockDetector(DetectorBase):
             i = self.topo.node_index[rank]
         else:
             i = self.node_pos.get(getattr(rec, "node", None), len(self.newest) - 1)
+            if rec.kind in _NODE_KINDS and i < len(self.agent) and ts > self.agent[i]:
+                self.agent[i] = ts
         if ts > self.newest[i]:
             self.newest[i] = ts
 
@@ -259,6 +262,12 @@ class ClockDetector(DetectorBase):
         return {"basis": "as stamped" if not self.learn else "pair" if self.pair else "steps",
                 "offsets_s": {node: round(off, 3) for node, off in zip(self.topo.nodes, self.offset.tolist(),
                                                                        strict=True) if off}}
+
+    def agent_heard(self, node: str) -> float:
+        """When the node itself (its agent: NVML samples, kernel events) was last heard from, corrected (-inf:
+        never in this run): a node that speaks while its ranks are silent is alive."""
+        i = self.node_pos.get(node)
+        return -math.inf if i is None else float(self.agent[i] - self.offset[i])
 
     def node_time(self, node: str) -> float:
         """How far a node's own records have been read: the newest corrected time of any of them (-inf: none yet;
@@ -665,7 +674,8 @@ class ClockDetector(DetectorBase):
                                 if self.beats_since[i]},
                 "node_steps": {n: int(self.node_step[i]) for n, i in self.node_pos.items()
                                if self.pair and self.node_step[i] >= 0},
-                "early_beats": self.early_beats, "steps": self.steps.state()}
+                "early_beats": self.early_beats, "steps": self.steps.state(),
+                "agent": {n: float(self.agent[i]) for n, i in self.node_pos.items() if np.isfinite(self.agent[i])}}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], topo: Topology) -> ClockDetector:
@@ -688,6 +698,9 @@ class ClockDetector(DetectorBase):
                 det.beats_since[det.node_pos[n]] = beats
         det.early_beats = state["early_beats"]
         det.steps = ClockSteps.from_state(state["steps"], topo, det.config.tolerance_s)
+        for n, ts in state["agent"].items():
+            if n in det.node_pos:
+                det.agent[det.node_pos[n]] = ts
         for n, step in state["node_steps"].items():
             if n in det.node_pos:
                 det.node_step[det.node_pos[n]] = step
@@ -702,7 +715,7 @@ class ClockDetector(DetectorBase):
         if version == 4 and state is not None:  # issue 42: heartbeats, nodes' steps and start-up counted (none yet)
             fill_missing(state, {"beats_since": {}, "node_steps": {}, "early_beats": 0})
         if version == 5 and state is not None:  # clock steps seen by the nodes' monotonic clocks: none yet
-            fill_missing(state, {"steps": {"nodes": {}, "news": []}})
+            fill_missing(state, {"steps": {"nodes": {}, "news": []}, "agent": {}})
         return state
 
 

@@ -44,6 +44,9 @@ class FailStopConfig:
     end_window_s: float = 30.0  # a clean exit with most ranks still running this long after it: that rank failed
     prove_max_s: float = 60.0  # longest a silent rank waits for the gang's steps to show it alive (long steps)
     gap_report_s: float = 60.0  # a rank the gang's steps show alive, silent this long: its node's telemetry gap
+    # a job of one node falling silent whose node's agent was heard: how long to wait for the agent's next word
+    # (its NVML samples come every 10 s by default), which shows the node alive and the job ended
+    agent_wait_s: float = 15.0
 
 
 @dataclass(frozen=True)

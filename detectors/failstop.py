@@ -558,8 +558,10 @@ class FailStopDetector(DetectorBase):
             return out
         if float(self.last_seen.max()) + self.quiet <= t and not peers_said:  # nobody in the job spoke lately
             if (missing == live).all():
-                out.append(self._silent_end(t, live) if self._ended_together(live) else self._monitoring_gap(t, live))
-            return out  # else hold: the rest of the job may be falling silent too
+                ended = self._ended_together(live, t)
+                if ended is not None:
+                    out.append(self._silent_end(t, live) if ended else self._monitoring_gap(t, live))
+            return out  # else hold: the rest of the job may be falling silent too (or its node's agent speak)
         alive = live & ~missing
         reporting = np.unique(self.topo.node_index[self.lost_peer]) if peers_said else np.empty(0, dtype=np.int64)
         crashed = self.crash_ts > -np.inf
@@ -763,13 +765,25 @@ class FailStopDetector(DetectorBase):
                 return True
         return False
 
-    def _ended_together(self, live: np.ndarray) -> bool:
+    def _ended_together(self, live: np.ndarray, t: float) -> bool | None:
         """The job, silent as a whole, ended together: every live rank had finished the same step (in a synchronous
-        job ranks finish a step together; one behind stopped before the rest), they are on two nodes or more (one
-        node's silence is as much that node's death), and none crashed in this run."""
+        job ranks finish a step together; one behind stopped before the rest), none crashed in this run, and they
+        are on two nodes or more, or on one node that spoke itself after they fell silent (its agent: on one node,
+        the ranks' silence is as much that node's death, unless the node is heard). None: not known yet (one node
+        whose agent was heard before, its next word not due yet: `agent_wait_s`)."""
         steps = self.last_step[live]
-        return bool(self.stepped and steps.min() == steps.max() >= 0
-                     and len(np.unique(self.topo.node_index[live])) >= 2 and not (self.crash_ts > -np.inf).any())
+        if not (self.stepped and steps.min() == steps.max() >= 0 and not (self.crash_ts > -np.inf).any()):
+            return False
+        nodes = np.unique(self.topo.node_index[live])
+        if len(nodes) >= 2:
+            return True
+        if self.clock is None:
+            return False
+        last = float(self.last_seen[live].max())
+        heard = self.clock.agent_heard(self.topo.nodes[int(nodes[0])])
+        if heard > last:
+            return True
+        return None if heard > -math.inf and t < last + self.quiet + self.config.agent_wait_s else False
 
     def _silent_end(self, t: float, live: np.ndarray) -> Finding:
         self.status[live] = SILENT
@@ -780,7 +794,10 @@ class FailStopDetector(DetectorBase):
             evidence=SilentEnd(state="finished", previous="running", step=step, nodes=nodes, job_ranks=self.topo.size,
                                ended_ranks=n, cause=(
                                    f"all {n} live ranks on {nodes} nodes finished step {step} and fell silent "
-                                   f"together at {float(self.last_seen[live].max()):.3f}, no end said")))
+                                   f"together at {float(self.last_seen[live].max()):.3f}, no end said"
+                                   if nodes > 1 else f"all {n} live ranks finished step {step} and fell silent "
+                                   f"together at {float(self.last_seen[live].max()):.3f}, no end said; their node "
+                                   "still reports")))
 
     def _heard_after_end(self, rec: Record) -> Finding:
         """A rank heard from again after the job's silent end: it runs (its telemetry was held up, or it went on)."""

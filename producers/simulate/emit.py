@@ -104,13 +104,16 @@ def _mix(x: np.ndarray) -> np.ndarray:
 BOOTED = 1_700_000_000.0  # 2023-11-14: before it, each node booted once (the same for every scenario on it)
 
 
+def boot_time(name: str, start_ts: float) -> float:
+    """When node `name` booted (its monotonic clock's zero), by its name alone: a job that goes on in a later
+    scenario (a drill's next episode, the next job on a fleet's node) runs on the same monotonic clock. A
+    scenario that starts before `BOOTED` has its nodes booted days before it."""
+    latest = min(BOOTED, start_ts - 86_400.0)
+    return latest - 86_400.0 * (zlib.crc32(name.encode()) % 13) - zlib.crc32(name.encode()[::-1]) % 86_400
+
+
 def _boots(plan: Plan) -> dict[str, float]:
-    """When each node booted (its monotonic clock's zero), by its name alone: a job that goes on in a later
-    scenario (a drill's next episode) runs on the same monotonic clocks. A scenario that starts before `BOOTED`
-    has its nodes booted days before it."""
-    latest = min(BOOTED, plan.sc.start_ts - 86_400.0)
-    return {name: latest - 86_400.0 * (zlib.crc32(name.encode()) % 13) - zlib.crc32(name.encode()[::-1]) % 86_400
-            for name in plan.phys_nodes}
+    return {name: boot_time(name, plan.sc.start_ts) for name in plan.phys_nodes}
 
 
 def _steps(plan: Plan, batch: bool) -> Iterator[tuple[float, dict]]:

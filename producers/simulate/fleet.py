@@ -35,13 +35,14 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from gangwatch.producers.simulate.emit import _merged
+from gangwatch.producers.simulate.emit import _merged, boot_time
 from gangwatch.producers.simulate.physics import simulate
 from gangwatch.producers.simulate.scenario import STALL_KINDS, Fault, Scenario
 from gangwatch.producers.simulate.truth import truth_of
@@ -198,7 +199,8 @@ def _job(fleet: Fleet, r: random.Random, k: int, n: int, arrive: float, length: 
     first, start = _place(free_at, need, arrive)
     if start + MIN_JOB_S >= fleet.end_ts or math.isinf(start):
         return None
-    length = min(length, fleet.end_ts - start)
+    start = round(start, 3)
+    length = math.floor(min(length, fleet.end_ts - start) * 10) / 10
     name = f"j{k:04d}"
     node = lambda i: f"n{first + i:0{fleet.width}d}"  # noqa: E731
     faults: list[Fault] = []
@@ -210,10 +212,13 @@ def _job(fleet: Fleet, r: random.Random, k: int, n: int, arrive: float, length: 
         if kind == "sdc" and dp < 2:
             kind = "xid79"  # (no replica to disagree with: the simulator cannot corrupt a lone replica)
         at = r.uniform(warmup, length - 300.0)
+        if kind == "nic_degradation" and n == 1:  # a job of one node sends nothing through its NIC: unharmed
+            kind = None
         at = round(at, 1)
         where = node(r.randrange(n))
-        faults.append(Fault(kind, at, node=where))
-        causes.append(cause)
+        if kind is not None:
+            faults.append(Fault(kind, at, node=where))
+            causes.append(cause)
         if kind in STALL_KINDS:
             length = at + STOP_AFTER_S
             end = "stopped"
@@ -245,7 +250,7 @@ def _job(fleet: Fleet, r: random.Random, k: int, n: int, arrive: float, length: 
             faults.append(Fault("heterogeneous", 0.0, rank=rank))
     sc = Scenario(name, seed=fleet.seed * 100_003 + k, tp=tp, pp=pp, dp=dp, gpus_per_node=fleet.gpus_per_node,
                   heartbeat_s=fleet.heartbeat_s, base_step_s=fleet.step_s, duration_s=round(length, 1),
-                  start_ts=round(start, 3), job=name, faults=tuple(faults), first_node=first,
+                  start_ts=start, job=name, faults=tuple(faults), first_node=first,
                   node_width=fleet.width, mono="no_mono" not in life, sweep_after_s=20.0)
     return FleetJob(sc, first, need, end, tuple(life), tuple(causes))
 
@@ -277,11 +282,42 @@ def _said_end(job: FleetJob) -> list[tuple[float, dict]]:
     return []
 
 
+IDLE_SAMPLE_S = 10.0  # a node agent's NVML period (the agent's default `--gpu-every`)
+
+
+def _idle_samples(fleet: Fleet, jobs: list[FleetJob]) -> Iterator[tuple[float, dict]]:
+    """What each node's agent says while no job runs there: an NVML sample of every idle GPU each
+    `IDLE_SAMPLE_S` (a job's scenario samples its own nodes while it runs)."""
+    busy: list[list[tuple[float, float]]] = [[] for _ in range(fleet.nodes)]
+    for j in jobs:
+        for i in range(j.first, min(j.first + j.nodes, fleet.nodes)):
+            busy[i].append((j.start_ts, j.end_ts))
+    names = [f"n{i:0{fleet.width}d}" for i in range(fleet.nodes)]
+    boots = [boot_time(n, fleet.start_ts) for n in names]
+    phase = [(zlib.crc32(n.encode()) % 1000) / 1000 * IDLE_SAMPLE_S for n in names]
+    t = fleet.start_ts
+    while t < fleet.end_ts:
+        for i, name in enumerate(names):
+            at = round(t + phase[i], 6)
+            if at >= fleet.end_ts or any(a <= at < b for a, b in busy[i]):
+                continue
+            for g in range(fleet.gpus_per_node):
+                yield at, {"kind": "gpu", "v": 1, "ts": at, "node": name, "gpu": g, "temp_c": 38, "power_w": 72.0,
+                           "sm_clock_mhz": 345, "util_pct": 0, "throttle": [], "ecc_sbe": 0, "ecc_dbe": 0,
+                           "remap_pending": False, "pcie_replay": 0, "nvlink_crc": 0, "mono": round(at - boots[i], 6)}
+        t += IDLE_SAMPLE_S
+
+
 def messages(fleet: Fleet, jobs: list[FleetJob] | None = None) -> Iterator[dict]:
-    """Every job's messages, merged in the order they arrive (each job's own order kept). A job is simulated when
-    the fleet's time reaches its start and let go at its end, so a day holds the jobs of a moment, not all."""
+    """Every job's messages and the idle nodes' agents', merged in the order they arrive (each producer's own
+    order kept). A job is simulated when the fleet's time reaches its start and let go at its end, so a day holds
+    the jobs of a moment, not all."""
     jobs = sorted(plan(fleet) if jobs is None else jobs, key=lambda j: j.start_ts)
     heap: list[tuple[float, int, dict, Iterator[tuple[float, dict]]]] = []
+    idle = _idle_samples(fleet, jobs)
+    first = next(idle, None)
+    if first is not None:
+        heap.append((first[0], -1, first[1], idle))
     nxt = 0
     while nxt < len(jobs) or heap:
         while nxt < len(jobs) and (not heap or jobs[nxt].start_ts <= heap[0][0]):

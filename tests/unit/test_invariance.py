@@ -95,9 +95,10 @@ def test_a_node_spool_flushed_late_changes_no_decision(job, offset, at_s):
 
 # --- a clean end, however it is said ------------------------------------------------------------------------------
 
-def ended(form: str, nodes: int = 4) -> list[dict]:
+def ended(form: str, nodes: int = 4, agent_s: float = 0.0) -> list[dict]:
     """A healthy simulated job of `nodes` nodes whose every rank finished its last step, then said so: `end` (the
-    job's own final record), `exit 0` (each rank's exit code, nothing else), `silence` (nothing at all)."""
+    job's own final record), `exit 0` (each rank's exit code, nothing else), `silence` (nothing at all). With
+    `agent_s`, each node's agent goes on sampling its (now idle) GPUs that long after."""
     sc = Scenario("e", 3, tp=2, pp=1, dp=nodes, gpus_per_node=2, duration_s=120.0)
     msgs = list(messages(sc))
     end = max(m["ts"] for m in msgs)
@@ -106,6 +107,9 @@ def ended(form: str, nodes: int = 4) -> list[dict]:
     elif form == "exit 0":
         msgs += [{"kind": "framework", "v": 1, "ts": end + 0.5 + 0.01 * r, "job": "e", "rank": r, "type": "exit",
                   "code": 0} for r in range(2 * nodes)]
+    for k in range(int(agent_s // 10)):
+        msgs += [{"kind": "gpu", "v": 1, "ts": end + 3.0 + 10.0 * k + 0.1 * n, "node": f"n{n:03d}", "gpu": 0,
+                  "util_pct": 0} for n in range(nodes)]
     return msgs
 
 
@@ -122,3 +126,11 @@ def test_a_one_node_job_whose_telemetry_stops_is_a_monitoring_gap_not_an_end():
     got = decide(ended("silence", 1), silence_s=120.0)
     assert [(t, n) for t, n, _ in got.actions] == [("escalate", ())], str(got)
     assert decide(ended("end", 1), silence_s=120.0).actions == ()
+
+
+@pytest.mark.parametrize("form", ["end", "exit 0", "silence"])
+def test_a_one_node_job_whose_node_still_speaks_after_its_ranks_ended_together_ended(form):
+    """Its node's agent (NVML samples of idle GPUs) goes on after the ranks stopped at one step: the node lives, so
+    the job ended; no page, however the end is said (issue 44: half a fleet's jobs are of one node)."""
+    got = decide(ended(form, 1, agent_s=60.0), silence_s=120.0)
+    assert got.actions == () and got.incidents == (), str(got)
