@@ -120,6 +120,8 @@ def _fleet_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--hours", type=positive(number), default=2.0, help="hours of event time (default 2)")
     g.add_argument("--fault-rate", type=number, default=1.0, metavar="X",
                    help="the published fault rate times X, so that a short fleet has faults to score (default 1)")
+    if not any(a.dest == "seed" for a in p._actions):  # (`simulate` has its own)
+        g.add_argument("--seed", type=integer, default=1, help="the fleet's random seed (default 1)")
 
 
 def _eval_invariance(args: argparse.Namespace) -> int:
