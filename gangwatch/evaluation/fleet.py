@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from gangwatch.evaluation.scoring import ScenarioScore, score
+from gangwatch.evaluation.scoring import ScenarioScore, replayed, score
 from gangwatch.schemas import EVICTING_ACTIONS
 
 HARDWARE = frozenset({"fail_stop"})  # classes whose faults are a machine's: none may be missed
@@ -120,16 +120,12 @@ def score_fleet(truth: dict[str, Any], findings: list[dict], actions: list[dict]
 def run(fleet: Any, work: Path | None = None) -> FleetScore:
     """Generate `fleet`, replay it (JSONL), score it."""
     from gangwatch.producers.simulate.fleet import write
-    from gangwatch.streams import replay
 
     with tempfile.TemporaryDirectory(prefix="gangwatch-fleet-") as tmp:
         base = Path(work or tmp)
         stream, truth_path = write(fleet, base)
-        out = base / "fleet.out"
-        summary = replay.run([stream], out, None, progress=None)
-        read = lambda name: [orjson.loads(x) for x in (out / name).read_bytes().splitlines()]  # noqa: E731
-        s = score_fleet(orjson.loads(truth_path.read_bytes()), read("findings.jsonl"), read("actions.jsonl"),
-                        read("incidents.jsonl"))
+        summary, outputs = replayed(stream, base / "fleet.out")
+        s = score_fleet(orjson.loads(truth_path.read_bytes()), *outputs)
         s.records, s.replay_s = summary.records, round(summary.wall_s, 1)
         return s
 

@@ -195,16 +195,21 @@ def score(truth: dict[str, Any], findings: list[dict], actions: list[dict], inci
 def run_scenario(sc: Any, work: Path) -> ScenarioScore:
     """Generate one scenario, replay it (JSONL only), score it."""
     from gangwatch.producers.simulate import write
-    from gangwatch.streams import replay
 
     stream, truth_path = write(sc, work)
-    out = work / f"{sc.name}.out"
-    summary = replay.run([stream], out, None, progress=None)
-    read = lambda name: [orjson.loads(x) for x in (out / name).read_bytes().splitlines()]  # noqa: E731
-    s = score(orjson.loads(truth_path.read_bytes()), read("findings.jsonl"), read("actions.jsonl"),
-              read("incidents.jsonl"))
+    summary, outputs = replayed(stream, work / f"{sc.name}.out")
+    s = score(orjson.loads(truth_path.read_bytes()), *outputs)
     s.records, s.replay_s = summary.records, round(summary.wall_s, 3)
     return s
+
+
+def replayed(stream: Path, out: Path) -> tuple[Any, tuple[list[dict], list[dict], list[dict]]]:
+    """Replay a generated stream (JSONL outputs only) into `out`: (its summary, (findings, actions, incidents))."""
+    from gangwatch.streams import replay
+
+    summary = replay.run([stream], out, None, progress=None)
+    read = lambda name: [orjson.loads(x) for x in (out / name).read_bytes().splitlines()]  # noqa: E731
+    return summary, (read("findings.jsonl"), read("actions.jsonl"), read("incidents.jsonl"))
 
 
 def evaluate(scenarios: Iterable[Any], work: Path | None = None, progress=None) -> list[ScenarioScore]:
