@@ -372,8 +372,8 @@ class FailStopDetector(DetectorBase):
         late = self._late(rank, rec.ts) if state == SILENT else []  # a report it disproves, first
         if state == GAP:
             late = self._gap_back(rank, rec.ts)
-        elif self.lag_since or self.now - rec.ts > self.timeout:
-            late = self._lagging(rank, rec.ts)
+        elif self.lag_since or self.now - rec.ts > self.timeout:  # (and what its lateness says, after)
+            late = late + self._lagging(rank, rec.ts)
         found = self._observe_rank(rec, rank)
         return late + found if late else found
 
@@ -810,9 +810,11 @@ class FailStopDetector(DetectorBase):
                                    f"said at {said:.3f}")))
 
     def _monitoring_gap(self, t: float, live: np.ndarray) -> Finding:
+        """The whole job silent, and no end: a report of silence that a late record withdraws, as a node's does
+        (its records held up: a spool flushed late, a broker blip; triage waits `late_s` before telling a human)."""
         self.status[live] = SILENT
         seen = self.last_seen[live]
-        return MONITORING_GAP.finding(
+        found = MONITORING_GAP.finding(
             ts=t, job=self.topo.job, detector="failstop.heartbeat",
             key=("job", float(seen.max())), score=1.0,
             evidence=MonitoringGap(cause="heartbeat", silent_ranks=int(live.sum()), job_ranks=self.topo.size,
@@ -820,6 +822,8 @@ class FailStopDetector(DetectorBase):
                                    first_silent_ts=round(float(seen.min()), 6),
                                    last_seen_ts=round(float(seen.max()), 6), timeout_s=self.timeout),
         )
+        self.reported.update({int(r): (found.id, t) for r in np.flatnonzero(live)})
+        return found
 
     def _start_timeout(self, t: float) -> list[Finding]:
         never = np.flatnonzero(self.status == NOT_STARTED)

@@ -12,7 +12,7 @@ class added without deciding one of them fails at import, not silently at run ti
 | `stops_the_job` | triage, shadow scoring: no progress while it is open, so a step past it proves recovery |
 | `keeps_training` | triage: the job trains on through it, so steps prove nothing and the controller's word closes it |
 | `self_resolves` | triage: an undecided one closes without a page when the job steps on by itself (a job-wide wait) |
-| `waits` | triage: how long its decision waits for evidence: `settle`, the stack `sweep`, the straggler `hold` |
+| `waits` | triage: how long its decision waits: `settle`, stack `sweep`, straggler `hold`, `late` (held-up records) |
 | `decided_by` | triage: which decision path decides it (`DECIDED_BY` says what each does) |
 | `floor` | `gangwatch eval`: the least a suite run must score on faults of this class (None: not a fault class) |
 """
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 SEVERITIES = ("critical", "warning", "info")
-WAITS = ("settle", "sweep", "hold")
+WAITS = ("settle", "sweep", "hold", "late")
 # How an incident of a class is decided (triage/decide.py, triage/stragglers.py, triage/diagnose.py):
 DECIDED_BY = {
     "nobody": "recorded, never acted on: no stack sweep, no action, and its class stays what it is",
@@ -63,7 +63,7 @@ class IncidentClass:
     stops_the_job: bool
     keeps_training: bool
     self_resolves: bool
-    waits: Literal["settle", "sweep", "hold"]
+    waits: Literal["settle", "sweep", "hold", "late"]
     decided_by: Literal["nobody", "culprit", "stragglers", "dual_run", "budget"]
     floor: Floor | None
 
@@ -108,7 +108,7 @@ CLASSES: dict[str, IncidentClass] = {c.name: c for c in (
                   floor=Floor(named_innocents=float("inf"))),
     IncidentClass("unknown", "the job stopped and nothing explains it: a human looks",
                   rank=1, severity="critical", opened_by_findings=True, stops_the_job=True, keeps_training=False,
-                  self_resolves=False, waits="settle", decided_by="culprit", floor=None),
+                  self_resolves=False, waits="late", decided_by="culprit", floor=None),
     IncidentClass("stall", "the whole job waited alike with nobody to blame (a checkpoint, an evaluation, the "
                   "filesystem): a page only once it outlasts its budget",
                   rank=3, severity="warning", opened_by_findings=False, stops_the_job=True, keeps_training=False,

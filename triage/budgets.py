@@ -39,6 +39,9 @@ class TriageConfig:
     budgets: Budgets = field(default_factory=Budgets)
     safety: Safety = field(default_factory=Safety)
     settle_s: float = 5.0  # wait this long after detection for the rest of a fail-stop to show
+    # a job silent as a whole (its monitoring path, or a start that never came) waits this long before a human is
+    # told: records held up within the lateness bound (a spool flushed late, a broker blip) withdraw it meanwhile
+    late_s: float = 60.0
     hang_collect_s: float = 90.0  # after a hang, wait at most this long for stacks / flight dumps
     stall_budget_s: float = 300.0  # a job-wide stall with no culprit pages only if it lasts this long from its onset
     crash_loop_restarts: int = 2  # the same software failure after this many restarts with no progress: escalate

@@ -393,7 +393,7 @@ class Triage:
         onset = t.onset_ts
         planned = self.guards.is_planned(f.ts)
         wait = {"settle": self.config.settle_s, "sweep": self.config.hang_collect_s,
-                "hold": self.config.safety.failslow_hold_s}[CLASSES[cls].waits]
+                "hold": self.config.safety.failslow_hold_s, "late": self.config.late_s}[CLASSES[cls].waits]
         if t.policy.sweep_result:
             wait = 0.0  # a finished sweep is already all the evidence there will be
         inc = Timeline(id=stable_id("i", self.job, f.id), job=self.job, cls="planned" if planned else cls,

@@ -531,3 +531,22 @@ def test_a_rank_killed_in_the_last_seconds_of_a_trace_is_named_from_its_peers_re
         assert [(a.type, a.nodes) for a in out.actions] == [("replace", ["n001"])]  # decided at the end, as live
     else:
         assert stops == [] and out.actions == []
+
+
+@pytest.mark.parametrize("held_s", [8.0, 40.0])  # its first held record comes 19 s or 51 s late
+def test_a_report_of_silence_is_withdrawn_by_records_stamped_before_it_however_late_they_come(held_s):
+    """n001's records from T0 + 50 are held up (a spool, a broker blip), then delivered after fail-stop reported
+    the node silent: the first of them withdraws the report, however late it comes (more than a timeout late, its
+    lateness is news of its own too, which must not swallow the withdrawal: it did, and the eviction it took was
+    never given back)."""
+    t = topo(nodes=2, per_node=2)
+    recs = beats(t, T0 + 120)
+    held = [r for r in recs if t.node_of(r.rank) == "n001" and T0 + 50 <= r.ts < T0 + 50 + 11.0 + held_s]
+    det = FailStopDetector(t)
+    found = drive(det, [r for r in recs if r not in held and r.ts < T0 + 50 + 11.0 + held_s])
+    [silent] = [f for f in found if f.type == "fail_stop"]
+    back = []
+    for r in held:  # they arrive now, at the time the job has reached
+        back += det.observe(r)
+    assert [(f.type, f.evidence["withdrawn"]) for f in back if f.type == "silence_withdrawn"] == [
+        ("silence_withdrawn", silent.id)]

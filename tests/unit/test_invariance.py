@@ -15,9 +15,12 @@ replay its records come that much early or late). Past it, the failstop's proof 
 
 from __future__ import annotations
 
+import heapq
+from operator import itemgetter
+
 import pytest
-from gangwatch.producers.simulate import Scenario
-from gangwatch.producers.simulate.emit import messages
+from gangwatch.producers.simulate import Fault, Scenario, simulate
+from gangwatch.producers.simulate.emit import _merged, messages
 from gangwatch.schemas.records import EVICTING_ACTIONS
 from hypothesis import HealthCheck, Phase, assume, example, given, settings
 from hypothesis import strategies as st
@@ -91,6 +94,19 @@ def test_a_node_spool_flushed_late_changes_no_decision(job, offset, at_s):
     """Its records from `at_s` on held 20 s, then delivered at once; its clock right, or off from `at_s` on (a
     node behind in steps, its beats told late, must not make its peer silent)."""
     no_change(job, Perturbation("flush", offset, at_s))
+
+
+def test_a_one_node_job_s_spool_flushed_late_while_another_job_goes_on_pages_nobody():
+    """Found on a fleet day (issue 44): the records of a job of one node held 30 s (its spool flushed late), while
+    another job's records move the stream's time. The whole job looks silent (a `monitoring_gap`); the held
+    records, stamped before that report, withdraw it, and the page waits the lateness bound (`late_s`) for them."""
+    one = Scenario("a", 3, tp=2, pp=1, dp=1, gpus_per_node=2, duration_s=240.0,
+                   faults=(Fault("late_delivery", 60.0, node="n000", params={"flush_s": 30.0}),))
+    other = Scenario("b", 4, tp=2, pp=1, dp=2, gpus_per_node=2, duration_s=240.0, first_node=10)
+    both = [r for _, r in heapq.merge(_merged(simulate(one), False), _merged(simulate(other), False),
+                                      key=itemgetter(0))]
+    got = decide(both)
+    assert got.actions == (), str(got)
 
 
 # --- a clean end, however it is said ------------------------------------------------------------------------------
