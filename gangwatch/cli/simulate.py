@@ -37,7 +37,7 @@ def _fault(spec: str):
 
 
 def _fleet(args: argparse.Namespace):
-    from gangwatch.producers.simulate.fleet import Fleet
+    from gangwatch.producers.simulate.fleetday import Fleet
 
     try:
         return Fleet(gpus=args.gpus, hours=args.hours, seed=args.seed, fault_rate=args.fault_rate)
@@ -49,9 +49,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from gangwatch.producers.simulate import Scenario, write
 
     if args.fleet:
-        from gangwatch.producers.simulate import fleet
+        from gangwatch.producers.simulate import fleetday
 
-        stream, truth = fleet.write(_fleet(args), args.out, args.name if args.name != "sim" else "fleet")
+        stream, truth = fleetday.write(_fleet(args), args.out, args.name if args.name != "sim" else "fleet")
         print(f"{stream}  ({args.gpus:,} GPUs for {args.hours:g} h)  truth: {truth.name}")
         return 0
     if args.suite:
@@ -95,15 +95,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _eval_fleet(args: argparse.Namespace) -> int:
-    from gangwatch.evaluation import fleet
+    from gangwatch.evaluation import fleetscore
 
-    score = fleet.run(_fleet(args), args.work)
-    print(fleet.render(score))
+    score = fleetscore.run(_fleet(args), args.work)
+    print(fleetscore.render(score))
     if args.json:
-        args.json.write_bytes(fleet.to_json(score))
+        args.json.write_bytes(fleetscore.to_json(score))
         print(f"scores written to {args.json}")
-    floor = fleet.FleetFloor(false_pages_per_day_500=args.max_false_pages)
-    missed = [] if args.no_floor else fleet.check(score, floor)
+    floor = fleetscore.FleetFloor(false_pages_per_day_500=args.max_false_pages)
+    missed = [] if args.no_floor else fleetscore.check(score, floor)
     if missed:
         more = f" (and {len(missed) - 1} more: {'; '.join(missed[1:])})" if len(missed) > 1 else ""
         raise UserError(f"fleet floor missed: {missed[0]}{more}", EXIT_FLOOR)

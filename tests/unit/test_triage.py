@@ -280,5 +280,5 @@ def test_a_restart_the_controller_never_finishes_stops_absorbing_after_the_total
     tri = Triage("j", TriageConfig(), topo)
     rollback = sdc_decided(tri, topo)
     out = run(tri, [Recovery(ts=T0 + 40, job="j", action=rollback.id, phase="accepted"),
-                    monitoring_gap(topo, T0 + 40 + 601), ("advance", T0 + 700)])
+                    monitoring_gap(topo, T0 + 40 + 601), ("advance", T0 + 720)])  # (its page waits `late_s`)
     assert [a.type for a in out.actions] == ["escalate"]

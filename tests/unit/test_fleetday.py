@@ -1,4 +1,4 @@
-"""A fleet day (issue 44): the generator (`producers/simulate/fleet.py`) and its score (`evaluation/fleet.py`)."""
+"""A fleet day (issue 44): the generator (`producers/simulate/fleetday.py`) and its score (`evaluation/fleet.py`)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import itertools
 from collections import defaultdict
 
 import pytest
-from gangwatch.producers.simulate.fleet import FAULT_MIX, Fleet, messages, plan, truth
+from gangwatch.producers.simulate.fleetday import FAULT_MIX, Fleet, messages, plan, truth
 from gangwatch.producers.simulate.scenario import STALL_KINDS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gangwatch.evaluation.fleet import FleetFloor, check, score_fleet
+from gangwatch.evaluation.fleetscore import FleetFloor, check, score_fleet
 
 pytestmark = pytest.mark.unit
 

@@ -27,7 +27,7 @@ one), each a `Scenario` of its own on those nodes: its own seed, shape, step tim
   that just stops.
 
 The truth (`truth(fleet)`) lists every job with its scenario's truth (nodes renamed to the fleet's) and how it
-ended; `gangwatch eval --fleet` scores a replay against it (`gangwatch/evaluation/fleet.py`).
+ended; `gangwatch eval --fleet` scores a replay against it (`gangwatch/evaluation/fleetscore.py`).
 """
 
 from __future__ import annotations

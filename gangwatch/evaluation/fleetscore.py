@@ -1,6 +1,6 @@
 """A fleet day scored as an operator reads it (`gangwatch eval --fleet`): false pages per day per 500 GPUs.
 
-The fleet (`producers/simulate/fleet.py`) is generated, replayed through the pure core as one stream (every job
+The fleet (`producers/simulate/fleetday.py`) is generated, replayed through the pure core as one stream (every job
 at once, as a worker sees them), and each job's outputs are scored against its truth with the scenario scorer
 (`scoring.score`: a fault counts as detected only by an incident of its class, localized only when that incident
 names its node and few innocents). On top of that, per fleet:
@@ -119,7 +119,7 @@ def score_fleet(truth: dict[str, Any], findings: list[dict], actions: list[dict]
 
 def run(fleet: Any, work: Path | None = None) -> FleetScore:
     """Generate `fleet`, replay it (JSONL), score it."""
-    from gangwatch.producers.simulate.fleet import write
+    from gangwatch.producers.simulate.fleetday import write
 
     with tempfile.TemporaryDirectory(prefix="gangwatch-fleet-") as tmp:
         base = Path(work or tmp)
