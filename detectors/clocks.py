@@ -304,18 +304,11 @@ class ClockDetector(DetectorBase):
         node (the controller's, the launcher's), or the k-th newest corrected time of all nodes, whichever is
         later. A node not known yet (start-up, a job without steps, a clock that just
         jumped) moves the job's time only with others; a known one moves it alone (in a replay sorted by the
-        senders' times, a node whose clock ran ahead comes late: it must not hold the others back). Records of no
-        node move it to their time less the most a node is known to run ahead (`_ahead_nodes`): sorted by the
-        senders' times, that node's records come that much after them (the controller's `end` before the last
-        25 s of a job of one node 25 s ahead)."""
+        senders' times, a node whose clock ran ahead comes late: it must not hold the others back)."""
         seen = np.isfinite(self.newest)
         if not seen.any():
             return -math.inf
         times = self.newest - np.append(self.offset, 0.0) if self.skewed else self.newest
-        ahead = self._ahead_nodes()
-        if ahead is not None and seen[-1]:  # records of no node move it no further than a node ahead was read
-            times = times.copy()
-            times[-1] -= float(ahead.max())
         if self.pair:
             return self._pair_now(times, seen)
         if self._early():  # start-up: the first node heard is no clock of the job's (one 300 s ahead set it)

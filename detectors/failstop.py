@@ -466,13 +466,17 @@ class FailStopDetector(DetectorBase):
         return out
 
     def _late(self, rank: int, ts: float) -> list[Finding]:
-        """A record of a rank reported silent: stamped before the report, it withdraws the report (every rank
-        it named becomes live again once heard from)."""
+        """A record of a rank reported silent: stamped within a timeout before the report, it withdraws the report
+        (every rank it named becomes live again once heard from): the rank was not silent that long when it was
+        reported. One stamped earlier still leaves a timeout of silence before the report (a killed rank's last
+        records, flushed after its death), and the report stands."""
         said = self.reported.get(rank)
         if said is None or ts > said[1]:
             self.reported.pop(rank, None)  # back after the report: a comeback, the report stands
             return []
         fid, at = said
+        if at - ts >= self.timeout:
+            return []
         ranks = sorted(r for r, (i, _) in self.reported.items() if i == fid)
         for r in ranks:
             del self.reported[r]
@@ -487,6 +491,10 @@ class FailStopDetector(DetectorBase):
         """A sign of life of a rank of this job (what `observe` does with a heartbeat or a step, from their
         rank and time alone: the run path calls it without building the record)."""
         state = self.status[rank]
+        if state == SILENT:
+            said = self.reported.get(rank)
+            if said is not None and said[1] - ts >= self.timeout:
+                return  # a timeout or more before it was reported silent: its past, told late (`_late`)
         # an exited process's own last records are not a comeback; a record a period later is a new process
         after = self.last_seen[rank] + (self.topo.heartbeat_s if state == EXITED else 0.0)
         if state == NOT_STARTED or ts > after:
