@@ -174,7 +174,7 @@ class ClockDetector(DetectorBase):
     def _ahead_nodes(self) -> np.ndarray | None:
         """Per node, how far its clock is known to run ahead of the job's (learned from the job's steps, or stepped:
         `ClockSteps`), up to `ahead_wait_max_s`; None when no node's is."""
-        if not self.skewed and not self.steps.off.any():
+        if not self.skewed and not self.steps.any_off:
             return None
         off = self.offset + self.steps.off
         return np.clip(off, 0.0, self.config.ahead_wait_max_s) if (off > 0).any() else None

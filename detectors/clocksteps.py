@@ -48,6 +48,7 @@ class ClockSteps:
         for node, off in (keep or {}).items():
             if node in self.node_pos:
                 self.off[self.node_pos[node]] = off
+        self.any_off = bool(self.off.any())  # (asked of every record)
         self.news: set[int] = set()  # nodes whose clock stepped since the last `said`
 
     def set_topology(self, topo: Topology) -> None:
@@ -91,13 +92,14 @@ class ClockSteps:
             return float(self.off[i])
         if newest:  # the node's clock stepped
             self.off[i] = round(s, 3)
+            self.any_off = bool(self.off.any())
             self.news.add(i)
         return s
 
     def unstepped(self, rec: Record) -> Record:
         """`rec` with its node's clock step taken out of its time (itself when there is none)."""
         mono = getattr(rec, "mono", None)
-        if mono is None and not self.off.any():
+        if mono is None and not self.any_off:
             return rec
         i = self._node(rec)
         if i is None:
@@ -108,7 +110,7 @@ class ClockSteps:
     def unstepped_rows(self, rows: StepRows) -> StepRows:
         """`unstepped` of every item of `rows`, in item order (at once when no item changes what is known)."""
         has_mono = "mono" in rows.cols or (rows.beats is not None and "mono" in rows.beats)
-        if not has_mono and not self.off.any():
+        if not has_mono and not self.any_off:
             return rows
         rank = np.asarray(rows.column("rank"), dtype=np.int64)
         ok = (rank >= 0) & (rank < self.topo.size)
@@ -147,5 +149,6 @@ class ClockSteps:
                 steps.base[i] = np.nan if base is None else base
                 steps.top[i] = -np.inf if top is None else top
                 steps.off[i] = off
+        steps.any_off = bool(steps.off.any())
         steps.news = {steps.node_pos[n] for n in state["news"] if n in steps.node_pos}
         return steps

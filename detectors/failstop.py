@@ -503,7 +503,9 @@ class FailStopDetector(DetectorBase):
 
     def _heard(self, rank: int, ts: float) -> None:
         self.last_seen[rank] = max(self.last_seen[rank], ts)
-        deadline = self.last_seen[rank] + self.timeout + self._lateness()[rank]
+        # (a node ahead only judges later: the earlier deadline at worst asks for a tick that finds nothing, and a
+        # record here costs no pass over every rank)
+        deadline = self.last_seen[rank] + self.timeout + self.late_s[rank]
         if deadline < self.next_tick:  # only after a lull; keep the grid aligned
             self.next_tick = self._grid_at_or_after(deadline)
 
