@@ -4,7 +4,7 @@
 - `messages()`: records packed into Kafka messages the way sidecars publish them (`topic_for`).
 - `WorkerProc`: `gangwatch worker` in a subprocess, with test settings; stop = TERM, wait, KILL.
 - `read_all()` / `wait_for()`: read topics from the beginning (no consumer group), poll to a condition.
-- `caught_up()`: has a consumer group committed every message of some topics?
+- `caught_up()`: has a consumer group committed every message of some topics (now, or as they stood)?
 - `PrivateBroker`: a broker of one test's own (deploy/kafka/broker.sh on free ports), which it may kill.
 """
 
@@ -210,13 +210,25 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str, every: float =
 BEHIND: dict[str, tuple[int | None, int]] = {}  # "topic:partition" -> (committed, end), as `caught_up` last saw
 
 
-def caught_up(bootstrap: str, group: str, topics: Iterable[str]) -> bool:
-    """Has `group` committed every message now in `topics`?"""
+def end_offsets(bootstrap: str, topics: Iterable[str]) -> dict[TopicPartition, int]:
+    """Each partition's end offset of `topics` now."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    try:
+        return consumer.end_offsets([TopicPartition(t, p) for t in topics
+                                     for p in sorted(consumer.partitions_for_topic(t) or ())])
+    finally:
+        consumer.close()
+
+
+def caught_up(bootstrap: str, group: str, topics: Iterable[str],
+              to: dict[TopicPartition, int] | None = None) -> bool:
+    """Has `group` committed every message now in `topics` (with `to`, from `end_offsets`: every message that
+    was there then; a job still running keeps writing, and its newest records are always a batch away)?"""
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
     try:
         tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
-        end = consumer.end_offsets(tps)
+        end = consumer.end_offsets(tps) if to is None else {tp: to.get(tp, 0) for tp in tps}
         committed = admin.list_group_offsets(group).get(group, {})
         BEHIND.clear()
         for tp in tps:

@@ -52,7 +52,7 @@ from gangwatch.schemas.topics import TopicSettings
 from gangwatch.sinks.store import ClickHouseStore
 
 from tests.integration.daemons import metric_samples
-from tests.integration.kafkakit import REPO, WorkerProc, caught_up, read_all, worker_args
+from tests.integration.kafkakit import REPO, WorkerProc, caught_up, end_offsets, read_all, worker_args
 
 TRAIN = REPO / "examples" / "tiny_job" / "train.py"
 NODES, SPARES = ("n1", "n2"), ("n3",)
@@ -336,8 +336,10 @@ class LiveJob:
                        self.query("SELECT class, culprit_nodes FROM gw_incidents FINAL"))
 
     def caught_up(self, timeout: float = 180.0) -> None:
-        """Wait for the worker to have read (and committed) every input now on the topics."""
-        self.wait(lambda: caught_up(self.bootstrap, self.job, self.topics.job_inputs), timeout,
+        """Wait for the worker to have read (and committed) every input on the topics now (a job still training
+        keeps writing: what it writes after this call is not waited for)."""
+        now = end_offsets(self.bootstrap, self.topics.job_inputs)
+        self.wait(lambda: caught_up(self.bootstrap, self.job, self.topics.job_inputs, to=now), timeout,
                   "the worker to read every input")
 
     def inputs(self, order: str = "event") -> list:
