@@ -56,6 +56,7 @@ from gangwatch.schemas.evidence import Evidence
 
 _RANK_KINDS = frozenset({"step", "heartbeat", "framework"})
 _NODE_KINDS = frozenset({"gpu", "hw"})
+_LAST_WORDS = frozenset({"end", "stop"})  # a controller's lifecycle events that say the job's run is over
 _OTHER_KINDS = frozenset({"lifecycle", "stack", "flight", "recovery"})  # a rank's or node's when they name one
 
 
@@ -223,6 +224,9 @@ class ClockDetector(DetectorBase):
             ts = rec.ts[0]
         else:
             rank, ts = getattr(rec, "rank", None), rec.ts
+            if rank is None and rec.kind == "lifecycle" and rec.event in _LAST_WORDS and \
+                    getattr(rec, "node", None) not in self.node_pos:
+                return  # the controller's word that the job ended: the ranks' silence before it is the end
         if rank is not None:
             if not 0 <= rank < self.topo.size:
                 return  # not a rank of this job: no source of its time
@@ -301,7 +305,8 @@ class ClockDetector(DetectorBase):
     def now(self) -> float:
         """The job's time (-inf before any record): the newest corrected time of a node whose clock is known (its
         offset rests on `min_steps` steps and its newest step agrees with it), the newest time of a record of no
-        node (the controller's, the launcher's), or the k-th newest corrected time of all nodes, whichever is
+        node (the controller's, the launcher's; not its word that the job's run is over, `end` or `stop`: the
+        silence before it is that end, whatever its clock says), or the k-th newest corrected time of all nodes, whichever is
         later. A node not known yet (start-up, a job without steps, a clock that just
         jumped) moves the job's time only with others; a known one moves it alone (in a replay sorted by the
         senders' times, a node whose clock ran ahead comes late: it must not hold the others back)."""
