@@ -306,8 +306,8 @@ class ClockDetector(DetectorBase):
         """The job's time (-inf before any record): the newest corrected time of a node whose clock is known (its
         offset rests on `min_steps` steps and its newest step agrees with it), the newest time of a record of no
         node (the controller's, the launcher's; not its word that the job's run is over, `end` or `stop`: the
-        silence before it is that end, whatever its clock says), or the k-th newest corrected time of all nodes, whichever is
-        later. A node not known yet (start-up, a job without steps, a clock that just
+        silence before it is that end, whatever its clock says), or the k-th newest corrected time of all nodes,
+        whichever is later. A node not known yet (start-up, a job without steps, a clock that just
         jumped) moves the job's time only with others; a known one moves it alone (in a replay sorted by the
         senders' times, a node whose clock ran ahead comes late: it must not hold the others back)."""
         seen = np.isfinite(self.newest)

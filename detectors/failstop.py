@@ -143,6 +143,9 @@ class HeartbeatLoss(Evidence):
     first_silent_ts: float  # the earliest last record of a silent rank
     last_seen_ts: float  # the latest one
     timeout_s: float  # silence that makes a rank missing
+    # who saw the node fall silent: `peers`, the rest of the job heard; `stream`, a job of one node whose own
+    # agent fell silent with its ranks while other records moved the job's time (its decision waits `late_s`)
+    witness: str = "peers"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -259,10 +262,19 @@ def _monitoring_gap_says(f: Finding, ev: MonitoringGap) -> str:
             "check them before touching any node")
 
 
+def _node_lost_says(f: Finding, ev: HeartbeatLoss) -> str:
+    return (f"{f.node}, the job's one node, fell silent with its agent at {ev.last_seen_ts:.3f} while the stream went "
+            "on: the node is lost or cut off, or the job ended and its node's telemetry with it, unsaid; nothing "
+            "here tells which: a human must look")
+
+
 FAIL_STOP = FindingType("fail_stop", (ProcessFailure, HeartbeatLoss), Policy(
     incident="fail_stop", verdict=lambda f, ev: ev.cause == "heartbeat", node_level=True, weight=_fail_stop_weight,
     risk=0.8, onset="last_seen_ts", software=lambda f, ev: ev.cause in _CRASH_TYPES,
-    signature=lambda f, ev: failure_signature(ev, f.rank) if isinstance(ev, ProcessFailure) else None))
+    signature=lambda f, ev: failure_signature(ev, f.rank) if isinstance(ev, ProcessFailure) else None,
+    evicts=lambda f, ev: getattr(ev, "witness", "peers") != "stream",
+    waits=lambda f, ev: "late" if getattr(ev, "witness", "peers") == "stream" else None,
+    describe=lambda f, ev: _node_lost_says(f, ev) if getattr(ev, "witness", "peers") == "stream" else None))
 # facts about the whole job: never evidence against a node, escalated to a human with what they mean; a node
 # whose ranks never started is mildly suspect, a monitoring gap is the job's, never a node's
 # a victim's report joins the fail-stop of the node that vanished; it points at no node (the reporter is fine)
@@ -568,9 +580,13 @@ class FailStopDetector(DetectorBase):
             return out
         if float(self.last_seen.max()) + self.quiet <= t and not peers_said:  # nobody in the job spoke lately
             if (missing == live).all():
-                ended = self._ended_together(live, t)
-                if ended is not None:
-                    out.append(self._silent_end(t, live) if ended else self._monitoring_gap(t, live))
+                says = self._whole_silence(live, t)
+                if says == "end":
+                    out.append(self._silent_end(t, live))
+                elif says == "node":
+                    out.append(self._node_lost(t, live))
+                elif says == "gap":
+                    out.append(self._monitoring_gap(t, live))
             return out  # else hold: the rest of the job may be falling silent too (or its node's agent speak)
         alive = live & ~missing
         reporting = np.unique(self.topo.node_index[self.lost_peer]) if peers_said else np.empty(0, dtype=np.int64)
@@ -775,25 +791,30 @@ class FailStopDetector(DetectorBase):
                 return True
         return False
 
-    def _ended_together(self, live: np.ndarray, t: float) -> bool | None:
-        """The job, silent as a whole, ended together: every live rank had finished the same step (in a synchronous
-        job ranks finish a step together; one behind stopped before the rest), none crashed in this run, and they
-        are on two nodes or more, or on one node that spoke itself after they fell silent (its agent: on one node,
-        the ranks' silence is as much that node's death, unless the node is heard). None: not known yet (one node
-        whose agent was heard before, its next word not due yet: `agent_wait_s`)."""
+    def _whole_silence(self, live: np.ndarray, t: float) -> str | None:
+        """What the silence of the whole job is. `end`: it ended together: every live rank had finished the same
+        step (in a synchronous job ranks finish a step together; one behind stopped before the rest), none crashed
+        in this run, and they are on two nodes or more, or on one node that spoke itself after they fell silent
+        (its agent, heard once the ranks had missed a heartbeat: a sample a moment after their last word is no
+        sign the node outlived them). `node`: a job of one node whose agent, heard before in this run, fell silent
+        with its ranks
+        while the job's time went on (the stream is read; the worker's clock moves a job's time only while its
+        inputs are caught up): that node is gone, or cut off, which for the job is the same. `gap`: anything else
+        (several nodes at once, a node with no agent, ranks dead while their node speaks): the monitoring path or
+        the job stopped without a word, nobody's fault. None: not known yet (one node whose agent was heard before,
+        its next word not due yet: `agent_wait_s`)."""
         steps = self.last_step[live]
-        if not (self.stepped and steps.min() == steps.max() >= 0 and not (self.crash_ts > -np.inf).any()):
-            return False
+        together = bool(self.stepped and steps.min() == steps.max() >= 0 and not (self.crash_ts > -np.inf).any())
         nodes = np.unique(self.topo.node_index[live])
-        if len(nodes) >= 2:
-            return True
-        if self.clock is None:
-            return False
+        if len(nodes) >= 2 or self.clock is None:
+            return "end" if together and len(nodes) >= 2 else "gap"
         last = float(self.last_seen[live].max())
         heard = self.clock.agent_heard(self.topo.nodes[int(nodes[0])])
-        if heard > last:
-            return True
-        return None if heard > -math.inf and t < last + self.quiet + self.config.agent_wait_s else False
+        if heard > last + self.topo.heartbeat_s:  # the node spoke once its ranks had missed a beat: it outlived them
+            return "end" if together else "gap"
+        if heard == -math.inf:
+            return "gap"
+        return None if t < last + self.quiet + self.config.agent_wait_s else "node"
 
     def _silent_end(self, t: float, live: np.ndarray) -> Finding:
         self.status[live] = SILENT
@@ -818,6 +839,24 @@ class FailStopDetector(DetectorBase):
                                job_ranks=self.topo.size, ended_ranks=0, cause=(
                                    f"rank {rec.rank} heard again ({rec.kind} at {rec.ts:.3f}) after the silent end "
                                    f"said at {said:.3f}")))
+
+    def _node_lost(self, t: float, live: np.ndarray) -> Finding:
+        """A job of one node fell silent with its node's agent: that node's fail-stop, witnessed by the stream
+        rather than by peers (none). Its decision waits the lateness bound (`Policy.waits`, `triage.late_s`): the
+        node's spool flushed within it withdraws the report, as a node's late records do."""
+        self.status[live] = SILENT
+        node = self.topo.nodes[int(self.topo.node_index[live][0])]
+        ranks = np.flatnonzero(live)
+        seen = self.last_seen[live]
+        found = FAIL_STOP.finding(
+            ts=t, job=self.topo.job, detector="failstop.heartbeat", node=node,
+            key=(node, float(seen.min())), score=1.0, topo=self.topo,
+            evidence=HeartbeatLoss(cause="heartbeat", ranks=ranks.tolist(), node_ranks=len(self.topo.node_ranks[node]),
+                                   whole_node=True, first_silent_ts=round(float(seen.min()), 6),
+                                   last_seen_ts=round(float(seen.max()), 6), timeout_s=self.timeout,
+                                   witness="stream"))
+        self.reported.update({int(r): (found.id, t) for r in ranks})
+        return found
 
     def _monitoring_gap(self, t: float, live: np.ndarray) -> Finding:
         """The whole job silent, and no end: a report of silence that a late record withdraws, as a node's does

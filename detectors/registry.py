@@ -81,6 +81,11 @@ class Policy:
     `frozen`: a rank alive but frozen (stopped, traced, in uninterruptible sleep, as its node's agent sees it):
     it names the rank a stall waits on, and its node, but evicts nothing on its own; the stall waits for it to
     thaw up to `stall_budget_s`, then a human is told who is frozen and how, saying `describe`.
+    `evicts`: False where it names its node but what it saw has an innocent reading too (a job of one node
+    silent with its agent: the node lost, or the job ended without a word): the node is named, and a human
+    decides, told `describe`.
+    `waits`: how long the decision of an incident it opens waits (one of `schemas.classes.WAITS`), where not
+    its class's (None): a node's silence that only the stream saw waits for late records.
     `grade`: a finer grade kept in the node profile (hardware severity). `label`: how an incident's summary
     names it (default: the type).
     """
@@ -106,6 +111,8 @@ class Policy:
     withdraws: Rule | None = None
     job_state: Rule | None = None
     frozen: bool = False
+    evicts: Rule = True
+    waits: Rule | None = None
     grade: Rule | None = None
     label: Rule | None = None
     describe: Rule | None = None
@@ -228,6 +235,15 @@ class Typed:
     @property
     def frozen(self) -> bool:
         return self.policy.frozen
+
+    @property
+    def evicts(self) -> bool:
+        return bool(self._ask(self.policy.evicts))
+
+    @property
+    def waits(self) -> str | None:
+        rule = self.policy.waits
+        return None if rule is None else self._ask(rule)
 
     @property
     def grade(self) -> str | None:

@@ -73,6 +73,8 @@ class Situation:
     frozen: tuple[str, ...] = ()  # a stall waiting on ranks alive but frozen, and nothing else: who and how
     frozen_nodes: tuple[str, ...] = ()  # ... and their nodes (named in the action; never evicted for it)
     job_level: tuple[str, ...] = ()  # what job-level findings (start-up timeouts, monitoring gaps) say, for a human
+    unsure: tuple[str, ...] = ()  # what findings that name a node but evict nothing (`Policy.evicts`) say ...
+    unsure_nodes: tuple[str, ...] = ()  # ... and the nodes they name
     summary: str = ""  # one line of what happened, for reasons
     extra: dict = field(default_factory=dict)
 
@@ -125,6 +127,8 @@ def decide(s: Situation) -> list[Decision]:
                          "(every rank looks alike): a human must look")]
     if s.job_level and not culprits:  # a job that never fully started or went silent whole: nobody to evict
         return [Decision("escalate", (), "manual", f"{s.summary}; {'; '.join(s.job_level)}")]
+    if culprits and set(culprits) <= set(s.unsure_nodes):  # named, but by evidence with an innocent reading too
+        return [Decision("escalate", culprits, "manual", f"{s.summary}; {'; '.join(s.unsure)}")]
     if not culprits or loc.confidence < s.threshold:
         hint = f"; weak suspects {sorted(loc.per_node)[:8]}" if loc.per_node else ""
         return [Decision("escalate", (), "manual", f"{s.summary}; no culprit with confidence{hint}")]

@@ -393,7 +393,7 @@ class Triage:
         onset = t.onset_ts
         planned = self.guards.is_planned(f.ts)
         wait = {"settle": self.config.settle_s, "sweep": self.config.hang_collect_s,
-                "hold": self.config.safety.failslow_hold_s, "late": self.config.late_s}[CLASSES[cls].waits]
+                "hold": self.config.safety.failslow_hold_s, "late": self.config.late_s}[t.waits or CLASSES[cls].waits]
         if t.policy.sweep_result:
             wait = 0.0  # a finished sweep is already all the evidence there will be
         inc = Timeline(id=stable_id("i", self.job, f.id), job=self.job, cls="planned" if planned else cls,
@@ -454,6 +454,7 @@ class Triage:
             self.stragglers.decide(inc, loc, now, out)
             return
         job_level = tuple(t.describe for t in self.gathered if t.policy.job_level)
+        unsure = [t for t in self.gathered if t.finding.node is not None and not t.evicts]
         if CLASSES[inc.cls].self_resolves and not (held or loc.culprits or loc.group or software or job_level) \
                 and not any(t.policy.suspects is not None for t in self.gathered):
             stall_ends = inc.onset_ts + self.config.stall_budget_s
@@ -473,6 +474,7 @@ class Triage:
             software_ranks=software, software_nodes=tuple(sorted({topo.node_of(r) for r in software})),
             summary=self.summarize(), job_level=job_level, stalled_s=max(0.0, now - inc.onset_ts),
             frozen=tuple(t.describe for t in frozen) if held else (), frozen_nodes=frozen_nodes,
+            unsure=tuple(t.describe for t in unsure), unsure_nodes=tuple(sorted({t.finding.node for t in unsure})),
         )
         already = set(inc.evicted_nodes)
         decisions = [d for d in decide(situation) if not (d.nodes and set(d.nodes) <= already)]

@@ -385,6 +385,8 @@ def _events(plan: Plan) -> list[tuple[float, dict]]:
             continue
         nb = nic_bus(fl.nic)
         for t, what in ((fl.down_ts, "Link down"), (fl.up_ts, "Link up")):
+            if t >= plan.node_off[p]:
+                continue  # the node was gone before its link came back: it says nothing more
             rec = {"kind": "hw", "v": 1, "ts": round(t, 6), "node": plan.phys_nodes[p], "source": "nic",
                    "message": f"mlx5_core 0000:{nb}:00.0 ibp{int(nb, 16)}s0: {what}"}
             ev.append((rec["ts"], rec))

@@ -28,6 +28,13 @@ def test_hardware_fail_stop_with_spare_is_a_hot_replace():
     assert kinds(decide(sit())) == [("replace", ("n003",), "hot")]
 
 
+def test_a_culprit_named_only_by_evidence_with_an_innocent_reading_is_paged_not_evicted():
+    said = ("n003, the job's one node, fell silent with its agent",)
+    [page] = decide(sit(unsure=said, unsure_nodes=("n003",)))
+    assert (page.type, page.nodes, page.path) == ("escalate", ("n003",), "manual") and said[0] in page.reason
+    assert kinds(decide(sit(unsure_nodes=("n007",)))) == [("replace", ("n003",), "hot")]  # (said of another node)
+
+
 def test_spares_exhausted_is_a_cold_requeue():
     assert kinds(decide(sit(spares_left=0))) == [("requeue", ("n003",), "cold")]
 

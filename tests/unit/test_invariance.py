@@ -147,12 +147,33 @@ def test_a_clean_end_looks_clean_however_it_is_said(form, nodes):
     assert got.actions == () and got.incidents == (), str(got)
 
 
-def test_a_one_node_job_whose_telemetry_stops_is_a_monitoring_gap_not_an_end():
-    """On one node, telemetry that stops is that node's death as much as the job's end: a human is told (no node
-    evicted); said by `end` or exit codes, it is clean there too."""
+def test_a_one_node_job_whose_telemetry_stops_with_its_node_s_names_the_node_and_evicts_nothing():
+    """On one node, telemetry that stops, the node's agent's with it, is that node's death as much as the job's
+    end: the node is named (a `fail_stop` the stream witnessed) and a human is told, no node evicted; said by `end`
+    or exit codes, it is clean there too."""
     got = decide(ended("silence", 1), silence_s=120.0)
-    assert [(t, n) for t, n, _ in got.actions] == [("escalate", ())], str(got)
+    assert [(t, n) for t, n, _ in got.actions] == [("escalate", ("n000",))], str(got)
+    assert got.incidents == (("fail_stop", ("n000",)),), str(got)
     assert decide(ended("end", 1), silence_s=120.0).actions == ()
+
+
+@settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck),
+          phases=(Phase.explicit, Phase.generate))
+@given(gpus=st.sampled_from([2, 4, 8]), at_s=st.floats(60.0, 180.0).map(lambda x: round(x, 1)),
+       seed=st.integers(1, 60))
+def test_a_one_node_job_whose_node_is_lost_while_another_job_goes_on_names_it_and_evicts_nothing(gpus, at_s, seed):
+    """Found on a fleet day (issue 44): a job of one node whose node dies, its agent with it, while another job
+    moves the stream's time, was a `monitoring_gap` naming no node (the hardware fault missed). Nothing tells a
+    lost node from a job that ended without a word and took its node's telemetry along, so the node is named (a
+    `fail_stop`, its decision after the lateness bound, `late_s`) and a human decides: nobody is evicted."""
+    one = Scenario("a", seed, tp=gpus, pp=1, dp=1, gpus_per_node=gpus, duration_s=240.0,
+                   faults=(Fault("node_loss", at_s, node="n000"),))
+    other = Scenario("b", 4, tp=2, pp=1, dp=2, gpus_per_node=2, duration_s=at_s + 120.0, first_node=10)
+    both = [r for _, r in heapq.merge(_merged(simulate(one), False), _merged(simulate(other), False),
+                                      key=itemgetter(0))]
+    got = decide(both)
+    assert [(t, n) for t, n, _ in got.actions] == [("escalate", ("n000",))], str(got)
+    assert ("fail_stop", ("n000",)) in got.incidents, str(got)
 
 
 @pytest.mark.parametrize("form", ["end", "exit 0", "silence"])
