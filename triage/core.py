@@ -370,15 +370,18 @@ class Core:
         return job if job in self.jobs else None
 
     def process_many(self, recs: list[Record | StepRows], out: Outputs | None = None) -> Outputs:
-        """`process` of each record in turn, giving the same outputs in the same order: consecutive records
-        of one job between two moves of the stream's time go to its `JobCore.process_many` together. A
-        `StepRows` counts as its steps, in turn (cut where the stream's time moves; of a job not known, they
-        go one by one)."""
+        """`process` of each record in turn, giving each job the same outputs in the same order: between two moves
+        of the stream's time, each job's records (in their order) go to its `JobCore.process_many` together, the
+        jobs in the order they first appear (a fleet's records interleave job by job: cut at each change of job,
+        runs were two or three records long). Only the order of different jobs' outputs within one tick of the
+        stream's time may differ from `process`'s, and nothing decides on it: the worker, too, runs a batch job by
+        job. A `StepRows` counts as its steps, in turn (cut where the stream's time moves; of a job not known,
+        they go one by one)."""
         out = Outputs() if out is None else out
         recs = list(recs)  # a StepRows cut in two leaves its rest here
-        n, i = len(recs), 0
+        i = 0
         lateness, tick, silence = self.config.lateness_s, self.config.tick_s, self.silence
-        while i < n:
+        while i < len(recs):
             rec = recs[i]
             rows = type(rec) is StepRows
             if rows:
@@ -392,13 +395,43 @@ class Core:
                 continue
             self._move_time(rec, rec.ts[0] if rows else rec.ts, out)
             due = self.clock + tick if silence else math.inf
-            j, top, count = _run_end(recs, i, self.max_ts, lateness, due, job, self.node_job)
-            n = len(recs)
-            self.max_ts = top
-            self.records += count
-            self.jobs[job].process_many(recs[i:j], out)
-            i = j
+            runs: dict[str, list[Record | StepRows]] = {}
+            while job is not None:  # this tick's runs, job by job
+                j, top, count = _run_end(recs, i, self.max_ts, lateness, due, job, self.node_job)
+                self.max_ts = top
+                self.records += count
+                runs.setdefault(job, []).extend(recs[i:j])
+                job, i = self._next_in_tick(recs, j, due)
+            for job, run in runs.items():
+                self.jobs[job].process_many(run, out)
         return out
+
+    def _next_in_tick(self, recs: list[Record | StepRows], i: int, due: float) -> tuple[str | None, int]:
+        """The job of the record this tick's runs go on with, and where it is (None: they end at `recs[i]`: past
+        the inputs, not of `RUN_KINDS`, of a job not known, or moving the stream's time). Node events of nodes in
+        no job on the way are read as `process` reads them (they move nothing but the newest time seen)."""
+        node_job, jobs, limit = self.node_job, self.jobs, due + self.config.lateness_s
+        while i < len(recs):
+            r = recs[i]
+            if type(r) is StepRows:
+                ts, job = r.ts[0], r.job
+                if job not in jobs or ts >= limit:
+                    return None, i
+            else:
+                ts, kind = r.ts, r.kind
+                if kind not in RUN_KINDS or ts >= limit:
+                    return None, i
+                job = r.job if kind in JOB_KEYED else node_job.get(r.node)
+                if job not in jobs:
+                    if kind in JOB_KEYED:
+                        return None, i  # held for its job record: in its place
+                    self.process(r)  # a node in no job: nothing to attribute
+                    i += 1
+                    continue
+            if ts > self.max_ts:
+                self.max_ts = ts
+            return job, i
+        return None, i
 
     def _move_time(self, rec: Record | StepRows, ts: float, out: Outputs) -> None:
         """The stream's time moves with a record (`ts`: its time, a `StepRows`'s first): to its job's time (the

@@ -1,5 +1,5 @@
 """The run path (`Core.process_many`, `JobCore.process_many`, `Replay.feed_many`): the same outputs, in the same
-order, as feeding the records one at a time, however the stream is cut."""
+order, as feeding the records one at a time, however the stream is cut (jobs interleaved: each job's)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import random
 
 import orjson
 import pytest
+from gangwatch.producers.simulate import Fault, Scenario
 from gangwatch.producers.simulate.emit import messages
 from gangwatch.producers.simulate.suite import standard_suite
 from gangwatch.schemas import (
@@ -118,6 +119,37 @@ def test_runs_give_what_records_give_on_a_messy_stream(seed, silence):
     want, got = one_by_one(recs, a), in_runs(recs, b, seed)
     assert want.findings and want.rejected
     assert view(want) == view(got)
+    assert {j: c.state() for j, c in a.jobs.items()} == {j: c.state() for j, c in b.jobs.items()}
+
+
+def per_job(out: Outputs) -> dict:
+    jobs: dict = {}
+    for name, items in (("findings", out.findings), ("actions", out.actions), ("incidents", out.incidents)):
+        for x in items:
+            jobs.setdefault((x.job, name), []).append(encode(x))
+    return jobs
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_fleet_s_interleaved_jobs_in_runs_give_each_job_what_records_give(seed):
+    """Jobs of a fleet interleave record by record; `Core.process_many` takes each job's records of one tick of
+    the stream's time together. Each job's outputs are `process`'s, in its order, and so are the states; a node in
+    no job (an idle node's agent) on the way changes nothing."""
+    scs = [Scenario("f1", 5, tp=2, pp=1, dp=2, gpus_per_node=2, duration_s=200.0,
+                    faults=(Fault("node_loss", 120.0, node="n001"),)),
+           Scenario("f2", 6, tp=2, pp=1, dp=3, gpus_per_node=2, duration_s=200.0, first_node=10,
+                    faults=(Fault("dataloader_hang", 90.0, rank=2),)),
+           Scenario("f3", 7, tp=2, pp=1, dp=1, gpus_per_node=2, duration_s=200.0, first_node=20)]
+    start = scs[0].start_ts
+    idle = [{"kind": "gpu", "v": 1, "ts": start + 0.37 * k, "node": "n099", "gpu": 0, "util_pct": 0}
+            for k in range(500)]
+    msgs = sorted((m for sc in scs for m in messages(sc)), key=lambda m: m["ts"]) + idle
+    msgs.sort(key=lambda m: m["ts"])
+    recs = [r for m in msgs for r in decode(orjson.dumps(m)) if not isinstance(r, DecodeError)]
+    a, b = Core(), Core()
+    want, got = one_by_one(recs, a), in_runs(recs, b, seed)
+    assert {j for j, _ in per_job(want)} == {"f1", "f2", "f3"} and want.actions
+    assert per_job(want) == per_job(got)
     assert {j: c.state() for j, c in a.jobs.items()} == {j: c.state() for j, c in b.jobs.items()}
 
 
