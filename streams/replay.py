@@ -284,7 +284,8 @@ class Replay:
             self._emit(out, item)
 
     def feed_many(self, items: list[Item]) -> None:
-        """`feed` of each item in turn, with the same outputs in the same order: consecutive records that the
+        """`feed` of each item in turn, with the same outputs in the same order for each job (`Core.process_many`:
+        of two jobs within one tick of the stream's time, either may come first): consecutive records that the
         core cannot reject go through `Core.process_many` together (a `StepRows` whole, as columns, unless a
         sink observes records); anything else one by one, in its place."""
         s = self.summary
