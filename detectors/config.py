@@ -44,9 +44,10 @@ class FailStopConfig:
     end_window_s: float = 30.0  # a clean exit with most ranks still running this long after it: that rank failed
     prove_max_s: float = 60.0  # longest a silent rank waits for the gang's steps to show it alive (long steps)
     gap_report_s: float = 60.0  # a rank the gang's steps show alive, silent this long: its node's telemetry gap
-    # a job of one node falling silent whose node's agent was heard: how long to wait for the agent's next word
-    # (its NVML samples come every 10 s by default), which shows the node alive and the job ended
-    agent_wait_s: float = 15.0
+    # a job of one node falling silent whose node's agent was heard: how long the agent may be silent before its
+    # node counts as silent too (about two of its periods: `gangwatch agent` samples NVML every 5 s, the
+    # simulator each GPU every 10 s); heard on after the ranks missed a beat, the node lives and the job ended
+    agent_wait_s: float = 12.0
 
 
 @dataclass(frozen=True)

@@ -656,8 +656,14 @@ class FailStopDetector(DetectorBase):
         later = self.last_step >= int(self.last_step[ranks].max()) + 2
         if (peers & newer & later).any():
             return True
-        if t < since + min(prove_s, self.config.prove_max_s) and (peers & later).any():
-            return None  # the peers stepped past them, but not yet long enough after to tell
+        wait = self.config.prove_max_s
+        on = peers & (self.last_step > int(self.last_step[ranks].max())) & (self.step_ts > since)
+        if t < since + min(prove_s, wait) and on.any():
+            return None  # steps longer than a timeout, the gang stepped on: it has not had the time for two yet
+        # the peers stepped past them, but not yet long enough after to tell: the step that tells ends after
+        # `since + prove_s`, up to a step later (5 s steps: a late node was declared dead before it came)
+        if t < since + min(prove_s + interval, wait) and (peers & later).any():
+            return None
         return False
 
     def _refute_gaps(self, ts: float) -> None:
@@ -796,13 +802,12 @@ class FailStopDetector(DetectorBase):
         step (in a synchronous job ranks finish a step together; one behind stopped before the rest), none crashed
         in this run, and they are on two nodes or more, or on one node that spoke itself after they fell silent
         (its agent, heard once the ranks had missed a heartbeat: a sample a moment after their last word is no
-        sign the node outlived them). `node`: a job of one node whose agent, heard before in this run, fell silent
-        with its ranks
-        while the job's time went on (the stream is read; the worker's clock moves a job's time only while its
-        inputs are caught up): that node is gone, or cut off, which for the job is the same. `gap`: anything else
-        (several nodes at once, a node with no agent, ranks dead while their node speaks): the monitoring path or
-        the job stopped without a word, nobody's fault. None: not known yet (one node whose agent was heard before,
-        its next word not due yet: `agent_wait_s`)."""
+        sign the node outlived them). `node`: a job of one node whose agent, heard up to its ranks' end, then fell
+        silent too (not heard for `agent_wait_s`) while the job's time went on (the stream is read; the worker's
+        clock moves a job's time only while its inputs are caught up): that node is gone, or cut off, which for
+        the job is the same. `gap`: anything else (several nodes at once, a node whose agent was not heard lately,
+        ranks dead while their node speaks): the monitoring path or the job stopped without a word, nobody's
+        fault. None: not known yet (one node whose agent was heard lately, its next word not overdue yet)."""
         steps = self.last_step[live]
         together = bool(self.stepped and steps.min() == steps.max() >= 0 and not (self.crash_ts > -np.inf).any())
         nodes = np.unique(self.topo.node_index[live])
@@ -812,9 +817,10 @@ class FailStopDetector(DetectorBase):
         heard = self.clock.agent_heard(self.topo.nodes[int(nodes[0])])
         if heard > last + self.topo.heartbeat_s:  # the node spoke once its ranks had missed a beat: it outlived them
             return "end" if together else "gap"
-        if heard == -math.inf:
+        wait = self.config.agent_wait_s
+        if heard < last - wait:  # (or never heard) its agent fell silent long before its ranks: no word on the node
             return "gap"
-        return None if t < last + self.quiet + self.config.agent_wait_s else "node"
+        return None if t < heard + wait else "node"
 
     def _silent_end(self, t: float, live: np.ndarray) -> Finding:
         self.status[live] = SILENT

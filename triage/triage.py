@@ -399,6 +399,8 @@ class Triage:
         inc = Timeline(id=stable_id("i", self.job, f.id), job=self.job, cls="planned" if planned else cls,
                        onset_ts=onset, detected_ts=f.ts, planned=planned, decide_at=f.ts + wait, signature=sig,
                        stall_step=self.max_step)
+        if t.waits == "late" and t.verdict and f.node is not None:  # it names its node now; only the decision
+            inc.localized_ts = f.ts  # waits for late records (a one-node job's silence only the stream saw)
         if self.watch is not None and f.ts <= self.watch["until"] and not planned:  # back after a restart
             inc.rungs = [*self.watch["rungs"][:-1], {**self.watch["rungs"][-1], "outcome":
                          f"the fault came back ({self.watch['incident']})"}]

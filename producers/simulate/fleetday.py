@@ -211,6 +211,8 @@ def _job(fleet: Fleet, r: random.Random, k: int, n: int, arrive: float, length: 
         cause, _, kind = r.choices(FAULT_MIX, [w for _, w, _ in FAULT_MIX])[0]
         if kind == "sdc" and dp < 2:
             kind = "xid79"  # (no replica to disagree with: the simulator cannot corrupt a lone replica)
+        if kind == "pp_deadlock" and pp < 2:
+            kind = "dataloader_hang"  # (no pipeline stages to deadlock: a software hang of another kind)
         at = r.uniform(warmup, length - 300.0)
         if kind == "nic_degradation" and n == 1:  # a job of one node sends nothing through its NIC: unharmed
             kind = None
@@ -228,22 +230,27 @@ def _job(fleet: Fleet, r: random.Random, k: int, n: int, arrive: float, length: 
         causes.append("planned maintenance")
     life = []
     healthy = [i for i in range(n) if not faults or faults[0].node != node(i)]
+    # what happens in a job's ordinary life happens before a fault or maintenance stops it (the simulator runs
+    # nothing after a stop)
+    until = faults[0].at_s if faults and faults[0].kind in STALL_KINDS | {"planned_maintenance"} else length
     for kind, share in LIFE:
         if r.random() >= share or not healthy:
             continue
+        if kind in ("clock_step", "late_delivery", "spool_flush") and until < 240.0:
+            continue  # (no room before the stop)
         life.append(kind)
         where = node(r.choice(healthy))
         if kind == "clock_skew":
             faults.append(Fault("clock_skew", 0.0, node=where, params={"offset_s": round(r.choice([-1, 1]) *
                                                                                      r.uniform(3.0, 60.0), 1)}))
         elif kind == "clock_step":
-            faults.append(Fault("clock_skew", round(r.uniform(60.0, length - 60.0), 1), node=where,
+            faults.append(Fault("clock_skew", round(r.uniform(60.0, until - 60.0), 1), node=where,
                                 params={"offset_s": round(r.choice([-1, 1]) * r.uniform(3.0, 60.0), 1)}))
         elif kind == "late_delivery":
-            faults.append(Fault("late_delivery", round(r.uniform(60.0, length / 2), 1), node=where,
+            faults.append(Fault("late_delivery", round(r.uniform(60.0, until / 2), 1), node=where,
                                 params={"lag_s": round(r.uniform(5.0, 30.0), 1)}))
         elif kind == "spool_flush":
-            faults.append(Fault("late_delivery", round(r.uniform(60.0, length - 120.0), 1), node=where,
+            faults.append(Fault("late_delivery", round(r.uniform(60.0, until - 120.0), 1), node=where,
                                 params={"flush_s": round(r.uniform(10.0, 40.0), 1)}))
         elif kind == "heterogeneous":
             rank = r.choice([i for i in range(n * fleet.gpus_per_node) if i // fleet.gpus_per_node in healthy])
@@ -295,9 +302,11 @@ def _idle_samples(fleet: Fleet, jobs: list[FleetJob]) -> Iterator[tuple[float, d
     names = [f"n{i:0{fleet.width}d}" for i in range(fleet.nodes)]
     boots = [boot_time(n, fleet.start_ts) for n in names]
     phase = [(zlib.crc32(n.encode()) % 1000) / 1000 * IDLE_SAMPLE_S for n in names]
+    by_phase = sorted(range(fleet.nodes), key=lambda i: phase[i])  # each sweep in time order, as they arrive
     t = fleet.start_ts
     while t < fleet.end_ts:
-        for i, name in enumerate(names):
+        for i in by_phase:
+            name = names[i]
             at = round(t + phase[i], 6)
             if at >= fleet.end_ts or any(a <= at < b for a, b in busy[i]):
                 continue

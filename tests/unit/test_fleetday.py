@@ -6,7 +6,9 @@ import itertools
 from collections import defaultdict
 
 import pytest
+from gangwatch.producers.simulate.faults import resolve
 from gangwatch.producers.simulate.fleetday import FAULT_MIX, Fleet, messages, plan, truth
+from gangwatch.producers.simulate.placement import Topology
 from gangwatch.producers.simulate.scenario import STALL_KINDS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -50,8 +52,20 @@ def test_faults_follow_the_published_mix_where_they_can_strike(fleet):
             nodes = j.scenario.dp * j.scenario.pp * j.scenario.tp // fleet.gpus_per_node
             assert not (f.kind == "nic_degradation" and nodes == 1)
             assert not (f.kind == "sdc" and j.scenario.dp < 2)
+            assert not (f.kind == "pp_deadlock" and j.scenario.pp < 2)  # (no stages to deadlock)
             if f.kind in STALL_KINDS:
                 assert j.end == "stopped" and j.scenario.duration_s == pytest.approx(f.at_s + 150.0)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(fleet=st.builds(Fleet, gpus=st.sampled_from([64, 256, 2048]), hours=st.sampled_from([2.0, 24.0]),
+                       seed=st.integers(1, 10_000), fault_rate=st.sampled_from([20.0, 2000.0])))
+def test_every_planned_job_is_one_the_simulator_runs(fleet):
+    """Found with seed 6 of the CI-sized fleet: a `dependency` failure planned as a pipeline deadlock on a job of
+    one stage, which the simulator refuses (`gangwatch eval --fleet` then failed with an internal error)."""
+    for j in plan(fleet):
+        sc = j.scenario
+        resolve(sc, Topology(sc.tp, sc.pp, sc.dp, sc.gpus_per_node, first_node=sc.first_node, width=sc.node_width))
 
 
 def test_the_fault_rate_scales_the_published_rate():

@@ -108,6 +108,26 @@ def test_a_one_node_job_s_spool_flushed_late_while_another_job_goes_on_pages_nob
     assert got.actions == (), str(got)
 
 
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck),
+          phases=(Phase.explicit, Phase.generate))
+@given(step_s=st.sampled_from([1.0, 2.5, 5.0]), lag_s=st.floats(5.0, 30.0).map(lambda x: round(x, 1)),
+       nodes=st.sampled_from([2, 3]), seed=st.integers(1, 60))
+@example(step_s=5.0, lag_s=19.5, nodes=2, seed=29)  # found on a fleet day (issue 44, seed 6)
+def test_a_node_whose_records_come_late_while_other_jobs_move_the_stream_is_evicted_by_nobody(step_s, lag_s, nodes,
+                                                                                             seed):
+    """One node's records all arrive `lag_s` late (a slow relay) from 60 s on, while another job's records move
+    the stream's time. The gang's steps prove the node alive: its peers go on completing steps that need it. With
+    steps of 5 s the proof (a step ended `prove_s` after the node was last heard) comes up to a step after
+    `prove_s`, and the wait for it ended at `prove_s`: the node was replaced 1.6 s before its records came."""
+    one = Scenario("a", seed, tp=2, pp=1, dp=nodes, gpus_per_node=2, duration_s=240.0, base_step_s=step_s,
+                   faults=(Fault("late_delivery", 60.0, node="n001", params={"lag_s": lag_s}),))
+    other = Scenario("b", 4, tp=2, pp=1, dp=2, gpus_per_node=2, duration_s=240.0, first_node=10)
+    both = [r for _, r in heapq.merge(_merged(simulate(one), False), _merged(simulate(other), False),
+                                      key=itemgetter(0))]
+    got = decide(both)
+    assert not [a for a in got.actions if a[0] in EVICTING_ACTIONS], str(got)
+
+
 @pytest.mark.parametrize("job,p", [
     (Job(2, None, seed=3, end=True), Perturbation("event", 25.0, 0.0)),  # its `end` read before the steps ahead
     (Job(1, None, seed=3, end=True), Perturbation("arrival", -30.0, 0.0)),  # its node's last records 30 s before
