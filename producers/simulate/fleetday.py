@@ -71,6 +71,10 @@ LIFE: tuple[tuple[str, float], ...] = (("clock_skew", 0.04), ("clock_step", 0.03
 END_FORMS = ("said", "exit 0", "silence")
 STOP_AFTER_S = 150.0  # a stopped job's controller stops it this long after its fault (it answered meanwhile)
 MIN_JOB_S = 600.0
+# every job ends this long before the day does, its nodes' agents heard after it: the day's end cuts every
+# producer at once, which no real fleet does (a job of one node whose telemetry just stopped at the end of the day
+# looked like its node lost, where a clock ahead elsewhere moved the stream's time past it)
+END_MARGIN_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -197,10 +201,10 @@ def _job(fleet: Fleet, r: random.Random, k: int, n: int, arrive: float, length: 
     planned = _poisson(r, PLANNED_PER_GPU_HOUR * gpus * hours * fleet.fault_rate) if n > 1 else 0
     need = n + (1 if planned and not unexpected else 0)
     first, start = _place(free_at, need, arrive)
-    if start + MIN_JOB_S >= fleet.end_ts or math.isinf(start):
+    if start + MIN_JOB_S >= fleet.end_ts - END_MARGIN_S or math.isinf(start):
         return None
     start = round(start, 3)
-    length = math.floor(min(length, fleet.end_ts - start) * 10) / 10
+    length = math.floor(min(length, fleet.end_ts - END_MARGIN_S - start) * 10) / 10
     name = f"j{k:04d}"
     node = lambda i: f"n{first + i:0{fleet.width}d}"  # noqa: E731
     faults: list[Fault] = []
@@ -278,11 +282,16 @@ def _said_end(job: FleetJob) -> list[tuple[float, dict]]:
     if job.end == "said":
         return [(t + 1.0, {"kind": "lifecycle", "v": 1, "ts": round(t + 1.0, 6), "job": sc.job_id, "event": "end",
                            "source": "controller"})]
-    if job.end == "exit 0":
-        n = sc.tp * sc.pp * sc.dp
-        return [(t + 0.5 + 0.001 * rank, {"kind": "framework", "v": 1, "ts": round(t + 0.5 + 0.001 * rank, 6),
-                                          "job": sc.job_id, "rank": rank, "type": "exit", "code": 0})
-                for rank in range(n)]
+    if job.end == "exit 0":  # each rank's launcher says it, on its node's clock (off as the job's records are)
+        n, out = sc.tp * sc.pp * sc.dp, []
+        for rank in range(n):
+            at = t + 0.5 + 0.001 * rank
+            node = f"n{job.first + rank // sc.gpus_per_node:0{sc.node_width}d}"
+            off = sum(float(f.params.get("offset_s", 0.0)) for f in sc.faults
+                      if f.kind == "clock_skew" and f.node == node and sc.start_ts + f.at_s <= at)
+            out.append((at, {"kind": "framework", "v": 1, "ts": round(at + off, 6), "job": sc.job_id, "rank": rank,
+                             "type": "exit", "code": 0}))
+        return out
     if job.end == "stopped":
         return [(t, {"kind": "lifecycle", "v": 1, "ts": round(t, 6), "job": sc.job_id, "event": "stop",
                      "source": "controller", "reason": "stopped after its fault"})]
@@ -294,11 +303,17 @@ IDLE_SAMPLE_S = 10.0  # a node agent's NVML period (the agent's default `--gpu-e
 
 def _idle_samples(fleet: Fleet, jobs: list[FleetJob]) -> Iterator[tuple[float, dict]]:
     """What each node's agent says while no job runs there: an NVML sample of every idle GPU each
-    `IDLE_SAMPLE_S` (a job's scenario samples its own nodes while it runs)."""
+    `IDLE_SAMPLE_S` (a job's scenario samples its own nodes while it runs; a node whose records the job delivered
+    late, or stamped ahead, starts again past the last of them, so that its agent's records keep their order)."""
     busy: list[list[tuple[float, float]]] = [[] for _ in range(fleet.nodes)]
     for j in jobs:
+        late: dict[str | None, float] = {}  # node -> how far after the job's end its last record may be stamped
+        for f in j.scenario.faults:  # or arrive: a clock ahead, records delivered late
+            if f.kind in ("late_delivery", "clock_skew"):
+                by = max(float(f.params.get(k) or 0.0) for k in ("lag_s", "flush_s", "offset_s"))
+                late[f.node] = max(late.get(f.node, 0.0), by)
         for i in range(j.first, min(j.first + j.nodes, fleet.nodes)):
-            busy[i].append((j.start_ts, j.end_ts))
+            busy[i].append((j.start_ts, j.end_ts + late.get(f"n{i:0{fleet.width}d}", 0.0)))
     names = [f"n{i:0{fleet.width}d}" for i in range(fleet.nodes)]
     boots = [boot_time(n, fleet.start_ts) for n in names]
     phase = [(zlib.crc32(n.encode()) % 1000) / 1000 * IDLE_SAMPLE_S for n in names]
