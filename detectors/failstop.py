@@ -74,13 +74,17 @@ Silence is a node's only while the rest of the job is heard from, or its peers
 reported losing a remote worker. If no rank of the job has sent anything for a
 period plus `slack_s`, missing ranks are held; once every live rank is missing the
 job went silent as a whole, which is the monitoring path failing (sidecars,
-broker, collector) or the job stopping without a word, never a node fault. Where
+broker, collector) or the job stopping without a word, not a node fault. Where
 the gang ended together (every live rank's newest step the same, on two nodes or
-more, none crashed: the job's own logical clock agrees, as at the end of a job
-whose launcher reports nothing) it is the job's end: a `silent_end` finding moves
-the job's life to `finished` (expected silence; a step or heartbeat heard later
-moves it back to `running`). Otherwise (ranks at different steps, one node, a
-crash) one job-level `monitoring_gap` finding.
+more, or on one node whose agent spoke on after its ranks missed a beat; none
+crashed: the job's own logical clock agrees, as at the end of a job whose
+launcher reports nothing) it is the job's end: a `silent_end` finding moves the
+job's life to `finished` (expected silence; a step or heartbeat heard later moves
+it back to `running`). A job of one node whose agent fell silent with its ranks
+is that node's `fail_stop`, witnessed by the stream (`witness: stream`): named,
+paged after the lateness bound, evicted by nobody, since the node lost and the
+job ended unsaid look alike. Otherwise (ranks at different steps, several nodes,
+a crash) one job-level `monitoring_gap` finding.
 
 Timeouts are evaluated on a fixed event-time grid of `tick_s`, so the findings do
 not depend on how often `advance` is called, and a finding's ts is the grid point
