@@ -266,11 +266,6 @@ def _monitoring_gap_says(f: Finding, ev: MonitoringGap) -> str:
             "check them before touching any node")
 
 
-def _by_stream(ev: Evidence) -> bool:
-    """A node's silence only the stream saw (a job of one node, its agent silent too: `_node_lost`)."""
-    return getattr(ev, "witness", "peers") == "stream"
-
-
 def _node_lost_says(f: Finding, ev: HeartbeatLoss) -> str:
     return (f"{f.node}, the job's one node, fell silent with its agent at {ev.last_seen_ts:.3f} while the stream went "
             "on: the node is lost or cut off, or the job ended and its node's telemetry with it, unsaid; nothing "
@@ -281,8 +276,9 @@ FAIL_STOP = FindingType("fail_stop", (ProcessFailure, HeartbeatLoss), Policy(
     incident="fail_stop", verdict=lambda f, ev: ev.cause == "heartbeat", node_level=True, weight=_fail_stop_weight,
     risk=0.8, onset="last_seen_ts", software=lambda f, ev: ev.cause in _CRASH_TYPES,
     signature=lambda f, ev: failure_signature(ev, f.rank) if isinstance(ev, ProcessFailure) else None,
-    evicts=lambda f, ev: not _by_stream(ev), waits=lambda f, ev: "late" if _by_stream(ev) else None,
-    describe=lambda f, ev: _node_lost_says(f, ev) if _by_stream(ev) else None))
+    evicts=lambda f, ev: getattr(ev, "witness", "peers") != "stream",
+    waits=lambda f, ev: "late" if getattr(ev, "witness", "peers") == "stream" else None,
+    describe=lambda f, ev: _node_lost_says(f, ev) if getattr(ev, "witness", "peers") == "stream" else None))
 # facts about the whole job: never evidence against a node, escalated to a human with what they mean; a node
 # whose ranks never started is mildly suspect, a monitoring gap is the job's, never a node's
 # a victim's report joins the fail-stop of the node that vanished; it points at no node (the reporter is fine)
