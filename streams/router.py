@@ -8,7 +8,9 @@ of nodes outside every job too). The worker commits no `node-events` offset past
 an event still waiting (`resume_points`), so a router that takes over reads it
 again; it then re-publishes the events after it that were already routed, and the
 jobs side drops those copies by digest (`JobRunner`: hw and ops; a repeated gpu
-sample is observed twice).
+sample is observed twice). Every tick it tells the jobs of its nodes how far it
+has read their partitions (`marks`, for the jobs another worker runs:
+`streams/marks.py`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import orjson
 from gangwatch.schemas import DecodeError, Record, decode, encode_batch
 from gangwatch.schemas.topics import TopicSettings
+from gangwatch.streams.marks import encode_mark
 from gangwatch.streams.runner import MAX_PENDING, Lagging, Msg, Result, Send, reject
 
 
@@ -78,6 +81,31 @@ class NodeRouter:
             else:
                 del self.inflight[job]
         return point
+
+    def marks(self, inputs: Iterable[tuple[str, int]], lagging: Lagging,
+              partition_of: Callable[[bytes], int]) -> Result:
+        """One mark per job with a node on a `node-events` partition of `inputs` (this router's): per such
+        partition, the newest event time read there while it has data left to read (or nothing read yet: the
+        job's start), None when it has none (`streams/marks.py`). `partition_of`: a node key's partition."""
+        mine = {p for topic, p in inputs if topic == self.topics.node_events}
+        if not mine:
+            return Result()
+        points: dict[str, dict[int, float | None]] = {}
+        for key, raw in list(self.table.items()):
+            p = partition_of(key)
+            if p not in mine:
+                continue  # (a standby copy of another worker's partition)
+            entry = orjson.loads(raw)
+            job = points.setdefault(entry["job"], {})
+            if not lagging(self.topics.node_events, p):
+                job[p] = None
+                continue
+            t = self.frontier.get((self.topics.node_events, p), -math.inf)
+            point = t if t > -math.inf else float(entry["ts"])  # (nothing read there yet: from the job's start)
+            have = job.get(p)
+            job[p] = point if have is None else min(have, point)
+        return Result(sends=[Send(self.topics.by_job, job.encode(), encode_mark(pts))
+                             for job, pts in sorted(points.items())])
 
     def on_batch(self, msgs: list[Msg]) -> Result:
         res = Result()

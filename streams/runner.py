@@ -22,6 +22,9 @@ test context).
   (those older than the topology are rejected by the core), or rejected when it
   never comes.
 
+Node events of a job's nodes that another worker's router reads arrive with that
+router's marks (`streams/marks.py`): the job runs no further than they say.
+
 What the runner holds for each job (`JobState`) and how it is saved and restored
 (`pack_state`, `unpack_state`) live in `streams.jobstate`.
 """
@@ -33,7 +36,7 @@ import hashlib
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -43,6 +46,7 @@ from gangwatch.schemas.columns import StepRows
 from gangwatch.schemas.topics import TopicSettings
 from gangwatch.streams.items import TS, Item, Msg, N, cut, in_order, is_job, item_of, last_of, one_by_one, ts_at
 from gangwatch.streams.jobstate import JobState, Taken, cover_of, pack_state, take_state, unpack_state
+from gangwatch.streams.marks import Marks, decode_mark, is_mark
 from gangwatch.triage.budgets import CoreConfig
 from gangwatch.triage.core import JobCore
 
@@ -142,7 +146,12 @@ class JobRunner:
     def __init__(self, topics: TopicSettings, config: CoreConfig | None = None, *, hold_s: float = 600.0,
                  silence: bool = True, load: Callable[[str], bytes | None] = lambda job: None,
                  keep_records: bool = False, reconnect_s: float = 15.0, max_future_s: float = 3600.0,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 node_partition: Callable[[str], int] | None = None,
+                 node_partitions_read: Callable[[], Container[int]] = frozenset, mark_hold_s: float = 30.0) -> None:
+        """`node_partition`: a node's `node-events` partition, and `node_partitions_read`: those this worker's
+        router reads (a worker group: a job waits for the marks of the others, `streams/marks.py`; None: one
+        reader of everything, as replay and a lone worker are)."""
         self.topics = topics
         self.keep_records = keep_records  # hand every input record to the sinks (Result.records)
         self.config = config or CoreConfig()
@@ -165,6 +174,9 @@ class JobRunner:
         self.outages = 0
         self.records = 0
         self._seq = 0
+        self.node_partition, self.node_partitions_read = node_partition, node_partitions_read
+        self.marks = Marks(hold_s=mark_hold_s)
+        self._node_parts: dict[str, tuple[object, frozenset[int]]] = {}  # job -> (topology, its nodes' partitions)
 
     @property
     def cores(self) -> dict[str, JobCore]:
@@ -193,6 +205,9 @@ class JobRunner:
             where = (msg.topic, msg.partition)
             newest = frontier.get(where, float("-inf"))
             routed = msg.topic == by_job_topic and msg.key
+            if routed and is_mark(msg.value):
+                self._mark(msg, res)
+                continue
             decoded = decode(msg.value, columns=True, heartbeats=True)
             if len(decoded) == 1 and type(decoded[0]) is StepRows:
                 rows = decoded[0]
@@ -255,13 +270,51 @@ class JobRunner:
             return msg.key.decode() if msg.topic == self.topics.by_job and msg.key else None
         return None
 
-    def release_point(self, partition: int, lagging: Lagging, pending_from: PendingFrom) -> float:
-        """Event time up to which a job of `partition` has all its inputs (see the class docstring)."""
+    def release_point(self, partition: int, lagging: Lagging, pending_from: PendingFrom, job: str | None = None,
+                      now: float = 0.0) -> float:
+        """Event time up to which a job of `partition` has all its inputs (see the class docstring), and (`job`)
+        the node events other workers route to it (`marked_point`)."""
         point = pending_from()
         for topic in self.inputs:
             if lagging(topic, partition):
                 point = min(point, self.frontier.get((topic, partition), float("-inf")))
-        return point
+        return point if job is None else min(point, self.marked_point(job, now))
+
+    def _mark(self, msg: Msg, res: Result) -> None:
+        """A router's mark on by-job (`streams/marks.py`); one this version cannot read goes to the DLQ."""
+        job = msg.key.decode()
+        try:
+            points = decode_mark(msg.value)
+        except ValueError as e:
+            reject(res, DecodeError(str(e), kind="mark"), msg, None, self.topics.dlq, "decode")
+            return
+        st = self.jobs.get(job)
+        reach = -math.inf if st is None else max(
+            (self.frontier.get((t, st.partition), -math.inf) for t in self.inputs), default=-math.inf)
+        self.marks.heard(job, points, reach, self.clock())
+
+    def marked_point(self, job: str, now: float) -> float:
+        """Event time up to which the routers of other workers have routed the node events of the job's nodes
+        (inf: none of its nodes is read elsewhere; `streams/marks.py`)."""
+        remote = self._remote(job)
+        return self.marks.point(job, remote, self.jobs[job].core.monitor.topo.ts, now) if remote else math.inf
+
+    def _quiet(self, job: str, now: float) -> bool:
+        """No node event of the job's nodes is on its way from another worker's router (`Marks.quiet`)."""
+        remote = self._remote(job)
+        return not remote or self.marks.quiet(job, remote, now)
+
+    def _remote(self, job: str) -> list[int]:
+        """The `node-events` partitions of the job's nodes that another worker reads."""
+        st = self.jobs.get(job)
+        if self.node_partition is None or st is None or st.core is None:
+            return []  # (a job not started: its job record must go, to publish the map of its nodes)
+        topo = st.core.monitor.topo
+        have = self._node_parts.get(job)
+        if have is None or have[0] is not topo:
+            have = self._node_parts[job] = (topo, frozenset(map(self.node_partition, topo.nodes)))
+        read = self.node_partitions_read()
+        return [p for p in have[1] if p not in read]
 
     def _fresh(self, st: JobState, items: list[Item]) -> tuple[list[Item], int]:
         """Drop what the job's state already holds (replayed offsets, re-published node events); keep what it
@@ -330,7 +383,7 @@ class JobRunner:
         held = st.held + items
         if not held:
             return
-        point = self.release_point(st.partition, lagging, pending_from)
+        point = self.release_point(st.partition, lagging, pending_from, job, now)
         if self.outage is not None:  # every producer's backlog first
             point = min(point, self.outage.get(job, -math.inf))
         excess = sum(map(N, held)) - MAX_PENDING
@@ -487,7 +540,7 @@ class JobRunner:
         for job in sorted(self.jobs):
             st = self.jobs[job]
             core = st.core
-            if core is None or st.arrived is None or st.held or not caught_up(job):
+            if core is None or st.arrived is None or st.held or not caught_up(job) or not self._quiet(job, now):
                 continue
             out = core.advance(core.now() + (now - st.arrived) - self.config.lateness_s)
             if out:
@@ -555,6 +608,8 @@ class JobRunner:
         gone = [j for j, st in self.jobs.items() if st.partition in partitions]
         for job in gone:
             del self.jobs[job]
+            self._node_parts.pop(job, None)
+        self.marks.forget(gone)
         for where in [w for w in self.frontier if w[1] in partitions]:
             del self.frontier[where]
         return gone

@@ -56,9 +56,12 @@ creates the topics and runs a Faust worker until TERM/INT. The logic lives in
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
+import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -147,6 +150,8 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         web_enabled=s.web,
         web_port=s.web_port,
         producer_max_request_size=STATE_MAX_BYTES,
+        # each worker names itself to the broker (its group member ids begin so): which one reads what
+        broker_client_id=f"gangwatch-{socket.gethostname()}-{os.getpid()}",
         **faust_app_kwargs(),  # GANGWATCH_KAFKA_* SASL/SSL (streams/client_security.py); nothing for PLAINTEXT
     )
     quiet = faust_adapter.ChangelogsNotYet(s.app_id)  # until _producer_knows
@@ -166,9 +171,19 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         return states.get(job.encode())
 
     core = replace(s.core or CoreConfig(), lateness_s=s.lateness_s)
+
+    @functools.lru_cache(maxsize=1 << 16)
+    def node_partition(node: str) -> int:  # (node-events is keyed by node, the node-job table too)
+        return faust_adapter.partition_of(node.encode(), t.partitions)
+
+    def node_partitions_read() -> set[int]:
+        return {tp.partition for tp in app.consumer.assignment() if tp.topic == t.node_events}
+
+    # a job whose nodes' events another worker routes waits for its marks (streams/marks.py)
     runner = JobRunner(t, core, hold_s=s.job_hold_s, silence=s.silence, load=load,
                        reconnect_s=s.reconnect_s, max_future_s=s.max_future_s,
-                       keep_records=bool(sinks) and s.telemetry)
+                       keep_records=bool(sinks) and s.telemetry, node_partition=node_partition,
+                       node_partitions_read=node_partitions_read, mark_hold_s=s.hold_s)
     router = NodeRouter(t, nodemap, hold_s=s.hold_s)
     metrics = WorkerMetrics()
     instrument(app, metrics)  # Faust's own sensor, into the same registry
@@ -212,6 +227,9 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         await _producer_knows(app, (states, nodemap), quiet)
         async with busy:
             res = runner.on_tick(wio.caught_up, wio.lagging, wio.node_events_pending_from)
+            # how far this worker's router has read each job's node events, for the workers that run the jobs
+            routed = [(tp.topic, tp.partition) for tp in app.consumer.assignment() if tp.topic == t.node_events]
+            res.sends += router.marks(routed, wio.lagging, lambda key: node_partition(key.decode())).sends
             await wio.publish(res)
             wio.save(res)
             taken = wio.take(wio.clock())  # within the tick's budget

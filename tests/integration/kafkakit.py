@@ -254,6 +254,24 @@ def group_members(bootstrap: str, group: str) -> int:
         admin.close()
 
 
+def assignments(bootstrap: str, group: str) -> dict[int, set[tuple[str, int]]]:
+    """Per worker process (its pid, from the client id `gangwatch-HOST-PID` each worker gives itself), the
+    (topic, partition)s the group gave it; {} while the group is not Stable."""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        info = admin.describe_groups([group]).get(group, {})
+        if info.get("group_state") != "Stable":
+            return {}
+        out: dict[int, set[tuple[str, int]]] = {}
+        for m in info.get("members") or []:
+            pid = int(str(m["client_id"]).rsplit("-", 1)[1])
+            got = (m.get("member_assignment") or {}).get("assigned_partitions") or []
+            out[pid] = {(a["topic"], p) for a in got for p in a["partitions"]}
+        return out
+    finally:
+        admin.close()
+
+
 class PrivateBroker:
     """A real broker for one test (deploy/kafka/broker.sh, its own ports and directory), to kill and restart.
 

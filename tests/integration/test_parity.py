@@ -34,6 +34,7 @@ are compared after dropping repeats of an id (outputs are at least once).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 from pathlib import Path
 
@@ -45,6 +46,8 @@ from gangwatch.streams import replay
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from tests.integration.kafkakit import (
+    T0,
+    assignments,
     caught_up,
     group_members,
     messages,
@@ -216,6 +219,53 @@ def partition_of(bootstrap: str, topic: str, key: bytes) -> int:
         return p
     finally:
         consumer.close()
+
+
+def test_a_job_waits_for_node_events_a_killed_worker_was_routing(kafka_bootstrap, topics, unique, tmp_path,
+                                                                 workers):
+    """A group of two workers: the job's partition is one's (the job worker), its nodes' node-events partitions
+    the other's (the router worker). The router worker is killed; the Xid that explains a rank that dies 0.1 s
+    later is sent while nobody reads its partition, and the rest of the job at once, as a backlog. The job
+    worker holds the job where the router's last mark left it (streams/marks.py) until the group gives it the
+    partition and it routes the Xid itself: replay's decision, id included. Without the marks it ran the job to
+    the end, and decided without the Xid, before the group noticed the death (its session timeout)."""
+    from gangwatch.streams.faust_adapter import partition_of as key_partition
+    from gangwatch.streams.marks import is_mark
+
+    job_worker = workers(*worker_args(kafka_bootstrap, unique, topics, "--no-silence"))
+    router_worker = workers(*worker_args(kafka_bootstrap, unique, topics, "--no-silence"))
+    own: dict[int, set] = {}
+    wait_for(lambda: len(own.update(assignments(kafka_bootstrap, unique)) or own) == 2, DEADLINE,
+             "both workers in the group", proc=router_worker)
+    p_job = key_partition(b"j1", PARTITIONS)
+    if (topics.telemetry, p_job) in own[router_worker.proc.pid]:  # (which worker got what is the group's choice)
+        job_worker, router_worker = router_worker, job_worker
+    routed = sorted(p for t, p in own[router_worker.proc.pid] if t == topics.node_events)
+    assert routed, own
+    names = iter(n for n in (f"x{k:03d}" for k in range(10_000)) if key_partition(n.encode(), PARTITIONS) in routed)
+    node = {f"n{i:03d}": next(names) for i in range(4)}
+    recs = [dataclasses.replace(r, ranks=[dataclasses.replace(ri, node=node[ri.node]) for ri in r.ranks])
+            if r.kind == "job" else dataclasses.replace(r, node=node[r.node]) if r.kind == "hw" else r
+            for r in scenario(seconds=SECONDS, silent=None, xid_node="n002", xid_at=30.5)
+            if not (r.ts > T0 + 30.6 and (getattr(r, "rank", None) == 9 or r.kind == "step"))]
+    msgs = messages(recs, topics)
+    expected = replay_outputs(tmp_path, msgs)
+    assert [(a["type"], a["nodes"]) for a in expected["actions"]] == [("replace", [node["n002"]])]
+
+    [xid_at] = [i for i, (topic, _, _) in enumerate(msgs) if topic == topics.node_events]
+    produce(kafka_bootstrap, msgs[:xid_at])
+    rekeyed = replace(topics, app=unique).by_job
+    wait_for(lambda: caught_up(kafka_bootstrap, unique, topics.job_inputs), DEADLINE, "the backlog consumed",
+             proc=job_worker)
+    wait_for(lambda: any(k == b"j1" and is_mark(v) for k, v in read_all(kafka_bootstrap, [rekeyed])[rekeyed]),
+             DEADLINE, "the router worker's marks for j1", proc=router_worker)
+    router_worker.kill()
+    produce(kafka_bootstrap, msgs[xid_at:])
+    wait_for(lambda: counts_reached(kafka_bootstrap, topics, expected), DEADLINE + 30, "the expected outputs",
+             proc=job_worker)
+    wait_for(lambda: caught_up(kafka_bootstrap, unique, topics.inputs), DEADLINE, "all input consumed",
+             proc=job_worker)
+    assert_same(kafka_bootstrap, topics, expected, by_id=True)
 
 
 # --- silence ---------------------------------------------------------------------------
