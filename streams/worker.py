@@ -220,6 +220,8 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
             await wio.publish(res)
             metrics.count(res)
 
+    gave_up = [0]  # waits for marks given up, as last logged
+
     @app.timer(s.tick_s)
     async def tick() -> None:
         if app.rebalancing or app.in_recovery or wio.stopping:
@@ -230,6 +232,11 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
             # how far this worker's router has read each job's node events, for the workers that run the jobs
             routed = [(tp.topic, tp.partition) for tp in app.consumer.assignment() if tp.topic == t.node_events]
             res.sends += router.marks(routed, wio.lagging, lambda key: node_partition(key.decode())).sends
+            if runner.marks.given_up > gave_up[0]:
+                log.warning("%d jobs went on without the node events of a partition no worker's router marked for "
+                            "%.0f s (its worker gone and not replaced?): a node event sent meanwhile may come late",
+                            runner.marks.given_up - gave_up[0], s.hold_s)
+                gave_up[0] = runner.marks.given_up
             await wio.publish(res)
             wio.save(res)
             taken = wio.take(wio.clock())  # within the tick's budget

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import math
 
+import orjson
 import pytest
+from gangwatch.schemas import decode
 from gangwatch.streams.marks import Marks, decode_mark, encode_mark, is_mark
 from gangwatch.streams.router import NodeRouter
 from gangwatch.streams.runner import JobRunner, Msg
 
 from tests.integration.kafkakit import T0, messages, scenario
-from tests.unit.test_runner import T, Clock, by_topic, emitted, replay_core
+from tests.unit.test_runner import Clock, T, by_topic, emitted, replay_core
 
 pytestmark = pytest.mark.unit
 
@@ -48,8 +50,8 @@ def group_run(recs: list, *, marks: bool = True, kill: float = KILL) -> list:
     router_a, router_b = NodeRouter(T, table, clock=clock), NodeRouter(T, table, clock=clock)
     node_msgs = [m for m in messages(recs, T, batch=1) if m[0] == T.node_events]
     job_msgs = [m for m in messages(recs, T, batch=1) if m[0] != T.node_events]
-    node_ts = [min(r.ts for r in _records(v)) for _, _, v in node_msgs]
-    job_ts = [min(r.ts for r in _records(v)) for _, _, v in job_msgs]
+    node_ts = [min(r.ts for r in decode(v)) for _, _, v in node_msgs]
+    job_ts = [min(r.ts for r in decode(v)) for _, _, v in job_msgs]
     offsets = {"job": 0, "node": 0, "by_job": 0, "map": 0}
     to_b: list[Msg] = []  # by-job and node-job messages on their way
     maps: list[Msg] = []
@@ -101,12 +103,6 @@ def group_run(recs: list, *, marks: bool = True, kill: float = KILL) -> list:
     return by_topic(out)
 
 
-def _records(value: bytes) -> list:
-    from gangwatch.schemas import decode
-
-    return decode(value)
-
-
 def test_a_job_whose_node_events_another_worker_routes_waits_for_them_across_that_worker_s_death():
     recs = dying_rank_with_xid()
     want = replay_core(recs)
@@ -152,8 +148,6 @@ def test_marks_hold_a_job_at_its_start_its_point_its_reach_and_never_past_hold_s
 def test_a_router_marks_each_job_of_its_partitions_caught_up_or_at_its_frontier():
     table: dict[bytes, bytes] = {}
     router = NodeRouter(T, table)
-    import orjson
-
     router.on_batch([Msg(T.node_jobs, 1, 0, b"n1", orjson.dumps({"node": "n1", "job": "j1", "ts": T0})),
                      Msg(T.node_jobs, 2, 0, b"n2", orjson.dumps({"node": "n2", "job": "j1", "ts": T0})),
                      Msg(T.node_jobs, 3, 0, b"n3", orjson.dumps({"node": "n3", "job": "j2", "ts": T0}))])
