@@ -58,16 +58,20 @@ class NodeRouter:
         self.published: Counter[str] = Counter()  # events published onto by-job, per job
 
     def node_events_pending_from(self, inputs: Iterable[tuple[str, int]], lagging: Lagging,
-                 read: Mapping[str, int] | None = None, nodes: Iterable[str] = (),
+                 read: Mapping[str, int] | None = None, nodes: Mapping[str, float] | None = None,
                  mine: Container[str] | None = None) -> float:
         """Event time from which node events may still reach by-job: the oldest frontier among this router's
         `inputs` (topic, partition) that still have data to read, of the events published but not yet `read`
         back by the runner (`read`, for the jobs that are `mine`: another worker's hold nothing here), and of
-        those waiting for the mapping of a node in a job record read (`nodes`)."""
+        those waiting for the mapping of a node in a job record read (`nodes`: node -> that record's time;
+        the node's events before it are not the job's, and must not hold back the very record whose
+        processing publishes the map: a node agent speaks before any job starts on its node)."""
         point = min((self.frontier.get(tp, -math.inf) for tp in inputs if lagging(*tp)), default=math.inf)
         now = self.clock()
+        nodes = nodes or {}
         for node in set(self.pending).intersection(nodes):
-            point = min([point, *(r.ts for t, r, _ in self.pending[node] if now - t < self.hold_s)])
+            start = nodes[node]
+            point = min([point, *(r.ts for t, r, _ in self.pending[node] if now - t < self.hold_s and r.ts >= start)])
         for job in list(self.inflight):
             q = self.inflight[job]
             if read is None or (mine is not None and job not in mine):

@@ -165,7 +165,8 @@ class JobRunner:
         self.inputs = (*topics.job_inputs, topics.by_job)
         self.duplicates = 0  # replayed records skipped
         self.by_job_read: Counter[str] = Counter()  # records read from by-job, per job (the router's in-flight)
-        self.job_nodes: set[str] = set()  # nodes of every job record read (processed or not yet)
+        # nodes of every job record read (processed or not yet) -> the newest such record's time (its start there)
+        self.job_nodes: dict[str, float] = {}
         self.reconnect_s = reconnect_s
         self.max_future_s, self.wall = max_future_s, wall
         # during an input-path outage and its reconnect grace: per job, the newest event time read before it
@@ -245,7 +246,9 @@ class JobRunner:
                     res.sends.append(Send(self.topics.node_events, (v.node or "").encode(), encode(v)))
                     continue
                 if v.kind == "job":
-                    self.job_nodes.update(r.node for r in v.ranks)
+                    for r in v.ranks:
+                        if ts > self.job_nodes.get(r.node, -math.inf):
+                            self.job_nodes[r.node] = ts
                 seq += 1
                 items = by_job.get(job)
                 if items is None:
@@ -289,8 +292,9 @@ class JobRunner:
             reject(res, DecodeError(str(e), kind="mark"), msg, None, self.topics.dlq, "decode")
             return
         st = self.jobs.get(job)
-        reach = -math.inf if st is None else max(
-            (self.frontier.get((t, st.partition), -math.inf) for t in self.inputs), default=-math.inf)
+        if st is None:
+            return  # a job not read here (yet): it waits from its start for the next mark
+        reach = max((self.frontier.get((t, st.partition), -math.inf) for t in self.inputs), default=-math.inf)
         self.marks.heard(job, points, reach, self.clock())
 
     def marked_point(self, job: str, now: float) -> float:

@@ -484,3 +484,28 @@ def test_topic_for_keys():
     assert {topic_for(r, T) for r in recs if r.kind == "hw"} == {(T.node_events, "n002")}
     assert topic_for(recs[0], T) == (T.jobs, "j1")
     assert {topic_for(r, T)[0] for r in recs if r.kind in ("step", "heartbeat")} == {T.telemetry}
+
+
+def test_a_node_agent_that_spoke_before_its_job_started_does_not_hold_the_job_record_back():
+    """Node agents run before any job does: their events wait in the router for the map of their node, which
+    the runner publishes when it processes the job record. Those older than the job record are not the job's
+    and must not hold that record back (they did, in a fleet through a worker group: a job's start waited the
+    router's hold_s, 30 s of wall, and its node's events meanwhile were dropped for want of a map)."""
+    clock = Clock()
+    runner, router = JobRunner(T, clock=clock, silence=False), NodeRouter(T, {}, clock=clock)
+    early = [Gpu(ts=T0 - 10.0 + k, node="n002", gpu=0, temp_c=60.0) for k in range(5)]
+    router.on_batch([Msg(T.node_events, 0, i, b"n002", encode(g)) for i, g in enumerate(early)])
+    assert "n002" in router.pending
+
+    def pending_from() -> float:
+        return router.node_events_pending_from([(T.node_events, 0)], lambda *_: False, runner.by_job_read,
+                                               runner.job_nodes, runner.jobs)
+
+    first = [r for r in scenario(seconds=5, silent=None, xid_node=None)]
+    res = runner.on_batch(as_msgs(messages(first, T)), pending_from=pending_from)
+    assert "j1" in runner.cores and runner.records == len(first)
+    maps = [s for s in res.sends if s.topic == T.node_jobs]
+    assert {s.key for s in maps} == {f"n{i:03d}".encode() for i in range(4)}
+    # and an event of the node after the start, still waiting for the map, does hold the job back
+    router.on_batch([Msg(T.node_events, 0, 9, b"n002", encode(xid("n002", T0 + 6.0)))])
+    assert pending_from() == T0 + 6.0
