@@ -86,11 +86,12 @@ class NodeRouter:
                 del self.inflight[job]
         return point
 
-    def marks(self, inputs: Iterable[tuple[str, int]], lagging: Lagging,
-              partition_of: Callable[[bytes], int]) -> Result:
+    def marks(self, inputs: Iterable[tuple[str, int]], lagging: Lagging, partition_of: Callable[[bytes], int],
+              local: Container[int] = ()) -> Result:
         """One mark per job with a node on a `node-events` partition of `inputs` (this router's): per such
         partition, the newest event time read there while it has data left to read (or nothing read yet: the
-        job's start), None when it has none (`streams/marks.py`). `partition_of`: a node key's partition."""
+        job's start), None when it has none (`streams/marks.py`). `partition_of`: a key's partition; `local`:
+        the partitions of the jobs this worker runs itself (they ask this router directly: no mark)."""
         mine = {p for topic, p in inputs if topic == self.topics.node_events}
         if not mine:
             return Result()
@@ -100,6 +101,8 @@ class NodeRouter:
             if p not in mine:
                 continue  # (a standby copy of another worker's partition)
             entry = orjson.loads(raw)
+            if partition_of(entry["job"].encode()) in local:
+                continue
             job = points.setdefault(entry["job"], {})
             if not lagging(self.topics.node_events, p):
                 job[p] = None

@@ -173,7 +173,7 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
     core = replace(s.core or CoreConfig(), lateness_s=s.lateness_s)
 
     @functools.lru_cache(maxsize=1 << 16)
-    def node_partition(node: str) -> int:  # (node-events is keyed by node, the node-job table too)
+    def node_partition(node: str) -> int:  # (node-events is keyed by node, the node-job table too; jobs by job)
         return faust_adapter.partition_of(node.encode(), t.partitions)
 
     def node_partitions_read() -> set[int]:
@@ -230,8 +230,10 @@ def make_app(s: WorkerSettings, sinks: list[Sink] | None = None) -> faust.App:
         async with busy:
             res = runner.on_tick(wio.caught_up, wio.lagging, wio.node_events_pending_from)
             # how far this worker's router has read each job's node events, for the workers that run the jobs
-            routed = [(tp.topic, tp.partition) for tp in app.consumer.assignment() if tp.topic == t.node_events]
-            res.sends += router.marks(routed, wio.lagging, lambda key: node_partition(key.decode())).sends
+            mine = app.consumer.assignment()
+            routed = [(tp.topic, tp.partition) for tp in mine if tp.topic == t.node_events]
+            local = {tp.partition for tp in mine if tp.topic == t.by_job}
+            res.sends += router.marks(routed, wio.lagging, lambda key: node_partition(key.decode()), local).sends
             if runner.marks.given_up > gave_up[0]:
                 log.warning("%d jobs went on without the node events of a partition no worker's router marked for "
                             "%.0f s (its worker gone and not replaced?): a node event sent meanwhile may come late",

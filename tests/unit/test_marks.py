@@ -99,7 +99,7 @@ def group_run(recs: list, *, marks: bool = True, kill: float = KILL) -> list:
             take(tick)
             out += emitted(tick)
         if router is router_a:  # A's tick: its marks for the jobs of the nodes it reads
-            take(router_a.marks([(T.node_events, 1)], lambda *_: False, lambda key: 1))
+            take(router_a.marks([(T.node_events, 1)], lambda *_: False, lambda key: 1 if key[:1] == b"n" else 0))
     return by_topic(out)
 
 
@@ -151,8 +151,10 @@ def test_a_router_marks_each_job_of_its_partitions_caught_up_or_at_its_frontier(
     router.on_batch([Msg(T.node_jobs, 1, 0, b"n1", orjson.dumps({"node": "n1", "job": "j1", "ts": T0})),
                      Msg(T.node_jobs, 2, 0, b"n2", orjson.dumps({"node": "n2", "job": "j1", "ts": T0})),
                      Msg(T.node_jobs, 3, 0, b"n3", orjson.dumps({"node": "n3", "job": "j2", "ts": T0}))])
-    part = {b"n1": 1, b"n2": 2, b"n3": 3}.__getitem__
+    part = {b"n1": 1, b"n2": 2, b"n3": 3, b"j1": 0, b"j2": 0}.__getitem__
     res = router.marks([(T.node_events, 1), (T.node_events, 2)], lambda topic, p: p == 2, part)
     [mark] = res.sends  # j2's node is on a partition this router does not read
     assert (mark.topic, mark.key) == (T.by_job, b"j1") and decode_mark(mark.value) == {1: None, 2: T0}
     assert router.marks([], lambda *_: False, part).sends == []
+    # a job this worker runs itself asks its router directly: no mark for it
+    assert router.marks([(T.node_events, 1), (T.node_events, 2)], lambda *_: False, part, local={0}).sends == []
