@@ -10,9 +10,10 @@ is still on its way: when the router is its own, it asks it
 worker's, that worker's router tells it, with a **mark** on `by-job` (keyed by
 the job, so it comes after every event routed to the job before it):
 
-- `NodeRouter.marks`, every tick: for each job with a node on a `node-events`
-  partition this router reads, that partition's point: the newest event time
-  read there while it still has data to read, or "caught up" (nothing left).
+- `NodeRouter.marks`, every tick: for each job that another worker runs with
+  a node on a `node-events` partition this router reads, that partition's
+  point: the newest event time read there while it still has data to read, or
+  "caught up" (nothing left).
 - `Marks` (the job's worker): the newest mark per (job, partition). The job
   runs up to its point, and never past how far the job's own inputs had been
   read when it came (a record read after the mark may have been sent after a
