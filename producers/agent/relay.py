@@ -54,6 +54,7 @@ send them directly. `--relay off` where that is not wanted.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -193,13 +194,20 @@ class Relay:
                 raise RelayUnavailable(f"another relay answers at {self.path}")
             finally:
                 probe.close()
+        # bound and listening under a name of its own first, then renamed into place: the socket file appears
+        # only once it takes connections (a trainer that saw it between bind and listen was refused, and sent
+        # to Kafka directly for `retry_s`)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        staging = self.path.with_name(f".gw{os.getpid()}")  # (short: a socket path has 107 bytes at most)
         try:
-            listener.bind(str(self.path))
-            self.path.chmod(0o666)  # the training processes run as other users
+            staging.unlink(missing_ok=True)
+            listener.bind(str(staging))
+            staging.chmod(0o666)  # the training processes run as other users
             listener.listen(128)
+            os.replace(staging, self.path)
         except OSError:
             listener.close()
+            staging.unlink(missing_ok=True)
             raise
         self._listener = listener
         for target, name in ((self._accept_loop, "gangwatch-relay-accept"), (self._linger_loop, "gangwatch-relay")):
