@@ -49,6 +49,18 @@ it. A handler the process had ignored (SIG_IGN) stays ignored. A child forked
 after the client (a DataLoader worker) inherits the hooks but says nothing: it
 only passes the signal on.
 
+A Python handler runs only once the main thread is back in the interpreter: a
+rank blocked in a C call that retries on EINTR (a gloo or NCCL collective whose
+peers are dying, as torchrun stops a job) would never get there before
+torchrun's SIGKILL, and its `stop` would never go out. So the client also takes
+the process's signal wakeup fd (`signal.set_wakeup_fd`), to which CPython's C
+handler writes each signal the moment it arrives: a thread of the client's own
+(`gangwatch-signals`) reads it and says the stop at once, and the handler, once
+the main thread gets to it, only passes the signal on (exactly one `stop` goes
+out, whichever sees the signal first). Where the program holds the wakeup fd
+already (an asyncio loop on the main thread), it stays theirs and the stop waits
+for the handler, as without it.
+
 Known pauses: `with client.pause("checkpoint"):` around a synchronous save (or
 an evaluation pass) sends `lifecycle` `pause` before and `resume` after, so a
 rank that stops stepping for a while on purpose is not taken for hung; the
@@ -79,6 +91,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -119,7 +132,8 @@ class TrainerClient:
     sections with CUDA events. `metrics_port` (default `GANGWATCH_METRICS_PORT`, 0 = off) serves
     Prometheus metrics on that port + local rank.
     Hooks: `exit_hooks` (atexit, sys.excepthook) and `signal_hooks` (SIGTERM, SIGINT; default: as
-    `exit_hooks`), which send a `stop` within `signal_flush_s` and then pass the signal on.
+    `exit_hooks`), which send a `stop` within `signal_flush_s` and then pass the signal on; the `stop` goes out
+    from the `gangwatch-signals` thread (the signal wakeup fd) even while the main thread is blocked in C.
     """
 
     def __init__(self, *, tp: int = 1, pp: int = 1, order: str = "tp-dp-pp", nodes: Sequence[str] | None = None,
@@ -197,6 +211,9 @@ class TrainerClient:
         self._signal_flush_s = signal_flush_s
         self._previous_signals: dict[int, Any] = {}  # signal -> the handler ours replaced
         self.stopped_by: str | None = None  # the signal that stopped this rank, once one did
+        self._stop_claim = threading.Lock()  # taken once and never let go, by whoever says the stop (`_claim_stop`)
+        self._stop_said = threading.Event()  # the stop went out, or saying it gave up
+        self._signal_watch: _SignalWatch | None = None  # the wakeup fd's thread, while this client holds it
         if exit_hooks if signal_hooks is None else signal_hooks:
             self._install_signal_hooks()
         port = metrics.port_from_env() if metrics_port is None else metrics_port
@@ -459,7 +476,8 @@ class TrainerClient:
 
     def _install_signal_hooks(self) -> None:
         """SIGTERM and SIGINT: say `stop`, then pass the signal on (signal handlers can only be set from the
-        main thread: a client made elsewhere installs none)."""
+        main thread: a client made elsewhere installs none). With them, the signal wakeup fd and its thread
+        (`_SignalWatch`), so the stop is said even while the main thread is blocked in C."""
         if threading.current_thread() is not threading.main_thread():
             log.info("gangwatch: client made off the main thread: no SIGTERM/SIGINT hooks")
             return
@@ -472,8 +490,12 @@ class TrainerClient:
                 log.info("gangwatch: no hook for %s: %s", STOP_SIGNALS[sig], e)
                 continue
             self._previous_signals[sig] = previous
+        if self._previous_signals:
+            self._signal_watch = _SignalWatch.start(self._on_wakeup)
 
     def _remove_signal_hooks(self) -> None:
+        if self._signal_watch is not None and self._signal_watch.stop():
+            self._signal_watch = None
         for sig, previous in list(self._previous_signals.items()):
             try:
                 if signal.getsignal(sig) == self._on_signal:
@@ -482,12 +504,33 @@ class TrainerClient:
             except (ValueError, OSError, RuntimeError):
                 pass  # not on the main thread: ours stays, and only passes signals on from now
 
+    def _claim_stop(self, signum: int) -> bool:
+        """Whether the caller is the one to say this rank's stop for `signum` (and `stopped_by` is now set): each
+        signal reaches both `_on_signal` (main thread) and `_on_wakeup` (the `gangwatch-signals` thread), and
+        exactly one `stop` goes out. Not in a forked child, nor once closed. The claim is a lock taken once and
+        never let go: a non-blocking acquire is atomic and never waits, so a handler that runs on a thread in the
+        middle of a claim cannot hang it."""
+        if self._closed or os.getpid() != self._pid or not self._stop_claim.acquire(blocking=False):
+            return False
+        self.stopped_by = STOP_SIGNALS.get(signum, f"signal {signum}")
+        return True
+
     def _say_stop(self) -> None:
         try:
             self.lifecycle("stop", self.stopped_by)
             self.flush(self._signal_flush_s)
         except Exception:
             log.exception("gangwatch: the stop record could not be sent")
+        finally:
+            self._stop_said.set()
+
+    def _on_wakeup(self, signum: int) -> None:
+        """A signal, on the `gangwatch-signals` thread the moment it arrived: a stop is said from here (waiting
+        at most `signal_flush_s`), whatever the main thread is doing; `_on_signal` passes the signal on once the
+        main thread gets to it. Only for a signal whose handler is still ours: a handler set after the client's,
+        not chaining to it, decides alone what the signal means, as it does without this thread."""
+        if signum in STOP_SIGNALS and signal.getsignal(signum) == self._on_signal and self._claim_stop(signum):
+            self._say_stop()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         """A stop on purpose: the `stop` record goes out (waiting at most `signal_flush_s`), then the signal is
@@ -496,14 +539,14 @@ class TrainerClient:
         PyTorch's SIGCHLD handler raises "worker killed" in the rank): the rank dies of the stop, not of that."""
         previous = self._previous_signals.get(signum, signal.SIG_DFL)
         try:
-            if not self._closed and self.stopped_by is None and os.getpid() == self._pid:
-                self.stopped_by = STOP_SIGNALS.get(signum, f"signal {signum}")
-                # said from a thread of its own: this one may have been interrupted inside the client, holding a
-                # lock that is not reentrant (the `_wake` event's, in a step's `set()`), and taking it again here
-                # would hang it for good; at worst the stop is queued and goes out once the interrupted code lets go
-                sayer = threading.Thread(target=self._say_stop, name="gangwatch-stop", daemon=True)
-                sayer.start()
-                sayer.join(self._signal_flush_s)
+            if not self._closed and os.getpid() == self._pid:
+                if self._claim_stop(signum):  # else the `gangwatch-signals` thread says it (or said it already)
+                    # said from a thread of its own: this one may have been interrupted inside the client, holding
+                    # a lock that is not reentrant (the `_wake` event's, in a step's `set()`), and taking it again
+                    # here would hang it for good; at worst the stop is queued and goes out once the interrupted
+                    # code lets go
+                    threading.Thread(target=self._say_stop, name="gangwatch-stop", daemon=True).start()
+                self._stop_said.wait(self._signal_flush_s)  # whoever says it: out before the signal goes on
         finally:
             if callable(previous):
                 previous(signum, frame)  # an exception it raises (KeyboardInterrupt) replaces one raised meanwhile
@@ -513,6 +556,116 @@ class TrainerClient:
                 except (ValueError, OSError, RuntimeError):
                     pass
                 os.kill(os.getpid(), signum)
+
+
+class _SignalWatch:
+    """This process's signal wakeup fd (`signal.set_wakeup_fd`) and the thread that reads it, `gangwatch-signals`.
+
+    CPython's C signal handler writes each signal's number, one byte, to the wakeup fd the moment the signal
+    arrives, on whatever thread, while the Python handler waits for the main thread to come back to the
+    interpreter (which a rank blocked in a collective that retries on EINTR never does before torchrun's
+    SIGKILL). The thread calls `on_signal(signum)` for every byte: every signal that has a Python handler, not
+    only the stops. The write end is non-blocking, as `set_wakeup_fd` requires: the C handler never waits.
+
+    A process has one wakeup fd: where it is taken already (an asyncio loop on the main thread) no watch is made
+    and theirs stays. A forked child (a DataLoader worker) inherits the setting but not the thread, and its signals
+    would land in this process's socket: the child gives the wakeup fd up as the fork returns (`_forget_in_child`).
+    """
+
+    current: _SignalWatch | None = None  # the watch holding this process's wakeup fd, if any
+
+    def __init__(self, on_signal: Callable[[int], None]) -> None:
+        self._on_signal = on_signal
+        self._reader, self._writer = socket.socketpair()
+        self._writer.setblocking(False)
+        self._fd = self._writer.fileno()
+        self._pid = os.getpid()
+        self.thread = threading.Thread(target=self._read, name="gangwatch-signals", daemon=True)
+
+    @classmethod
+    def start(cls, on_signal: Callable[[int], None]) -> _SignalWatch | None:
+        """A watch holding the wakeup fd, its thread started (main thread only); None where the fd is someone
+        else's already or cannot be set: the signal handlers alone say the stop then."""
+        watch = cls(on_signal)
+        try:
+            old = signal.set_wakeup_fd(watch._fd, warn_on_full_buffer=False)
+        except (ValueError, OSError, RuntimeError) as e:
+            watch._close()
+            log.info("gangwatch: no signal wakeup fd (%s): a stop is said once the main thread handles it", e)
+            return None
+        if old != -1:
+            signal.set_wakeup_fd(old)  # theirs again (with the default warn_on_full_buffer, asyncio's own)
+            watch._close()
+            log.info("gangwatch: the signal wakeup fd is taken (fd %d, an asyncio loop?): a stop is said once the "
+                     "main thread handles it", old)
+            return None
+        cls.current = watch
+        watch.thread.start()
+        return watch
+
+    def stop(self) -> bool:
+        """Give the wakeup fd back (-1) and end the thread, which closes the sockets; False off the main thread
+        (only it may set the wakeup fd): the watch goes on, and its closed client says nothing. Where the fd is
+        someone else's by now, theirs stays and ours stays open and read (they may put it back), as a closed
+        client's."""
+        if os.getpid() != self._pid:  # a forked child's copy: `_forget_in_child` did it
+            return True
+        try:
+            old = signal.set_wakeup_fd(-1)
+        except (ValueError, OSError, RuntimeError):
+            return False
+        if old != self._fd:
+            signal.set_wakeup_fd(old)
+            return True
+        _SignalWatch.current = None
+        try:
+            self._reader.shutdown(socket.SHUT_RDWR)  # the thread's recv returns b""
+        except OSError:
+            pass
+        if threading.current_thread() is not self.thread:
+            self.thread.join(1.0)
+        return True
+
+    def _read(self) -> None:
+        """The thread: each byte is a signal, until `stop` shuts the socket down. It must outlive anything
+        `on_signal` raises: the C handler writes to this fd until the wakeup fd is given back."""
+        try:
+            while data := self._reader.recv(64):
+                for signum in data:
+                    try:
+                        self._on_signal(signum)
+                    except Exception:
+                        log.exception("gangwatch: handling signal %d on the signal thread failed", signum)
+        except OSError:
+            pass
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        self._reader.close()
+        self._writer.close()
+
+    @classmethod
+    def _forget_in_child(cls) -> None:
+        """In a forked child, as the fork returns: the wakeup fd is the parent's socket, read by the parent's
+        thread, which would take the child's SIGTERM for the rank's own and say a stop the rank never got. The
+        child gives it up (its signals reach its Python handlers, which only pass them on in a child) and closes
+        its copies of the sockets; the parent's are untouched."""
+        watch, cls.current = cls.current, None
+        if watch is None:
+            return
+        try:
+            old = signal.set_wakeup_fd(-1)
+            if old != watch._fd:  # someone else's: theirs stays
+                signal.set_wakeup_fd(old)
+                return
+            watch._close()
+        except (ValueError, OSError, RuntimeError):
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_SignalWatch._forget_in_child)
 
 
 class Pause:

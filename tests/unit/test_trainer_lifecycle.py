@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -148,15 +150,33 @@ def test_a_forked_child_that_gets_sigterm_says_nothing_and_dies_by_it(tmp_path):
     assert [(r.type, r.extra.get("code")) for r in recs if r.kind == "framework"] == [("exit", 0)]
 
 
-def test_signal_hooks_can_be_turned_off_and_are_removed_at_close(tmp_path):
+@pytest.fixture(name="no_wakeup_fd")
+def free_wakeup_fd():
+    """The test process's signal wakeup fd put aside for the test (a client another test left open may hold it)
+    and put back after."""
+    held = signal.set_wakeup_fd(-1)
+    yield
+    signal.set_wakeup_fd(held)
+
+
+def wakeup_fd() -> int:
+    fd = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(fd)
+    return fd
+
+
+def test_signal_hooks_can_be_turned_off_and_are_removed_at_close(tmp_path, no_wakeup_fd):
     before = signal.getsignal(signal.SIGTERM)
     client = TrainerClient(job="j1", send=Recorder(), background=False, spool_dir=tmp_path, signal_hooks=False)
-    assert signal.getsignal(signal.SIGTERM) is before
+    assert signal.getsignal(signal.SIGTERM) is before and wakeup_fd() == -1
     client.close()
     client = TrainerClient(job="j1", send=Recorder(), background=False, spool_dir=tmp_path)
     assert signal.getsignal(signal.SIGTERM) == client._on_signal
+    watch = client._signal_watch
+    assert watch.thread.is_alive() and watch.thread.name == "gangwatch-signals" and wakeup_fd() != -1
     client.close()
     assert signal.getsignal(signal.SIGTERM) is before
+    assert wakeup_fd() == -1 and not watch.thread.is_alive()  # the wakeup fd given back, its thread ended
     made = []
     t = threading.Thread(target=lambda: made.append(TrainerClient(job="j1", send=Recorder(), background=False,
                                                                   spool_dir=tmp_path)))
@@ -198,3 +218,107 @@ def test_another_handler_raising_while_the_stop_is_said_does_not_turn_the_stop_i
     assert proc.returncode == -signal.SIGTERM, proc.stderr
     assert [(r.event, r.reason) for r in recs if isinstance(r, Lifecycle)] == [("stop", "SIGTERM")]
     assert [r.type for r in recs if r.kind == "framework"] == []
+
+
+def test_a_rank_blocked_in_c_when_sigterm_comes_still_says_stop_at_once(tmp_path):
+    """torchrun stops a job with SIGTERM, then SIGKILL: a rank blocked in a collective whose peers are dying (a C
+    call that retries on EINTR) never gets back to the interpreter to run a Python handler, and its `stop` never
+    went out (the CI run of test_real_job that waited 60 s for rank 2's). Here the main thread waits, in C and
+    without the GIL, for a mutex it holds itself, which no signal ends: the `stop` still goes out, from the
+    signal wakeup fd's thread, while the process stays blocked; exactly one."""
+    blocked = ("import ctypes, threading\n"
+               "libc = ctypes.CDLL(None)\n"
+               "mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER on glibc\n"
+               "word = ctypes.c_int.from_buffer(mutex)  # glibc's lock word: 2 once a thread waits for the mutex\n"
+               "def say_blocked():\n"
+               "    while word.value != 2:\n"
+               "        time.sleep(0.01)\n"
+               "    print('blocked', flush=True)\n"
+               "threading.Thread(target=say_blocked, daemon=True).start()\n"
+               "libc.pthread_mutex_lock(mutex)\n"
+               "libc.pthread_mutex_lock(mutex)  # held already: waits for good\n")
+    script = tmp_path / "train.py"
+    script.write_text(STOPPED.format(body=blocked, head="", on_send=""))
+    sent = tmp_path / "sent.jsonl"
+
+    def stops() -> list:
+        lines = sent.read_bytes().splitlines() if sent.exists() else []
+        return [(r.event, r.reason) for line in lines for r in decode(line) if isinstance(r, Lifecycle)]
+
+    proc = subprocess.Popen([sys.executable, str(script), str(sent), str(tmp_path / "spool")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert select.select([proc.stdout], [], [], 60)[0], "the main thread never blocked"
+        assert proc.stdout.readline() == "blocked\n"  # the main thread is inside pthread_mutex_lock
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while not stops():
+            assert proc.poll() is None, proc.communicate()[1]  # still blocked: no Python handler has run
+            assert time.monotonic() < deadline, "no stop within 30 s of SIGTERM while blocked in C"
+            time.sleep(0.02)
+        assert proc.poll() is None  # said while blocked, before any SIGKILL
+    finally:
+        proc.kill()
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, err
+    assert stops() == [("stop", "SIGTERM")]
+
+
+@pytest.mark.parametrize("first", ["wakeup thread", "handler"])
+def test_each_signal_reaches_the_handler_and_the_wakeup_thread_and_one_stop_goes_out(tmp_path, no_wakeup_fd,
+                                                                                        first):
+    """Both see each stop signal, in either order (the wakeup fd's thread the moment it comes, the handler once
+    the main thread gets there): one says the stop, and the handler still passes the signal on, once."""
+    passed_on: list[int] = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: passed_on.append(signum))  # a previous handler
+    try:
+        send = Recorder()
+        client = TrainerClient(job="j1", send=send, background=False, spool_dir=tmp_path)
+        paths = [lambda: client._on_wakeup(signal.SIGTERM), lambda: client._on_signal(signal.SIGTERM, None)]
+        for say in paths if first == "wakeup thread" else paths[::-1]:
+            say()
+        client.close()
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert lifecycle(send) == [("stop", 0, "SIGTERM", "trainer")]
+    assert passed_on == [signal.SIGTERM] and client.stopped_by == "SIGTERM"
+    assert [r for r in send.records() if r.kind == "framework"] == []  # stopped: no `exit` at close
+
+
+def test_a_wakeup_fd_the_program_holds_already_stays_its_own(tmp_path, no_wakeup_fd):
+    """An asyncio loop on the main thread holds the process's one wakeup fd: the client leaves it alone (its stop
+    then waits for the handler, as without the wakeup fd) and the program's fd is still set after the close."""
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    signal.set_wakeup_fd(writer.fileno())
+    try:
+        client = TrainerClient(job="j1", send=Recorder(), background=False, spool_dir=tmp_path)
+        assert client._signal_watch is None and wakeup_fd() == writer.fileno()
+        assert signal.getsignal(signal.SIGTERM) == client._on_signal  # the handlers are still the client's
+        client.close()
+        assert wakeup_fd() == writer.fileno()
+    finally:
+        signal.set_wakeup_fd(-1)
+        reader.close()
+        writer.close()
+
+
+def test_a_forked_child_gives_the_wakeup_fd_up_and_the_parent_keeps_it(tmp_path):
+    """A DataLoader worker forked after the client inherits the wakeup fd setting, whose socket the parent's thread
+    reads: the child gives it up as the fork returns (its own SIGTERM must not read as the rank's stop; the
+    forked-child test above checks that), and the parent's is untouched."""
+    body = ("pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    fd = signal.set_wakeup_fd(-1)\n"
+            "    os._exit(0 if fd == -1 else 3)\n"
+            "_, status = os.waitpid(pid, 0)\n"
+            "fd = signal.set_wakeup_fd(-1)\n"
+            "signal.set_wakeup_fd(fd)\n"
+            "print('child', os.waitstatus_to_exitcode(status), 'parent', fd == client._signal_watch._fd,\n"
+            "      flush=True)\n"
+            "client.close()\n")
+    script = tmp_path / "train.py"
+    script.write_text(STOPPED.format(body=body, head="", on_send=""))
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "sent.jsonl"), str(tmp_path / "spool")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "child 0 parent True" in proc.stdout, proc.stderr
