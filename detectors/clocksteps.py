@@ -96,22 +96,20 @@ class ClockSteps:
             self.news.add(i)
         return s
 
-    def unstepped(self, rec: Record) -> Record:
-        """`rec` with its node's clock step taken out of its time (itself when there is none)."""
-        mono = getattr(rec, "mono", None)
-        if mono is None and not self.any_off:
-            return rec
+    def step_of(self, rec: Record) -> float:
+        """What to take out of `rec`'s time: its node's clock step (and what it teaches)."""
         i = self._node(rec)
         if i is None:
-            return rec
-        s = float(self.off[i]) if mono is None else self._step(i, rec.ts, mono)
-        return dataclasses.replace(rec, ts=rec.ts - s) if s else rec
+            return 0.0
+        mono = getattr(rec, "mono", None)
+        return float(self.off[i]) if mono is None else self._step(i, rec.ts, mono)
 
-    def unstepped_rows(self, rows: StepRows) -> StepRows:
-        """`unstepped` of every item of `rows`, in item order (at once when no item changes what is known)."""
+    def steps_of_rows(self, rows: StepRows) -> np.ndarray | None:
+        """`step_of` of every item of `rows`, in item order (at once when no item changes what is known; None:
+        nothing to take out of any)."""
         has_mono = "mono" in rows.cols or (rows.beats is not None and "mono" in rows.beats)
         if not has_mono and not self.any_off:
-            return rows
+            return None
         rank = np.asarray(rows.column("rank"), dtype=np.int64)
         ok = (rank >= 0) & (rank < self.topo.size)
         node = np.where(ok, self.topo.node_index[np.where(ok, rank, 0)] if self.topo.size else 0, -1)
@@ -123,15 +121,24 @@ class ClockSteps:
         s = ts - mono - self.base[at]
         if has.any() and (np.isnan(s[has]).any() or (np.abs(s[has] - off[has]) >= self.half).any()):
             # a node's first record with `mono`, a step or a record from before one: item by item, in order
-            by = [0.0 if not k else float(self.off[j]) if np.isnan(m) else self._step(j, t, m)
-                  for k, j, t, m in zip(ok.tolist(), node.tolist(), ts.tolist(), mono.tolist(), strict=True)]
-        else:
-            if has.any():
-                np.maximum.at(self.top, node[has], mono[has])
-            if not off.any():
-                return rows
-            by = off.tolist()
-        return rows.shifted(by) if any(by) else rows
+            return np.array([0.0 if not k else float(self.off[j]) if np.isnan(m) else self._step(j, t, m)
+                             for k, j, t, m in zip(ok.tolist(), node.tolist(), ts.tolist(), mono.tolist(),
+                                                   strict=True)])
+        if has.any():
+            np.maximum.at(self.top, node[has], mono[has])
+        return off if off.any() else None
+
+    def unstepped(self, rec: Record) -> Record:
+        """`rec` with its node's clock step taken out of its time (itself when there is none)."""
+        if getattr(rec, "mono", None) is None and not self.any_off:
+            return rec
+        s = self.step_of(rec)
+        return dataclasses.replace(rec, ts=rec.ts - s) if s else rec
+
+    def unstepped_rows(self, rows: StepRows) -> StepRows:
+        """`unstepped` of every item of `rows`, in item order."""
+        by = self.steps_of_rows(rows)
+        return rows if by is None or not by.any() else rows.shifted(by.tolist())
 
     def state(self) -> dict[str, Any]:
         """Node -> [base, newest mono, step] for the nodes it knows, and the nodes not reported yet."""

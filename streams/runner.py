@@ -44,7 +44,21 @@ import orjson
 from gangwatch.schemas import DeadLetter, DecodeError, Outputs, Record, decode, encode
 from gangwatch.schemas.columns import StepRows
 from gangwatch.schemas.topics import TopicSettings
-from gangwatch.streams.items import TS, Item, Msg, N, cut, in_order, is_job, item_of, last_of, one_by_one, ts_at
+from gangwatch.streams.items import (
+    SEQ,
+    TS,
+    Item,
+    Msg,
+    N,
+    cut,
+    in_order,
+    is_job,
+    item_of,
+    keyed,
+    last_of,
+    one_by_one,
+    ts_at,
+)
 from gangwatch.streams.jobstate import JobState, Taken, cover_of, pack_state, take_state, unpack_state
 from gangwatch.streams.marks import Marks, decode_mark, is_mark
 from gangwatch.triage.budgets import CoreConfig
@@ -217,12 +231,14 @@ class JobRunner:
                     n = len(rows)
                     if routed:
                         self.by_job_read[msg.key.decode()] += n
-                    if top > newest:
-                        newest = top
                     items = by_job.get(rows.job)
                     if items is None:
                         items = by_job[rows.job] = []
-                    items.append(item_of(rows, seq + 1, msg))
+                    mine = self._keyed(rows.job, [item_of(rows, seq + 1, msg)])
+                    items += mine
+                    top = max(last_of(it)[0] for it in mine)
+                    if top > newest:
+                        newest = top
                     seq += n
                     partition_of[rows.job] = msg.partition
                     frontier[where] = newest
@@ -239,12 +255,15 @@ class JobRunner:
                     reject(res, _from_the_future(v, ahead - self.max_future_s, self.max_future_s), msg, ts, dlq,
                            "future")
                     continue
-                if ts > newest:
-                    newest = ts
                 job = getattr(v, "job", None) or self._job_of(v, msg)
                 if job is None:  # a node event on a job-keyed topic: let the router re-key it
+                    if ts > newest:
+                        newest = ts
                     res.sends.append(Send(self.topics.node_events, (v.node or "").encode(), encode(v)))
                     continue
+                [it] = self._keyed(job, [Item(ts, seq + 1, v, msg, idx, 1, None, 0.0, False)])
+                if it.ts > newest:
+                    newest = it.ts
                 if v.kind == "job":
                     for r in v.ranks:
                         if ts > self.job_nodes.get(r.node, -math.inf):
@@ -253,7 +272,7 @@ class JobRunner:
                 items = by_job.get(job)
                 if items is None:
                     items = by_job[job] = []
-                items.append(Item(ts, seq, v, msg, idx))
+                items.append(it)
                 partition_of[job] = msg.partition
             if newest > float("-inf"):
                 frontier[where] = newest
@@ -264,6 +283,27 @@ class JobRunner:
         for job in sorted(set(by_job) | {j for j, st in self.jobs.items() if st.held}):
             self._run_job(job, by_job.get(job, []), now, lagging, pending_from, res)
         return res
+
+    def _keyed(self, job: str, items: list[Item]) -> list[Item]:
+        """`items` (in the order read) in the job's time (`items.keyed`: each record's stamped time less what the
+        job's clock takes out of its node's, `JobCore.read_shift`), as far as the job's core is there to say;
+        those read before it was stay as they are (stamped times, not `keyed`) until it is."""
+        st = self.jobs.get(job)
+        core = None if st is None else st.core
+        if core is None or all(it.keyed for it in items):
+            return items
+        out = []
+        for it in sorted(items, key=SEQ):  # as read: a node's first record teaches its clock's base
+            if it.keyed:
+                out.append(it)
+            elif type(it.rec) is StepRows:
+                shifts = core.read_shifts(it.rec)
+                out += keyed(it, shifts.tolist()) if shifts.any() else [it._replace(keyed=True)]
+            else:
+                shift = core.read_shift(it.rec)
+                out.append(it._replace(ts=it.ts - shift, shift=shift, keyed=True) if shift else
+                           it._replace(keyed=True))
+        return out
 
     def _job_of(self, rec: Record, msg: Msg) -> str | None:
         job = getattr(rec, "job", None)
@@ -384,7 +424,7 @@ class JobRunner:
         if st.core is None and not any(map(is_job, items)) and not any(map(is_job, st.held)):
             self._hold(st, job, in_order(items), now, res)
             return
-        held = st.held + items
+        held = self._keyed(job, st.held + items)
         if not held:
             return
         point = self.release_point(st.partition, lagging, pending_from, job, now)
@@ -405,7 +445,7 @@ class JobRunner:
             k = bisect.bisect_right(held, point, key=TS)  # items whose first record can go
             ready, st.held = held[:k], held[k:]
             if ready and ready[-1].n > 1 and ready[-1].rec.ts[-1] > point:  # only its first records can go
-                at = bisect.bisect_right(ready[-1].rec.ts, point)
+                at = bisect.bisect_right(ready[-1].rec.ts, point + ready[-1].shift)
                 ready[-1], rest = cut(ready[-1], at)
                 st.held.insert(0, rest)
         if ready:
@@ -425,7 +465,10 @@ class JobRunner:
                     self._emit(job, out, run[-1], res)  # a JobCore rejects nothing (else: named after the last)
                 run.clear()
 
-        for it in items:
+        k = 0
+        while k < len(items):
+            it = items[k]
+            k += 1
             rec = it.rec
             if type(rec) is StepRows:
                 if st.core is None:
@@ -453,6 +496,8 @@ class JobRunner:
                         kinds[e.rec.kind] += 1
                 run.extend(early)
                 early.clear()
+                # what came after it, read before its core was there: in the job's time now (`_keyed`)
+                items = items[:k] + in_order(self._keyed(job, items[k:]), merge=True)
                 continue
             before = set(st.core.nodes)
             out = st.core.process(rec)
@@ -512,7 +557,7 @@ class JobRunner:
                                    life=out.life, shadow=out.shadow))  # rejects apart
         for err in out.rejected:
             if it is not None:
-                reject(res, err, it.msg, last_of(it)[0], t.dlq, "core")
+                reject(res, err, it.msg, last_of(it)[0] + it.shift, t.dlq, "core")
 
     # --- time -----------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+from gangwatch.detectors.clocksteps import ClockSteps
 from gangwatch.detectors.monitor import JobMonitor, RecordRun
 from gangwatch.schemas import DecodeError, Job, Outputs, Record, encode
 from gangwatch.schemas.columns import StepRows
@@ -126,6 +127,7 @@ class JobCore:
         self.watermark = float("-inf")
         self.max_ts = job.ts
         self.records = 0
+        self._reader: ClockSteps | None = None  # `readers_steps`
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -200,6 +202,38 @@ class JobCore:
         `process` does first, for a driver that asks the job's time before handing it the record)."""
         first = rec.record(0) if type(rec) is StepRows else rec
         self.monitor.clocks.heard(self.monitor.unstepped(first))
+
+    def read_shift(self, rec: Record) -> float:
+        """How much earlier than stamped the job reads `rec`: its node's clock step and offset, as the job's
+        clock knows them where `rec` arrived. A reader that orders or holds the job's records before handing
+        them over (the worker's runner) tells each one here as it arrives and orders them by `rec.ts -
+        read_shift(rec)`, the job's time: by their stamped times, a node whose clock runs ahead would be read
+        that much late. The steps are learned as the records arrive (`ClockSteps`, its own copy of the job's,
+        `readers_steps`): a record with no `mono` of its own (a kernel log line) read after its node's clock
+        stepped is shifted by that step before the job has read the records that show it."""
+        clocks = self.monitor.clocks
+        shift = self.readers_steps().step_of(rec) if rec.kind in clocks.kinds else 0.0
+        return shift + clocks.offset_of(rec) if clocks.skewed else shift
+
+    def read_shifts(self, rows: StepRows) -> np.ndarray:
+        """`read_shift` of every item of `rows`, in item order."""
+        clocks = self.monitor.clocks
+        shifts = self.readers_steps().steps_of_rows(rows)
+        if shifts is None:
+            shifts = np.zeros(len(rows))
+        if clocks.skewed:
+            rank = np.asarray(rows.column("rank"), dtype=np.int64)
+            ok = (rank >= 0) & (rank < self.monitor.topo.size)
+            shifts = shifts + np.where(ok, clocks.rank_offsets()[np.where(ok, rank, 0)], 0.0)
+        return shifts
+
+    def readers_steps(self) -> ClockSteps:
+        """The clock steps of the job's nodes as its records arrive: a copy of what the job's clock knows,
+        taken at the job's (re)start or restore, then told the records as they are read."""
+        steps = self.monitor.clocks.steps
+        if self._reader is None or self._reader.topo is not steps.topo:
+            self._reader = ClockSteps.from_state(steps.state(), steps.topo, 2 * steps.half)
+        return self._reader
 
     def latest(self) -> float:
         """The newest time any of the job's nodes reached (corrected by its clock), or the job record's."""
@@ -318,6 +352,7 @@ class JobCore:
         core.watermark = float("-inf") if state["watermark"] is None else state["watermark"]
         core.max_ts = state["max_ts"]
         core.records = state["records"]
+        core._reader = None
         return core
 
 
