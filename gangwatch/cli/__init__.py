@@ -78,8 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMANDS:
         module.register(sub)
-    p.set_defaults(_commands=sub.choices)  # command name -> its parser (`_unrecognized` answers with it)
+    _mark_parsers(p)
     return p
+
+
+def _mark_parsers(p: argparse.ArgumentParser) -> None:
+    """Each (sub)command's parser as its own default `_parser`: after parsing, `args._parser` is the deepest
+    command's (`topics create`, not `topics`), which `_unrecognized` answers with."""
+    p.set_defaults(_parser=p)
+    for a in p._actions:  # argparse has no public list of a parser's subcommands
+        if isinstance(a, argparse._SubParsersAction):
+            for sp in a.choices.values():
+                _mark_parsers(sp)
 
 
 def _unrecognized(parser: argparse.ArgumentParser, extra: list[str]) -> str:
@@ -92,7 +102,7 @@ def _unrecognized(parser: argparse.ArgumentParser, extra: list[str]) -> str:
             if close:
                 said.append(f"did you mean {close[0]}?")
                 break
-    return "; ".join(said) + f" (gangwatch {parser.prog.split()[-1]} --help lists them)"
+    return "; ".join(said) + f" ({parser.prog} --help lists them)"
 
 
 def _debug(args: argparse.Namespace) -> bool:
@@ -110,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args([a for a in argv if a != "--debug"])
     if extra:  # said by the command's parser (its usage), not the top level's
-        command = args._commands[args.command]
-        command.error(_unrecognized(command, extra))
+        args._parser.error(_unrecognized(args._parser, extra))
     args.debug = args.debug or flagged
     debug = _debug(args)
     name = f"gangwatch {args.command}"

@@ -276,6 +276,21 @@ def test_an_option_a_command_does_not_take_is_said_by_that_command_with_the_one_
     assert "did you mean" not in one_error(capsys.readouterr().err)  # nothing like it: nothing suggested
 
 
+@pytest.mark.parametrize(("argv", "command", "meant"), [
+    (["topics", "create", "--app-idd", "x"], "topics create", "--app-id"),
+    (["store", "query", "SELECT 1", "--outt", "x"], "store query", "--out"),
+])
+def test_an_option_a_subcommand_does_not_take_is_said_by_that_subcommand(capsys, argv, command, meant):
+    """Issue 47, one level down: `topics create --app-idd` got the usage of `topics` (ACTION ...) and no
+    suggestion, since the options it resembles are the subcommand's."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == EXIT_USAGE and err.startswith(f"usage: gangwatch {command} ")
+    assert one_error(err) == (f"gangwatch {command}: error: unrecognized arguments: {' '.join(argv[-2:])}; did you "
+                              f"mean {meant}? (gangwatch {command} --help lists them)")
+
+
 def test_a_bad_environment_value_names_the_variable_and_spares_help(capsys, monkeypatch):
     monkeypatch.setenv("GANGWATCH_BATCH_MAX", "abc")
     with pytest.raises(SystemExit) as e:
