@@ -519,7 +519,7 @@ def life_plot(moves: Iterable[Move], incidents: Iterable[IncidentLine]) -> str:
     fig = _figure(11, 2.6)
     ax = fig.add_subplot()
     seen: set[str] = set()
-    for a, b in zip(seq, [*seq[1:], None], strict=True):
+    for a, b in zip(seq, [*seq[1:], None] if seq else [], strict=True):  # a job whose life was not stored: none
         end = b.ts if b is not None else t1
         ax.broken_barh([(a.ts - t0, max(end - a.ts, (t1 - t0) / 400))], (1.1, 0.8),
                        color=STATE_COLORS.get(a.state, "#cccccc"), label=None if a.state in seen else a.state)
@@ -577,7 +577,7 @@ def _page(title: str, body: list[str]) -> str:
 def _incident_rows(items: Iterable[IncidentLine]) -> str:
     rows = [(iso(i.onset_ts, ms=False), i.id, i.job, i.cls + (" (planned)" if i.planned else ""),
              ",".join(i.culprit_nodes) or "-", i.path or "-",
-             seconds(i.recover_s) if i.recovered_ts is not None else "open", ",".join(i.over_budget) or "-")
+             seconds(i.recover_s) if i.recover_s is not None else i.state, ",".join(i.over_budget) or "-")
             for i in items]
     return _table(("onset", "id", "job", "class", "culprit", "path", "recovered in", "over budget"), rows)
 

@@ -206,8 +206,10 @@ class IncidentReport:
     @property
     def state(self) -> str:
         """Where it stands: `recovered`; `running degraded` (decided to keep running, watched: nothing was
-        repaired); `open`."""
-        if any(a.type == "degrade" for a in self.decided_by):
+        repaired: its path `non_stop`, or a degrade its last action that acts); `open`."""
+        done = [a for a in self.actions if not a.shadow] or list(self.actions)
+        acting = [a for a in done if a.type not in DIAGNOSTIC and a.type != "escalate"]
+        if self.path == "non_stop" or (acting and acting[-1].type == "degrade"):
             return "running degraded"
         return "recovered" if self.times.get("recovered") is not None else "open"
 
@@ -231,8 +233,17 @@ class IncidentLine:
     over_budget: tuple[str, ...]
 
     @property
+    def state(self) -> str:
+        """As `IncidentReport.state`, from the row alone: `running degraded` where its path is `non_stop` (a
+        degrade decided it, nothing was repaired, whatever its close time), `recovered`, `open`."""
+        if self.path == "non_stop":
+            return "running degraded"
+        return "recovered" if self.recovered_ts is not None else "open"
+
+    @property
     def recover_s(self) -> float | None:
-        if self.onset_ts is None or self.recovered_ts is None:
+        """Seconds from onset to recovery; None where it did not recover (open, or running degraded)."""
+        if self.onset_ts is None or self.recovered_ts is None or self.state != "recovered":
             return None
         return max(0.0, self.recovered_ts - self.onset_ts)
 

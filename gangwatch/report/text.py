@@ -130,11 +130,11 @@ def incident_text(r: IncidentReport) -> str:
 def incident_table(items: Iterable[IncidentLine]) -> list[str]:
     out = []
     for i in items:
-        rec = seconds(i.recover_s) if i.recovered_ts is not None else "open"
+        rec = {"recovered": f"recovered {seconds(i.recover_s)}", "open": "open (not recovered)"}.get(i.state, i.state)
         over = f"  over: {','.join(i.over_budget)}" if i.over_budget else ""
         out.append(f"  {iso(i.onset_ts, ms=False):<21} {i.id:<20} {i.job:<12} {i.cls:<10}"
-                   f"{' planned' if i.planned else ''} culprit {_nodes(i.culprit_nodes):<8} path {i.path or '-':<7} "
-                   f"recovered {rec}{over}")
+                   f"{' planned' if i.planned else ''} culprit {_nodes(i.culprit_nodes):<8} path {i.path or '-':<8} "
+                   f"{rec}{over}")
     return out
 
 

@@ -463,3 +463,31 @@ def test_the_stage_chart_turns_logarithmic_where_its_bars_span_orders_of_magnitu
     spread = stages_plot([pm.Stage("detect", 2.0, 30.0, False), pm.Stage("total", 400.0, 600.0, False)])
     close = stages_plot([pm.Stage("detect", 20.0, 30.0, False), pm.Stage("total", 40.0, 60.0, False)])
     assert "seconds (log scale)" in spread and "seconds (log scale)" not in close and "seconds" in close
+
+
+def test_a_degraded_incident_is_listed_as_running_degraded_never_recovered():
+    """Issue 47: a fail-slow decided by `degrade` (path non_stop) closed after 66.5 s and every list said "recovered
+    66.5 s"; the job kept running with its straggler. An open one read "recovered open"."""
+    degraded = {**incident_row(INCIDENT), "id": "i-kept", "class": "fail_slow", "path": "non_stop",
+                "recovered_ts": ONSET + 66.5}
+    open_ = {**incident_row(INCIDENT), "id": "i-open", "recovered_ts": None}
+    fixed = incident_row(INCIDENT)
+    lines = pm.incident_lines([degraded, open_, fixed])
+    by_id = {i.id: i for i in lines}
+    assert {k: (i.state, i.recover_s) for k, i in by_id.items()} == {
+        "i-kept": ("running degraded", None), "i-open": ("open", None),
+        "i-slow": ("recovered", pytest.approx(TIMES["recovered"] - ONSET))}
+    rows = {ln.split()[1]: ln for ln in reporttext.incident_table(lines)}
+    assert rows["i-kept"].rstrip().endswith("running degraded") and "recovered" not in rows["i-kept"]
+    assert rows["i-open"].rstrip().endswith("open (not recovered)")
+    assert rows["i-slow"].rstrip().endswith(f"recovered {TIMES['recovered'] - ONSET:.1f} s")
+    from gangwatch.report import htmlpage
+
+    page = htmlpage.job_html(pm.job_report("j1", [], [degraded, open_, fixed], []))
+    cells = re.findall(r"<td>([^<]*)</td>", page)
+    assert "running degraded" in cells and "open" in cells and f"{TIMES['recovered'] - ONSET:.1f} s" in cells
+    assert "66.5 s" not in cells
+    # the report of one: a degrade its last acting action (a sweep before it, an escalation after) is degraded too
+    report = _acted(("collect_stacks", -5.0, []), ("degrade", 0.0, ["n002"]), ("escalate", 5.0, ["n002"]))
+    assert report.state == "running degraded"
+    assert _acted(("degrade", 0.0, ["n002"]), ("replace", 30.0, ["n002"])).state == "recovered"
