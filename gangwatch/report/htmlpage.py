@@ -608,7 +608,7 @@ def incident_html(r: IncidentReport) -> str:
                     + f"<blockquote>{_e(d.reason)}</blockquote>")
     body.append(f"<h2>Evidence chain ({counted(len(r.evidence), 'finding')} the actions cite)</h2>")
     body.append(_table(("time", "type", "detector", "rank", "node", "score", "evidence"),
-                       [(iso(e.ts), e.type, e.detector, e.rank, e.node, e.score, e.gist) for e in r.evidence])
+                       [(iso(e.at), e.type, e.detector, e.rank, e.node, e.score, e.gist) for e in r.evidence])
                 if r.evidence else "<p class=\"muted\">no action of this incident cites a stored finding</p>")
     body.append("<h2>Recovery path</h2>")
     body.append(f"<p>path <b>{_e(r.path or '-')}</b>; evicted {_e(', '.join(r.evicted_nodes) or '-')}</p>")
@@ -649,7 +649,8 @@ def class_plots(r: IncidentReport) -> list[str]:
         out.append(_plot("failstop", failstop_plot(w, onset, detected, r.culprit_nodes),
                          f"culprit {culprit}: seconds since each rank's last heartbeat (a live rank stays under its "
                          f"period), and the last step each node finished; {len(live.marks)} hardware or framework "
-                         f"events of the culprit marked; {span}{shaded}"))
+                         f"events of the culprit marked at the time each was logged (a kernel-log line at the "
+                         f"kernel's, as the evidence chain shows it); {span}{shaded}"))
     if r.cls in ("hang", "stall") and w.stacks:
         clusters = fg.stack_clusters(w)
         out.append(_plot("stacks", hang_plot(clusters, w),

@@ -69,6 +69,13 @@ class Evidence:
     node: str
     score: float | None
     gist: str  # the evidence's telling fields, one line
+    event_ts: float | None = None  # when the event itself was logged, where the finding came later (`_event_time`)
+
+    @property
+    def at(self) -> float:
+        """The event's own time where the evidence dates it (a kernel-log line: the time a plot marks it at), else
+        the finding's: the time a report shows it at and orders it by."""
+        return self.ts if self.event_ts is None else self.event_ts
 
 
 class Point(NamedTuple):
@@ -329,31 +336,50 @@ def first_line(v: object) -> str:
     return text.splitlines()[0] if text else ""
 
 
-def _event_time(evidence: str | Mapping[str, Any] | None, found: float) -> str:
-    """"the event at HH:MM:SS.s, judged N s later, " where a finding's evidence dates the event itself before the
-    finding (a kernel-log line, judged once its storm window passed): one event, its two times named."""
+# what the time an event's evidence dates it by is, by the hw record's source
+LOGGED_BY = {"xid": "kernel log", "kernel": "kernel log", "bmc": "BMC log", "nic": "link down"}
+
+
+def _event_ts(evidence: Mapping[str, Any], found: float) -> float | None:
+    """The event's own time where a finding's evidence dates it before the finding (a kernel-log line, judged once
+    its storm window passed); None where it does not."""
+    at = evidence.get("event_ts")
+    return float(at) if isinstance(at, int | float) and found - at >= 0.05 else None
+
+
+def _clock(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%H:%M:%S.%f")[:10]
+
+
+def _event_time(evidence: Mapping[str, Any], found: float) -> str:
+    """"kernel log HH:MM:SS.s, found HH:MM:SS.s; " (the log or moment its source names) where the evidence dates
+    the event itself before the finding: one event, its two times, each named."""
+    at = _event_ts(evidence, found)
+    if at is None:
+        return ""
+    return f"{LOGGED_BY.get(str(evidence.get('source') or ''), 'logged')} {_clock(at)}, found {_clock(found)}; "
+
+
+def _evidence_dict(evidence: str | Mapping[str, Any] | None) -> Mapping[str, Any]:
     if isinstance(evidence, str):
         try:
             evidence = orjson.loads(evidence) if evidence else {}
         except orjson.JSONDecodeError:
-            return ""
-    at = evidence.get("event_ts") if isinstance(evidence, Mapping) else None
-    if not isinstance(at, int | float) or found - at < 0.05:
-        return ""
-    clock = dt.datetime.fromtimestamp(at, dt.UTC).strftime("%H:%M:%S.%f")[:10]
-    return f"the event at {clock}, judged {found - at:.1f} s later; "
+            return {}
+    return evidence if isinstance(evidence, Mapping) else {}
 
 
 def evidence_chain(rows: Iterable[Mapping[str, Any]]) -> tuple[Evidence, ...]:
-    """Finding rows as the evidence chain: in event-time order (then id), each finding once; where the evidence
-    dates the event itself earlier than the finding, its gist starts with that time (`_event_time`)."""
+    """Finding rows as the evidence chain: each finding once, in event-time order (the event's own time where the
+    evidence dates it earlier than the finding: `Evidence.at`), then id; such a finding's gist starts with both
+    times, named (`_event_time`)."""
     seen: dict[str, Evidence] = {}
     for r in rows:
-        rank = r.get("rank")
-        seen[r["id"]] = Evidence(r["id"], float(r["ts"]), r["type"], r.get("detector") or "",
+        rank, found, ev = r.get("rank"), float(r["ts"]), _evidence_dict(r.get("evidence"))
+        seen[r["id"]] = Evidence(r["id"], found, r["type"], r.get("detector") or "",
                                  None if rank is None else int(rank), r.get("node") or "", _float(r.get("score")),
-                                 _event_time(r.get("evidence"), float(r["ts"])) + gist(r.get("evidence")))
-    return tuple(sorted(seen.values(), key=lambda e: (e.ts, e.id)))
+                                 _event_time(ev, found) + gist(r.get("evidence")), _event_ts(ev, found))
+    return tuple(sorted(seen.values(), key=lambda e: (e.at, e.id)))
 
 
 def actions(rows: Iterable[Mapping[str, Any]]) -> tuple[ActionTaken, ...]:

@@ -100,7 +100,7 @@ def incident_text(r: IncidentReport) -> str:
     for e in r.evidence:
         where = " ".join(x for x in (f"rank {e.rank}" if e.rank is not None else "", e.node) if x) or "job-wide"
         score = f"  score {e.score:.3g}" if e.score is not None else ""
-        lines.append(f"  {iso(e.ts)}  {e.type:<14} {e.detector:<18} {where}{score}")
+        lines.append(f"  {iso(e.at)}  {e.type:<14} {e.detector:<18} {where}{score}")
         if e.gist:
             lines.append(_wrap(e.gist, 6))
     lines += ["", "recovery path",

@@ -451,9 +451,22 @@ def test_an_event_judged_after_its_window_shows_both_its_times_named():
     det.observe(xid(H0 + 10.0))
     [found] = det.advance(H0 + 20.0)
     assert found.evidence["event_ts"] == H0 + 10.0 and found.ts > H0 + 10.0
-    [e] = pm.evidence_chain([finding_row(found)])
-    later = found.ts - H0 - 10.0
-    assert e.ts == found.ts and e.gist.startswith(f"the event at 00:16:50.0, judged {later:.1f} s later; ")
+    died = _finding("f-exit", H0 + 11.5, type="fail_stop", detector="failstop.process", rank=3, node="n001",
+                    evidence={"cause": "exception"})  # between the Xid's logging and its finding
+    chain = pm.evidence_chain([finding_row(died), finding_row(found)])
+    clock = dt.datetime.fromtimestamp  # the names the gist gives, from the two times
+    logged, judged = (clock(t, dt.UTC).strftime("%H:%M:%S.%f")[:10] for t in (H0 + 10.0, found.ts))
+    assert [c.id for c in chain] == [found.id, "f-exit"]  # by the event's time: the Xid was logged first
+    e = chain[0]
+    assert (e.ts, e.event_ts, e.at) == (found.ts, H0 + 10.0, H0 + 10.0)
+    assert e.gist.startswith(f"kernel log {logged}, found {judged}; ")
+    assert chain[1].event_ts is None and chain[1].at == chain[1].ts and "found" not in chain[1].gist
+    # the report shows the event at the time its plot marks it (the kernel log's), the finding's time named beside
+    report = pm.incident_report(incident_row(INCIDENT), [], [finding_row(died), finding_row(found)], BUDGETS)
+    text = reporttext.incident_text(report)
+    chain_text = text[text.index("evidence chain"):text.index("recovery path")]
+    assert f"  {_iso_ms(H0 + 10.0)}  hw_fault" in chain_text and _iso_ms(found.ts) not in chain_text
+    assert chain_text.index(_iso_ms(H0 + 10.0)) < chain_text.index(_iso_ms(H0 + 11.5))
 
 
 def test_the_stage_chart_turns_logarithmic_where_its_bars_span_orders_of_magnitude():
