@@ -21,6 +21,7 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
+from gangwatch.fleet.kb import ActionTaken
 from gangwatch.report import figures as fg
 from gangwatch.report.postmortem import (
     MILESTONES,
@@ -582,6 +583,12 @@ def _incident_rows(items: Iterable[IncidentLine]) -> str:
     return _table(("onset", "id", "job", "class", "culprit", "path", "recovered in", "over budget"), rows)
 
 
+def _act(a: ActionTaken, bold: bool = True) -> str:
+    """An action and its nodes; one without nodes (a rollback, a job-wide sweep) by its name alone."""
+    name = f"<b>{_e(a.type)}</b>" if bold else _e(a.type)
+    return f"{name} {_e(', '.join(a.nodes))}" if a.nodes else name
+
+
 def incident_html(r: IncidentReport) -> str:
     """The post-mortem of one incident as a self-contained page."""
     onset = r.times.get("onset")
@@ -601,10 +608,10 @@ def incident_html(r: IncidentReport) -> str:
         body.append("<p>decision: none recorded</p>")
     else:
         d = decided[0]
-        body.append("<p>decision: " + ", ".join(f"<b>{_e(a.type)}</b> {_e(', '.join(a.nodes) or '-')}" for a in decided)
+        body.append("<p>decision: " + " + ".join(_act(a) for a in decided)
                     + f"{' (path ' + _e(d.path) + ')' if d.path else ''}{' [shadow]' if d.shadow else ''}</p>"
-                    + ("<p>after: " + ", ".join(f"{_e(a.type)} {_e(', '.join(a.nodes) or '-')} at {iso(a.ts)}"
-                                               for a in r.ladder) + "</p>" if r.ladder else "")
+                    + ("<p>ladder before it: " + ", then ".join(f"{_act(a, bold=False)} at {iso(a.ts)}"
+                                                             for a in r.ladder) + "</p>" if r.ladder else "")
                     + f"<blockquote>{_e(d.reason)}</blockquote>")
     body.append(f"<h2>Evidence chain ({counted(len(r.evidence), 'finding')} the actions cite)</h2>")
     body.append(_table(("time", "type", "detector", "rank", "node", "score", "evidence"),

@@ -61,6 +61,11 @@ def _nodes(nodes: Iterable[str]) -> str:
     return ",".join(nodes) or "-"
 
 
+def _act(a) -> str:
+    """An action and its nodes ("replace n001"); one without nodes (a rollback, a job-wide sweep) by its name alone."""
+    return f"{a.type} {_nodes(a.nodes)}" if a.nodes else a.type
+
+
 def stage_lines(stages_: Iterable[Stage]) -> list[str]:
     out = []
     for s in stages_:
@@ -88,10 +93,10 @@ def incident_text(r: IncidentReport) -> str:
         lines.append("  decision: none recorded")
     else:
         d = decided[0]
-        lines.append("  decision: " + ", ".join(f"{a.type} {_nodes(a.nodes)}" for a in decided)
+        lines.append("  decision: " + " + ".join(_act(a) for a in decided)
                      + (f" (path {d.path})" if d.path else "") + (" [shadow: recorded, not sent]" if d.shadow else ""))
         if r.ladder:
-            lines.append("  after: " + ", ".join(f"{a.type} {_nodes(a.nodes)} at {iso(a.ts)}" for a in r.ladder))
+            lines.append("  ladder before it: " + ", then ".join(f"{_act(a)} at {iso(a.ts)}" for a in r.ladder))
         if d.reason:
             lines.append(_wrap(d.reason, 4))
     lines += ["", f"evidence chain ({counted(len(r.evidence), 'finding')} the actions cite, in event-time order)"]

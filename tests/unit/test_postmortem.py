@@ -157,10 +157,10 @@ def test_the_root_cause_names_the_decision_that_closed_it_and_the_ladder_before_
     hang = _acted(("collect_stacks", -20.0, []), ("replace", 0.0, ["n001"]))
     assert [a.type for a in hang.decided_by] == ["replace"] and [a.type for a in hang.ladder] == ["collect_stacks"]
     text = reporttext.incident_text(hang)
-    assert "decision: replace n001" in text and "after: collect_stacks" in text
+    assert "decision: replace n001" in text and "ladder before it: collect_stacks at " in text
     sdc = _acted(("rollback", 0.0, []), ("isolate", 0.0, ["n003"]), ("dual_run", 0.0, ["n003"]))
     assert [a.type for a in sdc.decided_by] == ["rollback", "isolate", "dual_run"] and sdc.ladder == ()
-    assert "decision: rollback -, isolate n003, dual_run n003" in reporttext.incident_text(sdc)
+    assert "decision: rollback + isolate n003 + dual_run n003" in reporttext.incident_text(sdc)
     slow = _acted(("degrade", 0.0, ["n002"]))
     assert slow.state == "running degraded" and slow.times["recovered"] is not None
     text = reporttext.incident_text(slow)
@@ -168,6 +168,12 @@ def test_the_root_cause_names_the_decision_that_closed_it_and_the_ladder_before_
     assert "  running degraded: kept running and watched, nothing repaired" in text
     only_sweep = _acted(("collect_stacks", 0.0, []))
     assert [a.type for a in only_sweep.decided_by] == ["collect_stacks"] and only_sweep.ladder == ()
+    from gangwatch.report.htmlpage import incident_html  # the page says the same
+
+    page = incident_html(hang)
+    assert "<p>decision: <b>replace</b> n001 (path hot)</p><p>ladder before it: collect_stacks at " in page
+    assert "<p>decision: <b>rollback</b> + <b>isolate</b> n003 + <b>dual_run</b> n003 (path hot)" in incident_html(sdc)
+    assert "running degraded" in incident_html(slow) and "recovered" not in incident_html(slow).split("<h2>")[0]
 
 
 def test_the_step_window_keeps_one_point_per_rank_and_step_inside_it():
