@@ -18,6 +18,11 @@ import orjson
 from gangwatch.cli.options import iso
 
 
+def counted(n: int, noun: str, plural: str = "") -> str:
+    """`n` and its noun, singular for one: "1 record", "3 records", "0 records" (as `gangwatch.report.text`'s)."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
 def _width() -> int:
     return max(60, min(shutil.get_terminal_size((100, 24)).columns, 140))
 
@@ -50,13 +55,13 @@ def summary(s: Any) -> str:
     span = (s.last_ts - s.first_ts) if s.first_ts is not None and s.last_ts is not None else 0.0
     rate = s.records / s.wall_s if s.wall_s > 0 else 0.0
     lines = [
-        f"replayed  {s.records:,} records in {s.wall_s:.2f} s ({rate:,.0f} records/s)",
+        f"replayed  {counted(s.records, 'record')} in {s.wall_s:.2f} s ({rate:,.0f} records/s)",
         f"event time {iso(s.first_ts)} .. {iso(s.last_ts)} ({span:,.0f} s)",
         f"rejected  {s.rejected:,}" + ("  (reasons in rejected.jsonl)" if s.rejected else ""),
         f"findings  {s.findings:,}" + "".join(f"\n  {k:<16} {v:>5,}  {meaning(k)}"
                                               for k, v in sorted(s.by_type.items())),
         f"actions   {s.actions:,}",
-        f"incidents {s.incidents:,} records (one each time an incident moved)",
+        f"incidents {counted(s.incidents, 'record')} (one each time an incident moved)",
         f"outputs   {s.out_dir}",
     ]
     return "\n".join(lines)
@@ -119,8 +124,9 @@ class ProgressLine:
         if 0 < fraction < 1 and elapsed > 0.5:
             left = int(elapsed * (1 - fraction) / fraction)
             eta = f"{left // 60}:{left % 60:02d}"
-        sys.stderr.write(f"\r\x1b[2K{self.verb}: {fraction:4.0%} {s.records:,} records ({rate:,.0f}/s), "
-                         f"ETA {eta}, {s.findings} findings, {s.actions} actions, {s.rejected} rejected")
+        sys.stderr.write(f"\r\x1b[2K{self.verb}: {fraction:4.0%} {counted(s.records, 'record')} ({rate:,.0f}/s), "
+                         f"ETA {eta}, {counted(s.findings, 'finding')}, {counted(s.actions, 'action')}, "
+                         f"{s.rejected:,} rejected")
         sys.stderr.flush()
 
     def done(self) -> None:

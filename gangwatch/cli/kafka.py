@@ -67,8 +67,8 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
     wait_for_kafka(args.bootstrap, args.connect_timeout)
     s = _topic_settings(args)
     made = create_topics(s, args.bootstrap)
-    print(f"created {len(made)} topics" + "".join(f"\n  {t}" for t in made) if made else
-          f"all {len(s.all())} topics exist ({s.prefix}*, {s.partitions} partitions)")
+    print(f"created {console.counted(len(made), 'topic')}" + "".join(f"\n  {t}" for t in made) if made else
+          f"all {console.counted(len(s.all()), 'topic')} exist ({s.prefix}*, {s.partitions} partitions)")
     return 0
 
 

@@ -262,7 +262,8 @@ def failstop_plot(w: StepWindow, onset: float, detected: float | None, culprit_n
               for k in range(len(xs))]
         lo = [min((live.age[r][k] for r in others if live.age[r][k] is not None), default=math.nan)
               for k in range(len(xs))]
-        top.fill_between(xs, lo, hi, color="#bbbbbb", label=f"other {len(others)} ranks: range", step="post")
+        top.fill_between(xs, lo, hi, color="#bbbbbb", label=f"the other {counted(len(others), 'rank')}: range",
+                         step="post")
     peak = 0.0
     for r in live.culprits:
         if r not in live.age:
@@ -662,7 +663,7 @@ def class_plots(r: IncidentReport) -> list[str]:
         clusters = fg.stack_clusters(w)
         out.append(_plot("stacks", hang_plot(clusters, w),
                          f"culprit {culprit}: the ranks of the first stack sweep after the onset "
-                         f"({len(w.stacks)} ranks) by call path, and where each cluster is"))
+                         f"({counted(len(w.stacks), 'rank')}) by call path, and where each cluster is"))
         out.append(_plot("failstop", failstop_plot(w, onset, detected, r.culprit_nodes),
                          f"heartbeats and progress around the onset; {span}{shaded}"))
     if r.cls == "sdc":
@@ -681,7 +682,8 @@ def class_plots(r: IncidentReport) -> list[str]:
                          f"the same by rank and step; colour scale from the unmasked steps only{shaded}"))
     if r.cls not in FIRST_PLOT:
         out.append(_plot("steps", steps_plot(w, onset, detected),
-                         f"step time per rank, {len(w.ranks)} ranks, {span}; dashed: onset and detection{shaded}"))
+                         f"step time per rank, {counted(len(w.ranks), 'rank')}, {span}; dashed: onset and "
+                         f"detection{shaded}"))
     out.append(_plot("heatmap", heatmap_plot(w, onset, detected),
                      f"step time by rank and step (all ranks of a synchronous job share it); dashed: the steps of "
                      f"the onset and of the detection{shaded}"))

@@ -127,7 +127,7 @@ def incident_text(r: IncidentReport) -> str:
         lines += ["", "step times: none stored around the onset (replay with --telemetry to keep them)"]
     else:
         w = r.steps
-        lines += ["", f"step times: {len(w.ranks)} ranks, steps {w.steps[0]}..{w.steps[-1]} in "
+        lines += ["", f"step times: {counted(len(w.ranks), 'rank')}, steps {w.steps[0]}..{w.steps[-1]} in "
                       f"{iso(w.start)} .. {iso(w.end)}" + (" (cut: too many records)" if w.truncated else "")]
     return "\n".join(lines)
 
@@ -154,7 +154,7 @@ def job_text(r: JobReport) -> str:
     lines += ettr_lines([r.ettr]) if r.ettr else ["  - (no life stored for this job)"]
     counts = ", ".join(f"{k} {r.entered.get(k, 0)}" for k in ("starting", "paused", "stopped", "finished", "failed",
                                                             "restarting"))
-    lines += ["", f"life ({len(r.moves)} moves; entered: {counts})"]
+    lines += ["", f"life ({counted(len(r.moves), 'move')}; entered: {counts})"]
     for m in r.moves:
         lines.append(f"  {iso(m.ts)}  {m.previous or '-':>10} -> {m.state:<10} {first_line(m.cause)[:60]}")
     if r.state_s:

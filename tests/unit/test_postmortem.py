@@ -444,6 +444,28 @@ def test_counts_read_as_counts():
     assert counted(1, "child", "children") == "1 child" and counted(3, "child", "children") == "3 children"
 
 
+def test_what_the_commands_print_counts_one_as_one(capsys):
+    """Issue 47, the rest of "1 findings": the replay summary and progress line, a job's life, a step window."""
+    from types import SimpleNamespace
+
+    from gangwatch.cli import console
+
+    one = SimpleNamespace(records=1, wall_s=1.0, first_ts=T0, last_ts=T0, rejected=0, findings=1, by_type={},
+                          actions=1, incidents=1, out_dir="out")
+    said = console.summary(one)
+    assert "replayed  1 record in" in said and "incidents 1 record (one each" in said
+    console.ProgressLine()(one, 0.5)
+    line = capsys.readouterr().err.split("\x1b[2K")[-1]
+    assert "50% 1 record (" in line and ", 1 finding, 1 action, " in line and "findings" not in line
+    many = SimpleNamespace(**{**vars(one), "records": 1234, "incidents": 2})
+    assert "replayed  1,234 records in" in console.summary(many) and "incidents 2 records" in console.summary(many)
+    job = pm.job_report("j1", [job_row(_life()[0])], [], [])
+    assert "life (1 move; entered" in reporttext.job_text(job)
+    steps = pm.step_window([telemetry_row(s) for s in _steps() if s.rank == 0], T0, T0 + STEPS)
+    text = reporttext.incident_text(_report(steps=steps))
+    assert f"step times: 1 rank, steps 0..{STEPS - 1} in" in text
+
+
 def test_an_event_judged_after_its_window_shows_both_its_times_named():
     """Issue 47: a fail-stop report put the Xid at -1.5 s in its plot (the kernel log's time) and at +0.5 s in its
     evidence table (the finding's, after the 2 s storm window), neither explained. The finding now dates the event
