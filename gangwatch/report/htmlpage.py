@@ -24,7 +24,6 @@ from typing import Any
 from gangwatch.fleet.kb import ActionTaken
 from gangwatch.report import figures as fg
 from gangwatch.report.postmortem import (
-    MILESTONES,
     Ettr,
     IncidentLine,
     IncidentReport,
@@ -600,8 +599,9 @@ def incident_html(r: IncidentReport) -> str:
             *class_plots(r),
             "<h2>Timeline (UTC)</h2>",
             _table(("stage", "time", "from onset"),
-                   [(m, iso(r.times.get(m)), "" if r.times.get(m) is None or onset is None or m == "onset"
-                     else "+" + seconds(r.times[m] - onset)) for m in MILESTONES]),
+                   [(m + (" (running degraded: nothing recovered)" if m == "closed" else ""), iso(ts),
+                     "" if ts is None or onset is None or m == "onset" else "+" + seconds(ts - onset))
+                    for m, ts in r.milestones]),
             "<h2>Root cause</h2>"]
     decided = r.decided_by
     body.append(f"<p>class <b>{_e(r.cls)}</b>; culprit nodes <b>{_e(', '.join(r.culprit_nodes) or '-')}</b></p>")

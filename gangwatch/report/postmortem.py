@@ -221,6 +221,13 @@ class IncidentReport:
         return "recovered" if self.times.get("recovered") is not None else "open"
 
     @property
+    def milestones(self) -> list[tuple[str, float | None]]:
+        """The timeline: each of MILESTONES and its time, `recovered` named `closed` where the incident runs
+        degraded (its close is no recovery)."""
+        degraded = self.state == "running degraded"
+        return [("closed" if m == "recovered" and degraded else m, self.times.get(m)) for m in MILESTONES]
+
+    @property
     def over_budget(self) -> list[str]:
         return [s.name for s in self.stages if s.over]
 

@@ -12,7 +12,6 @@ import textwrap
 from collections.abc import Iterable
 
 from gangwatch.report.postmortem import (
-    MILESTONES,
     Ettr,
     IncidentLine,
     IncidentReport,
@@ -83,10 +82,10 @@ def incident_text(r: IncidentReport) -> str:
     lines = [f"incident {r.id}  job {r.job}  class {r.cls}{' (planned)' if r.planned else ''}  {state}", "",
              "timeline (UTC)"]
     onset = r.times.get("onset")
-    for m in MILESTONES:
-        ts = r.times.get(m)
+    for m, ts in r.milestones:
         since = f"  +{seconds(ts - onset)}" if ts is not None and onset is not None and m != "onset" else ""
-        lines.append(f"  {m:<11}{iso(ts):<26}{since}")
+        note = "  (kept running degraded: nothing recovered)" if m == "closed" else ""
+        lines.append(f"  {m:<11}{iso(ts):<26}{since}{note}".rstrip())
     lines += ["", "root cause", f"  class {r.cls}; culprit nodes {_nodes(r.culprit_nodes)}"]
     decided = r.decided_by
     if not decided:

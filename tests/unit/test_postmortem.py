@@ -531,4 +531,15 @@ def test_a_degraded_incident_is_listed_as_running_degraded_never_recovered():
     # the report of one: a degrade its last acting action (a sweep before it, an escalation after) is degraded too
     report = _acted(("collect_stacks", -5.0, []), ("degrade", 0.0, ["n002"]), ("escalate", 5.0, ["n002"]))
     assert report.state == "running degraded"
+    # its timeline: the close is named a close, not a recovery (the fail-slow report said "recovered +66.5 s")
+    timeline = reporttext.incident_text(report).split("root cause")[0]
+    rows = [ln for ln in timeline.splitlines()[3:] if ln.strip()]
+    assert [ln.split()[0] for ln in rows] == ["onset", "detected", "localized", "decided", "closed"]
+    assert rows[-1].endswith(f"+{TIMES['recovered'] - ONSET:.1f} s  (kept running degraded: nothing recovered)")
+    assert "recovered" not in timeline.replace("nothing recovered", "")
+    from gangwatch.report.htmlpage import incident_html
+
+    assert f"<td>closed (running degraded: nothing recovered)</td><td>{_iso_ms(TIMES['recovered'])}</td>" \
+        in incident_html(report) and "<td>recovered</td>" not in incident_html(report)
+    assert "<td>recovered</td>" in incident_html(_report())  # a recovery still reads as one
     assert _acted(("degrade", 0.0, ["n002"]), ("replace", 30.0, ["n002"])).state == "recovered"
