@@ -58,14 +58,24 @@ def _like(like: str, incidents: list[dict], actions: list[dict], findings: list[
     return kb.entry(kb.latest(rows)[0], [a for a in actions if a["incident"] == like], findings, budgets)
 
 
+def _outcome(e: kb.Entry) -> dict[str, str]:
+    """What fixed it and how long it took; an incident a degrade closed (path non_stop) was fixed by nothing and
+    did not recover: it ran on degraded (issue 47: the table said "fixed_by degrade n001, recovered_in 66.5 s")."""
+    from gangwatch.report.text import seconds
+
+    if e.path == "non_stop":
+        return {"fixed_by": "none: kept running", "recovered_in": "running degraded"}
+    return {"fixed_by": e.fix, "recovered_in": seconds(e.recover_s)}
+
+
 def _table_row(m: kb.Match, like: bool) -> dict[str, Any]:
-    from gangwatch.report.text import iso, seconds
+    from gangwatch.report.text import iso
 
     e = m.entry
     reason = e.reason if len(e.reason) <= REASON_WIDTH else e.reason[:REASON_WIDTH - 3] + "..."
     return {**({"similarity": f"{m.similarity:.2f}"} if like else {}), "onset": iso(e.times.get("onset"), ms=False),
             "incident": e.id, "job": e.job, "class": e.cls, "culprit": ",".join(e.culprit_nodes) or "-",
-            "cause": reason or "-", "fixed_by": e.fix, "recovered_in": seconds(e.recover_s),
+            "cause": reason or "-", **_outcome(e),
             "over_budget": ",".join(e.over_budget) or "-"}
 
 

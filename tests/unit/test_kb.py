@@ -329,3 +329,14 @@ def test_the_command_says_a_mistake_in_one_line(replayed, monkeypatch, capsys):
         lines = [ln for ln in err.splitlines() if ln.strip()]
         assert code == EXIT_USAGE and len(lines) == 1 and lines[0].startswith("gangwatch kb: error: ")
         assert words in lines[0]
+
+
+def test_a_degraded_incident_is_fixed_by_nothing_and_did_not_recover_in_the_table():
+    """Issue 47: `kb search` listed a fail-slow a degrade closed (path non_stop) as "fixed_by degrade n001 (non_stop),
+    recovered_in 66.5 s": the straggler ran on, nothing was fixed."""
+    kept = Case("i-kept", "j1", "fail_slow", T0, "n002", _xid("n002"), recover_s=66.5, path="non_stop")
+    fixed = Case("i-fixed", "j2", "fail_stop", T0, "n003", _xid("n003"), recover_s=90.0)
+    rows = {c.incident.id: kb_cli._table_row(kb.Match(kb.entry(c.rows()[0][0], c.rows()[1], c.rows()[2])), False)
+            for c in (kept, fixed)}
+    assert (rows["i-kept"]["fixed_by"], rows["i-kept"]["recovered_in"]) == ("none: kept running", "running degraded")
+    assert (rows["i-fixed"]["fixed_by"], rows["i-fixed"]["recovered_in"]) == ("replace n003 (hot)", "90.0 s")
