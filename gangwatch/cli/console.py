@@ -32,6 +32,13 @@ def wrapped(text: str, indent: int) -> str:
     return textwrap.fill(text, width=_width(), initial_indent=pad, subsequent_indent=pad)
 
 
+def _said(head: str, text: str) -> str:
+    """`head` then `text`, whole, wrapped to the terminal under its own start (a meaning is never cut)."""
+    pad = " " * len(head)
+    return textwrap.fill(text, width=_width(), initial_indent=pad, subsequent_indent=pad).replace(pad, head, 1) \
+        if text else head.rstrip()
+
+
 def _jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
@@ -58,7 +65,7 @@ def summary(s: Any) -> str:
         f"replayed  {counted(s.records, 'record')} in {s.wall_s:.2f} s ({rate:,.0f} records/s)",
         f"event time {iso(s.first_ts)} .. {iso(s.last_ts)} ({span:,.0f} s)",
         f"rejected  {s.rejected:,}" + ("  (reasons in rejected.jsonl)" if s.rejected else ""),
-        f"findings  {s.findings:,}" + "".join(f"\n  {k:<16} {v:>5,}  {meaning(k)}"
+        f"findings  {s.findings:,}" + "".join("\n" + _said(f"  {k:<16} {v:>5,}  ", meaning(k, width=1000))
                                               for k, v in sorted(s.by_type.items())),
         f"actions   {s.actions:,}",
         f"incidents {counted(s.incidents, 'record')} (one each time an incident moved)",

@@ -457,6 +457,10 @@ def test_what_the_commands_print_counts_one_as_one(capsys):
     console.ProgressLine()(one, 0.5)
     line = capsys.readouterr().err.split("\x1b[2K")[-1]
     assert "50% 1 record (" in line and ", 1 finding, 1 action, " in line and "findings" not in line
+    cut = SimpleNamespace(**{**vars(one), "findings": 23, "by_type": {"stack_outlier": 23}})
+    words = " ".join(console.summary(cut).split())  # wrapped to the terminal, never cut
+    assert f"stack_outlier 23 {console.meaning('stack_outlier', width=1000)} actions" in words
+    assert console.meaning("stack_outlier", width=1000).endswith("away from the dominant one of its stage")
     many = SimpleNamespace(**{**vars(one), "records": 1234, "incidents": 2})
     assert "replayed  1,234 records in" in console.summary(many) and "incidents 2 records" in console.summary(many)
     job = pm.job_report("j1", [job_row(_life()[0])], [], [])
