@@ -348,3 +348,22 @@ def test_the_chart_reads_the_rules_through_its_link(helm):
     link = CHART / "files" / "gangwatch.rules.yml"
     assert link.is_symlink() and link.resolve() == RULES.resolve()
     assert isinstance(Path(link).read_text(), str)
+
+
+def test_the_fencing_adapter_has_only_the_verbs_it_uses_and_keeps_its_journal(rendered):
+    docs = rendered["operator-values.yaml"]
+    role = one(docs, "ClusterRole", "fence")
+    verbs = {(r["resources"][0], v) for r in role["rules"] for v in r["verbs"]}
+    assert verbs == {("nodes", "get"), ("nodes", "list"), ("nodes", "patch"), ("pods", "list"),
+                     ("pods/eviction", "create")}
+    spec = one(docs, "Deployment", "fence")["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    pod = spec["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    state = env["GANGWATCH_KUBERNETES_STATE"]
+    mount = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}["state"]
+    assert state.startswith(mount + "/")
+    assert {v["name"]: v for v in pod["volumes"]}["state"]["persistentVolumeClaim"]["claimName"] == \
+        one(docs, "PersistentVolumeClaim", "fence")["metadata"]["name"]
+    args = pod["containers"][0]["args"]
+    assert "--act" in args and args[args.index("--pod-selector") + 1] == "gangwatch.io/job={job}"
