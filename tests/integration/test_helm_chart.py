@@ -15,8 +15,13 @@ in deploy/helm/gangwatch/ci/, and the rendered manifests are read back:
   the ServiceMonitors set the `job` names those rules match on;
 - a value a user must set, left out, stops the render with a message naming it.
 
-helm comes from GANGWATCH_HELM or PATH (build it: `GOBIN=DIR go install helm.sh/helm/v4/cmd/helm@v4.3.2`);
-without it the tests skip with the reason, and fail under GANGWATCH_REQUIRE_SERVICES=1.
+- every rendered manifest validates against the Kubernetes API schemas (`kubernetes-validate --strict`, for the
+  oldest Kubernetes the chart allows, 1.25, and 1.37); the operator's kinds (ServiceMonitor, PrometheusRule) have
+  no schema there and are only warned about.
+
+helm comes from GANGWATCH_HELM or PATH (build it: `GOBIN=DIR go install helm.sh/helm/v4/cmd/helm@v4.3.2`), and
+kubernetes-validate from GANGWATCH_KUBERNETES_VALIDATE or PATH (`pip install kubernetes-validate`); without one,
+its tests skip with the reason, and fail under GANGWATCH_REQUIRE_SERVICES=1.
 """
 
 from __future__ import annotations
@@ -60,12 +65,17 @@ REQUIRED = {"image.repository": "registry.example.com/gangwatch", "kafka.bootstr
 
 @pytest.fixture(scope="module")
 def helm() -> str:
-    named = os.environ.get("GANGWATCH_HELM")
-    found = named or shutil.which("helm")
+    return program("GANGWATCH_HELM", "helm", "build it: GOBIN=/tmp/helmbin go install helm.sh/helm/v4/cmd/helm@v4.3.2 "
+                   "and set GANGWATCH_HELM=/tmp/helmbin/helm")
+
+
+def program(env: str, name: str, how: str) -> str:
+    """A program named by the variable `env`, else found on PATH; else skip (a failure under
+    GANGWATCH_REQUIRE_SERVICES=1)."""
+    named = os.environ.get(env)
+    found = named or shutil.which(name)
     if not found or not os.access(found, os.X_OK):
-        missing(f"helm not found ({'GANGWATCH_HELM=' + named if named else 'not on PATH, GANGWATCH_HELM unset'}); "
-                "build it: GOBIN=/tmp/helmbin go install helm.sh/helm/v4/cmd/helm@v4.3.2 and set "
-                "GANGWATCH_HELM=/tmp/helmbin/helm")
+        missing(f"{name} not found ({env + '=' + named if named else f'not on PATH, {env} unset'}); {how}")
     return found
 
 
@@ -367,3 +377,45 @@ def test_the_fencing_adapter_has_only_the_verbs_it_uses_and_keeps_its_journal(re
         one(docs, "PersistentVolumeClaim", "fence")["metadata"]["name"]
     args = pod["containers"][0]["args"]
     assert "--act" in args and args[args.index("--pod-selector") + 1] == "gangwatch.io/job={job}"
+
+
+# --- the Kubernetes schemas -----------------------------------------------------------------------------
+
+OPERATOR_KINDS = ("ServiceMonitor", "PrometheusRule")  # CRDs: no schema in kubernetes-validate
+
+
+@pytest.fixture(scope="module")
+def kubernetes_validate() -> str:
+    return program("GANGWATCH_KUBERNETES_VALIDATE", "kubernetes-validate",
+                   "install it: pip install kubernetes-validate")
+
+
+def validate(tool: str, manifest: Path, version: str) -> subprocess.CompletedProcess:
+    return subprocess.run([tool, "--strict", "--quiet", "-k", version, str(manifest)], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("version", ["1.25.0", "1.37.0"])
+@pytest.mark.parametrize("values", VALUE_SETS, ids=lambda p: p.name)
+def test_every_rendered_manifest_validates_against_the_kubernetes_schemas(helm, kubernetes_validate, values, version,
+                                                                           tmp_path):
+    done = run_helm(helm, "template", "gangwatch", str(CHART), "--namespace", "monitoring", "-f", str(values))
+    assert done.returncode == 0, done.stderr
+    manifest = tmp_path / "rendered.yaml"
+    manifest.write_text(done.stdout)
+    checked = validate(kubernetes_validate, manifest, version)
+    out = checked.stdout + checked.stderr
+    assert checked.returncode == 0 and "ERROR" not in out, out
+    for line in out.splitlines():
+        if line.startswith("WARN"):
+            assert any(f"kind {kind} " in line for kind in OPERATOR_KINDS), line
+
+
+def test_the_schema_check_catches_a_bad_manifest(kubernetes_validate, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: x}\nspec:\n"
+                   "  selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n"
+                   "    spec:\n      hostPIDs: true\n"
+                   "      containers: [{name: c, image: i, ports: [{containerPort: metrics}]}]\n")
+    checked = validate(kubernetes_validate, bad, "1.37.0")
+    assert checked.returncode != 0 and "containerPort" in checked.stdout + checked.stderr
