@@ -20,8 +20,8 @@ in deploy/helm/gangwatch/ci/, and the rendered manifests are read back:
   no schema there and are only warned about.
 
 helm comes from GANGWATCH_HELM or PATH (build it: `GOBIN=DIR go install helm.sh/helm/v4/cmd/helm@v4.3.2`), and
-kubernetes-validate from GANGWATCH_KUBERNETES_VALIDATE or PATH (`pip install kubernetes-validate`); without one,
-its tests skip with the reason, and fail under GANGWATCH_REQUIRE_SERVICES=1.
+kubernetes-validate from GANGWATCH_KUBERNETES_VALIDATE, PATH or beside this Python (`pip install
+kubernetes-validate`); without one, its tests skip with the reason, and fail under GANGWATCH_REQUIRE_SERVICES=1.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,8 @@ def program(env: str, name: str, how: str) -> str:
     """A program named by the variable `env`, else found on PATH; else skip (a failure under
     GANGWATCH_REQUIRE_SERVICES=1)."""
     named = os.environ.get(env)
-    found = named or shutil.which(name)
+    beside = Path(sys.executable).parent / name  # installed into this environment (.venv/bin), not on PATH
+    found = named or shutil.which(name) or (str(beside) if beside.exists() else None)
     if not found or not os.access(found, os.X_OK):
         missing(f"{name} not found ({env + '=' + named if named else f'not on PATH, {env} unset'}); {how}")
     return found
@@ -354,10 +356,16 @@ def test_the_prometheus_rule_is_the_rules_file_and_the_monitors_set_its_job_name
     assert all(f'job="{j}"' in RULES.read_text() for j in jobs)
 
 
-def test_the_chart_reads_the_rules_through_its_link(helm):
+def test_the_chart_reads_the_rules_through_its_link(helm, tmp_path):
+    """One source: the chart's files/gangwatch.rules.yml links to the rules file, and `helm package` carries it."""
     link = CHART / "files" / "gangwatch.rules.yml"
     assert link.is_symlink() and link.resolve() == RULES.resolve()
-    assert isinstance(Path(link).read_text(), str)
+    done = run_helm(helm, "package", str(CHART), "--destination", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    (package,) = tmp_path.glob("gangwatch-*.tgz")
+    with tarfile.open(package) as tar:
+        member = tar.getmember("gangwatch/files/gangwatch.rules.yml")
+        assert member.isfile() and tar.extractfile(member).read() == RULES.read_bytes()
 
 
 def test_the_fencing_adapter_has_only_the_verbs_it_uses_and_keeps_its_journal(rendered):
