@@ -86,6 +86,13 @@ paged after the lateness bound, evicted by nobody, since the node lost and the
 job ended unsaid look alike. Otherwise (ranks at different steps, several nodes,
 a crash) one job-level `monitoring_gap` finding.
 
+The times kept of a rank's records are the job's, in its node's clock offset as the job's clock has it now:
+when the clock learns or changes a node's offset, they move with it (`_rebase`); a node whose clock runs behind,
+read before the clock knew it, would otherwise look silent for as long as its clock is off. And the gang's steps
+are the job's own clock: ranks that reported steps two past any the rest of the gang reported are not silent yet
+(no rank of a synchronous job gets a step ahead of the others: the others' records of those steps are still to
+come), up to `prove_max_s`.
+
 Timeouts are evaluated on a fixed event-time grid of `tick_s`, so the findings do
 not depend on how often `advance` is called, and a finding's ts is the grid point
 it was found at: a node gone silent is reported at most `miss_factor` periods +
@@ -326,6 +333,26 @@ class FailStopDetector(DetectorBase):
         """The job's own time (its clock's: by its own nodes' records, not by a stream or timer moving it)."""
         return self.now if self.clock is None else min(self.now, self.clock.now())
 
+    def _rebase(self) -> None:
+        """The times kept of each rank's records (when last heard, when its newest step ended) moved to its node's
+        clock offset as the job's clock has it now: kept under an older one (read before the clock learned that
+        the node runs behind, say), a live node would look silent for as long as its clock is off, and the job's
+        own logical clock (the gang's steps) says otherwise."""
+        if self.clock is None:
+            return
+        off = self.clock.offset
+        if self.node_off is None or len(self.node_off) != len(off):
+            self.node_off = off.copy()
+            return
+        if np.array_equal(off, self.node_off):
+            return
+        delta = (self.node_off - off)[self.topo.node_index]  # a record's time here is its stamped time less `off`
+        heard = self.status != NOT_STARTED
+        self.last_seen[heard] += delta[heard]
+        stepped = np.isfinite(self.step_ts)
+        self.step_ts[stepped] += delta[stepped]
+        self.node_off = off.copy()
+
     def _reset(self, topo: Topology) -> None:
         cfg = self.config
         hb = topo.heartbeat_s
@@ -355,6 +382,9 @@ class FailStopDetector(DetectorBase):
         self.gap_said: set[int] = set()  # nodes whose telemetry gap was reported (once a run)
         self.lag_since: dict[int, float] = {}  # node index -> the time of its first record of a run of late ones
         self.silent_end: float | None = None  # when the job was found ended by silence (until a rank is heard again)
+        # each node's clock offset the times kept here are in (`_rebase`; not saved: the clock advances before this
+        # detector, so a state is taken with these equal to the clock's, which a restored one starts from)
+        self.node_off: np.ndarray | None = None
         self.next_tick = self._grid_at_or_after(self.start_deadline)
 
     def _grid_at_or_after(self, t: float) -> float:
@@ -372,6 +402,7 @@ class FailStopDetector(DetectorBase):
     # --- observe --------------------------------------------------------------
 
     def observe(self, rec: Record) -> list[Finding]:
+        self._rebase()
         if rec.kind == "lifecycle":
             return self._lifecycle(rec)
         rank = rec.rank
@@ -537,6 +568,7 @@ class FailStopDetector(DetectorBase):
     # --- advance --------------------------------------------------------------
 
     def advance(self, now: float) -> list[Finding]:
+        self._rebase()
         out: list[Finding] = []
         if now > self.now:
             self.now = now
@@ -650,12 +682,18 @@ class FailStopDetector(DetectorBase):
         took part. True: alive (their records are late or lost); False: the gang stopped with them (a death,
         as far as silence tells); None: not known yet (steps longer than the silence so far) while
         `prove_max_s` allows waiting."""
+        since = float(np.maximum(self.last_seen[ranks], self.arrived[ranks]).max())
+        peers = (self.status == LIVE) & ~missing
+        if peers.any() and int(self.last_step[ranks].max()) >= int(self.last_step[peers].max()) + 2 and \
+                t < since + self.config.prove_max_s:
+            # they reported steps two past any the rest of the gang reported: in a synchronous job no rank gets
+            # a step ahead of the others, so the others' records of those steps are still to come (read late, or
+            # stamped by a clock behind before the job knew it): their silence is not known yet
+            return None
         interval = self._interval()
         if interval is None:
             return False  # no rhythm yet: silence is judged as it always was
-        since = float(np.maximum(self.last_seen[ranks], self.arrived[ranks]).max())
         prove_s = self.config.slack_s + 2 * interval + 1.0
-        peers = (self.status == LIVE) & ~missing
         newer = self.step_ts >= since + prove_s
         later = self.last_step >= int(self.last_step[ranks].max()) + 2
         if (peers & newer & later).any():
@@ -969,6 +1007,7 @@ class FailStopDetector(DetectorBase):
         framework or lifecycle record goes through `observe`, record by record."""
         if "framework" in run.by_kind or "lifecycle" in run.by_kind:
             return observe_each(self, run)
+        self._rebase()
         rank, ts = ranks_and_times(run, self.kinds)
         ok = (rank < self.topo.size) & (ts >= self.topo.ts)
         rank, ts = rank[ok], ts[ok]

@@ -231,6 +231,7 @@ def _outputs_keyed(outs: list, until: float = math.inf) -> tuple:
            lambda t: round(t[0] * t[1], 1)), at_s=st.sampled_from([0.0, 40.0, 100.0]),
        lag=st.sampled_from([None, T.telemetry, T.jobs, T.by_job]), batches=st.integers(0, 2**32))
 @example(nodes=2, fault=None, seed=3, offset=59.5, at_s=40.0, lag=T.telemetry, batches=0)
+@example(nodes=3, fault=None, seed=22, offset=-39.1, at_s=0.0, lag=T.telemetry, batches=38253)
 def test_a_worker_reads_a_node_whose_clock_is_off_in_the_job_s_time_as_replay_does(nodes, fault, seed, offset,
                                                                                       at_s, lag, batches):
     """Issue 42/44: one node's clock off from the start or stepped mid-run, the job read by a worker in batches
@@ -241,9 +242,6 @@ def test_a_worker_reads_a_node_whose_clock_is_off_in_the_job_s_time_as_replay_do
     The first batch here ends with the job record.)"""
     job = InvJob(nodes, fault, seed=seed, duration_s=200.0)
     assume(job.takes(Perturbation("arrival", offset, at_s)))
-    # open: a clock off from the start while an input lags at the job's start (its records read before any clock
-    # of the job is known, in stamped order) can still differ (a healthy node of 3 replaced: 3n seed 22, -39.1 s)
-    assume(at_s > 0.0 or lag is None)
     recs = [decode_obj(m) for m in inv_records(job, Perturbation("arrival", offset, at_s))]
     core, want = Core(silence=False), []
     for rec in recs:  # replay, as the records arrived
@@ -259,7 +257,14 @@ def test_a_worker_reads_a_node_whose_clock_is_off_in_the_job_s_time_as_replay_do
         got += emitted(runner.on_batch(msgs[i:i + n], lambda topic, p, left=left: left and topic == lag))
         i, n = i + n, rnd.randint(1, 60)
     until = recs[-1].ts - 30.0  # (the end of the input is no silence: what is due there waits for more input)
-    assert _outputs_keyed(got, until) == _outputs_keyed(want, until)
+    got, want = _outputs_keyed(got, until), _outputs_keyed(want, until)
+    if at_s == 0.0 and lag is not None:
+        # a clock off from the start, an input lagging at the job's start: its first records are read before any
+        # clock of the job is known, in stamped order, and what the job learns from their rhythm (a hang's
+        # threshold) and when it decides may differ; what it decides may not (a healthy node of three, 39 s
+        # behind, was replaced: read early, it looked silent until the job's clock learned it)
+        got, want = (got[1], [i[:2] for i in got[2]]), (want[1], [i[:2] for i in want[2]])
+    assert got == want
 
 
 def _outage_run(signal_outage: bool) -> list:
