@@ -15,6 +15,7 @@ import configparser
 import shlex
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -97,7 +98,9 @@ def test_compose_file_has_the_services_and_valid_gangwatch_commands():
 def test_dockerfile_copies_every_installed_package_folder():
     text = (COMPOSE.parent / "Dockerfile").read_text()
     ignore = (COMPOSE.parent / "Dockerfile.dockerignore").read_text()
-    for folder in ("gangwatch", "schemas", "producers", "detectors", "triage", "streams", "sinks"):
+    dirs = tomllib.loads((COMPOSE.parents[2] / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    assert {"control", "fleet"} <= set(dirs.values())
+    for folder in sorted(set(dirs.values())):  # every folder pyproject installs, or `pip install .` fails
         assert f"COPY {folder} ./{folder}" in text and f"!{folder}/" in ignore
     assert 'ENTRYPOINT ["gangwatch"]' in text
 
