@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ from gangwatch.sinks.store import PASSWORD_ENV, USER_ENV  # noqa: E402
 
 from gangwatch.cli import build_parser  # noqa: E402 - after the skip
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("helm")]  # (one worker waits for helm)
 
 CHART = REPO / "deploy" / "helm" / "gangwatch"
 VALUE_SETS = sorted((CHART / "ci").glob("*-values.yaml"))
@@ -72,13 +73,33 @@ def helm() -> str:
 
 def program(env: str, name: str, how: str) -> str:
     """A program named by the variable `env`, else found on PATH; else skip (a failure under
-    GANGWATCH_REQUIRE_SERVICES=1)."""
+    GANGWATCH_REQUIRE_SERVICES=1). Where `env`_BUILDING names a file, the program is being built beside the tests
+    (CI builds helm while the other tests run): the file says `building` until the build ends, then `done RC`."""
+    building = os.environ.get(f"{env}_BUILDING")
+    if building:
+        wait_for_build(Path(building), name)
     named = os.environ.get(env)
     beside = Path(sys.executable).parent / name  # installed into this environment (.venv/bin), not on PATH
     found = named or shutil.which(name) or (str(beside) if beside.exists() else None)
     if not found or not os.access(found, os.X_OK):
         missing(f"{name} not found ({env + '=' + named if named else f'not on PATH, {env} unset'}); {how}")
     return found
+
+
+BUILD_S = 900.0  # a cold build of helm took 3.5 min on CI's 2 cores beside the tests
+
+
+def wait_for_build(status: Path, name: str) -> None:
+    """Until the build that `status` reports on has ended (at most `BUILD_S`)."""
+    deadline = time.monotonic() + BUILD_S
+    said = ""
+    while time.monotonic() < deadline:
+        said = status.read_text().strip() if status.exists() else "(no status file yet)"
+        if said.startswith("done"):
+            assert said == "done 0", f"the build of {name} failed: {said} (its log is beside {status})"
+            return
+        time.sleep(1.0)
+    raise AssertionError(f"the build of {name} did not end within {BUILD_S:g} s; its status said: {said}")
 
 
 def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess:
