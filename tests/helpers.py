@@ -86,3 +86,18 @@ def replay_core(recs: list, until: float, config: Any = None) -> Any:
         core.advance(now, out)
     out.extend(core.finish())
     return out
+
+
+def subparser(words: list[str]) -> Any:
+    """The `argparse` parser of `gangwatch WORD WORD...` (e.g. ["slurm", "apply"]); fails when a word is no
+    subcommand."""
+    import argparse
+
+    from gangwatch.cli import build_parser
+
+    p = build_parser()
+    for w in words:
+        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        assert subs and w in subs[0].choices, f"`{w}` is not a gangwatch command (in {p.prog})"
+        p = subs[0].choices[w]
+    return p

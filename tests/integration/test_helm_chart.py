@@ -40,7 +40,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import REPO, missing, need_module
+from tests.helpers import REPO, missing, need_module, subparser
 
 yaml = need_module("yaml", "PyYAML (the `dev` extra)")
 
@@ -128,15 +128,6 @@ def one(docs: list[dict[str, Any]], kind: str, component: str | None = None) -> 
              if component is None or d["metadata"]["labels"].get("app.kubernetes.io/component") == component]
     assert len(found) == 1, f"{len(found)} {kind} {component or ''}"
     return found[0]
-
-
-def subparser(words: list[str]) -> argparse.ArgumentParser:
-    p = build_parser()
-    for w in words:
-        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
-        assert subs and w in subs[0].choices, f"`{w}` is not a gangwatch command (in {p.prog})"
-        p = subs[0].choices[w]
-    return p
 
 
 def split_command(args: list[str]) -> tuple[list[str], list[str]]:

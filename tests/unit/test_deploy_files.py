@@ -20,14 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import need_module
+from tests.helpers import need_module, subparser
 
 yaml = need_module("yaml", "PyYAML (the `dev` extra)")
 
 from gangwatch.schemas.signature import SECRET_ENV  # noqa: E402
 from gangwatch.sinks.alertmanager import REPORT_URL_ENV  # noqa: E402 - after the skip
-
-from gangwatch.cli import build_parser  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -35,16 +33,6 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 COMPOSE = DEPLOY / "compose" / "docker-compose.yml"
 UNITS = sorted((DEPLOY / "systemd").glob("*.service"))
 READ_BY_SINKS = {REPORT_URL_ENV, SECRET_ENV}  # variables a sink reads itself, not an option
-
-
-def subparser(words: list[str]) -> argparse.ArgumentParser:
-    """The parser of `gangwatch WORD WORD...` (e.g. ["slurm", "apply"]); fails when a word is no subcommand."""
-    p = build_parser()
-    for w in words:
-        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
-        assert subs and w in subs[0].choices, f"`{w}` is not a gangwatch command (in {p.prog})"
-        p = subs[0].choices[w]
-    return p
 
 
 def check_command(argv: list[str], env: dict[str, str], where: str) -> None:
