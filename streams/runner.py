@@ -444,7 +444,7 @@ class JobRunner:
         else:
             k = bisect.bisect_right(held, point, key=TS)  # items whose first record can go
             ready, st.held = held[:k], held[k:]
-            if ready and ready[-1].n > 1 and ready[-1].rec.ts[-1] > point:  # only its first records can go
+            if ready and ready[-1].n > 1 and last_of(ready[-1])[0] > point:  # only its first records can go
                 at = bisect.bisect_right(ready[-1].rec.ts, point + ready[-1].shift)
                 ready[-1], rest = cut(ready[-1], at)
                 st.held.insert(0, rest)
