@@ -7,8 +7,9 @@ import random
 
 import orjson
 import pytest
-from gangwatch.schemas import Gpu, Heartbeat, Hw, Job, Lifecycle, RankInfo, decode, encode, encode_batch
+from gangwatch.schemas import Gpu, Heartbeat, Hw, Job, Lifecycle, RankInfo, Step, decode, encode, encode_batch
 from gangwatch.schemas.codec import decode_obj
+from gangwatch.schemas.columns import StepRows
 from gangwatch.schemas.topics import TopicSettings, topic_for
 from gangwatch.streams.router import NodeRouter
 from gangwatch.streams.runner import JobRunner, Msg
@@ -287,6 +288,30 @@ def test_a_worker_reads_a_node_whose_clock_is_off_in_the_job_s_time_as_replay_do
         # behind, was replaced: read early, it looked silent until the job's clock learned it)
         got, want = (got[1], [i[:2] for i in got[2]]), (want[1], [i[:2] for i in want[2]])
     assert got == want
+
+
+def test_a_node_envelope_in_the_job_s_time_is_cut_at_the_release_point_by_that_time():
+    """A node agent's envelope (16 steps, as columns) of a node whose clock stepped 30 s ahead, read while the
+    `jobs` input lags at T0 + 40: its records (the job's times T0 + 12..27, stamped 30 s later) are all before
+    the release point and go as one, a later record stays; judged by the stamped times, it was to be cut past its
+    end (an empty tail: the batch failed)."""
+    ranks = [RankInfo(rank=r, node=f"n{r}", gpu=0, tp=0, pp=0, dp=r) for r in range(2)]
+    before = [Step(ts=T0 + k + 0.01 * r, job="j1", rank=r, step=k, step_s=1.0, mono=1000.0 + k + 0.01 * r)
+              for k in range(1, 11) for r in range(2)]
+    stepped = [Step(ts=T0 + 30 + k + 0.01, job="j1", rank=1, step=k, step_s=1.0, mono=1000.0 + k + 0.01)
+               for k in range(11, 28)]  # (the first one shows the step: the envelope after it is in one frame)
+    runner = JobRunner(T, silence=False)
+    runner.on_batch(as_msgs([(T.jobs, b"j1", encode(Job(ts=T0, job="j1", heartbeat_s=1.0, ranks=ranks))),
+                             (T.telemetry, b"j1", encode_batch(before, before[0].ts)),
+                             (T.telemetry, b"j1", encode(stepped[0]))]))
+    later = Step(ts=T0 + 45, job="j1", rank=0, step=45, step_s=1.0, mono=1045.0)  # past the point: held
+    lagging = lambda topic, p: topic == T.jobs  # noqa: E731
+    envelope = encode_batch(stepped[1:], stepped[1].ts)
+    assert type(decode(envelope, columns=True, heartbeats=True)[0]) is StepRows  # (one item, as the worker reads it)
+    runner.on_batch(as_msgs([(T.jobs, b"j2", encode(Lifecycle(ts=T0 + 40, job="j2", event="pause", rank=0))),
+                             (T.telemetry, b"j1", envelope), (T.telemetry, b"j1", encode(later))], start=10), lagging)
+    st = runner.jobs["j1"]
+    assert [it.rec for it in st.held] == [later] and st.core.monitor.clocks.steps.kept() == {"n1": 30.0}
 
 
 def _outage_run(signal_outage: bool) -> list:
